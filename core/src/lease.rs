@@ -1,0 +1,314 @@
+//! The lease state machine (design rules 1 and 2).
+//!
+//! A [`LockTable`] holds one global token counter and, per lock, the current
+//! lease. The counter is global rather than per lock so that "every token
+//! ever returned" is one number: after a restart the service only needs the
+//! counter to promise that every new token is higher than all earlier ones.
+//!
+//! Transitions, for a lock `L` at time `now`:
+//!
+//! | state of `L`                     | acquire by `o`                  | renew with token `t`        |
+//! |----------------------------------|---------------------------------|-----------------------------|
+//! | free, released, or expired       | counter += 1, grant to `o`      | refused: lease lost         |
+//! | live, held by `o`                | same token, expiry extended     | same token if `t` matches   |
+//! | live, held by someone else       | refused with holder and expiry  | refused unless `t` matches  |
+//!
+//! A lease is live while `now < expires_at`. An acquire by the live holder
+//! itself is idempotent (it answers a client that retried after losing the
+//! first answer) and keeps the token, exactly like a renewal.
+
+use crate::name::LockName;
+use crate::time::Timestamp;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// A lease: `owner` holds `lock` with fencing `token` until `expires_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub lock: LockName,
+    pub owner: String,
+    pub token: u64,
+    pub expires_at: Timestamp,
+}
+
+impl Lease {
+    /// True while the lease has not expired.
+    pub fn is_live(&self, now: Timestamp) -> bool {
+        now < self.expires_at
+    }
+}
+
+/// A successful acquire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub lease: Lease,
+    /// True when this grant issued a new token (the counter moved and must be
+    /// made durable before the grant is answered); false when the live holder
+    /// re-acquired and kept its token.
+    pub new_token: bool,
+}
+
+/// An acquire refused because someone else holds a live lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub holder: Lease,
+}
+
+/// A renew or release refused: the caller's token is not the live lease's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotHolder {
+    /// The lease that is live now, if any.
+    pub current: Option<Lease>,
+}
+
+/// All locks and the token counter.
+#[derive(Debug, Clone, Default)]
+pub struct LockTable {
+    /// The last token issued; the next grant issues `counter + 1`.
+    counter: u64,
+    /// The latest lease per lock; it may have expired (then the lock is free).
+    leases: HashMap<LockName, Lease>,
+}
+
+impl LockTable {
+    /// An empty table whose next token is 1.
+    pub fn new() -> LockTable {
+        LockTable::default()
+    }
+
+    /// Rebuilds a table from persisted state: the last issued token and the
+    /// leases that were recorded. Leases are kept with their recorded expiry,
+    /// so a lease that was live at a crash stays held for its remaining time.
+    pub fn restore(counter: u64, leases: impl IntoIterator<Item = Lease>) -> LockTable {
+        let leases: HashMap<_, _> = leases.into_iter().map(|l| (l.lock.clone(), l)).collect();
+        // A recorded lease can never carry a token above the counter, but if a
+        // damaged store said so, trusting the larger number keeps tokens
+        // monotonic.
+        let counter = leases.values().map(|l| l.token).fold(counter, u64::max);
+        LockTable { counter, leases }
+    }
+
+    /// The last token issued (0 if none).
+    pub fn counter(&self) -> u64 {
+        self.counter
+    }
+
+    /// Grants `lock` to `owner` for `ttl`, or says who holds it.
+    pub fn acquire(
+        &mut self,
+        lock: &LockName,
+        owner: &str,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Grant, Held> {
+        let expires_at = now.saturating_add(ttl);
+        if let Some(lease) = self.leases.get_mut(lock).filter(|l| l.is_live(now)) {
+            if lease.owner != owner {
+                return Err(Held {
+                    holder: lease.clone(),
+                });
+            }
+            lease.expires_at = lease.expires_at.max(expires_at);
+            return Ok(Grant {
+                lease: lease.clone(),
+                new_token: false,
+            });
+        }
+        self.counter += 1;
+        let lease = Lease {
+            lock: lock.clone(),
+            owner: owner.to_owned(),
+            token: self.counter,
+            expires_at,
+        };
+        self.leases.insert(lock.clone(), lease.clone());
+        Ok(Grant {
+            lease,
+            new_token: true,
+        })
+    }
+
+    /// Extends the live lease holding `token` by `ttl` from now. The token
+    /// never changes on renewal; an expired lease cannot be renewed (the
+    /// holder must acquire again and gets a new token).
+    pub fn renew(
+        &mut self,
+        lock: &LockName,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Lease, NotHolder> {
+        match self.leases.get_mut(lock) {
+            Some(lease) if lease.token == token && lease.is_live(now) => {
+                lease.expires_at = lease.expires_at.max(now.saturating_add(ttl));
+                Ok(lease.clone())
+            }
+            _ => Err(NotHolder {
+                current: self.live(lock, now),
+            }),
+        }
+    }
+
+    /// Ends the lease holding `token`, live or expired, so the lock is free
+    /// at once. Releasing a lease that was already released is not an error
+    /// (a client may retry); releasing someone else's lease is.
+    pub fn release(&mut self, lock: &LockName, token: u64, now: Timestamp) -> Result<(), NotHolder> {
+        match self.leases.get(lock) {
+            Some(lease) if lease.token == token => {
+                self.leases.remove(lock);
+                Ok(())
+            }
+            Some(lease) if lease.token > token || lease.is_live(now) => Err(NotHolder {
+                current: self.live(lock, now),
+            }),
+            // Nothing newer than `token` was ever granted on this lock: the
+            // lease was released or expired and nobody took it since.
+            _ if token <= self.counter => Ok(()),
+            _ => Err(NotHolder {
+                current: self.live(lock, now),
+            }),
+        }
+    }
+
+    /// The live lease on `lock`, if any.
+    pub fn live(&self, lock: &LockName, now: Timestamp) -> Option<Lease> {
+        self.leases.get(lock).filter(|l| l.is_live(now)).cloned()
+    }
+
+    /// The recorded lease on `lock`, live or expired.
+    pub fn recorded(&self, lock: &LockName) -> Option<&Lease> {
+        self.leases.get(lock)
+    }
+
+    /// Forgets leases that expired before `now`; returns how many. Expired
+    /// leases carry no meaning (the counter alone keeps tokens monotonic), so
+    /// dropping them only bounds memory.
+    pub fn purge_expired(&mut self, now: Timestamp) -> Vec<LockName> {
+        let expired: Vec<LockName> = self
+            .leases
+            .values()
+            .filter(|l| !l.is_live(now))
+            .map(|l| l.lock.clone())
+            .collect();
+        for lock in &expired {
+            self.leases.remove(lock);
+        }
+        expired
+    }
+
+    /// The earliest expiry among recorded leases that are still live.
+    pub fn next_expiry(&self, now: Timestamp) -> Option<Timestamp> {
+        self.leases
+            .values()
+            .filter(|l| l.is_live(now))
+            .map(|l| l.expires_at)
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(s: &str) -> LockName {
+        LockName::new(s).expect("valid lock name")
+    }
+    const TTL: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn the_reference_scenario() {
+        let mut t = LockTable::new();
+        let l = lock("backup");
+        let a = t.acquire(&l, "A", TTL, Timestamp(0)).expect("A gets the lock");
+        assert_eq!((a.lease.token, a.new_token), (1, true));
+
+        let held = t.acquire(&l, "B", TTL, Timestamp(5_000)).expect_err("A is live");
+        assert_eq!(held.holder.owner, "A");
+        assert_eq!(held.holder.expires_at, Timestamp(10_000));
+
+        // A pauses past its expiry; B takes over with a higher token.
+        let b = t.acquire(&l, "B", TTL, Timestamp(10_000)).expect("A expired");
+        assert_eq!(b.lease.token, 2);
+
+        // A wakes up and tries to renew: its lease is gone.
+        let lost = t.renew(&l, 1, TTL, Timestamp(10_001)).expect_err("A lost it");
+        assert_eq!(lost.current.map(|c| c.token), Some(2));
+    }
+
+    #[test]
+    fn renewal_keeps_the_token_and_extends() {
+        let mut t = LockTable::new();
+        let l = lock("x");
+        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
+        let r = t.renew(&l, 1, TTL, Timestamp(9_000)).expect("live");
+        assert_eq!((r.token, r.expires_at), (1, Timestamp(19_000)));
+        assert_eq!(t.counter(), 1);
+    }
+
+    #[test]
+    fn expired_lease_cannot_be_renewed_even_if_nobody_took_it() {
+        let mut t = LockTable::new();
+        let l = lock("x");
+        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
+        let lost = t.renew(&l, 1, TTL, Timestamp(10_000)).expect_err("expired");
+        assert_eq!(lost.current, None);
+    }
+
+    #[test]
+    fn same_owner_after_expiry_or_release_gets_a_new_token() {
+        let mut t = LockTable::new();
+        let l = lock("x");
+        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
+        let again = t.acquire(&l, "A", TTL, Timestamp(10_000)).expect("expired");
+        assert_eq!((again.lease.token, again.new_token), (2, true));
+        t.release(&l, 2, Timestamp(10_001)).expect("holder releases");
+        let third = t.acquire(&l, "A", TTL, Timestamp(10_002)).expect("released");
+        assert_eq!(third.lease.token, 3);
+    }
+
+    #[test]
+    fn live_holder_reacquire_is_idempotent() {
+        let mut t = LockTable::new();
+        let l = lock("x");
+        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
+        let again = t.acquire(&l, "A", TTL, Timestamp(1_000)).expect("own lease");
+        assert_eq!((again.lease.token, again.new_token), (1, false));
+        assert_eq!(again.lease.expires_at, Timestamp(11_000));
+    }
+
+    #[test]
+    fn release_by_a_stale_holder_is_refused() {
+        let mut t = LockTable::new();
+        let l = lock("x");
+        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
+        t.acquire(&l, "B", TTL, Timestamp(20_000)).expect("expired");
+        let err = t.release(&l, 1, Timestamp(20_001)).expect_err("B holds it");
+        assert_eq!(err.current.map(|c| c.owner), Some("B".to_owned()));
+        // A token that was never issued cannot be released either.
+        assert!(t.release(&l, 99, Timestamp(20_001)).is_err());
+    }
+
+    #[test]
+    fn restore_never_lowers_the_counter() {
+        let l = lock("x");
+        let t = LockTable::restore(
+            3,
+            [Lease {
+                lock: l.clone(),
+                owner: "A".into(),
+                token: 5,
+                expires_at: Timestamp(100),
+            }],
+        );
+        assert_eq!(t.counter(), 5);
+        assert_eq!(t.live(&l, Timestamp(50)).map(|x| x.token), Some(5));
+    }
+
+    #[test]
+    fn locks_are_independent_but_share_the_counter() {
+        let mut t = LockTable::new();
+        let a = t.acquire(&lock("a"), "A", TTL, Timestamp(0)).expect("free");
+        let b = t.acquire(&lock("b"), "B", TTL, Timestamp(0)).expect("free");
+        assert_eq!((a.lease.token, b.lease.token), (1, 2));
+    }
+}
