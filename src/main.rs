@@ -1,1 +1,91 @@
-fn main() {}
+//! `fencegate`: the one binary. It runs the lease service and the proxy,
+//! takes leases from the command line, and runs a command under a lease.
+//!
+//! Exit codes (stable; scripts rely on them):
+//! - 0: success (or, for `run`, the command's own status);
+//! - 1: an error (bad input, service unreachable, ...);
+//! - 2: bad command-line usage;
+//! - 3: the lock is held by someone else;
+//! - 4: the lease was lost (expired, released or taken over).
+
+mod client;
+mod lease_cmd;
+mod run_cmd;
+mod services;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(name = "fencegate", version, about = "Fencing tokens for S3: keep stale writers out of your buckets")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the lease service.
+    Locksvc(services::LocksvcArgs),
+    /// Take, renew, release or inspect a lease.
+    #[command(subcommand)]
+    Lease(lease_cmd::LeaseCommand),
+    /// Run a command while holding a lease; stop it if the lease is lost.
+    Run(run_cmd::RunArgs),
+}
+
+/// A failure that maps to a documented exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("{0}")]
+    Held(String),
+    #[error("{0}")]
+    LeaseLost(String),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl Failure {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Other(_) => 1,
+            Failure::Held(_) => 3,
+            Failure::LeaseLost(_) => 4,
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FENCEGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fencegate: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result: Result<u8, Failure> = runtime.block_on(async move {
+        match cli.command {
+            Command::Locksvc(args) => services::locksvc(args).await.map(|()| 0).map_err(Failure::from),
+            Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
+            Command::Run(args) => run_cmd::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("fencegate: {e:#}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

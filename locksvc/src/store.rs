@@ -1,0 +1,174 @@
+//! Durable state of the lease service in SQLite.
+//!
+//! Two tables: `counter` (one row: the last token issued) and `leases` (the
+//! current lease per lock). The database runs in WAL mode. A commit that
+//! issues a new token runs with `synchronous=FULL`, so the WAL is fsync'd
+//! before the grant is answered; a commit that only renews or releases runs
+//! with `synchronous=NORMAL` (written to the OS, not fsync'd; see
+//! ARCHITECTURE.md for why safety does not depend on it).
+
+use fencegate_core::{Lease, LockName, Timestamp};
+use rusqlite::{Connection, OptionalExtension, params};
+use std::path::Path;
+
+/// The lease service's SQLite file.
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+}
+
+/// One lock's row to write in a commit.
+#[derive(Debug, Clone)]
+pub enum LeaseRow {
+    Put(Lease),
+    Delete(LockName),
+}
+
+/// How durable a commit must be before its answers go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync'd: the commit issues a token.
+    Fsync,
+    /// Written to the OS only: survives a process crash, not a power loss.
+    Written,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`.
+    pub fn open(path: &Path) -> anyhow::Result<Store> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let conn = Connection::open(path)
+            .map_err(|e| anyhow::anyhow!("cannot open lease database {}: {e}", path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS counter (
+                 id INTEGER PRIMARY KEY CHECK (id = 1),
+                 last_token INTEGER NOT NULL
+             );
+             INSERT OR IGNORE INTO counter (id, last_token) VALUES (1, 0);
+             CREATE TABLE IF NOT EXISTS leases (
+                 lock TEXT PRIMARY KEY,
+                 owner TEXT NOT NULL,
+                 token INTEGER NOT NULL,
+                 expires_at_ms INTEGER NOT NULL
+             );",
+        )?;
+        Ok(Store { conn })
+    }
+
+    /// The last token issued and every recorded lease.
+    pub fn load(&self) -> anyhow::Result<(u64, Vec<Lease>)> {
+        let counter: i64 = self
+            .conn
+            .query_row("SELECT last_token FROM counter WHERE id = 1", [], |r| {
+                r.get(0)
+            })
+            .optional()?
+            .unwrap_or(0);
+        let mut stmt = self
+            .conn
+            .prepare("SELECT lock, owner, token, expires_at_ms FROM leases")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })?;
+        let mut leases = Vec::new();
+        for row in rows {
+            let (lock, owner, token, expires) = row?;
+            let lock = LockName::new(&lock)
+                .map_err(|e| anyhow::anyhow!("lease database holds a bad lock name: {e}"))?;
+            leases.push(Lease {
+                lock,
+                owner,
+                token: from_sql(token),
+                expires_at: Timestamp(from_sql(expires)),
+            });
+        }
+        Ok((from_sql(counter), leases))
+    }
+
+    /// Writes the counter and `rows` in one transaction with `durability`.
+    pub fn commit(
+        &mut self,
+        counter: u64,
+        rows: &[LeaseRow],
+        durability: Durability,
+    ) -> rusqlite::Result<()> {
+        let sync = match durability {
+            Durability::Fsync => "FULL",
+            Durability::Written => "NORMAL",
+        };
+        self.conn.pragma_update(None, "synchronous", sync)?;
+        let tx = self.conn.transaction()?;
+        // The counter only moves up: MAX() guards against a caller bug ever
+        // writing a lower value.
+        tx.execute(
+            "UPDATE counter SET last_token = MAX(last_token, ?1) WHERE id = 1",
+            params![to_sql(counter)],
+        )?;
+        for row in rows {
+            match row {
+                LeaseRow::Put(l) => {
+                    tx.execute(
+                        "INSERT INTO leases (lock, owner, token, expires_at_ms) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT(lock) DO UPDATE SET owner = ?2, token = ?3, expires_at_ms = ?4",
+                        params![
+                            l.lock.as_str(),
+                            l.owner,
+                            to_sql(l.token),
+                            to_sql(l.expires_at.as_millis())
+                        ],
+                    )?;
+                }
+                LeaseRow::Delete(lock) => {
+                    tx.execute("DELETE FROM leases WHERE lock = ?1", params![lock.as_str()])?;
+                }
+            }
+        }
+        tx.commit()
+    }
+}
+
+/// SQLite integers are i64; tokens and times never reach 2^63 in practice,
+/// and saturating keeps order if they did.
+fn to_sql(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn from_sql(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_and_leases_round_trip_and_counter_never_lowers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("l.db");
+        let lease = Lease {
+            lock: LockName::new("x").expect("valid"),
+            owner: "A".into(),
+            token: 4,
+            expires_at: Timestamp(1234),
+        };
+        {
+            let mut s = Store::open(&path).expect("open");
+            s.commit(4, &[LeaseRow::Put(lease.clone())], Durability::Fsync)
+                .expect("commit");
+            s.commit(2, &[], Durability::Written).expect("commit");
+        }
+        let s = Store::open(&path).expect("reopen");
+        let (counter, leases) = s.load().expect("load");
+        assert_eq!(counter, 4);
+        assert_eq!(leases, vec![lease]);
+    }
+}

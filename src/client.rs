@@ -1,0 +1,120 @@
+//! A small HTTP client for the lease service, shared by `lease` and `run`.
+
+use crate::Failure;
+use anyhow::Context as _;
+use clap::Args;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// Where the lease service is and how to authenticate to it.
+#[derive(Debug, Clone, Args)]
+pub struct LocksvcConn {
+    /// URL of the lease service.
+    #[arg(long, env = "FENCEGATE_LOCKSVC", default_value = "http://127.0.0.1:7070")]
+    pub locksvc: String,
+    /// API key for the lease service, if it requires one.
+    #[arg(long, env = "FENCEGATE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// A granted or renewed lease, as the lease service returns it.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct LeaseInfo {
+    pub lock: String,
+    pub owner: String,
+    pub token: u64,
+    pub fencing_token: String,
+    pub ttl_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    conn: LocksvcConn,
+}
+
+impl Client {
+    pub fn new(conn: LocksvcConn) -> anyhow::Result<Client> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Client { http, conn })
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>, timeout: Duration) -> Result<Value, Failure> {
+        let url = format!("{}{path}", self.conn.locksvc.trim_end_matches('/'));
+        let mut req = self.http.request(method, &url).timeout(timeout);
+        if let Some(key) = &self.conn.api_key {
+            req = req.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the lease service at {url}"))?;
+        let status = resp.status();
+        let body: Value = resp
+            .json()
+            .await
+            .with_context(|| format!("the lease service at {url} answered {status} with a body that is not JSON"))?;
+        if status.is_success() {
+            return Ok(body);
+        }
+        let code = body["error"]["code"].as_str().unwrap_or("Unknown").to_owned();
+        let message = format!("{code}: {}", body["error"]["message"].as_str().unwrap_or("(no message)"));
+        let detail = format!("{message}\n{body}");
+        Err(match code.as_str() {
+            "LockHeld" => Failure::Held(detail),
+            "LeaseLost" => Failure::LeaseLost(detail),
+            _ => Failure::Other(anyhow::anyhow!("lease service refused the request ({status}): {detail}")),
+        })
+    }
+
+    fn millis(d: Duration) -> u64 {
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub async fn acquire(&self, lock: &str, owner: &str, ttl: Duration, wait: Duration) -> Result<LeaseInfo, Failure> {
+        let body = json!({ "owner": owner, "ttl_ms": Self::millis(ttl), "wait_ms": Self::millis(wait) });
+        let v = self
+            .call(reqwest::Method::POST, &format!("/v1/locks/{lock}/acquire"), Some(body), wait + Duration::from_secs(30))
+            .await?;
+        Ok(serde_json::from_value(v).context("unexpected acquire answer")?)
+    }
+
+    pub async fn renew(&self, lock: &str, token: u64, ttl: Duration, timeout: Duration) -> Result<LeaseInfo, Failure> {
+        let body = json!({ "token": token, "ttl_ms": Self::millis(ttl) });
+        let v = self
+            .call(reqwest::Method::POST, &format!("/v1/locks/{lock}/renew"), Some(body), timeout)
+            .await?;
+        Ok(serde_json::from_value(v).context("unexpected renew answer")?)
+    }
+
+    pub async fn release(&self, lock: &str, token: u64) -> Result<Value, Failure> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/locks/{lock}/release"),
+            Some(json!({ "token": token })),
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    pub async fn status(&self, lock: &str) -> Result<Value, Failure> {
+        self.call(reqwest::Method::GET, &format!("/v1/locks/{lock}"), None, Duration::from_secs(10))
+            .await
+    }
+}
+
+/// A default owner id: `<hostname>-<pid>`.
+pub fn default_owner() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "host".into());
+    format!("{host}-{}", std::process::id())
+}

@@ -1,0 +1,175 @@
+//! `fencegate run --lock L -- CMD ...`: run a command under a lease.
+//!
+//! The lease is acquired first (waiting in line if `--wait` is given), then
+//! CMD starts in its own process group with the token in its environment:
+//!
+//! - `FENCING_TOKEN`: the signed token, for the `Fencing-Token` header;
+//! - `FENCING_TOKEN_NUMBER`: the numeric token;
+//! - `FENCEGATE_LOCK`, `FENCEGATE_OWNER`: what is held, by whom.
+//!
+//! The lease is renewed every third of its TTL. If the lease service says the
+//! lease is gone, or no renewal has succeeded by the time the lease would
+//! have expired (measured from when the last successful renewal was *sent*,
+//! so the local estimate is never later than the service's), CMD's process
+//! group gets SIGTERM, then SIGKILL after `--grace`, and `run` exits 4. A
+//! stale write that still escapes in that window is what the fence stops;
+//! stopping CMD is about not wasting work, not about safety.
+
+use crate::Failure;
+use crate::client::{Client, LocksvcConn, default_owner};
+use clap::Args;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::ExitStatus;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The lock to hold while CMD runs.
+    #[arg(long)]
+    pub lock: String,
+    /// Who holds the lease (default: <hostname>-<pid>).
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// Lease TTL; renewed every third of it.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// Wait in line up to this long if the lock is held (default: fail at once).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+    /// After SIGTERM, how long CMD has to exit before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    #[command(flatten)]
+    pub conn: LocksvcConn,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+/// Shortest pause between renewal retries after a failure.
+const MIN_RETRY: Duration = Duration::from_millis(200);
+
+pub async fn run(args: RunArgs) -> Result<u8, Failure> {
+    let client = Client::new(args.conn.clone())?;
+    let owner = args.owner.clone().unwrap_or_else(default_owner);
+    let sent = Instant::now();
+    let lease = client.acquire(&args.lock, &owner, args.ttl, args.wait).await?;
+    let ttl = Duration::from_millis(lease.ttl_ms);
+    // The wait is over once granted: the lease runs from the grant, which
+    // happened after `sent`, so `sent + ttl` may be early but never late…
+    // except that waiting in line could take up to `wait`; measure again.
+    let mut deadline = if args.wait.is_zero() { sent + ttl } else { Instant::now() + ttl - ttl.min(Duration::from_millis(50)) };
+    tracing::info!(lock = %lease.lock, token = lease.token, owner = %owner, "lease acquired");
+
+    let mut child = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env("FENCING_TOKEN", &lease.fencing_token)
+        .env("FENCING_TOKEN_NUMBER", lease.token.to_string())
+        .env("FENCEGATE_LOCK", &lease.lock)
+        .env("FENCEGATE_OWNER", &owner)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start {:?}: {e}", args.command[0]));
+    let mut child = match child.as_mut() {
+        Ok(_) => child.map_err(Failure::Other)?,
+        Err(_) => {
+            let _ = client.release(&lease.lock, lease.token).await;
+            return Err(child.map(|_| ()).map_err(Failure::Other).expect_err("spawn failed"));
+        }
+    };
+
+    let renew_every = ttl / 3;
+    let mut next_renew = Instant::now() + renew_every;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
+
+    let lost = loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status.map_err(anyhow::Error::from)?;
+                release(&client, &lease.lock, lease.token).await;
+                return Ok(exit_code(status));
+            }
+            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, lease.token, &mut child, args.grace).await,
+            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, lease.token, &mut child, args.grace).await,
+            _ = tokio::time::sleep_until(next_renew) => {
+                let sent = Instant::now();
+                let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
+                match client.renew(&lease.lock, lease.token, ttl, timeout).await {
+                    Ok(_) => {
+                        deadline = sent + ttl;
+                        next_renew = sent + renew_every;
+                        tracing::debug!(lock = %lease.lock, token = lease.token, "lease renewed");
+                    }
+                    Err(Failure::LeaseLost(msg)) => break format!("the lease service says the lease is gone: {msg}"),
+                    Err(e) => {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break format!("no renewal succeeded before the lease expired (last error: {e})");
+                        }
+                        tracing::warn!(error = %e, "renewal failed; retrying until the lease would expire");
+                        next_renew = (now + (ttl / 10).max(MIN_RETRY)).min(deadline);
+                    }
+                }
+            }
+        }
+    };
+
+    eprintln!(
+        "fencegate: lease on {} (token {}) lost: {lost}; stopping {:?}",
+        lease.lock, lease.token, args.command[0]
+    );
+    stop(&mut child, args.grace).await;
+    Err(Failure::LeaseLost(format!(
+        "lease on {} (token {}) was lost while {:?} ran; it was stopped",
+        lease.lock, lease.token, args.command[0]
+    )))
+}
+
+/// We were asked to stop: pass SIGTERM on, wait for CMD, release, and exit
+/// with CMD's status.
+async fn forward_and_finish(client: &Client, lock: &str, token: u64, child: &mut Child, grace: Duration) -> Result<u8, Failure> {
+    let status = stop(child, grace).await;
+    release(client, lock, token).await;
+    Ok(status.map_or(1, exit_code))
+}
+
+/// SIGTERM to CMD's process group, SIGKILL after `grace`.
+async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+        return child.wait().await.ok();
+    };
+    let group = Pid::from_raw(pid);
+    let _ = killpg(group, Signal::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => {
+            // CMD is gone; anything it left in its group goes too.
+            let _ = killpg(group, Signal::SIGKILL);
+            status.ok()
+        }
+        Err(_) => {
+            eprintln!("fencegate: command did not exit within {grace:?} of SIGTERM; sending SIGKILL");
+            let _ = killpg(group, Signal::SIGKILL);
+            child.wait().await.ok()
+        }
+    }
+}
+
+async fn release(client: &Client, lock: &str, token: u64) {
+    if let Err(e) = client.release(lock, token).await {
+        tracing::warn!(error = %e, "could not release the lease; it will expire on its own");
+    }
+}
+
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
+        (None, None) => 1,
+    }
+}

@@ -1,0 +1,77 @@
+//! `fencegate locksvc` (and later `proxy`, `dev`): load config, bind, serve
+//! until SIGINT/SIGTERM, then shut down gracefully.
+
+use anyhow::Context as _;
+use clap::Args;
+use fencegate_locksvc::LocksvcConfig;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Debug, Args)]
+pub struct LocksvcArgs {
+    /// TOML configuration file (see config/locksvc.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Listen address; overrides `listen` in the file.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// SQLite database; overrides `db` in the file.
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    /// Only validate the configuration, then exit.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// Resolves when the process gets SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers we still serve; the process then stops by
+        // default disposition.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("shutdown requested; finishing in-flight requests");
+}
+
+pub fn read_config_text(path: &Option<PathBuf>) -> anyhow::Result<String> {
+    match path {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("cannot read config {}", p.display())),
+        None => Ok(String::new()),
+    }
+}
+
+/// Announces the bound address on stdout (first line; tests and scripts
+/// read it to find a port chosen by the OS).
+pub fn announce(service: &str, addr: SocketAddr) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "fencegate {service} listening on http://{addr}");
+    let _ = out.flush();
+}
+
+pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
+    let mut config = LocksvcConfig::from_toml(&read_config_text(&args.config)?)
+        .with_context(|| format!("invalid config {}", args.config.as_ref().map_or("".into(), |p| p.display().to_string())))?;
+    if let Some(l) = args.listen {
+        config.listen = l;
+    }
+    if let Some(db) = args.db {
+        config.db = db;
+    }
+    let config = config.validated()?;
+    if args.check {
+        println!("configuration is valid");
+        return Ok(());
+    }
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    announce("locksvc", listener.local_addr()?);
+    fencegate_locksvc::run(listener, config, shutdown_signal()).await
+}
