@@ -11,7 +11,11 @@ use std::time::Duration;
 #[derive(Debug, Clone, Args)]
 pub struct LocksvcConn {
     /// URL of the lease service.
-    #[arg(long, env = "FENCEGATE_LOCKSVC", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        env = "FENCEGATE_LOCKSVC",
+        default_value = "http://127.0.0.1:7070"
+    )]
     pub locksvc: String,
     /// API key for the lease service, if it requires one.
     #[arg(long, env = "FENCEGATE_API_KEY", hide_env_values = true)]
@@ -43,7 +47,13 @@ impl Client {
         Ok(Client { http, conn })
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>, timeout: Duration) -> Result<Value, Failure> {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, Failure> {
         let url = format!("{}{path}", self.conn.locksvc.trim_end_matches('/'));
         let mut req = self.http.request(method, &url).timeout(timeout);
         if let Some(key) = &self.conn.api_key {
@@ -57,20 +67,27 @@ impl Client {
             .await
             .with_context(|| format!("cannot reach the lease service at {url}"))?;
         let status = resp.status();
-        let body: Value = resp
-            .json()
-            .await
-            .with_context(|| format!("the lease service at {url} answered {status} with a body that is not JSON"))?;
+        let body: Value = resp.json().await.with_context(|| {
+            format!("the lease service at {url} answered {status} with a body that is not JSON")
+        })?;
         if status.is_success() {
             return Ok(body);
         }
-        let code = body["error"]["code"].as_str().unwrap_or("Unknown").to_owned();
-        let message = format!("{code}: {}", body["error"]["message"].as_str().unwrap_or("(no message)"));
+        let code = body["error"]["code"]
+            .as_str()
+            .unwrap_or("Unknown")
+            .to_owned();
+        let message = format!(
+            "{code}: {}",
+            body["error"]["message"].as_str().unwrap_or("(no message)")
+        );
         let detail = format!("{message}\n{body}");
         Err(match code.as_str() {
             "LockHeld" => Failure::Held(detail),
             "LeaseLost" => Failure::LeaseLost(detail),
-            _ => Failure::Other(anyhow::anyhow!("lease service refused the request ({status}): {detail}")),
+            _ => Failure::Other(anyhow::anyhow!(
+                "lease service refused the request ({status}): {detail}"
+            )),
         })
     }
 
@@ -78,18 +95,41 @@ impl Client {
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
     }
 
-    pub async fn acquire(&self, lock: &str, owner: &str, ttl: Duration, wait: Duration) -> Result<LeaseInfo, Failure> {
-        let body = json!({ "owner": owner, "ttl_ms": Self::millis(ttl), "wait_ms": Self::millis(wait) });
+    pub async fn acquire(
+        &self,
+        lock: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<LeaseInfo, Failure> {
+        let body =
+            json!({ "owner": owner, "ttl_ms": Self::millis(ttl), "wait_ms": Self::millis(wait) });
         let v = self
-            .call(reqwest::Method::POST, &format!("/v1/locks/{lock}/acquire"), Some(body), wait + Duration::from_secs(30))
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/locks/{lock}/acquire"),
+                Some(body),
+                wait + Duration::from_secs(30),
+            )
             .await?;
         Ok(serde_json::from_value(v).context("unexpected acquire answer")?)
     }
 
-    pub async fn renew(&self, lock: &str, token: u64, ttl: Duration, timeout: Duration) -> Result<LeaseInfo, Failure> {
+    pub async fn renew(
+        &self,
+        lock: &str,
+        token: u64,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<LeaseInfo, Failure> {
         let body = json!({ "token": token, "ttl_ms": Self::millis(ttl) });
         let v = self
-            .call(reqwest::Method::POST, &format!("/v1/locks/{lock}/renew"), Some(body), timeout)
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/locks/{lock}/renew"),
+                Some(body),
+                timeout,
+            )
             .await?;
         Ok(serde_json::from_value(v).context("unexpected renew answer")?)
     }
@@ -105,8 +145,13 @@ impl Client {
     }
 
     pub async fn status(&self, lock: &str) -> Result<Value, Failure> {
-        self.call(reqwest::Method::GET, &format!("/v1/locks/{lock}"), None, Duration::from_secs(10))
-            .await
+        self.call(
+            reqwest::Method::GET,
+            &format!("/v1/locks/{lock}"),
+            None,
+            Duration::from_secs(10),
+        )
+        .await
     }
 }
 

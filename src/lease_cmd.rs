@@ -69,7 +69,11 @@ pub async fn run(cmd: LeaseCommand) -> Result<(), Failure> {
         }
         LeaseCommand::Renew(a) => {
             let client = Client::new(a.conn)?;
-            print(&client.renew(&a.lock, a.token, a.ttl, Duration::from_secs(10)).await?)
+            print(
+                &client
+                    .renew(&a.lock, a.token, a.ttl, Duration::from_secs(10))
+                    .await?,
+            )
         }
         LeaseCommand::Release(a) => {
             let client = Client::new(a.conn)?;

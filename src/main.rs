@@ -17,7 +17,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
-#[command(name = "fencegate", version, about = "Fencing tokens for S3: keep stale writers out of your buckets")]
+#[command(
+    name = "fencegate",
+    version,
+    about = "Fencing tokens for S3: keep stale writers out of your buckets"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -67,7 +71,10 @@ fn init_tracing() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fencegate: cannot start the runtime: {e}");
@@ -76,7 +83,10 @@ fn main() -> ExitCode {
     };
     let result: Result<u8, Failure> = runtime.block_on(async move {
         match cli.command {
-            Command::Locksvc(args) => services::locksvc(args).await.map(|()| 0).map_err(Failure::from),
+            Command::Locksvc(args) => services::locksvc(args)
+                .await
+                .map(|()| 0)
+                .map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
             Command::Run(args) => run_cmd::run(args).await,
         }

@@ -58,12 +58,18 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let client = Client::new(args.conn.clone())?;
     let owner = args.owner.clone().unwrap_or_else(default_owner);
     let sent = Instant::now();
-    let lease = client.acquire(&args.lock, &owner, args.ttl, args.wait).await?;
+    let lease = client
+        .acquire(&args.lock, &owner, args.ttl, args.wait)
+        .await?;
     let ttl = Duration::from_millis(lease.ttl_ms);
     // The wait is over once granted: the lease runs from the grant, which
     // happened after `sent`, so `sent + ttl` may be early but never late…
     // except that waiting in line could take up to `wait`; measure again.
-    let mut deadline = if args.wait.is_zero() { sent + ttl } else { Instant::now() + ttl - ttl.min(Duration::from_millis(50)) };
+    let mut deadline = if args.wait.is_zero() {
+        sent + ttl
+    } else {
+        Instant::now() + ttl - ttl.min(Duration::from_millis(50))
+    };
     tracing::info!(lock = %lease.lock, token = lease.token, owner = %owner, "lease acquired");
 
     let mut child = Command::new(&args.command[0])
@@ -79,7 +85,10 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         Ok(_) => child.map_err(Failure::Other)?,
         Err(_) => {
             let _ = client.release(&lease.lock, lease.token).await;
-            return Err(child.map(|_| ()).map_err(Failure::Other).expect_err("spawn failed"));
+            return Err(child
+                .map(|_| ())
+                .map_err(Failure::Other)
+                .expect_err("spawn failed"));
         }
     };
 
@@ -112,7 +121,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
                         if now >= deadline {
                             break format!("no renewal succeeded before the lease expired (last error: {e})");
                         }
-                        tracing::warn!(error = %e, "renewal failed; retrying until the lease would expire");
+                        tracing::warn!(error = format!("{e:#}"), "renewal failed; retrying until the lease would expire");
                         next_renew = (now + (ttl / 10).max(MIN_RETRY)).min(deadline);
                     }
                 }
@@ -133,7 +142,13 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
 
 /// We were asked to stop: pass SIGTERM on, wait for CMD, release, and exit
 /// with CMD's status.
-async fn forward_and_finish(client: &Client, lock: &str, token: u64, child: &mut Child, grace: Duration) -> Result<u8, Failure> {
+async fn forward_and_finish(
+    client: &Client,
+    lock: &str,
+    token: u64,
+    child: &mut Child,
+    grace: Duration,
+) -> Result<u8, Failure> {
     let status = stop(child, grace).await;
     release(client, lock, token).await;
     Ok(status.map_or(1, exit_code))
@@ -153,7 +168,9 @@ async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
             status.ok()
         }
         Err(_) => {
-            eprintln!("fencegate: command did not exit within {grace:?} of SIGTERM; sending SIGKILL");
+            eprintln!(
+                "fencegate: command did not exit within {grace:?} of SIGTERM; sending SIGKILL"
+            );
             let _ = killpg(group, Signal::SIGKILL);
             child.wait().await.ok()
         }

@@ -28,7 +28,10 @@ pub struct LocksvcArgs {
 
 /// Resolves when the process gets SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         // Without signal handlers we still serve; the process then stops by
         // default disposition.
         return std::future::pending().await;
@@ -42,7 +45,8 @@ pub async fn shutdown_signal() {
 
 pub fn read_config_text(path: &Option<PathBuf>) -> anyhow::Result<String> {
     match path {
-        Some(p) => std::fs::read_to_string(p).with_context(|| format!("cannot read config {}", p.display())),
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("cannot read config {}", p.display())),
         None => Ok(String::new()),
     }
 }
@@ -56,8 +60,15 @@ pub fn announce(service: &str, addr: SocketAddr) {
 }
 
 pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
-    let mut config = LocksvcConfig::from_toml(&read_config_text(&args.config)?)
-        .with_context(|| format!("invalid config {}", args.config.as_ref().map_or("".into(), |p| p.display().to_string())))?;
+    let mut config =
+        LocksvcConfig::from_toml(&read_config_text(&args.config)?).with_context(|| {
+            format!(
+                "invalid config {}",
+                args.config
+                    .as_ref()
+                    .map_or("".into(), |p| p.display().to_string())
+            )
+        })?;
     if let Some(l) = args.listen {
         config.listen = l;
     }

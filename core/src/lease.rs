@@ -152,7 +152,12 @@ impl LockTable {
     /// Ends the lease holding `token`, live or expired, so the lock is free
     /// at once. Releasing a lease that was already released is not an error
     /// (a client may retry); releasing someone else's lease is.
-    pub fn release(&mut self, lock: &LockName, token: u64, now: Timestamp) -> Result<(), NotHolder> {
+    pub fn release(
+        &mut self,
+        lock: &LockName,
+        token: u64,
+        now: Timestamp,
+    ) -> Result<(), NotHolder> {
         match self.leases.get(lock) {
             Some(lease) if lease.token == token => {
                 self.leases.remove(lock);
@@ -219,19 +224,27 @@ mod tests {
     fn the_reference_scenario() {
         let mut t = LockTable::new();
         let l = lock("backup");
-        let a = t.acquire(&l, "A", TTL, Timestamp(0)).expect("A gets the lock");
+        let a = t
+            .acquire(&l, "A", TTL, Timestamp(0))
+            .expect("A gets the lock");
         assert_eq!((a.lease.token, a.new_token), (1, true));
 
-        let held = t.acquire(&l, "B", TTL, Timestamp(5_000)).expect_err("A is live");
+        let held = t
+            .acquire(&l, "B", TTL, Timestamp(5_000))
+            .expect_err("A is live");
         assert_eq!(held.holder.owner, "A");
         assert_eq!(held.holder.expires_at, Timestamp(10_000));
 
         // A pauses past its expiry; B takes over with a higher token.
-        let b = t.acquire(&l, "B", TTL, Timestamp(10_000)).expect("A expired");
+        let b = t
+            .acquire(&l, "B", TTL, Timestamp(10_000))
+            .expect("A expired");
         assert_eq!(b.lease.token, 2);
 
         // A wakes up and tries to renew: its lease is gone.
-        let lost = t.renew(&l, 1, TTL, Timestamp(10_001)).expect_err("A lost it");
+        let lost = t
+            .renew(&l, 1, TTL, Timestamp(10_001))
+            .expect_err("A lost it");
         assert_eq!(lost.current.map(|c| c.token), Some(2));
     }
 
@@ -261,8 +274,11 @@ mod tests {
         t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
         let again = t.acquire(&l, "A", TTL, Timestamp(10_000)).expect("expired");
         assert_eq!((again.lease.token, again.new_token), (2, true));
-        t.release(&l, 2, Timestamp(10_001)).expect("holder releases");
-        let third = t.acquire(&l, "A", TTL, Timestamp(10_002)).expect("released");
+        t.release(&l, 2, Timestamp(10_001))
+            .expect("holder releases");
+        let third = t
+            .acquire(&l, "A", TTL, Timestamp(10_002))
+            .expect("released");
         assert_eq!(third.lease.token, 3);
     }
 
@@ -271,7 +287,9 @@ mod tests {
         let mut t = LockTable::new();
         let l = lock("x");
         t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
-        let again = t.acquire(&l, "A", TTL, Timestamp(1_000)).expect("own lease");
+        let again = t
+            .acquire(&l, "A", TTL, Timestamp(1_000))
+            .expect("own lease");
         assert_eq!((again.lease.token, again.new_token), (1, false));
         assert_eq!(again.lease.expires_at, Timestamp(11_000));
     }

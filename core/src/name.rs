@@ -21,9 +21,7 @@ pub enum LockNameError {
     Empty,
     #[error("lock name is {len} characters long; the limit is {MAX_LOCK_NAME_LEN}")]
     TooLong { len: usize },
-    #[error(
-        "lock name contains {found:?}; allowed characters are A-Z, a-z, 0-9, '.', '_' and '-'"
-    )]
+    #[error("lock name contains {found:?}; allowed characters are A-Z, a-z, 0-9, '.', '_' and '-'")]
     BadChar { found: char },
 }
 
@@ -81,8 +79,17 @@ mod tests {
             LockName::new(&"x".repeat(129)),
             Err(LockNameError::TooLong { len: 129 })
         );
-        assert_eq!(LockName::new("a:b"), Err(LockNameError::BadChar { found: ':' }));
-        assert_eq!(LockName::new("a/b"), Err(LockNameError::BadChar { found: '/' }));
-        assert_eq!(LockName::new("a b"), Err(LockNameError::BadChar { found: ' ' }));
+        assert_eq!(
+            LockName::new("a:b"),
+            Err(LockNameError::BadChar { found: ':' })
+        );
+        assert_eq!(
+            LockName::new("a/b"),
+            Err(LockNameError::BadChar { found: '/' })
+        );
+        assert_eq!(
+            LockName::new("a b"),
+            Err(LockNameError::BadChar { found: ' ' })
+        );
     }
 }

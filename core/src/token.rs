@@ -144,7 +144,9 @@ pub enum TokenError {
 pub enum VerifyError {
     #[error("token signature does not verify with any configured key")]
     BadSignature,
-    #[error("token was issued for lock {found:?}, but this resource is fenced by lock {expected:?}")]
+    #[error(
+        "token was issued for lock {found:?}, but this resource is fenced by lock {expected:?}"
+    )]
     WrongLock { expected: String, found: String },
 }
 
@@ -179,8 +181,7 @@ impl TokenKeys {
     }
 
     fn mac(key: &[u8], lock: &LockName, token: u64) -> HmacSha256 {
-        let mut mac =
-            HmacSha256::new_from_slice(key).expect("HMAC accepts keys of any length");
+        let mut mac = HmacSha256::new_from_slice(key).expect("HMAC accepts keys of any length");
         mac.update(format!("{SIGNED_PREFIX}:{lock}:{token}").as_bytes());
         mac
     }
@@ -236,7 +237,10 @@ mod tests {
             FencingToken::parse("18446744073709551615"),
             Ok(FencingToken::Plain(u64::MAX))
         );
-        assert_eq!(FencingToken::parse("18446744073709551616"), Err(TokenError::Number));
+        assert_eq!(
+            FencingToken::parse("18446744073709551616"),
+            Err(TokenError::Number)
+        );
         assert_eq!(FencingToken::parse("0"), Err(TokenError::Zero));
         assert_eq!(FencingToken::parse("1e3"), Err(TokenError::Number));
         assert_eq!(FencingToken::parse("-1"), Err(TokenError::Shape));
@@ -263,13 +267,19 @@ mod tests {
         let FencingToken::Signed(t) = FencingToken::parse(&tampered).expect("parses") else {
             panic!("signed");
         };
-        assert_eq!(k.verify(&t, &lock("nightly")), Err(VerifyError::BadSignature));
+        assert_eq!(
+            k.verify(&t, &lock("nightly")),
+            Err(VerifyError::BadSignature)
+        );
 
         let FencingToken::Signed(genuine) = FencingToken::parse(&s).expect("parses") else {
             panic!("signed");
         };
         let other = keys("another-key-entirely!");
-        assert_eq!(other.verify(&genuine, &lock("nightly")), Err(VerifyError::BadSignature));
+        assert_eq!(
+            other.verify(&genuine, &lock("nightly")),
+            Err(VerifyError::BadSignature)
+        );
         assert!(matches!(
             k.verify(&genuine, &lock("weekly")),
             Err(VerifyError::WrongLock { .. })
@@ -279,8 +289,11 @@ mod tests {
     #[test]
     fn rotation_verifies_with_any_key() {
         let old = keys("old-key-0123456789");
-        let both = TokenKeys::new(vec![b"new-key-0123456789".to_vec(), b"old-key-0123456789".to_vec()])
-            .expect("valid");
+        let both = TokenKeys::new(vec![
+            b"new-key-0123456789".to_vec(),
+            b"old-key-0123456789".to_vec(),
+        ])
+        .expect("valid");
         let FencingToken::Signed(t) =
             FencingToken::parse(&old.sign(&lock("x"), 3).to_string()).expect("parses")
         else {
@@ -296,8 +309,14 @@ mod tests {
             FencingToken::parse("fgt9:a:1:xx"),
             Err(TokenError::Version { .. })
         ));
-        assert!(matches!(FencingToken::parse("fgt1:a b:1:xx"), Err(TokenError::Lock(_))));
-        assert_eq!(FencingToken::parse("fgt1:a:1:!!"), Err(TokenError::MacEncoding));
+        assert!(matches!(
+            FencingToken::parse("fgt1:a b:1:xx"),
+            Err(TokenError::Lock(_))
+        ));
+        assert_eq!(
+            FencingToken::parse("fgt1:a:1:!!"),
+            Err(TokenError::MacEncoding)
+        );
         assert_eq!(
             FencingToken::parse(&"9".repeat(300)),
             Err(TokenError::TooLong { len: 300 })

@@ -32,7 +32,10 @@ const STEPS: usize = 400;
 enum ClientState {
     Idle,
     /// Believes it holds `token` until `until` by its own reckoning.
-    Holding { token: u64, until: Timestamp },
+    Holding {
+        token: u64,
+        until: Timestamp,
+    },
 }
 
 /// A write on its way to the stores.
@@ -236,7 +239,10 @@ fn fencing_holds_over_random_schedules() {
         totals.crashes
     );
     // The schedules must actually exercise the hazard.
-    assert!(totals.fenced_rejects > 0, "no schedule produced a stale write");
+    assert!(
+        totals.fenced_rejects > 0,
+        "no schedule produced a stale write"
+    );
     assert!(totals.crashes > 0, "no schedule crashed the lease service");
     if seeds.len() > 100 {
         assert!(

@@ -56,8 +56,14 @@ impl AppState {
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<AppState> {
         let config = config.validated()?;
-        let keys = TokenKeys::new(config.signing_keys.iter().map(|k| k.as_bytes().to_vec()).collect())
-            .ok_or_else(|| anyhow::anyhow!("signing_keys are invalid"))?;
+        let keys = TokenKeys::new(
+            config
+                .signing_keys
+                .iter()
+                .map(|k| k.as_bytes().to_vec())
+                .collect(),
+        )
+        .ok_or_else(|| anyhow::anyhow!("signing_keys are invalid"))?;
         Ok(AppState {
             inner: Arc::new(Inner {
                 config,
@@ -146,7 +152,9 @@ impl From<EngineError> for ApiError {
                     "no live lease on this lock holds that token: it expired, was released, or was taken over; acquire again for a new token",
                 );
                 if let Some(c) = current {
-                    err = err.with("current_token", c.token).with("current_owner", c.owner);
+                    err = err
+                        .with("current_token", c.token)
+                        .with("current_owner", c.owner);
                 }
                 err
             }
@@ -312,7 +320,9 @@ async fn release(
 ) -> Result<axum::Json<Value>, ApiError> {
     let lock = lock_name(path)?;
     state.inner.engine.release(lock.clone(), req.token).await?;
-    Ok(axum::Json(json!({ "lock": lock.as_str(), "released": true })))
+    Ok(axum::Json(
+        json!({ "lock": lock.as_str(), "released": true }),
+    ))
 }
 
 async fn status(
@@ -384,8 +394,9 @@ async fn authenticate(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let ok = presented.is_some_and(|p| {
-        keys.iter()
-            .fold(false, |ok, k| ok | bool::from(k.as_bytes().ct_eq(p.as_bytes())))
+        keys.iter().fold(false, |ok, k| {
+            ok | bool::from(k.as_bytes().ct_eq(p.as_bytes()))
+        })
     });
     if ok {
         next.run(req).await
@@ -397,8 +408,10 @@ async fn authenticate(
             "missing or invalid API key: send Authorization: Bearer <key>",
         )
         .into_response();
-        resp.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
         resp
     }
 }

@@ -164,22 +164,28 @@ mod tests {
         .expect("parses");
         let p = c.problems();
         assert!(p.iter().any(|s| s.contains("signing_keys[0]")), "{p:?}");
-        assert!(p.iter().any(|s| s.contains("min_ttl (10m) is above max_ttl")), "{p:?}");
+        assert!(
+            p.iter()
+                .any(|s| s.contains("min_ttl (10m) is above max_ttl")),
+            "{p:?}"
+        );
         assert!(p.iter().any(|s| s.contains("max_body_bytes")), "{p:?}");
         assert!(p.iter().any(|s| s.contains("default_ttl")), "{p:?}");
     }
 
     #[test]
     fn unknown_fields_are_refused() {
-        let err = toml::from_str::<LocksvcConfig>("listne = \"127.0.0.1:1\"")
-            .expect_err("typo refused");
+        let err =
+            toml::from_str::<LocksvcConfig>("listne = \"127.0.0.1:1\"").expect_err("typo refused");
         assert!(err.to_string().contains("unknown field"), "{err}");
     }
 
     #[test]
     fn env_overrides_secrets() {
         let mut c = LocksvcConfig::default();
-        c.apply_env(|k| (k == ENV_SIGNING_KEYS).then(|| "k1-0123456789abcdef, k2-0123456789abcdef".into()));
+        c.apply_env(|k| {
+            (k == ENV_SIGNING_KEYS).then(|| "k1-0123456789abcdef, k2-0123456789abcdef".into())
+        });
         assert_eq!(c.signing_keys.len(), 2);
         assert!(c.problems().is_empty(), "{:?}", c.problems());
     }

@@ -159,7 +159,11 @@ pub struct EngineHandle {
 impl Engine {
     /// Loads the durable state from `store` and starts the engine thread.
     /// `max_waiters` bounds the line of waiting acquires per lock.
-    pub fn start(store: Store, metrics: Arc<Metrics>, max_waiters: usize) -> anyhow::Result<Engine> {
+    pub fn start(
+        store: Store,
+        metrics: Arc<Metrics>,
+        max_waiters: usize,
+    ) -> anyhow::Result<Engine> {
         let (counter, leases) = store.load()?;
         let now = clock::now();
         let live = leases.iter().filter(|l| l.is_live(now)).count();
@@ -169,7 +173,9 @@ impl Engine {
             "lease state loaded; live leases keep their remaining time"
         );
         let table = LockTable::restore(counter, leases);
-        metrics.last_token.set(i64::try_from(table.counter()).unwrap_or(i64::MAX));
+        metrics
+            .last_token
+            .set(i64::try_from(table.counter()).unwrap_or(i64::MAX));
         let (tx, rx) = mpsc::channel();
         let state = EngineState {
             table,
@@ -225,7 +231,12 @@ impl EngineHandle {
         .await
     }
 
-    pub async fn renew(&self, lock: LockName, token: u64, ttl: Duration) -> Result<Lease, EngineError> {
+    pub async fn renew(
+        &self,
+        lock: LockName,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<Lease, EngineError> {
         self.call(|reply| Command::Renew {
             lock,
             token,
@@ -317,9 +328,7 @@ impl EngineState {
             if !expired.is_empty() {
                 self.metrics.expiries.inc_by(expired.len() as u64);
                 batch.needs(Durability::Written);
-                batch
-                    .rows
-                    .extend(expired.into_iter().map(LeaseRow::Delete));
+                batch.rows.extend(expired.into_iter().map(LeaseRow::Delete));
             }
         }
     }

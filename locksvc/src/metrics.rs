@@ -54,15 +54,27 @@ impl Metrics {
         registry.register("grants", "Grants that issued a new token", m.grants.clone());
         registry.register("renewals", "Renewals of a live lease", m.renewals.clone());
         registry.register("refusals", "Refused requests by reason", m.refusals.clone());
-        registry.register("releases", "Leases released by their holder", m.releases.clone());
+        registry.register(
+            "releases",
+            "Leases released by their holder",
+            m.releases.clone(),
+        );
         registry.register("expiries", "Leases that expired", m.expiries.clone());
         registry.register(
             "fsync_seconds",
             "Duration of durable commits (WAL fsync)",
             m.fsync_seconds.clone(),
         );
-        registry.register("batch_size", "Requests per group commit", m.batch_size.clone());
-        registry.register("waiting", "Acquires waiting for a held lock", m.waiting.clone());
+        registry.register(
+            "batch_size",
+            "Requests per group commit",
+            m.batch_size.clone(),
+        );
+        registry.register(
+            "waiting",
+            "Acquires waiting for a held lock",
+            m.waiting.clone(),
+        );
         registry.register("last_token", "The last token issued", m.last_token.clone());
         Metrics { registry, ..m }
     }

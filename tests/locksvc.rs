@@ -1,0 +1,450 @@
+//! The lease service as a real process: the reference scenarios, crash and
+//! restart, waiting in line, auth, and bad input on every endpoint.
+
+mod support;
+
+use serde_json::Value;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::*;
+
+#[test]
+fn reference_scenario_a_then_b_after_expiry() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+
+    let (s, a) = api.acquire("backup", "A", 1500);
+    assert_eq!(s, 200, "{a}");
+    let t1 = token_of(&a);
+    assert!(
+        a["fencing_token"]
+            .as_str()
+            .expect("signed")
+            .starts_with("fgt1:backup:")
+    );
+
+    let (s, refused) = api.acquire("backup", "B", 1500);
+    assert_eq!(s, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "LockHeld");
+    assert_eq!(refused["error"]["holder"], "A");
+
+    let (s, renewed) = api.renew("backup", t1, 1500);
+    assert_eq!(s, 200, "{renewed}");
+    assert_eq!(token_of(&renewed), t1, "a renewal keeps the token");
+
+    // A pauses past its expiry.
+    let expires = renewed["expires_at_ms"].as_u64().expect("expiry");
+    wait_until_ms(expires + 50);
+    let (s, b) = api.acquire("backup", "B", 1500);
+    assert_eq!(s, 200, "{b}");
+    let t2 = token_of(&b);
+    assert!(t2 > t1, "B's token {t2} must be above A's {t1}");
+
+    let (s, lost) = api.renew("backup", t1, 1500);
+    assert_eq!(s, 409, "{lost}");
+    assert_eq!(lost["error"]["code"], "LeaseLost");
+    assert_eq!(lost["error"]["current_token"], t2);
+}
+
+fn wait_until_ms(unix_ms: u64) {
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after epoch")
+            .as_millis() as u64;
+        if now >= unix_ms {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(unix_ms - now));
+    }
+}
+
+#[test]
+fn a_thousand_alternating_grants_strictly_increase() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    let mut last = 0;
+    for i in 0..1000 {
+        let owner = if i % 2 == 0 { "A" } else { "B" };
+        let (s, v) = api.acquire("alt", owner, 10_000);
+        assert_eq!(s, 200, "grant {i}: {v}");
+        let t = token_of(&v);
+        assert!(t > last, "grant {i}: token {t} not above {last}");
+        last = t;
+        let (s, v) = api.release("alt", t);
+        assert_eq!(s, 200, "release {i}: {v}");
+    }
+}
+
+#[test]
+fn kill_9_during_a_burst_never_reissues_a_token() {
+    let dir = tempdir();
+    let mut max_returned = 0u64;
+    for cycle in 0..5 {
+        let mut svc = start_locksvc(dir.path());
+        let api = Api::new(&svc.url);
+        let (s, first) = api.acquire(&format!("after-crash-{cycle}"), "probe", 60_000);
+        assert_eq!(s, 200, "{first}");
+        assert!(
+            token_of(&first) > max_returned,
+            "cycle {cycle}: token {} after restart is not above {max_returned}",
+            token_of(&first)
+        );
+        let returned = Arc::new(Mutex::new(vec![token_of(&first)]));
+        let workers: Vec<_> = (0..8)
+            .map(|w| {
+                let returned = returned.clone();
+                let url = svc.url.clone();
+                std::thread::spawn(move || {
+                    let client = reqwest::blocking::Client::new();
+                    for i in 0.. {
+                        let body = format!(r#"{{"owner":"w{w}-{i}","ttl_ms":60000}}"#);
+                        let resp = client
+                            .post(format!("{url}/v1/locks/burst-{w}-{i}/acquire"))
+                            .body(body)
+                            .send();
+                        let Ok(resp) = resp else { return };
+                        let Ok(v) = resp.json::<Value>() else { return };
+                        if let Some(t) = v["token"].as_u64() {
+                            returned.lock().expect("lock").push(t);
+                        }
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(400));
+        svc.kill9();
+        for w in workers {
+            w.join().expect("worker");
+        }
+        let returned = returned.lock().expect("lock");
+        assert!(
+            returned.len() > 10,
+            "cycle {cycle}: the burst granted only {}",
+            returned.len()
+        );
+        max_returned = max_returned.max(*returned.iter().max().expect("some tokens"));
+    }
+    let svc = start_locksvc(dir.path());
+    let (s, v) = Api::new(&svc.url).acquire("final", "probe", 1000);
+    assert_eq!(s, 200);
+    assert!(token_of(&v) > max_returned);
+}
+
+#[test]
+fn a_lease_live_at_a_crash_keeps_its_remaining_time() {
+    let dir = tempdir();
+    let mut svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    let (_, a) = api.acquire("job", "A", 4000);
+    let t1 = token_of(&a);
+    svc.kill9();
+
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    let (s, refused) = api.acquire("job", "B", 1000);
+    assert_eq!(s, 409, "A's lease survives the restart: {refused}");
+    assert_eq!(refused["error"]["holder"], "A");
+    let (s, renewed) = api.renew("job", t1, 1000);
+    assert_eq!(s, 200, "A can still renew: {renewed}");
+    assert_eq!(token_of(&renewed), t1);
+    wait_until_ms(renewed["expires_at_ms"].as_u64().expect("expiry") + 50);
+    let (s, b) = api.acquire("job", "B", 1000);
+    assert_eq!(s, 200);
+    assert!(token_of(&b) > t1);
+}
+
+#[test]
+fn waiters_are_served_in_arrival_order() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    let (_, a) = api.acquire("line", "A", 30_000);
+    let spawn_waiter = |owner: &'static str| {
+        let api = api.clone();
+        std::thread::spawn(move || api.acquire_wait("line", owner, 30_000, 20_000))
+    };
+    let b = spawn_waiter("B");
+    std::thread::sleep(Duration::from_millis(300));
+    let c = spawn_waiter("C");
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, st) = api.status("line");
+    assert_eq!(st["waiting"], 2, "{st}");
+
+    // A newcomer that does not wait is refused even though the line moves.
+    let started = Instant::now();
+    api.release("line", token_of(&a));
+    let (s, b) = b.join().expect("B");
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["owner"], "B");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let (s, _) = api.acquire("line", "D", 1000);
+    assert_eq!(s, 409, "B holds it, C is next");
+    api.release("line", token_of(&b));
+    let (s, c) = c.join().expect("C");
+    assert_eq!(s, 200, "{c}");
+    assert_eq!(c["owner"], "C");
+    assert!(token_of(&c) > token_of(&b));
+
+    // A wait that runs out is refused with who holds the lock.
+    let started = Instant::now();
+    let (s, v) = api.acquire_wait("line", "E", 1000, 500);
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["holder"], "C");
+    assert!(started.elapsed() >= Duration::from_millis(450));
+}
+
+#[test]
+fn a_waiter_gets_the_lock_when_the_lease_expires() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    let (_, a) = api.acquire("exp", "A", 1000);
+    let (s, b) = api.acquire_wait("exp", "B", 1000, 10_000);
+    assert_eq!(s, 200, "{b}");
+    assert!(token_of(&b) > token_of(&a));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis() as u64;
+    assert!(
+        now >= a["expires_at_ms"].as_u64().expect("expiry"),
+        "granted only after A expired"
+    );
+}
+
+#[test]
+fn api_keys_are_required_when_configured() {
+    let dir = tempdir();
+    let svc = Service::start(locksvc_cmd(
+        dir.path(),
+        &[(
+            "FENCEGATE_LOCKSVC_API_KEYS",
+            "key-one-123456,key-two-123456",
+        )],
+    ));
+    let mut api = Api::new(&svc.url);
+    let (s, v) = api.acquire("auth", "A", 1000);
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (401, Some("Unauthorized"))
+    );
+    api.bearer = Some("key-one-12345X".into());
+    assert_eq!(api.acquire("auth", "A", 1000).0, 401);
+    assert_eq!(api.status("auth").0, 401);
+    api.bearer = Some("key-two-123456".into());
+    assert_eq!(api.acquire("auth", "A", 1000).0, 200);
+    // Health needs no key (load balancers probe it).
+    assert_eq!(Api::new(&svc.url).raw("GET", "/health", None).0, 200);
+}
+
+#[test]
+fn bad_input_gets_a_json_4xx_on_every_endpoint() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    let big = format!(r#"{{"owner":"{}"}}"#, "x".repeat(20_000));
+    let long_lock = "l".repeat(129);
+    let cases: Vec<(&str, String, Option<&str>, u16, &str)> = vec![
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some("{not json"),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"owner":"A","extra":1}"#),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"ttl_ms":1000}"#),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"owner":""}"#),
+            400,
+            "InvalidOwner",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some("{\"owner\":\"a\\nb\"}"),
+            400,
+            "InvalidOwner",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"owner":"A","ttl_ms":1}"#),
+            400,
+            "InvalidTtl",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"owner":"A","ttl_ms":99999999999}"#),
+            400,
+            "InvalidTtl",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"owner":"A","wait_ms":99999999999}"#),
+            400,
+            "InvalidWait",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"owner":"A","ttl_ms":-5}"#),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(&big),
+            413,
+            "BodyTooLarge",
+        ),
+        (
+            "POST",
+            "/v1/locks/a:b/acquire".into(),
+            Some(r#"{"owner":"A"}"#),
+            400,
+            "InvalidLockName",
+        ),
+        (
+            "POST",
+            format!("/v1/locks/{long_lock}/acquire"),
+            Some(r#"{"owner":"A"}"#),
+            400,
+            "InvalidLockName",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            None,
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "GET",
+            "/v1/locks/a/acquire".into(),
+            None,
+            405,
+            "MethodNotAllowed",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(r#"{"token":"seven"}"#),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(r#"{"token":7}"#),
+            409,
+            "LeaseLost",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(r#"{"token":7,"ttl_ms":0}"#),
+            400,
+            "InvalidTtl",
+        ),
+        (
+            "PUT",
+            "/v1/locks/a/renew".into(),
+            Some(r#"{"token":7}"#),
+            405,
+            "MethodNotAllowed",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/release".into(),
+            Some(r#"{}"#),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/release".into(),
+            Some(r#"{"token":123456}"#),
+            409,
+            "LeaseLost",
+        ),
+        (
+            "DELETE",
+            "/v1/locks/a/release".into(),
+            None,
+            405,
+            "MethodNotAllowed",
+        ),
+        (
+            "GET",
+            "/v1/locks/bad%20name".into(),
+            None,
+            400,
+            "InvalidLockName",
+        ),
+        ("POST", "/v1/locks/a".into(), None, 405, "MethodNotAllowed"),
+        ("GET", "/v2/whatever".into(), None, 404, "NotFound"),
+    ];
+    for (method, path, body, status, code) in cases {
+        let (s, v) = api.raw(method, &path, body);
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path} {body:?} -> {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+    // Nothing above took the lock.
+    let (s, st) = api.status("a");
+    assert_eq!(s, 200);
+    assert_eq!(st["held"], false, "{st}");
+    assert_eq!(st["last_token"], 0, "{st}");
+}
+
+#[test]
+fn metrics_count_grants_refusals_and_fsyncs() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    let (_, a) = api.acquire("m", "A", 5000);
+    api.acquire("m", "B", 5000);
+    api.renew("m", token_of(&a), 5000);
+    api.release("m", token_of(&a));
+    let text = reqwest::blocking::get(format!("{}/metrics", svc.url))
+        .expect("metrics")
+        .text()
+        .expect("text");
+    for line in [
+        "fencegate_locksvc_grants_total 1",
+        "fencegate_locksvc_renewals_total 1",
+        "fencegate_locksvc_releases_total 1",
+        "fencegate_locksvc_refusals_total{reason=\"held\"} 1",
+        "fencegate_locksvc_fsync_seconds_count 1",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}

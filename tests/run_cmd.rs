@@ -1,0 +1,148 @@
+//! `fencegate run` against a real lease service: the token reaches the
+//! command, the exit status passes through, and a lost lease stops it.
+
+mod support;
+
+use nix::sys::signal::Signal;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+fn run_cmd(url: &str, args: &[&str]) -> Command {
+    let mut cmd = fencegate();
+    cmd.arg("run")
+        .args(args)
+        .env("FENCEGATE_LOCKSVC", url)
+        .env("FENCEGATE_LOG", "warn");
+    cmd
+}
+
+fn process_alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+fn read_pid(path: &std::path::Path) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && let Ok(pid) = s.trim().parse()
+        {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "child never wrote its pid");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn exports_the_token_passes_the_exit_status_and_releases() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let out = dir.path().join("env.txt");
+    let script = format!(
+        "echo \"$FENCING_TOKEN $FENCING_TOKEN_NUMBER $FENCEGATE_LOCK\" > {}; exit 7",
+        out.display()
+    );
+    let status = run_cmd(
+        &svc.url,
+        &[
+            "--lock", "nightly", "--ttl", "5s", "--", "sh", "-c", &script,
+        ],
+    )
+    .status()
+    .expect("runs");
+    assert_eq!(status.code(), Some(7), "CMD's status passes through");
+    let env = std::fs::read_to_string(&out).expect("CMD ran");
+    let parts: Vec<&str> = env.split_whitespace().collect();
+    assert_eq!(parts.len(), 3, "{env}");
+    assert!(parts[0].starts_with("fgt1:nightly:1:"), "{env}");
+    assert_eq!(parts[1], "1");
+    assert_eq!(parts[2], "nightly");
+    let (_, st) = Api::new(&svc.url).status("nightly");
+    assert_eq!(st["held"], false, "the lease is released after CMD: {st}");
+}
+
+#[test]
+fn a_held_lock_exits_3_without_running_the_command() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    Api::new(&svc.url).acquire("busy", "someone-else", 30_000);
+    let marker = dir.path().join("ran");
+    let status = run_cmd(
+        &svc.url,
+        &[
+            "--lock",
+            "busy",
+            "--",
+            "touch",
+            marker.to_str().expect("utf8"),
+        ],
+    )
+    .stderr(Stdio::null())
+    .status()
+    .expect("runs");
+    assert_eq!(status.code(), Some(3));
+    assert!(!marker.exists(), "CMD must not run without the lease");
+}
+
+#[test]
+fn the_command_is_stopped_when_the_lease_service_is_gone() {
+    let dir = tempdir();
+    let mut svc = start_locksvc(dir.path());
+    let pidfile = dir.path().join("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
+    let mut run = run_cmd(
+        &svc.url,
+        &[
+            "--lock", "gone", "--ttl", "2s", "--grace", "1s", "--", "sh", "-c", &script,
+        ],
+    )
+    .spawn()
+    .expect("runs");
+    let child_pid = read_pid(&pidfile);
+    svc.kill9();
+    let started = Instant::now();
+    let status = run.wait().expect("run exits");
+    assert_eq!(status.code(), Some(4), "exit code says the lease was lost");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!process_alive(child_pid), "the command was stopped");
+}
+
+#[test]
+fn the_command_is_stopped_when_the_lease_is_taken_after_a_pause() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let pidfile = dir.path().join("child.pid");
+    // The child ignores SIGTERM, so only the SIGKILL after the grace stops it.
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; while true; do sleep 0.1; done",
+        pidfile.display()
+    );
+    let mut run = run_cmd(
+        &svc.url,
+        &[
+            "--lock", "stolen", "--ttl", "1s", "--grace", "500ms", "--", "sh", "-c", &script,
+        ],
+    )
+    .spawn()
+    .expect("runs");
+    let child_pid = read_pid(&pidfile);
+    let run_pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid"));
+
+    // The runner stalls past its lease; someone else takes the lock.
+    nix::sys::signal::kill(run_pid, Signal::SIGSTOP).expect("stop");
+    std::thread::sleep(Duration::from_millis(1500));
+    let (s, b) = Api::new(&svc.url).acquire("stolen", "B", 30_000);
+    assert_eq!(s, 200, "{b}");
+    nix::sys::signal::kill(run_pid, Signal::SIGCONT).expect("cont");
+
+    let started = Instant::now();
+    let status = run.wait().expect("run exits");
+    assert_eq!(status.code(), Some(4));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!process_alive(child_pid), "the command was killed");
+    let (_, st) = Api::new(&svc.url).status("stolen");
+    assert_eq!(st["owner"], "B", "the new holder keeps the lock: {st}");
+}

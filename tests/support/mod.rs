@@ -1,0 +1,185 @@
+//! Test harness: real `fencegate` processes on OS-chosen ports.
+//!
+//! Every service is the real binary (`CARGO_BIN_EXE_fencegate`), started on
+//! `127.0.0.1:0`; the harness reads the "listening on" line the binary prints
+//! first on stdout to learn the port. Processes are killed when dropped.
+
+#![allow(
+    dead_code,
+    reason = "each test file uses a different part of the harness"
+)]
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const SIGNING_KEY: &str = "test-signing-key-0123456789";
+
+pub fn fencegate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fencegate"))
+}
+
+/// A running service process.
+#[derive(Debug)]
+pub struct Service {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Service {
+    /// Starts `fencegate <args>` and waits for its "listening on" line.
+    pub fn start(mut cmd: Command) -> Service {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("fencegate starts");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines
+            .next()
+            .expect("service printed a line")
+            .expect("readable stdout");
+        let url = first
+            .split("listening on ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .trim()
+            .to_owned();
+        // Keep draining stdout so the service never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Service { child, url }
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid fits")
+    }
+
+    /// kill -9, and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig)
+            .expect("signal delivered");
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A lease service on a database in `dir`.
+pub fn locksvc_cmd(dir: &Path, extra_env: &[(&str, &str)]) -> Command {
+    let mut cmd = fencegate();
+    cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.join("locksvc.db"))
+        .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
+        .env("FENCEGATE_LOG", "warn");
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+pub fn start_locksvc(dir: &Path) -> Service {
+    Service::start(locksvc_cmd(dir, &[]))
+}
+
+/// A blocking JSON client for the lease service.
+#[derive(Debug, Clone)]
+pub struct Api {
+    pub url: String,
+    http: reqwest::blocking::Client,
+    pub bearer: Option<String>,
+}
+
+impl Api {
+    pub fn new(url: &str) -> Api {
+        Api {
+            url: url.to_owned(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client"),
+            bearer: None,
+        }
+    }
+
+    /// Sends `method path` with a raw body; returns status and JSON body.
+    pub fn raw(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(b) = &self.bearer {
+            req = req.bearer_auth(b);
+        }
+        if let Some(body) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(body.to_owned());
+        }
+        let resp = req.send().expect("request sent");
+        let status = resp.status().as_u16();
+        let text = resp.text().expect("body");
+        let v =
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON ({status}): {text}"));
+        (status, v)
+    }
+
+    pub fn acquire(&self, lock: &str, owner: &str, ttl_ms: u64) -> (u16, Value) {
+        self.raw(
+            "POST",
+            &format!("/v1/locks/{lock}/acquire"),
+            Some(&json!({"owner": owner, "ttl_ms": ttl_ms}).to_string()),
+        )
+    }
+
+    pub fn acquire_wait(&self, lock: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> (u16, Value) {
+        self.raw(
+            "POST",
+            &format!("/v1/locks/{lock}/acquire"),
+            Some(&json!({"owner": owner, "ttl_ms": ttl_ms, "wait_ms": wait_ms}).to_string()),
+        )
+    }
+
+    pub fn renew(&self, lock: &str, token: u64, ttl_ms: u64) -> (u16, Value) {
+        self.raw(
+            "POST",
+            &format!("/v1/locks/{lock}/renew"),
+            Some(&json!({"token": token, "ttl_ms": ttl_ms}).to_string()),
+        )
+    }
+
+    pub fn release(&self, lock: &str, token: u64) -> (u16, Value) {
+        self.raw(
+            "POST",
+            &format!("/v1/locks/{lock}/release"),
+            Some(&json!({"token": token}).to_string()),
+        )
+    }
+
+    pub fn status(&self, lock: &str) -> (u16, Value) {
+        self.raw("GET", &format!("/v1/locks/{lock}"), None)
+    }
+}
+
+pub fn token_of(v: &Value) -> u64 {
+    v["token"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no token in {v}"))
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+pub fn path_str(p: &Path) -> PathBuf {
+    p.to_path_buf()
+}
