@@ -30,15 +30,27 @@ pub struct AcquireArgs {
     /// Wait in line up to this long if the lock is held.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
+    /// What to print: the whole lease as JSON, only the signed token (for
+    /// the Fencing-Token header), or only the token number.
+    #[arg(long, value_enum, default_value = "json")]
+    pub format: Format,
     #[command(flatten)]
     pub conn: LocksvcConn,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Format {
+    Json,
+    Token,
+    Number,
 }
 
 #[derive(Debug, Args)]
 pub struct TokenArgs {
     pub lock: String,
-    /// The numeric token the lease was granted with.
-    #[arg(long)]
+    /// The token the lease was granted with: its number, or the signed
+    /// fencing token string.
+    #[arg(long, value_parser = parse_token)]
     pub token: u64,
     /// New TTL from now (renew only).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -54,6 +66,14 @@ pub struct StatusArgs {
     pub conn: LocksvcConn,
 }
 
+/// Accepts `42` or `fgt1:<lock>:42:<mac>` (the number is what the lease
+/// service needs; it checks the lease itself).
+fn parse_token(s: &str) -> Result<u64, String> {
+    fencegate_core::FencingToken::parse(s)
+        .map(|t| t.number())
+        .map_err(|e| e.to_string())
+}
+
 fn print(v: &impl serde::Serialize) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(v).map_err(anyhow::Error::from)?;
     println!("{text}");
@@ -65,7 +85,18 @@ pub async fn run(cmd: LeaseCommand) -> Result<(), Failure> {
         LeaseCommand::Acquire(a) => {
             let client = Client::new(a.conn)?;
             let owner = a.owner.unwrap_or_else(default_owner);
-            print(&client.acquire(&a.lock, &owner, a.ttl, a.wait).await?)
+            let lease = client.acquire(&a.lock, &owner, a.ttl, a.wait).await?;
+            match a.format {
+                Format::Json => print(&lease),
+                Format::Token => {
+                    println!("{}", lease.fencing_token);
+                    Ok(())
+                }
+                Format::Number => {
+                    println!("{}", lease.token);
+                    Ok(())
+                }
+            }
         }
         LeaseCommand::Renew(a) => {
             let client = Client::new(a.conn)?;

@@ -9,6 +9,7 @@
 //! - 4: the lease was lost (expired, released or taken over).
 
 mod client;
+mod dev;
 mod lease_cmd;
 mod run_cmd;
 mod services;
@@ -31,6 +32,10 @@ struct Cli {
 enum Command {
     /// Run the lease service.
     Locksvc(services::LocksvcArgs),
+    /// Run the fencing S3 proxy.
+    Proxy(services::ProxyArgs),
+    /// Run lease service, proxy and an embedded S3 backend in one process.
+    Dev(dev::DevArgs),
     /// Take, renew, release or inspect a lease.
     #[command(subcommand)]
     Lease(lease_cmd::LeaseCommand),
@@ -60,8 +65,12 @@ impl Failure {
 }
 
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FENCEGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // s3s logs every client error at ERROR; the proxy logs what matters
+    // itself, so s3s is quiet unless asked for.
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("FENCEGATE_LOG").unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,s3s=off,s3s_aws=off,s3s_fs=off")
+        });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -87,6 +96,11 @@ fn main() -> ExitCode {
                 .await
                 .map(|()| 0)
                 .map_err(Failure::from),
+            Command::Proxy(args) => services::proxy(args)
+                .await
+                .map(|()| 0)
+                .map_err(Failure::from),
+            Command::Dev(args) => dev::dev(args).await.map(|()| 0).map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
             Command::Run(args) => run_cmd::run(args).await,
         }

@@ -86,3 +86,54 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
     announce("locksvc", listener.local_addr()?);
     fencegate_locksvc::run(listener, config, shutdown_signal()).await
 }
+
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// TOML configuration file (see config/proxy-minio.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Listen address; overrides `listen` in the file.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// SQLite database; overrides `db` in the file.
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    /// Backend endpoint URL; overrides `backend.endpoint` in the file.
+    #[arg(long, env = "FENCEGATE_BACKEND_ENDPOINT")]
+    pub backend: Option<String>,
+    /// Only validate the configuration, then exit.
+    #[arg(long)]
+    pub check: bool,
+}
+
+pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    let mut config = fencegate_proxy::ProxyConfig::from_toml(&read_config_text(&args.config)?)
+        .with_context(|| {
+            format!(
+                "invalid config {}",
+                args.config
+                    .as_ref()
+                    .map_or("".into(), |p| p.display().to_string())
+            )
+        })?;
+    if let Some(l) = args.listen {
+        config.listen = l;
+    }
+    if let Some(db) = args.db {
+        config.db = db;
+    }
+    if let Some(b) = args.backend {
+        config.backend.endpoint = b;
+    }
+    let config = config.validated()?;
+    if args.check {
+        println!("configuration is valid");
+        return Ok(());
+    }
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let proxy = fencegate_proxy::Proxy::build(config).await?;
+    announce("proxy", listener.local_addr()?);
+    proxy.serve(listener, shutdown_signal()).await
+}

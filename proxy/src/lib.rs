@@ -1,1 +1,125 @@
-//! proxy
+//! The fencegate S3 proxy: every write to a fenced scope carries a token
+//! that must not be below the highest one the scope has admitted, and every
+//! forwarded write is a compare-and-set at the store.
+//!
+//! Module map (request order):
+//! - [`server`]: HTTP, operations endpoints, graceful shutdown;
+//! - [`access`]: client SigV4 keys, anonymous policy, operation allowlist;
+//! - [`ops`]: one module per S3 operation family, fenced or forwarded;
+//! - [`gate`]: the steps every fenced write shares;
+//! - [`scope`]: which lock fences a bucket/key;
+//! - [`tokens`]: the `Fencing-Token` header and its verification;
+//! - [`fences`]: max_token per scope and the epoch barrier;
+//! - [`keys`]: per-key serialization and the ETag cache;
+//! - [`body`]: request bodies a newer epoch can cut;
+//! - [`backend`]: the backend SDK client; [`probe`]: does it enforce CAS?;
+//! - [`db`]: SQLite (max_token, upload bindings); [`errors`]: S3 errors;
+//!   [`metrics`]; [`config`].
+//!
+//! **Architecture invariant:** no request reaches the backend's write API
+//! without passing [`gate::Gate::admit`] for its scope, and every object
+//! write goes through [`gate::Gate::begin`] (key lock, known state, per-key
+//! token) and is sent with `If-Match` or `If-None-Match`.
+
+pub mod access;
+pub mod backend;
+pub mod body;
+pub mod config;
+pub mod db;
+pub mod errors;
+pub mod fences;
+pub mod gate;
+pub mod keys;
+pub mod metrics;
+pub mod ops;
+pub mod probe;
+pub mod scope;
+pub mod server;
+pub mod tokens;
+
+pub use config::ProxyConfig;
+
+use s3s::service::{S3Service, S3ServiceBuilder};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// A built proxy, ready to serve.
+#[derive(Debug)]
+pub struct Proxy {
+    pub gate: Arc<gate::Gate>,
+    service: S3Service,
+}
+
+/// How long the start-up probe keeps retrying a backend that is not up yet.
+const PROBE_PATIENCE: Duration = Duration::from_secs(30);
+
+impl Proxy {
+    /// Validates `config`, opens the database and, when a probe bucket is
+    /// known, probes the backend (refusing a backend that ignores
+    /// conditional PUTs unless `accept_weak_backend`).
+    pub async fn build(config: ProxyConfig) -> anyhow::Result<Proxy> {
+        let config = config.validated()?;
+        let db = db::Db::open(&config.db)?;
+        let gate = Arc::new(gate::Gate::new(&config, db)?);
+        let probe_bucket = config
+            .probe_bucket
+            .clone()
+            .or_else(|| config.scopes.first().map(|s| s.bucket.clone()));
+        if let Some(bucket) = probe_bucket {
+            let started = Instant::now();
+            let report = loop {
+                match gate.probe_bucket(&bucket).await {
+                    Ok(r) => break r,
+                    Err(e) if started.elapsed() < PROBE_PATIENCE => {
+                        tracing::warn!(error = format!("{e:#}"), "backend probe failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => anyhow::bail!("backend probe failed: {e:#}"),
+                }
+            };
+            if !report.safe() && !config.accept_weak_backend {
+                anyhow::bail!(
+                    "the backend does not enforce conditional writes ({}); refusing to serve fenced traffic. \
+                     Use a backend that does (MinIO, AWS S3), or set accept_weak_backend = true to run with \
+                     the proxy as the only fence (one replica, no other writers)",
+                    report.summary()
+                );
+            }
+        }
+        let mut builder = S3ServiceBuilder::new(ops::FencedS3::new(gate.clone()));
+        builder.set_auth(access::ClientAuth::new(&config.clients));
+        builder.set_access(access::Access {
+            allow_anonymous: config.allow_anonymous,
+        });
+        let mut s3_config = s3s::config::S3Config::default();
+        s3_config.xml_max_body_size = config.max_xml_body_bytes;
+        builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
+            s3_config,
+        ))));
+        Ok(Proxy {
+            gate,
+            service: builder.build(),
+        })
+    }
+
+    /// Serves until `shutdown` resolves, then drains in-flight requests.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        tracing::info!(addr = %listener.local_addr()?, "proxy listening");
+        server::serve(listener, self.service, self.gate, shutdown).await
+    }
+}
+
+/// Builds and serves the proxy on `listener` until `shutdown` resolves.
+pub async fn run(
+    listener: TcpListener,
+    config: ProxyConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    Proxy::build(config).await?.serve(listener, shutdown).await
+}

@@ -1,0 +1,144 @@
+//! The backend S3 server: the SDK client the proxy forwards with, and the
+//! few calls the proxy makes on its own behalf (HEAD, copy, probe).
+//!
+//! Backend SDK errors are turned into S3 errors here and in
+//! [`crate::errors::from_backend`], nowhere else.
+
+use crate::config::BackendConfig;
+use crate::keys::Known;
+use aws_credential_types::Credentials;
+use aws_sdk_s3::config::{
+    BehaviorVersion, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+    StalledStreamProtectionConfig,
+};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_types::retry::RetryConfig;
+use aws_smithy_types::timeout::TimeoutConfig;
+use http::StatusCode;
+use s3s::{S3Error, S3ErrorCode};
+use std::time::Duration;
+
+/// The object metadata key holding the writer's token
+/// (`x-amz-meta-fencing-token` on the wire).
+pub const TOKEN_METADATA_KEY: &str = "fencing-token";
+
+/// The backend: an SDK client, and the s3s-aws adapter forwarding client
+/// requests through it.
+pub struct Backend {
+    pub client: aws_sdk_s3::Client,
+    pub forward: s3s_aws::Proxy,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").finish_non_exhaustive()
+    }
+}
+
+impl Backend {
+    pub fn new(config: &BackendConfig) -> Backend {
+        let creds = Credentials::new(
+            config.access_key.clone(),
+            config.secret_key.clone(),
+            None,
+            None,
+            "fencegate-config",
+        );
+        let sdk_config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(config.endpoint.clone())
+            .region(Region::new(config.region.clone()))
+            .credentials_provider(creds)
+            .force_path_style(config.path_style)
+            // A conditional write that failed is re-read and re-decided by
+            // the proxy, never retried blindly by the SDK.
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .build(),
+            )
+            // A paused client must not be cut by the SDK's stall detector:
+            // only a newer token cuts an upload.
+            .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .build();
+        let client = aws_sdk_s3::Client::from_conf(sdk_config);
+        Backend {
+            forward: s3s_aws::Proxy::from(client.clone()),
+            client,
+        }
+    }
+
+    /// What the store holds at `bucket/key`: absent, or its ETag and token.
+    pub async fn head(&self, bucket: &str, key: &str) -> Result<Known, S3Error> {
+        match self
+            .client
+            .head_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Known::Present {
+                etag: out.e_tag().map(strip_quotes).unwrap_or_default(),
+                token: out
+                    .metadata()
+                    .and_then(|m| m.get(TOKEN_METADATA_KEY))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0),
+            }),
+            Err(e) if status_of(&e) == Some(404) => Ok(Known::Absent),
+            Err(e) => Err(sdk_error(e)),
+        }
+    }
+}
+
+/// ETags travel quoted; the proxy keeps the bare value.
+pub fn strip_quotes(s: &str) -> String {
+    s.trim()
+        .trim_start_matches("W/")
+        .trim_matches('"')
+        .to_owned()
+}
+
+/// The HTTP status of an SDK error, if the backend answered.
+pub fn status_of<E, R: HasStatus>(e: &SdkError<E, R>) -> Option<u16> {
+    e.raw_response().map(HasStatus::status)
+}
+
+/// Converts an SDK error into an S3 error for the client (5xx and transport
+/// failures become retryable 503s).
+pub fn sdk_error<
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: HasStatus + std::fmt::Debug + Send + Sync + 'static,
+>(
+    e: SdkError<E, R>,
+) -> S3Error {
+    let status = status_of(&e).and_then(|s| StatusCode::from_u16(s).ok());
+    let code = e
+        .code()
+        .and_then(|c| S3ErrorCode::from_bytes(c.as_bytes()))
+        .unwrap_or(S3ErrorCode::InternalError);
+    let message = e
+        .message()
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("{e}"));
+    let mut err = S3Error::with_message(code, message);
+    if let Some(s) = status {
+        err.set_status_code(s);
+    }
+    crate::errors::from_backend(err)
+}
+
+/// Anything with an HTTP status code (the SDK's raw response type).
+pub trait HasStatus {
+    fn status(&self) -> u16;
+}
+
+impl HasStatus for aws_smithy_runtime_api::http::Response {
+    fn status(&self) -> u16 {
+        self.status().as_u16()
+    }
+}

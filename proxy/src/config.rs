@@ -1,0 +1,339 @@
+//! Configuration of the proxy: one serde struct, every field documented,
+//! loaded from TOML, secrets overridable from the environment, validated at
+//! start with every problem listed at once.
+
+use fencegate_core::LockName;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// `fencegate proxy --config FILE`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Address the S3 endpoint listens on.
+    pub listen: SocketAddr,
+    /// SQLite file holding max_token per fence scope and the token bound to
+    /// each multipart upload. Losing it lets a stale token through once:
+    /// back it up with the lease database.
+    pub db: PathBuf,
+    /// The S3 server the proxy forwards to.
+    pub backend: BackendConfig,
+    /// S3 access keys clients sign requests with (SigV4).
+    pub clients: Vec<ClientKey>,
+    /// Accept unsigned (anonymous) requests. Writes still need a fencing
+    /// token; reads are open to anyone who can reach the port.
+    pub allow_anonymous: bool,
+    /// Keys shared with the lease service to verify signed tokens (the same
+    /// list as the lease service's `signing_keys`). Override with
+    /// `FENCEGATE_SIGNING_KEYS` (comma separated).
+    pub signing_keys: Vec<String>,
+    /// Accept plain decimal tokens. Defaults to false when `signing_keys` is
+    /// set: otherwise anyone could raise a scope's max with a number no lease
+    /// service issued and lock every real holder out.
+    pub accept_unsigned_tokens: Option<bool>,
+    /// Fence scopes: a bucket, or a key prefix in a bucket, bound to a lock.
+    /// Empty: every bucket is its own scope, fenced by the lock named like
+    /// the bucket.
+    pub scopes: Vec<ScopeConfig>,
+    /// What happens to writes outside every configured scope.
+    pub unscoped_writes: UnscopedPolicy,
+    /// Bucket for the start-up probe of conditional writes. Default: the
+    /// first scope's bucket. Without either, each bucket is probed before
+    /// its first fenced write.
+    pub probe_bucket: Option<String>,
+    /// Serve fenced traffic even if the backend ignores If-Match /
+    /// If-None-Match on PutObject. Then only the proxy enforces the fence:
+    /// one proxy replica, and nothing else may write to the bucket.
+    pub accept_weak_backend: bool,
+    /// Most keys whose ETag and token the proxy remembers (a bounded cache;
+    /// a miss costs one HEAD).
+    pub etag_cache_entries: usize,
+    /// Largest XML request body (CompleteMultipartUpload, DeleteObjects).
+    pub max_xml_body_bytes: usize,
+}
+
+/// The S3 server behind the proxy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Endpoint URL, e.g. `http://minio:9000` or `https://s3.eu-west-1.amazonaws.com`.
+    pub endpoint: String,
+    /// Region to sign for.
+    pub region: String,
+    /// Backend access key. Override with `FENCEGATE_BACKEND_ACCESS_KEY`.
+    pub access_key: String,
+    /// Backend secret key. Override with `FENCEGATE_BACKEND_SECRET_KEY`.
+    pub secret_key: String,
+    /// Path-style addressing (MinIO and most S3-compatible servers need it).
+    pub path_style: bool,
+    /// Per-request timeout towards the backend for requests without a body
+    /// stream (HEAD, DELETE, Complete), in seconds.
+    pub timeout_secs: u64,
+}
+
+/// A client credential pair for SigV4.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientKey {
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+impl std::fmt::Debug for ClientKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientKey")
+            .field("access_key", &self.access_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A bucket or prefix fenced by one lock.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeConfig {
+    pub bucket: String,
+    /// Key prefix; empty or absent means the whole bucket.
+    #[serde(default)]
+    pub prefix: String,
+    /// Lock whose tokens fence this scope.
+    pub lock: String,
+}
+
+/// Policy for writes that fall in no configured scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnscopedPolicy {
+    /// Refuse them (403 with a message naming the configured scopes).
+    #[default]
+    Deny,
+    /// Fence them by the lock named like their bucket, as if unconfigured.
+    BucketLock,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
+            db: PathBuf::from("fencegate-proxy.db"),
+            backend: BackendConfig::default(),
+            clients: Vec::new(),
+            allow_anonymous: false,
+            signing_keys: Vec::new(),
+            accept_unsigned_tokens: None,
+            scopes: Vec::new(),
+            unscoped_writes: UnscopedPolicy::Deny,
+            probe_bucket: None,
+            accept_weak_backend: false,
+            etag_cache_entries: 100_000,
+            max_xml_body_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            endpoint: String::new(),
+            region: "us-east-1".into(),
+            access_key: String::new(),
+            secret_key: String::new(),
+            path_style: true,
+            timeout_secs: 60,
+        }
+    }
+}
+
+pub const ENV_SIGNING_KEYS: &str = "FENCEGATE_SIGNING_KEYS";
+pub const ENV_BACKEND_ACCESS_KEY: &str = "FENCEGATE_BACKEND_ACCESS_KEY";
+pub const ENV_BACKEND_SECRET_KEY: &str = "FENCEGATE_BACKEND_SECRET_KEY";
+/// `ACCESS:SECRET[,ACCESS:SECRET...]`, replacing `clients`.
+pub const ENV_CLIENT_KEYS: &str = "FENCEGATE_CLIENT_KEYS";
+
+impl ProxyConfig {
+    /// Reads TOML text and applies environment overrides.
+    pub fn from_toml(text: &str) -> anyhow::Result<ProxyConfig> {
+        let mut c: ProxyConfig = toml::from_str(text)?;
+        c.apply_env(|k| std::env::var(k).ok());
+        Ok(c)
+    }
+
+    /// Applies environment overrides read through `var`.
+    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) {
+        if let Some(v) = var(ENV_SIGNING_KEYS) {
+            self.signing_keys = split_list(&v);
+        }
+        if let Some(v) = var(ENV_BACKEND_ACCESS_KEY) {
+            self.backend.access_key = v;
+        }
+        if let Some(v) = var(ENV_BACKEND_SECRET_KEY) {
+            self.backend.secret_key = v;
+        }
+        if let Some(v) = var(ENV_CLIENT_KEYS) {
+            self.clients = split_list(&v)
+                .into_iter()
+                .filter_map(|pair| {
+                    let (a, s) = pair.split_once(':')?;
+                    Some(ClientKey {
+                        access_key: a.to_owned(),
+                        secret_key: s.to_owned(),
+                    })
+                })
+                .collect();
+        }
+    }
+
+    /// Whether plain decimal tokens are accepted (see the field).
+    pub fn unsigned_tokens_accepted(&self) -> bool {
+        self.accept_unsigned_tokens
+            .unwrap_or(self.signing_keys.is_empty())
+    }
+
+    /// Every problem with this configuration, in one list.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.backend.endpoint.is_empty() {
+            p.push("backend.endpoint is empty: set the URL of the S3 server to protect".into());
+        } else if !(self.backend.endpoint.starts_with("http://")
+            || self.backend.endpoint.starts_with("https://"))
+        {
+            p.push(format!(
+                "backend.endpoint {:?} must start with http:// or https://",
+                self.backend.endpoint
+            ));
+        }
+        if self.backend.access_key.is_empty() || self.backend.secret_key.is_empty() {
+            p.push(format!(
+                "backend.access_key and backend.secret_key are required (or {ENV_BACKEND_ACCESS_KEY} / {ENV_BACKEND_SECRET_KEY})"
+            ));
+        }
+        if self.clients.is_empty() && !self.allow_anonymous {
+            p.push(format!(
+                "no client keys and allow_anonymous = false: nobody could use the proxy; add [[clients]] (or {ENV_CLIENT_KEYS}) or allow anonymous access"
+            ));
+        }
+        for (i, c) in self.clients.iter().enumerate() {
+            if c.access_key.is_empty() || c.secret_key.len() < 8 {
+                p.push(format!(
+                    "clients[{i}]: access_key must be set and secret_key be at least 8 characters"
+                ));
+            }
+        }
+        for (i, k) in self.signing_keys.iter().enumerate() {
+            if k.len() < fencegate_core::token::MIN_KEY_LEN {
+                p.push(format!(
+                    "signing_keys[{i}] is {} bytes; keys must be at least {} bytes",
+                    k.len(),
+                    fencegate_core::token::MIN_KEY_LEN
+                ));
+            }
+        }
+        if self.signing_keys.is_empty() && self.accept_unsigned_tokens == Some(false) {
+            p.push(
+                "accept_unsigned_tokens = false needs signing_keys to verify signed tokens".into(),
+            );
+        }
+        for (i, s) in self.scopes.iter().enumerate() {
+            if s.bucket.is_empty() {
+                p.push(format!("scopes[{i}].bucket is empty"));
+            }
+            if let Err(e) = LockName::new(&s.lock) {
+                p.push(format!("scopes[{i}].lock: {e}"));
+            }
+            for (j, other) in self.scopes.iter().enumerate().skip(i + 1) {
+                if other.bucket == s.bucket && other.prefix == s.prefix {
+                    p.push(format!(
+                        "scopes[{i}] and scopes[{j}] both cover bucket {:?} prefix {:?}",
+                        s.bucket, s.prefix
+                    ));
+                }
+            }
+        }
+        if self.etag_cache_entries == 0 {
+            p.push("etag_cache_entries must be at least 1".into());
+        }
+        if self.max_xml_body_bytes < 64 * 1024 {
+            p.push("max_xml_body_bytes must be at least 65536".into());
+        }
+        p
+    }
+
+    /// Fails with every problem listed, or returns the config unchanged.
+    pub fn validated(self) -> anyhow::Result<ProxyConfig> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(self)
+        } else {
+            anyhow::bail!(
+                "invalid proxy configuration:\n  - {}",
+                problems.join("\n  - ")
+            )
+        }
+    }
+}
+
+fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_problem_is_listed_at_once() {
+        let c: ProxyConfig = toml::from_str(
+            r#"
+            signing_keys = ["short"]
+            [[scopes]]
+            bucket = "b"
+            lock = "bad lock"
+            [[scopes]]
+            bucket = "b"
+            lock = "ok"
+            "#,
+        )
+        .expect("parses");
+        let p = c.problems();
+        for needle in [
+            "backend.endpoint",
+            "backend.access_key",
+            "no client keys",
+            "signing_keys[0]",
+            "scopes[0].lock",
+            "both cover",
+        ] {
+            assert!(
+                p.iter().any(|s| s.contains(needle)),
+                "missing {needle:?} in {p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unsigned_tokens_default_follows_keys() {
+        let mut c = ProxyConfig::default();
+        assert!(c.unsigned_tokens_accepted());
+        c.signing_keys = vec!["0123456789abcdef".into()];
+        assert!(!c.unsigned_tokens_accepted());
+        c.accept_unsigned_tokens = Some(true);
+        assert!(c.unsigned_tokens_accepted());
+    }
+
+    #[test]
+    fn env_overrides_secrets() {
+        let mut c = ProxyConfig::default();
+        c.apply_env(|k| match k {
+            ENV_CLIENT_KEYS => Some("AK1:secret-one,AK2:secret-two".into()),
+            ENV_BACKEND_SECRET_KEY => Some("backend-secret".into()),
+            _ => None,
+        });
+        assert_eq!(c.clients.len(), 2);
+        assert_eq!(c.clients[1].access_key, "AK2");
+        assert_eq!(c.backend.secret_key, "backend-secret");
+    }
+}

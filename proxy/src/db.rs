@@ -1,0 +1,160 @@
+//! The proxy's durable state in SQLite (WAL, `synchronous=FULL`):
+//! max_token per fence scope, and the token bound to each multipart upload.
+//!
+//! Both are written before the decision they record is acted on: a higher
+//! max is fsync'd before the write carrying it is forwarded, and an upload's
+//! binding before its upload id is returned to the client. A restart reads
+//! them back, so it never forgets a max and never unfences an upload.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// A multipart upload created through the proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadBinding {
+    pub upload_id: String,
+    pub bucket: String,
+    pub key: String,
+    pub scope: String,
+    pub token: u64,
+}
+
+/// Handle to the database; cheap to clone. Calls block: run them from
+/// `spawn_blocking` (they are rare: a new max, a new upload).
+#[derive(Debug, Clone)]
+pub struct Db {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn to_sql(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn from_sql(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl Db {
+    pub fn open(path: &Path) -> anyhow::Result<Db> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let conn = Connection::open(path)
+            .map_err(|e| anyhow::anyhow!("cannot open proxy database {}: {e}", path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS fences (
+                 scope TEXT PRIMARY KEY,
+                 max_token INTEGER NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS uploads (
+                 upload_id TEXT PRIMARY KEY,
+                 bucket TEXT NOT NULL,
+                 key TEXT NOT NULL,
+                 scope TEXT NOT NULL,
+                 token INTEGER NOT NULL
+             );",
+        )?;
+        Ok(Db {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+        // A poisoned lock means a panic mid-call; the connection itself is
+        // still consistent (SQLite transactions), so keep using it.
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&conn)
+    }
+
+    /// Every scope's max_token.
+    pub fn load_fences(&self) -> rusqlite::Result<Vec<(String, u64)>> {
+        self.with(|c| {
+            let mut stmt = c.prepare("SELECT scope, max_token FROM fences")?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, from_sql(r.get(1)?))))?;
+            rows.collect()
+        })
+    }
+
+    /// Raises `scope`'s max to `token` (never lowers it), durably.
+    pub fn raise(&self, scope: &str, token: u64) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO fences (scope, max_token) VALUES (?1, ?2)
+                 ON CONFLICT(scope) DO UPDATE SET max_token = MAX(max_token, ?2)",
+                params![scope, to_sql(token)],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn bind_upload(&self, b: &UploadBinding) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO uploads (upload_id, bucket, key, scope, token) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![b.upload_id, b.bucket, b.key, b.scope, to_sql(b.token)],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn upload(&self, upload_id: &str) -> rusqlite::Result<Option<UploadBinding>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT upload_id, bucket, key, scope, token FROM uploads WHERE upload_id = ?1",
+                params![upload_id],
+                |r| {
+                    Ok(UploadBinding {
+                        upload_id: r.get(0)?,
+                        bucket: r.get(1)?,
+                        key: r.get(2)?,
+                        scope: r.get(3)?,
+                        token: from_sql(r.get(4)?),
+                    })
+                },
+            )
+            .optional()
+        })
+    }
+
+    pub fn forget_upload(&self, upload_id: &str) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM uploads WHERE upload_id = ?1",
+                params![upload_id],
+            )
+            .map(|_| ())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_never_lowers_and_survives_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.db");
+        {
+            let db = Db::open(&path).expect("open");
+            db.raise("b", 5).expect("raise");
+            db.raise("b", 3).expect("raise");
+            db.bind_upload(&UploadBinding {
+                upload_id: "u1".into(),
+                bucket: "b".into(),
+                key: "k".into(),
+                scope: "b".into(),
+                token: 5,
+            })
+            .expect("bind");
+        }
+        let db = Db::open(&path).expect("reopen");
+        assert_eq!(db.load_fences().expect("load"), vec![("b".to_owned(), 5)]);
+        assert_eq!(db.upload("u1").expect("read").map(|u| u.token), Some(5));
+        db.forget_upload("u1").expect("forget");
+        assert_eq!(db.upload("u1").expect("read"), None);
+    }
+}

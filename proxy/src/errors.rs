@@ -1,0 +1,171 @@
+//! Every S3 error the proxy itself answers with, in one place.
+//!
+//! Fence decisions use the contract's codes and statuses (design.md):
+//! stale 409 `FencingTokenStale` with `Fencing-Max-Token`, missing 428
+//! `FencingTokenRequired`, malformed 400 `InvalidFencingToken`, forged or
+//! for another lock 403. Backend failures become retryable 503s so that a
+//! client retries instead of giving up, and never a wrong accept.
+
+use crate::tokens::Rejection;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use s3s::{S3Error, S3ErrorCode};
+
+pub const MAX_TOKEN_HEADER: &str = "fencing-max-token";
+
+fn custom(code: &'static str, status: StatusCode, msg: impl Into<String>) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::Custom(code.into()), msg.into());
+    e.set_status_code(status);
+    e
+}
+
+/// 409: the token is below the scope's (or the object's) max.
+pub fn stale(token: u64, max: u64, detail: &str) -> S3Error {
+    let mut e = custom(
+        "FencingTokenStale",
+        StatusCode::CONFLICT,
+        format!(
+            "fencing token {token} is stale: token {max} has already been admitted{detail}; this writer lost its lease and must stop"
+        ),
+    );
+    let mut h = HeaderMap::new();
+    // s3s replaces the response headers with these: keep the content type.
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/xml"),
+    );
+    h.insert(MAX_TOKEN_HEADER, HeaderValue::from(max));
+    e.set_headers(h);
+    e
+}
+
+/// 428: a fenced write without a token.
+pub fn missing(op: &str, scope: &str, lock: &str) -> S3Error {
+    custom(
+        "FencingTokenRequired",
+        StatusCode::PRECONDITION_REQUIRED,
+        format!(
+            "{op} in fence scope {scope:?} needs a Fencing-Token header: take a lease on lock {lock:?} and send its fencing_token"
+        ),
+    )
+}
+
+/// 400 or 403 for a token the proxy does not accept.
+pub fn rejected(r: &Rejection) -> S3Error {
+    match r {
+        Rejection::Malformed(_) | Rejection::Repeated | Rejection::NotText => custom(
+            "InvalidFencingToken",
+            StatusCode::BAD_REQUEST,
+            r.to_string(),
+        ),
+        Rejection::Unsigned => custom("FencingTokenUnsigned", StatusCode::FORBIDDEN, r.to_string()),
+        Rejection::Verify(fencegate_core::token::VerifyError::WrongLock { .. }) => custom(
+            "FencingTokenWrongLock",
+            StatusCode::FORBIDDEN,
+            r.to_string(),
+        ),
+        Rejection::Verify(_) | Rejection::NoKeys => custom(
+            "FencingTokenSignatureInvalid",
+            StatusCode::FORBIDDEN,
+            r.to_string(),
+        ),
+    }
+}
+
+/// 400: a token that contradicts the one the upload was created with.
+pub fn upload_token_mismatch(upload_id: &str, bound: u64, sent: u64) -> S3Error {
+    custom(
+        "InvalidFencingToken",
+        StatusCode::BAD_REQUEST,
+        format!(
+            "upload {upload_id} was created with token {bound}, but this request carries token {sent}"
+        ),
+    )
+}
+
+/// 404: an upload the proxy did not create (so has no token for).
+pub fn unknown_upload(upload_id: &str) -> S3Error {
+    let mut e = S3Error::with_message(
+        S3ErrorCode::NoSuchUpload,
+        format!(
+            "upload {upload_id} was not created through this proxy (or was completed or aborted); start a new one with a Fencing-Token"
+        ),
+    );
+    e.set_status_code(StatusCode::NOT_FOUND);
+    e
+}
+
+/// 403: a write outside every configured scope.
+pub fn unscoped(bucket: &str, key: &str, configured: &[String]) -> S3Error {
+    custom(
+        "FencingScopeUndefined",
+        StatusCode::FORBIDDEN,
+        format!(
+            "s3://{bucket}/{key} is in no fence scope, and writes outside the scopes are denied; configured scopes: {}",
+            configured.join(", ")
+        ),
+    )
+}
+
+/// 503: the store changed under the proxy; the client should retry.
+pub fn retry(msg: impl Into<String>) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::SlowDown, msg.into());
+    e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
+    e
+}
+
+/// 503: the backend is not safe to write to in fenced mode.
+pub fn unsafe_backend(bucket: &str, why: &str) -> S3Error {
+    custom(
+        "FencingBackendUnsafe",
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("writes to bucket {bucket} are refused: {why}"),
+    )
+}
+
+/// 501: an operation fencegate does not forward.
+pub fn not_forwarded(op: &str) -> S3Error {
+    let mut e = S3Error::with_message(
+        S3ErrorCode::NotImplemented,
+        format!(
+            "fencegate does not forward {op}: it would change the bucket without a fence; do it on the backend directly"
+        ),
+    );
+    e.set_status_code(StatusCode::NOT_IMPLEMENTED);
+    e
+}
+
+/// 500 for our own storage failing; the write was not forwarded.
+pub fn storage(msg: impl Into<String>) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::ServiceUnavailable, msg.into());
+    e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
+    e
+}
+
+/// Makes a backend error safe to return: failures to reach the backend (no
+/// HTTP status) and its 5xx become 503 so clients retry.
+pub fn from_backend(mut e: S3Error) -> S3Error {
+    match e.status_code() {
+        Some(s) if !s.is_server_error() => e,
+        _ => {
+            let msg = format!(
+                "the backend S3 server failed or is unreachable ({}); retry",
+                e.message().unwrap_or(e.code().as_str())
+            );
+            e.set_code(S3ErrorCode::ServiceUnavailable);
+            e.set_message(msg);
+            e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
+            e
+        }
+    }
+}
+
+/// True for the store's "your condition failed" answers.
+pub fn is_condition_failure(e: &S3Error) -> bool {
+    matches!(
+        e.status_code(),
+        Some(StatusCode::PRECONDITION_FAILED) | Some(StatusCode::CONFLICT)
+    ) || matches!(
+        e.code(),
+        S3ErrorCode::PreconditionFailed | S3ErrorCode::NoSuchKey
+    ) || e.code().as_str() == "ConditionalRequestConflict"
+}

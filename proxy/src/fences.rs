@@ -1,0 +1,241 @@
+//! Per-scope fences with an epoch barrier.
+//!
+//! Each scope has a max_token and an *epoch*: the set of writes admitted
+//! under the current max. A write carrying token `t`:
+//!
+//! - `t < max`: refused as stale, with the max;
+//! - `t == max`: joins the current epoch (a shared hold on the scope);
+//! - `t > max`: opens a new epoch. The current epoch is cancelled (every
+//!   in-flight write with the old token has its request body cut, so the
+//!   store never commits it), the new epoch waits until all of them have let
+//!   go (drained), the new max is fsync'd, and only then is `t` admitted.
+//!
+//! So once a higher token is admitted, no write with a lower token is still
+//! running in that scope, and none can start: this is what stops a client
+//! that paused in the middle of a large upload from landing its object after
+//! the new holder.
+//!
+//! The shared/exclusive hold is a fair `tokio::sync::RwLock`: a raise
+//! waiting for the exclusive hold blocks new shared holds, which then see the
+//! new max and are refused.
+
+use crate::db::Db;
+use fencegate_core::fence::{Verdict, decide};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Mutex as AsyncMutex, OwnedRwLockReadGuard, RwLock};
+use tokio_util::sync::CancellationToken;
+
+/// The fence state of one scope.
+#[derive(Debug)]
+struct ScopeFence {
+    max: AtomicU64,
+    epoch: Arc<RwLock<()>>,
+    /// Cancelled when a higher token arrives; replaced after the raise.
+    cancel: Mutex<CancellationToken>,
+    /// Serializes raises so two higher tokens do not interleave.
+    raising: AsyncMutex<()>,
+}
+
+impl ScopeFence {
+    fn new(max: u64) -> ScopeFence {
+        ScopeFence {
+            max: AtomicU64::new(max),
+            epoch: Arc::new(RwLock::new(())),
+            cancel: Mutex::new(CancellationToken::new()),
+            raising: AsyncMutex::new(()),
+        }
+    }
+
+    fn current_cancel(&self) -> CancellationToken {
+        self.cancel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// A write admitted into a scope's epoch. Hold it until the backend has
+/// answered; dropping it lets a waiting raise proceed.
+#[derive(Debug)]
+pub struct Admission {
+    _hold: OwnedRwLockReadGuard<()>,
+    /// Fires when a higher token wants in: abort the write.
+    pub cancel: CancellationToken,
+    pub token: u64,
+    /// True when this admission raised the scope's max.
+    pub raised: bool,
+}
+
+/// Why a write was not admitted.
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    #[error("token {token} is below the scope's max {max}")]
+    Stale { token: u64, max: u64 },
+    #[error("cannot persist the new max token: {0}")]
+    Storage(String),
+}
+
+/// All scopes' fences.
+#[derive(Debug, Clone)]
+pub struct Fences {
+    scopes: Arc<Mutex<HashMap<String, Arc<ScopeFence>>>>,
+    db: Db,
+}
+
+impl Fences {
+    /// Loads every persisted max from `db`.
+    pub fn load(db: Db) -> anyhow::Result<Fences> {
+        let scopes = db
+            .load_fences()?
+            .into_iter()
+            .map(|(scope, max)| (scope, Arc::new(ScopeFence::new(max))))
+            .collect();
+        Ok(Fences {
+            scopes: Arc::new(Mutex::new(scopes)),
+            db,
+        })
+    }
+
+    fn scope(&self, id: &str) -> Arc<ScopeFence> {
+        let mut map = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(id.to_owned())
+            .or_insert_with(|| Arc::new(ScopeFence::new(0)))
+            .clone()
+    }
+
+    /// The current max of `scope` (0 if it never admitted a write).
+    pub fn max(&self, scope: &str) -> u64 {
+        self.scope(scope).max.load(Ordering::Acquire)
+    }
+
+    /// Every scope and its max, sorted by scope.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        let map = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = map
+            .iter()
+            .map(|(k, f)| (k.clone(), f.max.load(Ordering::Acquire)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Admits a write with `token` into `scope`, raising the max (after
+    /// draining the older epoch) when `token` is higher.
+    pub async fn admit(&self, scope: &str, token: u64) -> Result<Admission, FenceError> {
+        let fence = self.scope(scope);
+        let mut raised = false;
+        loop {
+            match decide(fence.max.load(Ordering::Acquire), token) {
+                Verdict::Stale { max } => return Err(FenceError::Stale { token, max }),
+                Verdict::Admit { raises: false } => {
+                    let hold = fence.epoch.clone().read_owned().await;
+                    // A raise may have completed while we waited in line.
+                    let max = fence.max.load(Ordering::Acquire);
+                    if token < max {
+                        return Err(FenceError::Stale { token, max });
+                    }
+                    if token > max {
+                        drop(hold);
+                        continue;
+                    }
+                    return Ok(Admission {
+                        _hold: hold,
+                        cancel: fence.current_cancel(),
+                        token,
+                        raised,
+                    });
+                }
+                Verdict::Admit { raises: true } => {
+                    let _raising = fence.raising.lock().await;
+                    if fence.max.load(Ordering::Acquire) >= token {
+                        continue;
+                    }
+                    // Cut every write of the old epoch, wait for them to let
+                    // go, then make the new max durable before anyone sees it.
+                    fence.current_cancel().cancel();
+                    let exclusive = fence.epoch.write().await;
+                    let db = self.db.clone();
+                    let id = scope.to_owned();
+                    tokio::task::spawn_blocking(move || db.raise(&id, token))
+                        .await
+                        .map_err(|e| FenceError::Storage(e.to_string()))?
+                        .map_err(|e| FenceError::Storage(e.to_string()))?;
+                    fence.max.store(token, Ordering::Release);
+                    *fence.cancel.lock().unwrap_or_else(|p| p.into_inner()) =
+                        CancellationToken::new();
+                    drop(exclusive);
+                    raised = true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn fences() -> (tempfile::TempDir, Fences) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(&dir.path().join("f.db")).expect("db");
+        (dir, Fences::load(db).expect("load"))
+    }
+
+    #[tokio::test]
+    async fn equal_admits_lower_is_stale_higher_raises() {
+        let (_d, f) = fences();
+        let a = f.admit("s", 3).await.expect("first");
+        assert!(a.raised);
+        drop(a);
+        for _ in 0..3 {
+            assert!(!f.admit("s", 3).await.expect("equal").raised);
+        }
+        assert!(matches!(
+            f.admit("s", 2).await,
+            Err(FenceError::Stale { token: 2, max: 3 })
+        ));
+        assert!(f.admit("s", 4).await.expect("higher").raised);
+        assert_eq!(f.max("s"), 4);
+        assert_eq!(f.max("other"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_raise_cancels_and_drains_the_old_epoch_first() {
+        let (_d, f) = fences();
+        let old = f.admit("s", 1).await.expect("admitted");
+        let cancel = old.cancel.clone();
+        let f2 = f.clone();
+        let raise = tokio::spawn(async move { f2.admit("s", 2).await.map(|a| a.token) });
+        // The raise cancels the old write and then waits for it.
+        tokio::time::timeout(Duration::from_secs(5), cancel.cancelled())
+            .await
+            .expect("old epoch cancelled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !raise.is_finished(),
+            "the raise waits for the old write to drain"
+        );
+        assert_eq!(f.max("s"), 1, "the new max is not visible before the drain");
+        drop(old);
+        assert_eq!(raise.await.expect("joined").expect("admitted"), 2);
+        assert!(matches!(
+            f.admit("s", 1).await,
+            Err(FenceError::Stale { max: 2, .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn max_survives_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f.db");
+        {
+            let f = Fences::load(Db::open(&path).expect("db")).expect("load");
+            drop(f.admit("s", 9).await.expect("admitted"));
+        }
+        let f = Fences::load(Db::open(&path).expect("db")).expect("load");
+        assert_eq!(f.max("s"), 9);
+    }
+}

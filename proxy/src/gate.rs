@@ -1,0 +1,393 @@
+//! The gate: the state every fenced operation shares, and the steps they
+//! share, in the order a write goes through them:
+//!
+//! ```text
+//!  scope ──► probe ok? ──► token ──► admit (epoch) ──► lock key ──► known state
+//!    │          │            │          │                 │             │
+//!   403        503        428/400/403  409 stale      409 if cut    409 if the object's
+//!  unscoped   unsafe                                                token is higher
+//! ```
+//!
+//! After these, the operation forwards a conditional request built from the
+//! known state, and on the store's condition failure calls
+//! [`Gate::redecide`], which re-reads the key and answers stale or retry.
+
+use crate::backend::Backend;
+use crate::config::ProxyConfig;
+use crate::db::{Db, UploadBinding};
+use crate::errors;
+use crate::fences::{Admission, FenceError, Fences};
+use crate::keys::{KeyGuard, Keys, Known};
+use crate::metrics::{Metrics, ProbeLabels, ScopeLabels};
+use crate::probe::{ProbeReport, probe};
+use crate::scope::{Scope, ScopeMap};
+use crate::tokens::TokenPolicy;
+use fencegate_core::TokenKeys;
+use http::HeaderMap;
+use s3s::{S3Error, S3Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Shared state of the proxy.
+#[derive(Debug)]
+pub struct Gate {
+    pub backend: Backend,
+    pub scopes: ScopeMap,
+    pub fences: Fences,
+    pub keys: Keys,
+    pub db: Db,
+    pub tokens: TokenPolicy,
+    pub metrics: Arc<Metrics>,
+    pub accept_weak_backend: bool,
+    probes: Mutex<HashMap<String, ProbeReport>>,
+    probing: tokio::sync::Mutex<()>,
+}
+
+/// A write that passed every check and holds its key.
+#[derive(Debug)]
+pub struct Write {
+    pub op: &'static str,
+    pub scope: Scope,
+    pub token: u64,
+    pub admission: Admission,
+    pub key: KeyGuard,
+    pub known: Known,
+    started: Instant,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Write {
+    fn drop(&mut self) {
+        self.metrics.inflight_writes.dec();
+    }
+}
+
+impl Gate {
+    pub fn new(config: &ProxyConfig, db: Db) -> anyhow::Result<Gate> {
+        let keys = if config.signing_keys.is_empty() {
+            None
+        } else {
+            Some(
+                TokenKeys::new(
+                    config
+                        .signing_keys
+                        .iter()
+                        .map(|k| k.as_bytes().to_vec())
+                        .collect(),
+                )
+                .ok_or_else(|| anyhow::anyhow!("signing_keys are invalid"))?,
+            )
+        };
+        let fences = Fences::load(db.clone())?;
+        let metrics = Arc::new(Metrics::new());
+        for (scope, max) in fences.snapshot() {
+            metrics
+                .max_token
+                .get_or_create(&ScopeLabels { scope })
+                .set(i64::try_from(max).unwrap_or(i64::MAX));
+        }
+        Ok(Gate {
+            backend: Backend::new(&config.backend),
+            scopes: ScopeMap::new(config)?,
+            fences,
+            keys: Keys::new(config.etag_cache_entries),
+            db,
+            tokens: TokenPolicy::new(keys, config.unsigned_tokens_accepted()),
+            metrics,
+            accept_weak_backend: config.accept_weak_backend,
+            probes: Mutex::new(HashMap::new()),
+            probing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Probe reports so far, by bucket.
+    pub fn probe_reports(&self) -> Vec<ProbeReport> {
+        let mut v: Vec<_> = self
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+        v
+    }
+
+    /// Probes `bucket` now (or returns the earlier report).
+    pub async fn probe_bucket(&self, bucket: &str) -> anyhow::Result<ProbeReport> {
+        if let Some(r) = self
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bucket)
+        {
+            return Ok(r.clone());
+        }
+        let _one_at_a_time = self.probing.lock().await;
+        if let Some(r) = self
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bucket)
+        {
+            return Ok(r.clone());
+        }
+        let report = probe(&self.backend.client, bucket).await?;
+        if report.safe() {
+            tracing::info!(probe = %report.summary(), "backend probe");
+        } else {
+            tracing::warn!(probe = %report.summary(), "backend probe: conditional PUT is not enforced");
+        }
+        for (check, ok) in report.checks() {
+            self.metrics
+                .probe_enforced
+                .get_or_create(&ProbeLabels {
+                    bucket: bucket.to_owned(),
+                    check,
+                })
+                .set(i64::from(ok));
+        }
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(bucket.to_owned(), report.clone());
+        Ok(report)
+    }
+
+    /// Refuses writes to a bucket whose backend does not enforce
+    /// conditional PUTs (unless the operator accepted that).
+    async fn require_safe(&self, bucket: &str) -> S3Result<()> {
+        match self.probe_bucket(bucket).await {
+            Ok(r) if r.safe() || self.accept_weak_backend => Ok(()),
+            Ok(r) => Err(errors::unsafe_backend(
+                bucket,
+                &format!(
+                    "the backend ignores conditional writes ({}); set accept_weak_backend = true to run with the proxy as the only fence",
+                    r.summary()
+                ),
+            )),
+            Err(e) => Err(errors::retry(format!(
+                "cannot check that bucket {bucket} enforces conditional writes: {e:#}"
+            ))),
+        }
+    }
+
+    /// The scope fencing `bucket/key`.
+    pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scope> {
+        self.scopes.resolve(bucket, key).map_err(|u| {
+            self.metrics.write(op, &format!("{bucket}/"), "unscoped");
+            errors::unscoped(&u.bucket, &u.key, &u.configured)
+        })
+    }
+
+    /// The token a request carries for `scope`, or why it is refused.
+    pub fn token(
+        &self,
+        op: &'static str,
+        headers: &HeaderMap,
+        scope: &Scope,
+    ) -> S3Result<Option<u64>> {
+        self.tokens.from_headers(headers, scope).map_err(|r| {
+            self.metrics.write(op, &scope.id, "invalid_token");
+            errors::rejected(&r)
+        })
+    }
+
+    /// Like [`Gate::token`], but a missing token is an error (428).
+    pub fn required_token(
+        &self,
+        op: &'static str,
+        headers: &HeaderMap,
+        scope: &Scope,
+    ) -> S3Result<u64> {
+        match self.token(op, headers, scope)? {
+            Some(t) => Ok(t),
+            None => {
+                self.metrics.write(op, &scope.id, "missing");
+                Err(errors::missing(op, &scope.id, scope.lock.as_str()))
+            }
+        }
+    }
+
+    /// Admits `token` into `scope`'s epoch (see [`Fences::admit`]).
+    pub async fn admit(
+        &self,
+        op: &'static str,
+        bucket: &str,
+        scope: &Scope,
+        token: u64,
+    ) -> S3Result<Admission> {
+        self.require_safe(bucket).await?;
+        match self.fences.admit(&scope.id, token).await {
+            Ok(a) => {
+                if a.raised {
+                    tracing::info!(scope = %scope.id, token, "fence raised");
+                    self.metrics
+                        .max_token
+                        .get_or_create(&ScopeLabels {
+                            scope: scope.id.clone(),
+                        })
+                        .set(i64::try_from(token).unwrap_or(i64::MAX));
+                }
+                Ok(a)
+            }
+            Err(FenceError::Stale { token, max }) => {
+                self.metrics.write(op, &scope.id, "stale");
+                Err(errors::stale(
+                    token,
+                    max,
+                    &format!(" in fence scope {}", scope.id),
+                ))
+            }
+            Err(FenceError::Storage(e)) => Err(errors::storage(format!(
+                "cannot persist the new max token: {e}; nothing was written"
+            ))),
+        }
+    }
+
+    /// Every step up to forwarding a write to `bucket/key` with `token`.
+    pub async fn begin(
+        &self,
+        op: &'static str,
+        bucket: &str,
+        key: &str,
+        scope: Scope,
+        token: u64,
+    ) -> S3Result<Write> {
+        let admission = self.admit(op, bucket, &scope, token).await?;
+        let cut = admission.cancel.clone();
+        let guard = tokio::select! {
+            g = self.keys.lock(bucket, key) => g,
+            () = cut.cancelled() => return Err(self.cut(op, &scope, token)),
+        };
+        let known = match guard.known() {
+            Some(k) => k,
+            None => {
+                let k = self.backend.head(bucket, key).await?;
+                guard.remember(k.clone());
+                k
+            }
+        };
+        if known.token() > token {
+            self.metrics.write(op, &scope.id, "stale");
+            return Err(errors::stale(
+                token,
+                known.token(),
+                &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
+            ));
+        }
+        self.metrics.inflight_writes.inc();
+        Ok(Write {
+            op,
+            scope,
+            token,
+            admission,
+            key: guard,
+            known,
+            started: Instant::now(),
+            metrics: self.metrics.clone(),
+        })
+    }
+
+    /// The answer for a write cut by a newer epoch.
+    pub fn cut(&self, op: &'static str, scope: &Scope, token: u64) -> S3Error {
+        self.metrics.write(op, &scope.id, "stale");
+        errors::stale(
+            token,
+            self.fences.max(&scope.id).max(token + 1),
+            &format!(
+                " in fence scope {} while this request was in flight",
+                scope.id
+            ),
+        )
+    }
+
+    /// Ends a write: records the outcome and what the store now holds.
+    pub async fn finish<T>(
+        &self,
+        w: Write,
+        result: S3Result<T>,
+        now_holds: impl FnOnce(&T) -> Option<Known>,
+    ) -> S3Result<T> {
+        self.metrics
+            .backend_seconds
+            .get_or_create(&crate::metrics::OpLabels { op: w.op })
+            .observe(w.started.elapsed().as_secs_f64());
+        match result {
+            Ok(out) => {
+                match now_holds(&out) {
+                    Some(k) => w.key.remember(k),
+                    None => w.key.forget(),
+                }
+                self.metrics.write(w.op, &w.scope.id, "accepted");
+                Ok(out)
+            }
+            Err(e) => {
+                // Whatever happened, the proxy no longer knows the key.
+                w.key.forget();
+                if w.admission.cancel.is_cancelled() {
+                    return Err(self.cut(w.op, &w.scope, w.token));
+                }
+                if errors::is_condition_failure(&e) {
+                    self.metrics.write(w.op, &w.scope.id, "conflict");
+                    let (bucket, key) = (w.key.bucket().to_owned(), w.key.key().to_owned());
+                    return Err(self.redecide(w.op, &bucket, &key, &w.scope, w.token).await);
+                }
+                self.metrics.write(w.op, &w.scope.id, "backend_error");
+                Err(errors::from_backend(e))
+            }
+        }
+    }
+
+    /// Re-reads a key after the store refused a condition and decides
+    /// again: stale if a higher token is stored now, retry otherwise.
+    pub async fn redecide(
+        &self,
+        op: &'static str,
+        bucket: &str,
+        key: &str,
+        scope: &Scope,
+        token: u64,
+    ) -> S3Error {
+        match self.backend.head(bucket, key).await {
+            Ok(k) if k.token() > token => {
+                self.metrics.write(op, &scope.id, "stale");
+                errors::stale(token, k.token(), &format!(" on s3://{bucket}/{key}"))
+            }
+            Ok(_) => errors::retry(format!(
+                "s3://{bucket}/{key} changed in the store while this write was decided; retry"
+            )),
+            Err(e) => e,
+        }
+    }
+
+    /// Records the token a new upload was created with, durably.
+    pub async fn bind_upload(&self, b: UploadBinding) -> S3Result<()> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.bind_upload(&b))
+            .await
+            .map_err(|e| errors::storage(e.to_string()))?
+            .map_err(|e| errors::storage(format!("cannot record the upload's token: {e}")))
+    }
+
+    /// The token an upload was created with.
+    pub async fn upload(&self, upload_id: &str) -> S3Result<UploadBinding> {
+        let db = self.db.clone();
+        let id = upload_id.to_owned();
+        tokio::task::spawn_blocking(move || db.upload(&id))
+            .await
+            .map_err(|e| errors::storage(e.to_string()))?
+            .map_err(|e| errors::storage(format!("cannot read the upload's token: {e}")))?
+            .ok_or_else(|| errors::unknown_upload(upload_id))
+    }
+
+    pub async fn forget_upload(&self, upload_id: &str) {
+        let db = self.db.clone();
+        let id = upload_id.to_owned();
+        let r = tokio::task::spawn_blocking(move || db.forget_upload(&id)).await;
+        if !matches!(r, Ok(Ok(()))) {
+            tracing::warn!(upload_id, "could not forget a finished upload's binding");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Per-key serialization and the ETag cache.
+//!
+//! Writes to one key go one at a time through the proxy: several S3
+//! servers check `If-Match` / `If-None-Match` without a lock, so the store's
+//! compare-and-set is the second wall, not the only one.
+//!
+//! For each key the proxy remembers what it last knew of the stored object:
+//! absent, or its ETag and fencing token. That is what makes the
+//! steady state cost one backend round trip per write: a write to a known
+//! key goes straight out with `If-Match: <etag>` (or `If-None-Match: *`),
+//! with no HEAD first. The cache is bounded (LRU); a miss costs one HEAD.
+
+use lru::LruCache;
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+
+/// What the proxy knows of a stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Known {
+    Absent,
+    Present { etag: String, token: u64 },
+}
+
+impl Known {
+    /// The token of the stored object (0 when absent or untagged).
+    pub fn token(&self) -> u64 {
+        match self {
+            Known::Absent => 0,
+            Known::Present { token, .. } => *token,
+        }
+    }
+}
+
+type KeyId = (String, String);
+
+/// Per-key locks plus the bounded cache of [`Known`] states.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    locks: Arc<Mutex<HashMap<KeyId, Arc<AsyncMutex<()>>>>>,
+    cache: Arc<Mutex<LruCache<KeyId, Known>>>,
+}
+
+/// Exclusive hold on one key; released (and its lock entry dropped if no
+/// one else waits) on drop.
+#[derive(Debug)]
+pub struct KeyGuard {
+    id: KeyId,
+    keys: Keys,
+    lock: Arc<AsyncMutex<()>>,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl Keys {
+    pub fn new(capacity: usize) -> Keys {
+        let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        Keys {
+            locks: Arc::new(Mutex::new(HashMap::new())),
+            cache: Arc::new(Mutex::new(LruCache::new(cap))),
+        }
+    }
+
+    /// Waits for exclusive use of `bucket/key`.
+    pub async fn lock(&self, bucket: &str, key: &str) -> KeyGuard {
+        let id = (bucket.to_owned(), key.to_owned());
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(id.clone()).or_default().clone()
+        };
+        let guard = lock.clone().lock_owned().await;
+        KeyGuard {
+            id,
+            keys: self.clone(),
+            lock,
+            guard: Some(guard),
+        }
+    }
+
+    /// Number of keys currently locked or waited for.
+    pub fn locked(&self) -> usize {
+        self.locks.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Number of keys in the cache.
+    pub fn cached(&self) -> usize {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl KeyGuard {
+    pub fn bucket(&self) -> &str {
+        &self.id.0
+    }
+
+    pub fn key(&self) -> &str {
+        &self.id.1
+    }
+
+    /// What the proxy last knew of this key, if it remembers.
+    pub fn known(&self) -> Option<Known> {
+        let mut cache = self.keys.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.get(&self.id).cloned()
+    }
+
+    /// Records what the store now holds.
+    pub fn remember(&self, known: Known) {
+        let mut cache = self.keys.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.put(self.id.clone(), known);
+    }
+
+    /// Forgets the key (after an unexpected answer from the store).
+    pub fn forget(&self) {
+        let mut cache = self.keys.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.pop(&self.id);
+    }
+}
+
+impl Drop for KeyGuard {
+    fn drop(&mut self) {
+        let mut locks = self.keys.locks.lock().unwrap_or_else(|p| p.into_inner());
+        self.guard = None;
+        // The map and `self.lock` are the only holders: nobody waits.
+        if Arc::strong_count(&self.lock) == 2 {
+            locks.remove(&self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn one_writer_per_key_and_entries_are_dropped() {
+        let keys = Keys::new(10);
+        let g = keys.lock("b", "k").await;
+        let k2 = keys.clone();
+        let waiter = tokio::spawn(async move { k2.lock("b", "k").await.id.1.clone() });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiter.is_finished());
+        let other = keys.lock("b", "other").await;
+        drop(other);
+        drop(g);
+        assert_eq!(waiter.await.expect("joined"), "k");
+        assert_eq!(keys.locked(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_cache_is_bounded() {
+        let keys = Keys::new(2);
+        for k in ["a", "b", "c"] {
+            keys.lock("b", k).await.remember(Known::Absent);
+        }
+        assert_eq!(keys.cached(), 2);
+        assert_eq!(keys.lock("b", "a").await.known(), None);
+        assert_eq!(keys.lock("b", "c").await.known(), Some(Known::Absent));
+    }
+}

@@ -1,0 +1,111 @@
+//! Prometheus metrics of the proxy.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    pub op: &'static str,
+    pub scope: String,
+    /// `accepted`, or the reason for a refusal (`stale`, `missing`, ...).
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabels {
+    pub scope: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub bucket: String,
+    pub check: &'static str,
+}
+
+/// Every metric the proxy exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub writes: Family<WriteLabels, Counter>,
+    pub max_token: Family<ScopeLabels, Gauge>,
+    pub backend_seconds: Family<OpLabels, Histogram>,
+    pub probe_enforced: Family<ProbeLabels, Gauge>,
+    pub inflight_writes: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("fencegate_proxy");
+        let writes = Family::<WriteLabels, Counter>::default();
+        let max_token = Family::<ScopeLabels, Gauge>::default();
+        let backend_seconds = Family::<OpLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+        });
+        let probe_enforced = Family::<ProbeLabels, Gauge>::default();
+        let inflight_writes = Gauge::default();
+        registry.register(
+            "writes",
+            "Fenced writes by operation, scope and outcome",
+            writes.clone(),
+        );
+        registry.register(
+            "max_token",
+            "Current max token per fence scope",
+            max_token.clone(),
+        );
+        registry.register(
+            "backend_seconds",
+            "Latency of forwarded requests by operation",
+            backend_seconds.clone(),
+        );
+        registry.register(
+            "probe_enforced",
+            "1 if the backend enforces the conditional-write check, 0 if not",
+            probe_enforced.clone(),
+        );
+        registry.register(
+            "inflight_writes",
+            "Fenced writes in progress",
+            inflight_writes.clone(),
+        );
+        Metrics {
+            registry,
+            writes,
+            max_token,
+            backend_seconds,
+            probe_enforced,
+            inflight_writes,
+        }
+    }
+
+    pub fn write(&self, op: &'static str, scope: &str, outcome: &'static str) {
+        self.writes
+            .get_or_create(&WriteLabels {
+                op,
+                scope: scope.to_owned(),
+                outcome,
+            })
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

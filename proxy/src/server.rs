@@ -1,0 +1,161 @@
+//! The HTTP server: S3 on every path, operations endpoints under
+//! `/_fencegate/` (no bucket can be named `_fencegate`), graceful shutdown.
+
+use crate::gate::Gate;
+use futures::FutureExt as _;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use s3s::service::S3Service;
+use s3s::{Body, HttpError};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// Longest a graceful shutdown waits for in-flight requests.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Clone)]
+struct Router {
+    s3: S3Service,
+    gate: Arc<Gate>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for Router {
+    type Response = Response<Body>;
+    type Error = HttpError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, HttpError>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+            if let Some(endpoint) = path.strip_prefix("/_fencegate/") {
+                return Ok(this.ops(endpoint));
+            }
+            let call = hyper::service::Service::call(&this.s3, req);
+            let resp = match AssertUnwindSafe(call).catch_unwind().await {
+                Ok(r) => r?,
+                Err(_) => {
+                    tracing::error!(%method, %path, "request handler panicked");
+                    json(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        r#"{"error":"internal error"}"#.into(),
+                    )
+                }
+            };
+            let status = resp.status();
+            if status.is_server_error() {
+                tracing::warn!(%method, %path, %status, elapsed = ?started.elapsed(), "request failed");
+            } else {
+                tracing::debug!(%method, %path, %status, elapsed = ?started.elapsed(), "request");
+            }
+            Ok(resp)
+        })
+    }
+}
+
+fn json(status: StatusCode, body: String) -> Response<Body> {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+impl Router {
+    fn ops(&self, endpoint: &str) -> Response<Body> {
+        match endpoint {
+            "health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
+            "status" => json(StatusCode::OK, self.status().to_string()),
+            "metrics" => {
+                let mut r = Response::new(Body::from(self.gate.metrics.encode()));
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                );
+                r
+            }
+            _ => json(
+                StatusCode::NOT_FOUND,
+                r#"{"error":"unknown endpoint; try /_fencegate/health, /_fencegate/status or /_fencegate/metrics"}"#.into(),
+            ),
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let g = &self.gate;
+        serde_json::json!({
+            "scopes": g.fences.snapshot().into_iter().map(|(scope, max)| serde_json::json!({"scope": scope, "max_token": max})).collect::<Vec<_>>(),
+            "configured_scopes": g.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
+            "probe": g.probe_reports().into_iter().map(|r| serde_json::json!({"report": r, "safe": r.safe(), "summary": r.summary()})).collect::<Vec<_>>(),
+            "accept_weak_backend": g.accept_weak_backend,
+            "etag_cache_entries": g.keys.cached(),
+        })
+    }
+}
+
+/// Serves `s3` on `listener` until `shutdown`, then stops accepting and
+/// waits (up to 30 s) for in-flight requests.
+pub async fn serve(
+    listener: TcpListener,
+    s3: S3Service,
+    gate: Arc<Gate>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    serve_service(listener, Router { s3, gate }, shutdown).await
+}
+
+/// Serves any hyper service the same way (used for the embedded backend of
+/// `fencegate dev` and for test backends).
+pub async fn serve_service<S>(
+    listener: TcpListener,
+    router: S,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()>
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = HttpError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let http = hyper::server::conn::http1::Builder::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let conn = http.serve_connection(TokioIo::new(stream), router.clone());
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => tracing::info!("all connections drained"),
+        () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("gave up waiting for connections to drain"),
+    }
+    Ok(())
+}

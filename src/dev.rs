@@ -1,0 +1,177 @@
+//! `fencegate dev`: the whole system in one process, on loopback, with an
+//! embedded S3 backend (s3s-fs) in a local directory. For trying fencegate
+//! out and for local development; not for production.
+
+use crate::services::shutdown_signal;
+use anyhow::Context as _;
+use clap::Args;
+use fencegate_locksvc::LocksvcConfig;
+use fencegate_proxy::ProxyConfig;
+use fencegate_proxy::config::{BackendConfig, ClientKey};
+use s3s::service::S3ServiceBuilder;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tokio::net::TcpListener;
+
+/// The dev backend's credentials (the embedded s3s-fs).
+pub const DEV_BACKEND_KEY: (&str, &str) = ("fencegate-backend", "fencegate-backend-secret");
+/// The credentials S3 clients use with the dev proxy.
+pub const DEV_CLIENT_KEY: (&str, &str) = ("fencegate", "fencegate-secret");
+/// The bucket that exists from the start.
+pub const DEV_BUCKET: &str = "backups";
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Where the data lives (objects, lease and fence databases, signing key).
+    #[arg(long, default_value = "fencegate-dev")]
+    pub data_dir: PathBuf,
+    /// Lease service address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub locksvc_listen: SocketAddr,
+    /// Fencing S3 proxy address.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    pub proxy_listen: SocketAddr,
+    /// Embedded S3 backend address (unfenced: for showing what fencing prevents).
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    pub backend_listen: SocketAddr,
+}
+
+/// The dev signing key: made once per data directory and kept there, so
+/// tokens stay verifiable across restarts.
+fn signing_key(dir: &std::path::Path) -> anyhow::Result<String> {
+    let path = dir.join("signing.key");
+    if let Ok(k) = std::fs::read_to_string(&path)
+        && k.trim().len() >= 16
+    {
+        return Ok(k.trim().to_owned());
+    }
+    let mut bytes = [0u8; 24];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| anyhow::anyhow!("no randomness for a signing key: {e}"))?;
+    let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, &key).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(key)
+}
+
+pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
+    let data = &args.data_dir;
+    let objects = data.join("s3");
+    std::fs::create_dir_all(objects.join(DEV_BUCKET))
+        .with_context(|| format!("cannot create {}", objects.display()))?;
+    let key = signing_key(data)?;
+
+    // 1. The embedded backend.
+    let backend_listener = TcpListener::bind(args.backend_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (is another fencegate dev running?)",
+                args.backend_listen
+            )
+        })?;
+    let backend_addr = backend_listener.local_addr()?;
+    let fs = s3s_fs::FileSystem::new(&objects)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e:?}", objects.display()))?;
+    let mut b = S3ServiceBuilder::new(fs);
+    b.set_auth(s3s::auth::SimpleAuth::from_single(
+        DEV_BACKEND_KEY.0,
+        DEV_BACKEND_KEY.1,
+    ));
+    let backend_service = b.build();
+
+    // 2. The lease service.
+    let locksvc_listener = TcpListener::bind(args.locksvc_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.locksvc_listen))?;
+    let locksvc_addr = locksvc_listener.local_addr()?;
+    let locksvc_config = LocksvcConfig {
+        listen: locksvc_addr,
+        db: data.join("locksvc.db"),
+        signing_keys: vec![key.clone()],
+        ..LocksvcConfig::default()
+    };
+
+    // 3. The proxy, in front of the backend.
+    let proxy_listener = TcpListener::bind(args.proxy_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.proxy_listen))?;
+    let proxy_addr = proxy_listener.local_addr()?;
+    let proxy_config = ProxyConfig {
+        listen: proxy_addr,
+        db: data.join("proxy.db"),
+        backend: BackendConfig {
+            endpoint: format!("http://{backend_addr}"),
+            access_key: DEV_BACKEND_KEY.0.into(),
+            secret_key: DEV_BACKEND_KEY.1.into(),
+            ..BackendConfig::default()
+        },
+        clients: vec![ClientKey {
+            access_key: DEV_CLIENT_KEY.0.into(),
+            secret_key: DEV_CLIENT_KEY.1.into(),
+        }],
+        allow_anonymous: true,
+        signing_keys: vec![key],
+        probe_bucket: Some(DEV_BUCKET.into()),
+        ..ProxyConfig::default()
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let backend_task = tokio::spawn(fencegate_proxy::server::serve_service(
+        backend_listener,
+        backend_service,
+        stopped(stop_rx.clone()),
+    ));
+    let locksvc_task = tokio::spawn(fencegate_locksvc::run(
+        locksvc_listener,
+        locksvc_config,
+        stopped(stop_rx.clone()),
+    ));
+    let proxy = fencegate_proxy::Proxy::build(proxy_config).await?;
+    banner(proxy_addr, locksvc_addr, backend_addr, data);
+    let proxy_task = tokio::spawn(proxy.serve(proxy_listener, stopped(stop_rx)));
+
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    for task in [proxy_task, locksvc_task, backend_task] {
+        task.await??;
+    }
+    Ok(())
+}
+
+fn banner(proxy: SocketAddr, locksvc: SocketAddr, backend: SocketAddr, data: &std::path::Path) {
+    let (ak, sk) = DEV_CLIENT_KEY;
+    let text = format!(
+        r#"fencegate dev listening on http://{proxy} (locksvc http://{locksvc}, backend http://{backend})
+
+  fencing S3 proxy   http://{proxy}      bucket "{DEV_BUCKET}"; S3 keys {ak} / {sk}
+                                         (anonymous requests with a Fencing-Token header are allowed)
+  lease service      http://{locksvc}
+  unfenced backend   http://{backend}      keys {bk} / {bs} (what the proxy protects)
+  data               {data}
+
+Try it (in another terminal):
+
+  export FENCEGATE_LOCKSVC=http://{locksvc}
+  # 1. alice takes a 10-second lease on the lock that fences bucket "{DEV_BUCKET}"
+  A=$(fencegate lease acquire {DEV_BUCKET} --owner alice --ttl 10s --format token)
+  # 2. alice writes through the proxy with her token
+  curl -sS -X PUT -H "Fencing-Token: $A" --data-binary 'from alice' http://{proxy}/{DEV_BUCKET}/hello.txt
+  # 3. alice stalls past her lease; bob takes over and writes; alice's late write is refused (409)
+  sleep 11; B=$(fencegate lease acquire {DEV_BUCKET} --owner bob --ttl 60s --format token)
+  curl -sS -X PUT -H "Fencing-Token: $B" --data-binary 'from bob' http://{proxy}/{DEV_BUCKET}/hello.txt
+  curl -sS -i -X PUT -H "Fencing-Token: $A" --data-binary 'late alice' http://{proxy}/{DEV_BUCKET}/hello.txt
+
+Ctrl-C stops everything.
+"#,
+        bk = DEV_BACKEND_KEY.0,
+        bs = DEV_BACKEND_KEY.1,
+        data = data.display(),
+    );
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
