@@ -66,11 +66,16 @@ impl Failure {
 
 fn init_tracing() {
     // s3s logs every client error at ERROR; the proxy logs what matters
-    // itself, so s3s is quiet unless asked for.
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("FENCEGATE_LOG").unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new("info,s3s=off,s3s_aws=off,s3s_fs=off")
-        });
+    // itself, so s3s stays quiet unless FENCEGATE_LOG names it.
+    let wanted = std::env::var("FENCEGATE_LOG").unwrap_or_else(|_| "info".into());
+    let directives = if wanted.contains("s3s") {
+        wanted
+    } else {
+        format!("{wanted},s3s=off,s3s_aws=off,s3s_fs=off")
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,s3s=off,s3s_aws=off,s3s_fs=off")
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -47,16 +47,13 @@ fn reference_scenario_a_then_b_after_expiry() {
     assert_eq!(lost["error"]["current_token"], t2);
 }
 
-fn wait_until_ms(unix_ms: u64) {
+fn wait_until_ms(deadline: u64) {
     loop {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after epoch")
-            .as_millis() as u64;
-        if now >= unix_ms {
+        let now = unix_ms();
+        if now >= deadline {
             return;
         }
-        std::thread::sleep(Duration::from_millis(unix_ms - now));
+        std::thread::sleep(Duration::from_millis(deadline - now));
     }
 }
 
@@ -205,10 +202,7 @@ fn a_waiter_gets_the_lock_when_the_lease_expires() {
     let (s, b) = api.acquire_wait("exp", "B", 1000, 10_000);
     assert_eq!(s, 200, "{b}");
     assert!(token_of(&b) > token_of(&a));
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after epoch")
-        .as_millis() as u64;
+    let now = unix_ms();
     assert!(
         now >= a["expires_at_ms"].as_u64().expect("expiry"),
         "granted only after A expired"

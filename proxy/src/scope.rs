@@ -45,7 +45,7 @@ impl ScopeMap {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        scopes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        scopes.sort_by_key(|s| std::cmp::Reverse(s.prefix.len()));
         let unscoped = if scopes.is_empty() {
             UnscopedPolicy::BucketLock
         } else {

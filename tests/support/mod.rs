@@ -9,6 +9,9 @@
     reason = "each test file uses a different part of the harness"
 )]
 
+#[macro_use]
+pub mod s3;
+
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -45,8 +48,8 @@ impl Service {
         let url = first
             .split("listening on ")
             .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .trim()
             .to_owned();
         // Keep draining stdout so the service never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
@@ -182,4 +185,13 @@ pub fn tempdir() -> tempfile::TempDir {
 
 pub fn path_str(p: &Path) -> PathBuf {
     p.to_path_buf()
+}
+
+/// The wall clock in Unix milliseconds (tests compare it with lease expiries).
+#[allow(clippy::disallowed_methods, reason = "tests observe real expiry")]
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after epoch")
+        .as_millis() as u64
 }

@@ -1,0 +1,896 @@
+//! The fencing proxy end to end: a real proxy process in front of real S3
+//! servers (s3s-fs in process, moto_server), the same tests on both.
+
+mod support;
+
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
+use std::time::{Duration, Instant};
+use support::s3::*;
+
+const BUCKET: &str = "bkt";
+
+/// A backend with the test bucket and a proxy in front of it.
+struct Env {
+    backend: Backend,
+    proxy: Proxy,
+    dir: tempfile::TempDir,
+}
+
+async fn env(kind: BackendKind) -> Env {
+    env_with(kind, "").await
+}
+
+async fn env_with(kind: BackendKind, extra_toml: &str) -> Env {
+    let backend = Backend::start(kind).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proxy = Proxy::start(
+        &proxy_toml(&backend, dir.path(), BUCKET, extra_toml),
+        dir.path(),
+    )
+    .await;
+    Env {
+        backend,
+        proxy,
+        dir,
+    }
+}
+
+impl Env {
+    async fn put(
+        &self,
+        key: &str,
+        token: &str,
+        body: &str,
+    ) -> Result<(), (Option<u16>, String, Option<String>)> {
+        let req = self
+            .proxy
+            .client()
+            .put_object()
+            .bucket(BUCKET)
+            .key(key)
+            .body(ByteStream::from(body.as_bytes().to_vec()));
+        fenced!(req, token).send().await.map(|_| ()).map_err(|e| {
+            let max = e
+                .raw_response()
+                .and_then(|r| r.headers().get("fencing-max-token"))
+                .map(str::to_owned);
+            let (s, c) = error_of(&e);
+            (s, c, max)
+        })
+    }
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod s3s_fs {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::BackendKind::S3Fs).await
+                }
+            )*
+        }
+        mod moto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::BackendKind::Moto).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    reference_scenario_and_the_unfenced_negative,
+    equal_tokens_accepted_higher_raises_and_max_survives_kill_9,
+    every_write_operation_is_fenced,
+    multipart_token_binds_at_create_and_a_new_holder_stops_complete,
+    epoch_barrier_cuts_a_stale_streaming_upload,
+    concurrent_writers_never_lower_a_stored_token,
+    forged_tokens_are_refused_and_leave_max_unchanged,
+    client_errors_get_clear_s3_errors_and_write_nothing,
+);
+
+async fn acquire(locksvc: &str, lock: &str, owner: &str, ttl_ms: u64) -> serde_json::Value {
+    let resp = reqwest::Client::new()
+        .post(format!("{locksvc}/v1/locks/{lock}/acquire"))
+        .json(&serde_json::json!({"owner": owner, "ttl_ms": ttl_ms}))
+        .send()
+        .await
+        .expect("locksvc answers");
+    assert_eq!(resp.status(), 200);
+    resp.json().await.expect("json")
+}
+
+async fn reference_scenario_and_the_unfenced_negative(kind: BackendKind) {
+    let e = env(kind).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let locksvc = tokio::task::spawn_blocking({
+        let p = dir.path().to_owned();
+        move || support::start_locksvc(&p)
+    })
+    .await
+    .expect("locksvc");
+
+    let a = acquire(&locksvc.url, BUCKET, "A", 1000).await;
+    let a_token = a["fencing_token"].as_str().expect("token").to_owned();
+    e.put("report.db", &a_token, "from A")
+        .await
+        .expect("A writes");
+
+    // A pauses past its lease; B takes over and writes.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let b = acquire(&locksvc.url, BUCKET, "B", 30_000).await;
+    let b_number = b["token"].as_u64().expect("number");
+    assert!(b_number > a["token"].as_u64().expect("number"));
+    e.put(
+        "report.db",
+        b["fencing_token"].as_str().expect("token"),
+        "from B",
+    )
+    .await
+    .expect("B writes");
+
+    // A wakes up and writes with its old token: refused, with B's token.
+    let err = e
+        .put("report.db", &a_token, "late A")
+        .await
+        .expect_err("stale");
+    assert_eq!(
+        err,
+        (
+            Some(409),
+            "FencingTokenStale".into(),
+            Some(b_number.to_string())
+        )
+    );
+    assert_eq!(
+        stored(&e.backend, BUCKET, "report.db").await,
+        Some((b"from B".to_vec(), Some(b_number))),
+        "the object holds B's data and B's token"
+    );
+
+    // The negative: the same late write straight to the store overwrites B.
+    e.backend
+        .direct()
+        .put_object()
+        .bucket(BUCKET)
+        .key("report.db")
+        .body(ByteStream::from_static(b"late A"))
+        .send()
+        .await
+        .expect("an unfenced store accepts anything");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "report.db")
+            .await
+            .map(|(b, _)| b),
+        Some(b"late A".to_vec()),
+        "without the fence, A's late write destroys B's"
+    );
+}
+
+async fn equal_tokens_accepted_higher_raises_and_max_survives_kill_9(kind: BackendKind) {
+    let mut e = env(kind).await;
+    for i in 0..5 {
+        e.put("k", &signed(BUCKET, 5), &format!("v{i}"))
+            .await
+            .expect("equal token accepted");
+    }
+    assert_eq!(e.proxy.max_token(BUCKET).await, 5);
+    let err = e
+        .put("k", &signed(BUCKET, 4), "old")
+        .await
+        .expect_err("lower");
+    assert_eq!(err.2.as_deref(), Some("5"));
+    e.put("k", &signed(BUCKET, 7), "v7")
+        .await
+        .expect("higher accepted");
+    assert_eq!(e.proxy.max_token(BUCKET).await, 7);
+
+    e.proxy.kill9();
+    e.proxy.restart().await;
+    assert_eq!(e.proxy.max_token(BUCKET).await, 7, "max survives kill -9");
+    let err = e
+        .put("other-key", &signed(BUCKET, 6), "stale after restart")
+        .await
+        .expect_err("lower");
+    assert_eq!(err.0, Some(409));
+    assert_eq!(err.2.as_deref(), Some("7"));
+    e.put("k", &signed(BUCKET, 7), "v7 again")
+        .await
+        .expect("equal after restart");
+    assert_eq!(stored(&e.backend, BUCKET, "other-key").await, None);
+}
+
+/// Asserts an SDK call failed with `status` and `code`.
+macro_rules! assert_refused {
+    ($call:expr, $status:expr, $code:expr, $what:expr) => {{
+        match $call.await {
+            Ok(_) => panic!("{} was accepted", $what),
+            Err(e) => {
+                let (s, c) = error_of(&e);
+                assert_eq!((s, c.as_str()), (Some($status), $code), "{}: {e:?}", $what);
+            }
+        }
+    }};
+}
+
+async fn every_write_operation_is_fenced(kind: BackendKind) {
+    let e = env(kind).await;
+    let c = e.proxy.client();
+    let t = |n: u64| signed(BUCKET, n);
+    e.put("src", &t(10), "source").await.expect("max is now 10");
+
+    // PutObject
+    assert_refused!(
+        c.put_object()
+            .bucket(BUCKET)
+            .key("p")
+            .body(ByteStream::from_static(b"x"))
+            .send(),
+        428,
+        "FencingTokenRequired",
+        "put without token"
+    );
+    assert_refused!(
+        fenced!(
+            c.put_object()
+                .bucket(BUCKET)
+                .key("p")
+                .body(ByteStream::from_static(b"x")),
+            t(9)
+        )
+        .send(),
+        409,
+        "FencingTokenStale",
+        "stale put"
+    );
+    fenced!(
+        c.put_object()
+            .bucket(BUCKET)
+            .key("p")
+            .body(ByteStream::from_static(b"x")),
+        t(10)
+    )
+    .send()
+    .await
+    .expect("put");
+
+    // CopyObject (destination fenced)
+    let copy = || {
+        c.copy_object()
+            .bucket(BUCKET)
+            .key("copy")
+            .copy_source(format!("{BUCKET}/src"))
+    };
+    assert_refused!(
+        copy().send(),
+        428,
+        "FencingTokenRequired",
+        "copy without token"
+    );
+    assert_refused!(
+        fenced!(copy(), t(9)).send(),
+        409,
+        "FencingTokenStale",
+        "stale copy"
+    );
+    fenced!(copy(), t(10)).send().await.expect("copy");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "copy").await,
+        Some((b"source".to_vec(), Some(10)))
+    );
+
+    // DeleteObject
+    let del = || c.delete_object().bucket(BUCKET).key("copy");
+    assert_refused!(
+        del().send(),
+        428,
+        "FencingTokenRequired",
+        "delete without token"
+    );
+    assert_refused!(
+        fenced!(del(), t(9)).send(),
+        409,
+        "FencingTokenStale",
+        "stale delete"
+    );
+    assert!(
+        stored(&e.backend, BUCKET, "copy").await.is_some(),
+        "refused deletes deleted nothing"
+    );
+    fenced!(del(), t(10)).send().await.expect("delete");
+    assert_eq!(stored(&e.backend, BUCKET, "copy").await, None);
+
+    // DeleteObjects
+    let batch = || {
+        c.delete_objects().bucket(BUCKET).delete(
+            Delete::builder()
+                .objects(ObjectIdentifier::builder().key("p").build().expect("id"))
+                .build()
+                .expect("delete"),
+        )
+    };
+    assert_refused!(
+        batch().send(),
+        428,
+        "FencingTokenRequired",
+        "batch delete without token"
+    );
+    assert_refused!(
+        fenced!(batch(), t(9)).send(),
+        409,
+        "FencingTokenStale",
+        "stale batch delete"
+    );
+    assert!(stored(&e.backend, BUCKET, "p").await.is_some());
+    let out = fenced!(batch(), t(10)).send().await.expect("batch delete");
+    assert_eq!(out.deleted().len(), 1, "{out:?}");
+    assert!(out.errors().is_empty(), "{out:?}");
+    assert_eq!(stored(&e.backend, BUCKET, "p").await, None);
+
+    // CreateMultipartUpload, UploadPart, UploadPartCopy, Complete, Abort
+    let create = || c.create_multipart_upload().bucket(BUCKET).key("mpu");
+    assert_refused!(
+        create().send(),
+        428,
+        "FencingTokenRequired",
+        "create without token"
+    );
+    assert_refused!(
+        fenced!(create(), t(9)).send(),
+        409,
+        "FencingTokenStale",
+        "stale create"
+    );
+    let up = fenced!(create(), t(10)).send().await.expect("create");
+    let id = up.upload_id().expect("id").to_owned();
+    let part = |n: i32| {
+        c.upload_part()
+            .bucket(BUCKET)
+            .key("mpu")
+            .upload_id(&id)
+            .part_number(n)
+            .body(ByteStream::from(vec![b'a'; 5 * 1024 * 1024]))
+    };
+    assert_refused!(
+        fenced!(part(1), t(11)).send(),
+        400,
+        "InvalidFencingToken",
+        "part with another token"
+    );
+    let p1 = part(1)
+        .send()
+        .await
+        .expect("part without header uses the bound token");
+    let p2 = c
+        .upload_part_copy()
+        .bucket(BUCKET)
+        .key("mpu")
+        .upload_id(&id)
+        .part_number(2)
+        .copy_source(format!("{BUCKET}/src"))
+        .send()
+        .await
+        .expect("part copy");
+    let parts = CompletedMultipartUpload::builder()
+        .parts(
+            CompletedPart::builder()
+                .part_number(1)
+                .set_e_tag(p1.e_tag().map(str::to_owned))
+                .build(),
+        )
+        .parts(
+            CompletedPart::builder()
+                .part_number(2)
+                .set_e_tag(
+                    p2.copy_part_result()
+                        .and_then(|r| r.e_tag())
+                        .map(str::to_owned),
+                )
+                .build(),
+        )
+        .build();
+    c.complete_multipart_upload()
+        .bucket(BUCKET)
+        .key("mpu")
+        .upload_id(&id)
+        .multipart_upload(parts)
+        .send()
+        .await
+        .expect("complete without header uses the bound token");
+    let (body, token) = stored(&e.backend, BUCKET, "mpu").await.expect("object");
+    assert_eq!((body.len(), token), (5 * 1024 * 1024 + 6, Some(10)));
+
+    // A stale abort is refused; the holder's abort works.
+    let up = fenced!(create(), t(10)).send().await.expect("create");
+    let id = up.upload_id().expect("id").to_owned();
+    e.put("raise", &t(11), "x").await.expect("max is now 11");
+    assert_refused!(
+        c.abort_multipart_upload()
+            .bucket(BUCKET)
+            .key("mpu")
+            .upload_id(&id)
+            .send(),
+        409,
+        "FencingTokenStale",
+        "stale abort"
+    );
+    let up = fenced!(create(), t(11)).send().await.expect("create");
+    c.abort_multipart_upload()
+        .bucket(BUCKET)
+        .key("mpu")
+        .upload_id(up.upload_id().expect("id"))
+        .send()
+        .await
+        .expect("abort with the bound token");
+
+    // An upload the proxy did not create has no token: refused.
+    let direct = e
+        .backend
+        .direct()
+        .create_multipart_upload()
+        .bucket(BUCKET)
+        .key("sneaky")
+        .send()
+        .await
+        .expect("direct create");
+    assert_refused!(
+        fenced!(
+            c.upload_part()
+                .bucket(BUCKET)
+                .key("sneaky")
+                .upload_id(direct.upload_id().expect("id"))
+                .part_number(1)
+                .body(ByteStream::from_static(b"x")),
+            t(11)
+        )
+        .send(),
+        404,
+        "NoSuchUpload",
+        "part of an upload created behind the proxy's back"
+    );
+}
+
+async fn complete(
+    c: &aws_sdk_s3::Client,
+    key: &str,
+    id: &str,
+    parts: Vec<(i32, Option<String>)>,
+) -> Result<(), (Option<u16>, String)> {
+    let mut b = CompletedMultipartUpload::builder();
+    for (n, etag) in parts {
+        b = b.parts(
+            CompletedPart::builder()
+                .part_number(n)
+                .set_e_tag(etag)
+                .build(),
+        );
+    }
+    c.complete_multipart_upload()
+        .bucket(BUCKET)
+        .key(key)
+        .upload_id(id)
+        .multipart_upload(b.build())
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| error_of(&e))
+}
+
+async fn multipart_token_binds_at_create_and_a_new_holder_stops_complete(kind: BackendKind) {
+    let e = env(kind).await;
+    let c = e.proxy.client();
+    // As s3cmd does it: the token only on Create.
+    let up = fenced!(
+        c.create_multipart_upload().bucket(BUCKET).key("big"),
+        signed(BUCKET, 1)
+    )
+    .send()
+    .await
+    .expect("create");
+    let id = up.upload_id().expect("id").to_owned();
+    let part = |n: i32| {
+        c.upload_part()
+            .bucket(BUCKET)
+            .key("big")
+            .upload_id(&id)
+            .part_number(n)
+            .body(ByteStream::from(vec![b'1'; 5 * 1024 * 1024]))
+            .send()
+    };
+    let p1 = part(1).await.expect("part 1");
+
+    // A new holder arrives between parts and writes the same key.
+    e.put("big", &signed(BUCKET, 2), "new holder")
+        .await
+        .expect("B writes");
+
+    assert_refused!(
+        part(2),
+        409,
+        "FencingTokenStale",
+        "part after a newer holder"
+    );
+    let err = complete(&c, "big", &id, vec![(1, p1.e_tag().map(str::to_owned))])
+        .await
+        .expect_err("stale complete");
+    assert_eq!(err, (Some(409), "FencingTokenStale".to_owned()));
+    assert_eq!(
+        stored(&e.backend, BUCKET, "big").await,
+        Some((b"new holder".to_vec(), Some(2))),
+        "the old upload never lands"
+    );
+
+    // The binding survives a proxy restart: a restarted proxy still knows
+    // the upload's token and still refuses it.
+    let mut e = e;
+    e.proxy.kill9();
+    e.proxy.restart().await;
+    let c = e.proxy.client();
+    let err = complete(&c, "big", &id, vec![(1, p1.e_tag().map(str::to_owned))])
+        .await
+        .expect_err("stale after restart");
+    assert_eq!(err, (Some(409), "FencingTokenStale".to_owned()));
+}
+
+async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = env(kind).await;
+    e.put("warmup", &signed(BUCKET, 1), "x")
+        .await
+        .expect("token 1 admitted");
+
+    // A token-1 writer starts a 4 MiB upload, sends half, and stalls.
+    let addr = e.proxy.url.trim_start_matches("http://").to_owned();
+    let mut slow = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let total = 4 * 1024 * 1024;
+    let head = format!(
+        "PUT /{BUCKET}/epoch HTTP/1.1\r\nHost: {addr}\r\nFencing-Token: {}\r\nContent-Length: {total}\r\n\r\n",
+        signed(BUCKET, 1)
+    );
+    slow.write_all(head.as_bytes()).await.expect("head");
+    slow.write_all(&vec![b'1'; total / 2])
+        .await
+        .expect("first half");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The new holder's write is admitted in bounded time.
+    let started = Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        e.put("epoch", &signed(BUCKET, 2), "token 2"),
+    )
+    .await
+    .expect("token 2 is not blocked by the stalled upload")
+    .expect("token 2 accepted");
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    // The stalled writer resumes: whatever it gets, it is not a success.
+    let _ = slow.write_all(&vec![b'1'; total / 2]).await;
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut answer))
+        .await
+        .unwrap_or(Ok(0))
+        .unwrap_or(0);
+    let answer = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(
+        !answer.starts_with("HTTP/1.1 200"),
+        "the stale upload succeeded: {answer}"
+    );
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        stored(&e.backend, BUCKET, "epoch").await,
+        Some((b"token 2".to_vec(), Some(2))),
+        "the token-1 object never appears"
+    );
+}
+
+async fn concurrent_writers_never_lower_a_stored_token(kind: BackendKind) {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let e = Arc::new(env(kind).await);
+    let keys: Vec<String> = std::iter::once("shared".to_owned())
+        .chain((0..6).map(|i| format!("k{i}")))
+        .collect();
+    let acked: Arc<Mutex<Vec<(String, u64, String)>>> = Arc::default();
+    let observed: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    // A monitor reads the stored tokens straight from the backend.
+    let monitor = {
+        let (e, keys, observed, done) = (e.clone(), keys.clone(), observed.clone(), done.clone());
+        tokio::spawn(async move {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                for k in &keys {
+                    if let Some(t) = stored_token(&e.backend, BUCKET, k).await {
+                        observed
+                            .lock()
+                            .expect("lock")
+                            .entry(k.clone())
+                            .or_default()
+                            .push(t);
+                    }
+                }
+            }
+        })
+    };
+    let writers: Vec<_> = (0..8u64)
+        .map(|w| {
+            let (e, keys, acked) = (e.clone(), keys.clone(), acked.clone());
+            tokio::spawn(async move {
+                for i in 0..12u64 {
+                    // Tokens rise over time, and writers disagree: some are stale.
+                    let token = 1 + (i / 3) + (w % 3);
+                    let key = &keys[((w + i) % keys.len() as u64) as usize];
+                    let key = if i % 2 == 0 { "shared" } else { key.as_str() };
+                    let payload = format!("w{w}-i{i}-t{token}");
+                    match e.put(key, &signed(BUCKET, token), &payload).await {
+                        Ok(()) => {
+                            acked
+                                .lock()
+                                .expect("lock")
+                                .push((key.to_owned(), token, payload))
+                        }
+                        Err((Some(409), code, _)) if code == "FencingTokenStale" => {}
+                        Err((Some(503), _, _)) => {} // retryable conflict: not acknowledged
+                        Err(other) => panic!("unexpected answer {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.expect("writer");
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    monitor.await.expect("monitor");
+
+    let acked = acked.lock().expect("lock").clone();
+    assert!(
+        acked.len() > 20,
+        "too few writes were acknowledged: {}",
+        acked.len()
+    );
+    for (k, seen) in observed.lock().expect("lock").iter() {
+        assert!(
+            seen.windows(2).all(|w| w[0] <= w[1]),
+            "stored token of {k} went down: {seen:?}"
+        );
+    }
+    for k in &keys {
+        let mine: Vec<_> = acked.iter().filter(|(key, _, _)| key == k).collect();
+        let Some(max) = mine.iter().map(|(_, t, _)| *t).max() else {
+            continue;
+        };
+        let (body, token) = stored(&e.backend, BUCKET, k)
+            .await
+            .expect("acknowledged key exists");
+        assert_eq!(
+            token,
+            Some(max),
+            "{k}: the highest acknowledged token is what is stored"
+        );
+        let body = String::from_utf8(body).expect("utf8");
+        assert!(
+            mine.iter().any(|(_, t, p)| *t == max && *p == body),
+            "{k}: stored {body:?} is not an acknowledged write with token {max}"
+        );
+    }
+}
+
+async fn forged_tokens_are_refused_and_leave_max_unchanged(kind: BackendKind) {
+    let e = env(kind).await;
+    e.put("k", &signed(BUCKET, 3), "genuine")
+        .await
+        .expect("genuine");
+    let wrong_key = fencegate_core::TokenKeys::new(vec![b"some-other-key-0123456789".to_vec()])
+        .expect("key")
+        .sign(&fencegate_core::LockName::new(BUCKET).expect("lock"), 100)
+        .to_string();
+    let tampered = signed(BUCKET, 4).replacen(":4:", ":100:", 1);
+    let cases = [
+        ("100".to_owned(), 403, "FencingTokenUnsigned"),
+        (wrong_key, 403, "FencingTokenSignatureInvalid"),
+        (signed("another-lock", 100), 403, "FencingTokenWrongLock"),
+        (tampered, 403, "FencingTokenSignatureInvalid"),
+        ("fgt1:bkt:100".to_owned(), 400, "InvalidFencingToken"),
+        ("0".to_owned(), 400, "InvalidFencingToken"),
+        ("-5".to_owned(), 400, "InvalidFencingToken"),
+    ];
+    for (token, status, code) in cases {
+        let err = e.put("k", &token, "forged").await.expect_err("refused");
+        assert_eq!(
+            (err.0, err.1.as_str()),
+            (Some(status), code),
+            "token {token:?}"
+        );
+    }
+    assert_eq!(
+        e.proxy.max_token(BUCKET).await,
+        3,
+        "no forged token raised the max"
+    );
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        Some((b"genuine".to_vec(), Some(3)))
+    );
+}
+
+async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) {
+    let e = env(kind).await;
+    let http = reqwest::Client::new();
+    let url = |path: &str| format!("{}/{BUCKET}/{path}", e.proxy.url);
+    let token = signed(BUCKET, 1);
+    let check = |resp: reqwest::Response, status: u16, code: &'static str| async move {
+        let got = resp.status().as_u16();
+        let text = resp.text().await.expect("body");
+        assert_eq!(got, status, "{text}");
+        assert!(
+            text.contains(&format!("<Code>{code}</Code>")),
+            "expected {code}: {text}"
+        );
+    };
+
+    // Malformed XML bodies.
+    let r = http
+        .post(format!("{}?delete", e.proxy.url.clone() + "/" + BUCKET))
+        .header("fencing-token", &token)
+        .body("<Delete><Object>")
+        .send()
+        .await
+        .expect("sent");
+    check(r, 400, "MalformedXML").await;
+    let r = http
+        .post(url("x?uploadId=nope"))
+        .header("fencing-token", &token)
+        .body("not xml at all")
+        .send()
+        .await
+        .expect("sent");
+    assert!(r.status().is_client_error(), "{:?}", r.status());
+
+    // Unknown / unforwarded operations.
+    let r = http
+        .put(url("x?tagging"))
+        .header("fencing-token", &token)
+        .body("<Tagging><TagSet/></Tagging>")
+        .send()
+        .await
+        .expect("sent");
+    check(r, 501, "NotImplemented").await;
+    let r = http
+        .delete(format!("{}/{BUCKET}", e.proxy.url))
+        .send()
+        .await
+        .expect("sent");
+    check(r, 501, "NotImplemented").await;
+
+    // Huge headers.
+    let r = http
+        .put(url("x"))
+        .header("fencing-token", &token)
+        .header("x-amz-meta-big", "a".repeat(512 * 1024))
+        .body("x")
+        .send()
+        .await;
+    match r {
+        Ok(r) => assert!(r.status().is_client_error(), "{:?}", r.status()),
+        Err(err) => assert!(
+            err.is_request() || err.is_connect() || err.is_body(),
+            "{err}"
+        ),
+    }
+
+    // Wrong credentials.
+    let bad_secret = sdk_client(&e.proxy.url, (CLIENT_KEY.0, "wrong-secret-123"));
+    assert_refused!(
+        fenced!(
+            bad_secret
+                .put_object()
+                .bucket(BUCKET)
+                .key("x")
+                .body(ByteStream::from_static(b"x")),
+            token.clone()
+        )
+        .send(),
+        403,
+        "SignatureDoesNotMatch",
+        "wrong secret"
+    );
+    let unknown = sdk_client(&e.proxy.url, ("nobody", "wrong-secret-123"));
+    assert_refused!(
+        fenced!(
+            unknown
+                .put_object()
+                .bucket(BUCKET)
+                .key("x")
+                .body(ByteStream::from_static(b"x")),
+            token.clone()
+        )
+        .send(),
+        403,
+        "InvalidAccessKeyId",
+        "unknown key"
+    );
+
+    assert_eq!(
+        stored(&e.backend, BUCKET, "x").await,
+        None,
+        "nothing was written"
+    );
+    assert_eq!(
+        e.proxy.max_token(BUCKET).await,
+        0,
+        "no refused request raised the max"
+    );
+    // The proxy is still healthy.
+    let health = http
+        .get(format!("{}/_fencegate/health", e.proxy.url))
+        .send()
+        .await
+        .expect("health");
+    assert_eq!(health.status(), 200);
+    let _ = &e.dir;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backend_that_ignores_conditions_is_refused_unless_accepted() {
+    let backend = Backend::start_ignoring_conditions().await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("weak.toml");
+    std::fs::write(&config, proxy_toml(&backend, dir.path(), BUCKET, "")).expect("write");
+    let out = tokio::task::spawn_blocking(move || proxy_cmd(&config).output())
+        .await
+        .expect("joined")
+        .expect("ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the proxy must refuse to start");
+    assert!(
+        stderr.contains("does not enforce conditional writes")
+            && stderr.contains("PUT If-None-Match IGNORED")
+            && stderr.contains("PUT If-Match IGNORED"),
+        "the refusal says exactly what was found: {stderr}"
+    );
+
+    let proxy = Proxy::start(
+        &proxy_toml(&backend, dir.path(), BUCKET, "accept_weak_backend = true"),
+        dir.path(),
+    )
+    .await;
+    let st = proxy.status().await;
+    assert_eq!(st["probe"][0]["safe"], false, "{st}");
+    assert_eq!(st["accept_weak_backend"], true);
+    // The proxy's own fence still works in the weaker mode.
+    let c = proxy.client();
+    fenced!(
+        c.put_object()
+            .bucket(BUCKET)
+            .key("k")
+            .body(ByteStream::from_static(b"2")),
+        signed(BUCKET, 2)
+    )
+    .send()
+    .await
+    .expect("admitted");
+    assert_refused!(
+        fenced!(
+            c.put_object()
+                .bucket(BUCKET)
+                .key("k")
+                .body(ByteStream::from_static(b"1")),
+            signed(BUCKET, 1)
+        )
+        .send(),
+        409,
+        "FencingTokenStale",
+        "stale in weak mode"
+    );
+}

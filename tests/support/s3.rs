@@ -1,0 +1,448 @@
+//! S3 backends and proxies for tests: real servers on real sockets.
+//!
+//! - [`BackendKind::S3Fs`]: s3s-fs served in this test process;
+//! - [`BackendKind::Moto`]: `moto_server` (installed by scripts/test.sh into
+//!   `.venv`; `FENCEGATE_MOTO_SERVER` may point elsewhere);
+//! - [`Backend::start_ignoring_conditions`]: s3s-fs behind a layer that drops
+//!   `If-Match` / `If-None-Match`, like stores that accept and ignore them.
+
+use super::{SIGNING_KEY, Service, fencegate};
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::error::ProvideErrorMetadata as _;
+use s3s::dto::*;
+use s3s::service::S3ServiceBuilder;
+use s3s::{S3, S3Request, S3Response, S3Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BACKEND_KEY: (&str, &str) = ("backend-key", "backend-secret-123");
+pub const CLIENT_KEY: (&str, &str) = ("client-key", "client-secret-123");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    S3Fs,
+    Moto,
+}
+
+/// A running S3 server.
+#[derive(Debug)]
+pub struct Backend {
+    pub kind: BackendKind,
+    pub endpoint: String,
+    _dir: Option<tempfile::TempDir>,
+    process: Option<Child>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Some(p) = &mut self.process {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where moto_server is; fails loudly (never skips) if it is not installed.
+pub fn moto_server() -> PathBuf {
+    if let Ok(p) = std::env::var("FENCEGATE_MOTO_SERVER") {
+        return PathBuf::from(p);
+    }
+    let p = workspace_root().join(".venv/bin/moto_server");
+    assert!(
+        p.exists(),
+        "moto_server is not installed at {}: run scripts/test.sh (it installs moto into .venv) or set FENCEGATE_MOTO_SERVER",
+        p.display()
+    );
+    p
+}
+
+/// The venv's python (boto3 installed), for client tests.
+pub fn venv_bin(name: &str) -> PathBuf {
+    let p = workspace_root().join(".venv/bin").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/test.sh to install the test tools",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "server on port {port} never came up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// s3s-fs with conditional headers removed before they reach it.
+#[derive(Debug)]
+struct IgnoresConditions(s3s_fs::FileSystem);
+
+#[async_trait::async_trait]
+impl S3 for IgnoresConditions {
+    async fn put_object(
+        &self,
+        mut req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        req.input.if_match = None;
+        req.input.if_none_match = None;
+        self.0.put_object(req).await
+    }
+    async fn complete_multipart_upload(
+        &self,
+        mut req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        req.input.if_match = None;
+        req.input.if_none_match = None;
+        self.0.complete_multipart_upload(req).await
+    }
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.0.head_object(req).await
+    }
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        self.0.get_object(req).await
+    }
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.0.delete_object(req).await
+    }
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.0.create_bucket(req).await
+    }
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.0.create_multipart_upload(req).await
+    }
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.0.upload_part(req).await
+    }
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.0.abort_multipart_upload(req).await
+    }
+}
+
+impl Backend {
+    pub async fn start(kind: BackendKind) -> Backend {
+        match kind {
+            BackendKind::S3Fs => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let fs = s3s_fs::FileSystem::new(dir.path()).expect("s3s-fs root");
+                Backend::serve(kind, dir, S3ServiceBuilder::new(fs)).await
+            }
+            BackendKind::Moto => {
+                let port = free_port();
+                let process = Command::new(moto_server())
+                    .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("moto_server starts");
+                let b = Backend {
+                    kind,
+                    endpoint: format!("http://127.0.0.1:{port}"),
+                    _dir: None,
+                    process: Some(process),
+                    task: None,
+                };
+                tokio::task::spawn_blocking(move || wait_for_port(port))
+                    .await
+                    .expect("waited");
+                b
+            }
+        }
+    }
+
+    /// An s3s-fs that silently ignores conditional headers.
+    pub async fn start_ignoring_conditions() -> Backend {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fs = s3s_fs::FileSystem::new(dir.path()).expect("s3s-fs root");
+        Backend::serve(
+            BackendKind::S3Fs,
+            dir,
+            S3ServiceBuilder::new(IgnoresConditions(fs)),
+        )
+        .await
+    }
+
+    async fn serve(
+        kind: BackendKind,
+        dir: tempfile::TempDir,
+        mut builder: S3ServiceBuilder,
+    ) -> Backend {
+        builder.set_auth(s3s::auth::SimpleAuth::from_single(
+            BACKEND_KEY.0,
+            BACKEND_KEY.1,
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(fencegate_proxy::server::serve_service(
+            listener,
+            builder.build(),
+            std::future::pending(),
+        ));
+        Backend {
+            kind,
+            endpoint: format!("http://{addr}"),
+            _dir: Some(dir),
+            process: None,
+            task: Some(task),
+        }
+    }
+
+    /// A client straight to the backend (no fencing).
+    pub fn direct(&self) -> aws_sdk_s3::Client {
+        sdk_client(&self.endpoint, BACKEND_KEY)
+    }
+
+    pub async fn create_bucket(&self, bucket: &str) {
+        self.direct()
+            .create_bucket()
+            .bucket(bucket)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("create bucket {bucket}: {e:?}"));
+    }
+}
+
+/// An S3 client for `endpoint` with path-style addressing and no retries
+/// (so a test sees every answer).
+pub fn sdk_client(endpoint: &str, key: (&str, &str)) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(key.0, key.1, None, None, "test"))
+        .force_path_style(true)
+        .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// A proxy process in front of a backend.
+#[derive(Debug)]
+pub struct Proxy {
+    pub service: Option<Service>,
+    pub url: String,
+    pub config: PathBuf,
+}
+
+/// The default proxy config for tests: client keys, anonymous allowed,
+/// signed tokens required, probe on `bucket`.
+pub fn proxy_toml(backend: &Backend, dir: &Path, bucket: &str, extra: &str) -> String {
+    format!(
+        r#"
+db = "{db}"
+allow_anonymous = true
+signing_keys = ["{SIGNING_KEY}"]
+probe_bucket = "{bucket}"
+{extra}
+
+[backend]
+endpoint = "{endpoint}"
+access_key = "{bk}"
+secret_key = "{bs}"
+
+[[clients]]
+access_key = "{ck}"
+secret_key = "{cs}"
+"#,
+        db = dir.join("proxy.db").display(),
+        endpoint = backend.endpoint,
+        bk = BACKEND_KEY.0,
+        bs = BACKEND_KEY.1,
+        ck = CLIENT_KEY.0,
+        cs = CLIENT_KEY.1,
+    )
+}
+
+pub fn proxy_cmd(config: &Path) -> Command {
+    let mut cmd = fencegate();
+    cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .env("FENCEGATE_LOG", "warn");
+    cmd
+}
+
+impl Proxy {
+    /// Writes the config and starts the proxy.
+    pub async fn start(toml: &str, dir: &Path) -> Proxy {
+        let config = dir.join(format!("proxy-{}.toml", std::process::id()));
+        std::fs::write(&config, toml).expect("write config");
+        let mut p = Proxy {
+            service: None,
+            url: String::new(),
+            config,
+        };
+        p.restart().await;
+        p
+    }
+
+    /// (Re)starts the process on a new port.
+    pub async fn restart(&mut self) {
+        let config = self.config.clone();
+        let service = tokio::task::spawn_blocking(move || Service::start(proxy_cmd(&config)))
+            .await
+            .expect("started");
+        self.url = service.url.clone();
+        self.service = Some(service);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(s) = &mut self.service {
+            s.kill9();
+        }
+        self.service = None;
+    }
+
+    /// A signed S3 client through the proxy.
+    pub fn client(&self) -> aws_sdk_s3::Client {
+        sdk_client(&self.url, CLIENT_KEY)
+    }
+
+    /// The proxy's /_fencegate/status document.
+    pub async fn status(&self) -> serde_json::Value {
+        reqwest::get(format!("{}/_fencegate/status", self.url))
+            .await
+            .expect("status")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// The max token the proxy holds for `scope` (0 if none).
+    pub async fn max_token(&self, scope: &str) -> u64 {
+        let st = self.status().await;
+        st["scopes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["scope"] == scope)
+            .and_then(|s| s["max_token"].as_u64())
+            .unwrap_or(0)
+    }
+}
+
+/// Signs `token` for `lock` with the test key, as the lease service would.
+pub fn signed(lock: &str, token: u64) -> String {
+    let keys = fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key");
+    keys.sign(&fencegate_core::LockName::new(lock).expect("lock"), token)
+        .to_string()
+}
+
+/// Adds `Fencing-Token: <token>` to an SDK request.
+#[macro_export]
+macro_rules! fenced {
+    ($builder:expr, $token:expr) => {{
+        let value = http::HeaderValue::from_str(&*$token).expect("header value");
+        $builder.customize().mutate_request(move |req| {
+            req.headers_mut().insert("fencing-token", value.clone());
+        })
+    }};
+}
+
+/// The S3 error code and HTTP status of an SDK error.
+pub fn error_of<E: aws_sdk_s3::error::ProvideErrorMetadata, R>(
+    e: &aws_sdk_s3::error::SdkError<E, R>,
+) -> (Option<u16>, String)
+where
+    R: HasStatus + std::fmt::Debug,
+{
+    (
+        e.raw_response().map(HasStatus::status),
+        e.code().unwrap_or("").to_owned(),
+    )
+}
+
+pub trait HasStatus {
+    fn status(&self) -> u16;
+}
+
+impl HasStatus for aws_smithy_runtime_api::http::Response {
+    fn status(&self) -> u16 {
+        self.status().as_u16()
+    }
+}
+
+/// The bytes and token metadata of an object, read straight from the backend.
+pub async fn stored(backend: &Backend, bucket: &str, key: &str) -> Option<(Vec<u8>, Option<u64>)> {
+    match backend
+        .direct()
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+    {
+        Ok(out) => {
+            let token = out
+                .metadata()
+                .and_then(|m| m.get("fencing-token"))
+                .and_then(|t| t.parse().ok());
+            let body = out
+                .body
+                .collect()
+                .await
+                .expect("body")
+                .into_bytes()
+                .to_vec();
+            Some((body, token))
+        }
+        Err(e) => {
+            let (status, _) = error_of(&e);
+            assert_eq!(status, Some(404), "unexpected backend error {e:?}");
+            None
+        }
+    }
+}
+
+/// The token metadata of an object (HEAD straight to the backend).
+pub async fn stored_token(backend: &Backend, bucket: &str, key: &str) -> Option<u64> {
+    let out = backend
+        .direct()
+        .head_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .ok()?;
+    out.metadata()?.get("fencing-token")?.parse().ok()
+}
