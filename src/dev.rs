@@ -23,18 +23,70 @@ pub const DEV_BUCKET: &str = "backups";
 
 #[derive(Debug, Args)]
 pub struct DevArgs {
+    /// TOML file with any of the options below (see config/dev.toml);
+    /// flags given on the command line win.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Where the data lives (objects, lease and fence databases, signing key).
-    #[arg(long, default_value = "fencegate-dev")]
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Lease service address.
+    #[arg(long)]
+    pub locksvc_listen: Option<SocketAddr>,
+    /// Fencing S3 proxy address.
+    #[arg(long)]
+    pub proxy_listen: Option<SocketAddr>,
+    /// Embedded S3 backend address (unfenced: for showing what fencing prevents).
+    #[arg(long)]
+    pub backend_listen: Option<SocketAddr>,
+    /// Only validate the configuration, then exit.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// `fencegate dev` settings (config/dev.toml).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DevConfig {
+    /// Where the data lives (objects, lease and fence databases, signing key).
     pub data_dir: PathBuf,
     /// Lease service address.
-    #[arg(long, default_value = "127.0.0.1:7070")]
     pub locksvc_listen: SocketAddr,
     /// Fencing S3 proxy address.
-    #[arg(long, default_value = "127.0.0.1:9000")]
     pub proxy_listen: SocketAddr,
-    /// Embedded S3 backend address (unfenced: for showing what fencing prevents).
-    #[arg(long, default_value = "127.0.0.1:9100")]
+    /// Embedded S3 backend address.
     pub backend_listen: SocketAddr,
+}
+
+impl Default for DevConfig {
+    fn default() -> Self {
+        DevConfig {
+            data_dir: PathBuf::from("fencegate-dev"),
+            locksvc_listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            proxy_listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
+            backend_listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
+        }
+    }
+}
+
+impl DevArgs {
+    fn resolve(&self) -> anyhow::Result<DevConfig> {
+        let text = crate::services::read_config_text(&self.config)?;
+        let mut c: DevConfig = toml::from_str(&text).context("invalid dev config")?;
+        if let Some(v) = &self.data_dir {
+            c.data_dir = v.clone();
+        }
+        if let Some(v) = self.locksvc_listen {
+            c.locksvc_listen = v;
+        }
+        if let Some(v) = self.proxy_listen {
+            c.proxy_listen = v;
+        }
+        if let Some(v) = self.backend_listen {
+            c.backend_listen = v;
+        }
+        Ok(c)
+    }
 }
 
 /// The dev signing key: made once per data directory and kept there, so
@@ -55,6 +107,12 @@ fn signing_key(dir: &std::path::Path) -> anyhow::Result<String> {
 }
 
 pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
+    let check = args.check;
+    let args = args.resolve()?;
+    if check {
+        println!("configuration is valid");
+        return Ok(());
+    }
     let data = &args.data_dir;
     let objects = data.join("s3");
     std::fs::create_dir_all(objects.join(DEV_BUCKET))

@@ -41,6 +41,12 @@ enum Command {
     Lease(lease_cmd::LeaseCommand),
     /// Run a command while holding a lease; stop it if the lease is lost.
     Run(run_cmd::RunArgs),
+    /// Check a service's health endpoint (for container health checks):
+    /// exits 0 if it answers 200.
+    Health {
+        /// e.g. http://127.0.0.1:9000/_fencegate/health or http://127.0.0.1:7070/health
+        url: String,
+    },
 }
 
 /// A failure that maps to a documented exit code.
@@ -108,6 +114,7 @@ fn main() -> ExitCode {
             Command::Dev(args) => dev::dev(args).await.map(|()| 0).map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
             Command::Run(args) => run_cmd::run(args).await,
+            Command::Health { url } => services::health(&url).await.map(|()| 0).map_err(Failure::from),
         }
     });
     match result {

@@ -137,3 +137,16 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     announce("proxy", listener.local_addr()?);
     proxy.serve(listener, shutdown_signal()).await
 }
+
+pub async fn health(url: &str) -> anyhow::Result<()> {
+    let resp = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .build()?
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("{url} is unreachable"))?;
+    anyhow::ensure!(resp.status().is_success(), "{url} answered {}", resp.status());
+    println!("ok");
+    Ok(())
+}
