@@ -31,6 +31,9 @@ pub struct LeaseInfo {
     pub fencing_token: String,
     pub ttl_ms: u64,
     pub expires_at_ms: u64,
+    pub s3_access_key_id: String,
+    pub s3_secret_access_key: String,
+    pub s3_credentials_expire_at_ms: u64,
 }
 
 #[derive(Debug, Clone)]

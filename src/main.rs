@@ -114,7 +114,10 @@ fn main() -> ExitCode {
             Command::Dev(args) => dev::dev(args).await.map(|()| 0).map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
             Command::Run(args) => run_cmd::run(args).await,
-            Command::Health { url } => services::health(&url).await.map(|()| 0).map_err(Failure::from),
+            Command::Health { url } => services::health(&url)
+                .await
+                .map(|()| 0)
+                .map_err(Failure::from),
         }
     });
     match result {

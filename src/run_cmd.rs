@@ -5,7 +5,9 @@
 //!
 //! - `FENCING_TOKEN`: the signed token, for the `Fencing-Token` header;
 //! - `FENCING_TOKEN_NUMBER`: the numeric token;
-//! - `FENCEGATE_LOCK`, `FENCEGATE_OWNER`: what is held, by whom.
+//! - `FENCEGATE_LOCK`, `FENCEGATE_OWNER`: what is held, by whom;
+//! - with `--s3-credentials`: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
+//!   bound to the lease (and `AWS_ENDPOINT_URL` with `--s3-endpoint`).
 //!
 //! The lease is renewed every third of its TTL. If the lease service says the
 //! lease is gone, or no renewal has succeeded by the time the lease would
@@ -41,6 +43,15 @@ pub struct RunArgs {
     /// Wait in line up to this long if the lock is held (default: fail at once).
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
+    /// Also export S3 credentials bound to the lease (AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY), for tools that cannot send a Fencing-Token
+    /// header (restic, the aws CLI).
+    #[arg(long)]
+    pub s3_credentials: bool,
+    /// With --s3-credentials: the proxy's S3 endpoint, exported as
+    /// AWS_ENDPOINT_URL (read by the aws CLI and the AWS SDKs).
+    #[arg(long, env = "FENCEGATE_S3_ENDPOINT", requires = "s3_credentials")]
+    pub s3_endpoint: Option<String>,
     /// After SIGTERM, how long CMD has to exit before SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
@@ -72,13 +83,30 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     };
     tracing::info!(lock = %lease.lock, token = lease.token, owner = %owner, "lease acquired");
 
-    let mut child = Command::new(&args.command[0])
+    let mut command = Command::new(&args.command[0]);
+    command
         .args(&args.command[1..])
         .env("FENCING_TOKEN", &lease.fencing_token)
         .env("FENCING_TOKEN_NUMBER", lease.token.to_string())
         .env("FENCEGATE_LOCK", &lease.lock)
         .env("FENCEGATE_OWNER", &owner)
-        .process_group(0)
+        .process_group(0);
+    if args.s3_credentials {
+        command
+            .env("AWS_ACCESS_KEY_ID", &lease.s3_access_key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &lease.s3_secret_access_key)
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE");
+        if std::env::var_os("AWS_DEFAULT_REGION").is_none()
+            && std::env::var_os("AWS_REGION").is_none()
+        {
+            command.env("AWS_DEFAULT_REGION", "us-east-1");
+        }
+        if let Some(endpoint) = &args.s3_endpoint {
+            command.env("AWS_ENDPOINT_URL", endpoint);
+        }
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start {:?}: {e}", args.command[0]));
     let mut child = match child.as_mut() {

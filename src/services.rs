@@ -146,7 +146,11 @@ pub async fn health(url: &str) -> anyhow::Result<()> {
         .send()
         .await
         .with_context(|| format!("{url} is unreachable"))?;
-    anyhow::ensure!(resp.status().is_success(), "{url} answered {}", resp.status());
+    anyhow::ensure!(
+        resp.status().is_success(),
+        "{url} answered {}",
+        resp.status()
+    );
     println!("ok");
     Ok(())
 }

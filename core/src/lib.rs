@@ -7,7 +7,9 @@
 //!   state machine of design rules 1 and 2);
 //! - [`fence`]: whether a write carrying a token is admitted (rule 3);
 //! - [`token`]: how a token travels in the `Fencing-Token` header, plain or
-//!   signed with HMAC-SHA256.
+//!   signed with HMAC-SHA256;
+//! - [`credentials`]: how it travels in S3 credentials, for tools that
+//!   cannot send a header.
 //!
 //! **Architecture invariant:** nothing here performs I/O, spawns, sleeps or
 //! reads a clock. Every function that depends on time takes `now` as an
@@ -15,6 +17,7 @@
 //! deterministic simulation (`tests/simulation.rs`) and by the wall clock in
 //! the lease service, with the same code.
 
+pub mod credentials;
 pub mod fence;
 pub mod lease;
 pub mod name;

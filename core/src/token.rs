@@ -186,6 +186,14 @@ impl TokenKeys {
         mac
     }
 
+    /// HMAC-SHA256 of `msg` under the signing (first) key.
+    pub(crate) fn mac_bytes(&self, msg: &[u8]) -> Vec<u8> {
+        let mut mac =
+            HmacSha256::new_from_slice(&self.keys[0]).expect("HMAC accepts keys of any length");
+        mac.update(msg);
+        mac.finalize().into_bytes().to_vec()
+    }
+
     /// Signs `token` for `lock` with the first key.
     pub fn sign(&self, lock: &LockName, token: u64) -> SignedToken {
         let mac = TokenKeys::mac(&self.keys[0], lock, token)

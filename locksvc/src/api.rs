@@ -237,6 +237,12 @@ pub struct LeaseResponse {
     pub ttl_ms: u64,
     /// When the lease expires, in Unix milliseconds.
     pub expires_at_ms: u64,
+    /// S3 access key bound to this lease (for tools that cannot send the
+    /// `Fencing-Token` header); sign with `s3_secret_access_key`.
+    pub s3_access_key_id: String,
+    pub s3_secret_access_key: String,
+    /// When those credentials stop working, in Unix milliseconds.
+    pub s3_credentials_expire_at_ms: u64,
 }
 
 fn lock_name(path: Result<Path<String>, PathRejection>) -> Result<LockName, ApiError> {
@@ -262,7 +268,13 @@ impl Inner {
     }
 
     fn response(&self, lease: Lease, ttl: Duration) -> LeaseResponse {
+        let now_secs = crate::clock::now().as_millis() / 1000;
+        let cred_expiry = now_secs.saturating_add(self.config.credential_ttl.as_secs());
+        let creds = self.keys.credentials(&lease.lock, lease.token, cred_expiry);
         LeaseResponse {
+            s3_access_key_id: creds.access_key,
+            s3_secret_access_key: creds.secret_key,
+            s3_credentials_expire_at_ms: cred_expiry.saturating_mul(1000),
             fencing_token: self.keys.sign(&lease.lock, lease.token).to_string(),
             lock: lease.lock.to_string(),
             owner: lease.owner,

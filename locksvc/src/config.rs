@@ -40,6 +40,11 @@ pub struct LocksvcConfig {
     pub max_waiters_per_lock: usize,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// How long the lease-bound S3 credentials returned with a lease stay
+    /// valid (they also stop working for writes as soon as a newer token is
+    /// admitted in the scope).
+    #[serde(with = "humantime_serde")]
+    pub credential_ttl: Duration,
 }
 
 impl Default for LocksvcConfig {
@@ -55,6 +60,7 @@ impl Default for LocksvcConfig {
             max_wait: Duration::from_secs(300),
             max_waiters_per_lock: 1024,
             max_body_bytes: 16 * 1024,
+            credential_ttl: Duration::from_secs(24 * 3600),
         }
     }
 }

@@ -8,24 +8,29 @@
 use crate::config::ClientKey;
 use crate::errors;
 use crate::ops::classify;
+use fencegate_core::TokenKeys;
+use fencegate_core::credentials::{ACCESS_KEY_PREFIX, CredentialError};
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{S3Auth, SecretKey};
 use s3s::{S3Result, s3_error};
 use std::collections::HashMap;
 
-/// The client keys from the config.
+/// The client keys from the config, and lease-bound keys derived from the
+/// signing keys (see `fencegate_core::credentials`).
 #[derive(Debug)]
 pub struct ClientAuth {
     keys: HashMap<String, SecretKey>,
+    lease_keys: Option<TokenKeys>,
 }
 
 impl ClientAuth {
-    pub fn new(clients: &[ClientKey]) -> ClientAuth {
+    pub fn new(clients: &[ClientKey], lease_keys: Option<TokenKeys>) -> ClientAuth {
         ClientAuth {
             keys: clients
                 .iter()
                 .map(|c| (c.access_key.clone(), SecretKey::from(c.secret_key.clone())))
                 .collect(),
+            lease_keys,
         }
     }
 }
@@ -33,12 +38,35 @@ impl ClientAuth {
 #[async_trait::async_trait]
 impl S3Auth for ClientAuth {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
-        self.keys.get(access_key).cloned().ok_or_else(|| {
-            s3_error!(
-                InvalidAccessKeyId,
-                "unknown access key; use a key from the proxy's [[clients]]"
-            )
-        })
+        if let Some(k) = self.keys.get(access_key) {
+            return Ok(k.clone());
+        }
+        if access_key.starts_with(ACCESS_KEY_PREFIX) {
+            let Some(keys) = &self.lease_keys else {
+                return Err(s3_error!(
+                    InvalidAccessKeyId,
+                    "lease-bound credentials need the proxy to have signing_keys"
+                ));
+            };
+            // The secret is re-derived from the access key; if the client
+            // signed with anything else (forged or tampered key), the
+            // signature check that follows fails.
+            return match keys.secret_for(access_key, crate::clock::unix_secs()) {
+                Ok((_, secret)) => Ok(SecretKey::from(secret)),
+                Err(CredentialError::Expired(at)) => Err(s3_error!(
+                    AccessDenied,
+                    "lease credentials expired at unix time {at}; take a new lease"
+                )),
+                Err(CredentialError::Shape) => Err(s3_error!(
+                    InvalidAccessKeyId,
+                    "malformed lease access key; use the s3_access_key_id the lease service returned"
+                )),
+            };
+        }
+        Err(s3_error!(
+            InvalidAccessKeyId,
+            "unknown access key; use a key from the proxy's [[clients]] or lease-bound credentials"
+        ))
     }
 }
 

@@ -52,7 +52,10 @@ pub fn missing(op: &str, scope: &str, lock: &str) -> S3Error {
 /// 400 or 403 for a token the proxy does not accept.
 pub fn rejected(r: &Rejection) -> S3Error {
     match r {
-        Rejection::Malformed(_) | Rejection::Repeated | Rejection::NotText => custom(
+        Rejection::Malformed(_)
+        | Rejection::Repeated
+        | Rejection::NotText
+        | Rejection::Disagree { .. } => custom(
             "InvalidFencingToken",
             StatusCode::BAD_REQUEST,
             r.to_string(),

@@ -44,6 +44,23 @@ pub struct Gate {
     probing: tokio::sync::Mutex<()>,
 }
 
+/// Where a request's token can come from: its headers, and the access key
+/// it was signed with (lease-bound credentials).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestToken<'a> {
+    pub headers: &'a HeaderMap,
+    pub access_key: Option<&'a str>,
+}
+
+impl<'a> RequestToken<'a> {
+    pub fn of<T>(req: &'a s3s::S3Request<T>) -> RequestToken<'a> {
+        RequestToken {
+            headers: &req.headers,
+            access_key: req.credentials.as_ref().map(|c| c.access_key.as_str()),
+        }
+    }
+}
+
 /// A write that passed every check and holds its key.
 #[derive(Debug)]
 pub struct Write {
@@ -185,23 +202,25 @@ impl Gate {
     pub fn token(
         &self,
         op: &'static str,
-        headers: &HeaderMap,
+        req: RequestToken<'_>,
         scope: &Scope,
     ) -> S3Result<Option<u64>> {
-        self.tokens.from_headers(headers, scope).map_err(|r| {
-            self.metrics.write(op, &scope.id, "invalid_token");
-            errors::rejected(&r)
-        })
+        self.tokens
+            .from_request(req.headers, req.access_key, scope)
+            .map_err(|r| {
+                self.metrics.write(op, &scope.id, "invalid_token");
+                errors::rejected(&r)
+            })
     }
 
     /// Like [`Gate::token`], but a missing token is an error (428).
     pub fn required_token(
         &self,
         op: &'static str,
-        headers: &HeaderMap,
+        req: RequestToken<'_>,
         scope: &Scope,
     ) -> S3Result<u64> {
-        match self.token(op, headers, scope)? {
+        match self.token(op, req, scope)? {
             Some(t) => Ok(t),
             None => {
                 self.metrics.write(op, &scope.id, "missing");

@@ -24,6 +24,7 @@
 pub mod access;
 pub mod backend;
 pub mod body;
+pub mod clock;
 pub mod config;
 pub mod db;
 pub mod errors;
@@ -89,7 +90,10 @@ impl Proxy {
             }
         }
         let mut builder = S3ServiceBuilder::new(ops::FencedS3::new(gate.clone()));
-        builder.set_auth(access::ClientAuth::new(&config.clients));
+        builder.set_auth(access::ClientAuth::new(
+            &config.clients,
+            gate.tokens.keys().cloned(),
+        ));
         builder.set_access(access::Access {
             allow_anonymous: config.allow_anonymous,
         });

@@ -32,6 +32,10 @@ pub enum Rejection {
     Verify(VerifyError),
     #[error("signed tokens cannot be checked: the proxy has no signing_keys")]
     NoKeys,
+    #[error(
+        "the Fencing-Token header names token {header}, but the lease credentials are bound to token {credentials}"
+    )]
+    Disagree { header: u64, credentials: u64 },
 }
 
 impl TokenPolicy {
@@ -58,6 +62,44 @@ impl TokenPolicy {
         }
         let text = value.to_str().map_err(|_| Rejection::NotText)?;
         self.verify(text, scope).map(Some)
+    }
+
+    /// The token of a request: from the `Fencing-Token` header and/or the
+    /// lease-bound credentials it was signed with (`access_key`); they must
+    /// agree when both are present.
+    pub fn from_request(
+        &self,
+        headers: &HeaderMap,
+        access_key: Option<&str>,
+        scope: &Scope,
+    ) -> Result<Option<u64>, Rejection> {
+        let header = self.from_headers(headers, scope)?;
+        let bound = match access_key.map(fencegate_core::credentials::parse_access_key) {
+            // The signature already proved the key pair came from a lease
+            // service holding our key (see access::ClientAuth).
+            Some(Ok(bound)) => {
+                if bound.lock != scope.lock {
+                    return Err(Rejection::Verify(VerifyError::WrongLock {
+                        expected: scope.lock.to_string(),
+                        found: bound.lock.to_string(),
+                    }));
+                }
+                Some(bound.token)
+            }
+            _ => None,
+        };
+        match (header, bound) {
+            (Some(h), Some(c)) if h != c => Err(Rejection::Disagree {
+                header: h,
+                credentials: c,
+            }),
+            (h, c) => Ok(h.or(c)),
+        }
+    }
+
+    /// The keys, when configured (lease-bound credentials need them).
+    pub fn keys(&self) -> Option<&TokenKeys> {
+        self.keys.as_ref()
     }
 
     /// Checks a header value against `scope`'s lock.

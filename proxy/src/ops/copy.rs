@@ -20,7 +20,7 @@ pub async fn copy_object(
     gate: &Gate,
     req: S3Request<CopyObjectInput>,
 ) -> S3Result<S3Response<CopyObjectOutput>> {
-    let input = req.input;
+    let input = &req.input;
     let (bucket, key) = (input.bucket.clone(), input.key.clone());
     let CopySource::Bucket {
         bucket: src_bucket,
@@ -33,7 +33,7 @@ pub async fn copy_object(
         ));
     };
     let scope = gate.scope(OP, &bucket, &key)?;
-    let token = gate.required_token(OP, &req.headers, &scope)?;
+    let token = gate.required_token(OP, crate::gate::RequestToken::of(&req), &scope)?;
     let w = gate.begin(OP, &bucket, &key, scope, token).await?;
     let (if_match, if_none_match) = super::conditions(&w.known, None, None)?;
 

@@ -25,7 +25,7 @@ pub async fn create(
     const OP: &str = "CreateMultipartUpload";
     let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
     let scope = gate.scope(OP, &bucket, &key)?;
-    let token = gate.required_token(OP, &req.headers, &scope)?;
+    let token = gate.required_token(OP, crate::gate::RequestToken::of(&req), &scope)?;
     let admission = gate.admit(OP, &bucket, &scope, token).await?;
     super::tag(&mut req.input.metadata, token);
     req.input.content_encoding = super::strip_aws_chunked(req.input.content_encoding.take());
@@ -60,14 +60,14 @@ async fn bound(
     upload_id: &str,
     bucket: &str,
     key: &str,
-    headers: &http::HeaderMap,
+    req: crate::gate::RequestToken<'_>,
 ) -> S3Result<(UploadBinding, Scope)> {
     let binding = gate.upload(upload_id).await?;
     if binding.bucket != bucket || binding.key != key {
         return Err(errors::unknown_upload(upload_id));
     }
     let scope = gate.scope(op, bucket, key)?;
-    if let Some(sent) = gate.token(op, headers, &scope)?
+    if let Some(sent) = gate.token(op, req, &scope)?
         && sent != binding.token
     {
         gate.metrics.write(op, &scope.id, "invalid_token");
@@ -91,7 +91,7 @@ pub async fn upload_part(
         &req.input.upload_id,
         &req.input.bucket,
         &req.input.key,
-        &req.headers,
+        crate::gate::RequestToken::of(&req),
     )
     .await?;
     let admission = gate
@@ -122,7 +122,7 @@ pub async fn upload_part_copy(
         &req.input.upload_id,
         &req.input.bucket,
         &req.input.key,
-        &req.headers,
+        crate::gate::RequestToken::of(&req),
     )
     .await?;
     let admission = gate
@@ -146,7 +146,7 @@ pub async fn complete(
         &req.input.upload_id,
         &req.input.bucket,
         &req.input.key,
-        &req.headers,
+        crate::gate::RequestToken::of(&req),
     )
     .await?;
     let token = binding.token;
@@ -183,7 +183,7 @@ pub async fn abort(
         &req.input.upload_id,
         &req.input.bucket,
         &req.input.key,
-        &req.headers,
+        crate::gate::RequestToken::of(&req),
     )
     .await?;
     let admission = gate
