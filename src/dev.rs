@@ -109,6 +109,12 @@ fn signing_key(dir: &std::path::Path) -> anyhow::Result<String> {
 pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let check = args.check;
     let args = args.resolve()?;
+    let ports = [args.locksvc_listen, args.proxy_listen, args.backend_listen];
+    for (i, a) in ports.iter().enumerate() {
+        if a.port() != 0 && ports[i + 1..].contains(a) {
+            anyhow::bail!("invalid dev configuration: {a} is used for two services");
+        }
+    }
     if check {
         println!("configuration is valid");
         return Ok(());

@@ -130,10 +130,13 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    // Probe the backend before opening the port, so health checks fail
+    // fast instead of hanging while the probe waits for the backend.
+    let listen = config.listen;
     let proxy = fencegate_proxy::Proxy::build(config).await?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
     announce("proxy", listener.local_addr()?);
     proxy.serve(listener, shutdown_signal()).await
 }

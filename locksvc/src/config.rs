@@ -133,6 +133,9 @@ impl LocksvcConfig {
         if self.max_waiters_per_lock == 0 {
             p.push("max_waiters_per_lock must be at least 1".into());
         }
+        if self.credential_ttl < Duration::from_secs(60) {
+            p.push("credential_ttl must be at least 1m".into());
+        }
         if self.api_keys.iter().any(|k| k.len() < 8) {
             p.push("api_keys must each be at least 8 characters".into());
         }

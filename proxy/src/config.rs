@@ -28,9 +28,9 @@ pub struct ProxyConfig {
     /// list as the lease service's `signing_keys`). Override with
     /// `FENCEGATE_SIGNING_KEYS` (comma separated).
     pub signing_keys: Vec<String>,
-    /// Accept plain decimal tokens. Defaults to false when `signing_keys` is
-    /// set: otherwise anyone could raise a scope's max with a number no lease
-    /// service issued and lock every real holder out.
+    /// Accept plain decimal tokens. Default false: anyone could raise a
+    /// scope's max with a number no lease service issued and lock every real
+    /// holder out. Without `signing_keys` it must be set to true explicitly.
     pub accept_unsigned_tokens: Option<bool>,
     /// Fence scopes: a bucket, or a key prefix in a bucket, bound to a lock.
     /// Empty: every bucket is its own scope, fenced by the lock named like
@@ -185,8 +185,7 @@ impl ProxyConfig {
 
     /// Whether plain decimal tokens are accepted (see the field).
     pub fn unsigned_tokens_accepted(&self) -> bool {
-        self.accept_unsigned_tokens
-            .unwrap_or(self.signing_keys.is_empty())
+        self.accept_unsigned_tokens.unwrap_or(false)
     }
 
     /// Every problem with this configuration, in one list.
@@ -207,9 +206,9 @@ impl ProxyConfig {
                 "backend.access_key and backend.secret_key are required (or {ENV_BACKEND_ACCESS_KEY} / {ENV_BACKEND_SECRET_KEY})"
             ));
         }
-        if self.clients.is_empty() && !self.allow_anonymous {
+        if self.clients.is_empty() && !self.allow_anonymous && self.signing_keys.is_empty() {
             p.push(format!(
-                "no client keys and allow_anonymous = false: nobody could use the proxy; add [[clients]] (or {ENV_CLIENT_KEYS}) or allow anonymous access"
+                "nobody could use the proxy: add [[clients]] (or {ENV_CLIENT_KEYS}), allow anonymous access, or set signing_keys so lease-bound credentials work"
             ));
         }
         for (i, c) in self.clients.iter().enumerate() {
@@ -302,7 +301,7 @@ mod tests {
         for needle in [
             "backend.endpoint",
             "backend.access_key",
-            "no client keys",
+            "nobody could use the proxy",
             "signing_keys[0]",
             "scopes[0].lock",
             "both cover",
@@ -315,13 +314,21 @@ mod tests {
     }
 
     #[test]
-    fn unsigned_tokens_default_follows_keys() {
+    fn unsigned_tokens_need_an_explicit_yes() {
         let mut c = ProxyConfig::default();
-        assert!(c.unsigned_tokens_accepted());
-        c.signing_keys = vec!["0123456789abcdef".into()];
         assert!(!c.unsigned_tokens_accepted());
+        assert!(
+            c.problems()
+                .iter()
+                .any(|p| p.contains("signing_keys is empty"))
+        );
         c.accept_unsigned_tokens = Some(true);
         assert!(c.unsigned_tokens_accepted());
+        assert!(
+            !c.problems()
+                .iter()
+                .any(|p| p.contains("signing_keys is empty"))
+        );
     }
 
     #[test]

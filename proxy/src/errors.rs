@@ -144,12 +144,13 @@ pub fn storage(msg: impl Into<String>) -> S3Error {
     e
 }
 
-/// Makes a backend error safe to return: failures to reach the backend (no
-/// HTTP status) and its 5xx become 503 so clients retry.
+/// Makes a backend error safe to return: a failure to reach the backend
+/// (no HTTP status) becomes 503 so clients retry; the backend's own answers
+/// pass through.
 pub fn from_backend(mut e: S3Error) -> S3Error {
     match e.status_code() {
-        Some(s) if !s.is_server_error() => e,
-        _ => {
+        Some(_) => e,
+        None => {
             let msg = format!(
                 "the backend S3 server failed or is unreachable ({}); retry",
                 e.message().unwrap_or(e.code().as_str())

@@ -27,6 +27,7 @@ pub mod body;
 pub mod clock;
 pub mod config;
 pub mod db;
+pub mod devstore;
 pub mod errors;
 pub mod fences;
 pub mod gate;

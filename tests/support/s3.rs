@@ -163,7 +163,7 @@ impl Backend {
         match kind {
             BackendKind::S3Fs => {
                 let dir = tempfile::tempdir().expect("tempdir");
-                let fs = s3s_fs::FileSystem::new(dir.path()).expect("s3s-fs root");
+                let fs = fencegate_proxy::devstore::DevStore::new(dir.path()).expect("s3s-fs root");
                 Backend::serve(kind, dir, S3ServiceBuilder::new(fs)).await
             }
             BackendKind::Moto => {

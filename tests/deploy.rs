@@ -1,0 +1,1099 @@
+//! The deployment files checked against the real binary, without Docker and
+//! without a network:
+//!
+//! - every `config/*.toml` passes `--check` of the subcommand that reads it
+//!   (secrets from the environment), shows every option the binary accepts,
+//!   holds no secret, and stays valid with its commented-out options enabled;
+//! - `docker-compose.yml` runs commands, flags, config files and environment
+//!   the binary accepts, publishes the ports the services listen on, keeps
+//!   MinIO unpublished, and health-checks endpoints that answer;
+//! - the `Dockerfile` builds with the pinned toolchain, runs `fencegate` as a
+//!   non-root user and ships every config file compose refers to.
+
+mod support;
+
+use serde_yaml::Value as Yaml;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use support::{SIGNING_KEY, Service, fencegate, tempdir};
+
+/// The secrets the example configs leave to the environment.
+const SECRETS: [(&str, &str); 4] = [
+    ("FENCEGATE_SIGNING_KEYS", SIGNING_KEY),
+    ("FENCEGATE_BACKEND_ACCESS_KEY", "backend-key"),
+    ("FENCEGATE_BACKEND_SECRET_KEY", "backend-secret-123"),
+    ("FENCEGATE_CLIENT_KEYS", "client-key:client-secret-123"),
+];
+
+/// Where the image copies `config/` (see the Dockerfile).
+const IMAGE_CONFIG_DIR: &str = "/etc/fencegate/";
+
+// ---------------------------------------------------------------------------
+// Running the binary
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+fn read_repo(rel: &str) -> String {
+    read(&repo().join(rel))
+}
+
+/// `fencegate` without any `FENCEGATE_*` variable of whoever runs the tests.
+fn clean_fencegate() -> Command {
+    let mut cmd = fencegate();
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("FENCEGATE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("FENCEGATE_LOG", "warn");
+    cmd
+}
+
+/// `fencegate SERVICE --check --config FILE`.
+fn check_cmd(service: &str, config: &Path) -> Command {
+    let mut cmd = clean_fencegate();
+    cmd.arg(service).arg("--check").arg("--config").arg(config);
+    cmd
+}
+
+fn output(cmd: &mut Command) -> Output {
+    cmd.output().expect("fencegate runs")
+}
+
+fn describe(cmd: &Command, out: &Output) -> String {
+    format!(
+        "{cmd:?}\nexit: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn expect_valid(mut cmd: Command) {
+    let out = output(&mut cmd);
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("configuration is valid"),
+        "expected a valid configuration:\n{}",
+        describe(&cmd, &out)
+    );
+}
+
+/// Asserts `--check` fails (exit 1); returns stderr.
+fn expect_invalid(mut cmd: Command) -> String {
+    let out = output(&mut cmd);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected the configuration to be refused:\n{}",
+        describe(&cmd, &out)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("temp file written");
+    path
+}
+
+// ---------------------------------------------------------------------------
+// config/*.toml
+
+fn config_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("config"))
+        .expect("config/ exists")
+        .map(|e| e.expect("readable config/").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    for expected in [
+        "locksvc.toml",
+        "proxy-minio.toml",
+        "proxy-aws.toml",
+        "dev.toml",
+    ] {
+        assert!(
+            files.iter().any(|f| f.ends_with(expected)),
+            "config/{expected} is missing: {files:?}"
+        );
+    }
+    files
+}
+
+/// The subcommand that reads a config file.
+fn service_of(file: &Path) -> &'static str {
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    match name {
+        "locksvc.toml" => "locksvc",
+        "dev.toml" => "dev",
+        n if n.starts_with("proxy") => "proxy",
+        n => panic!("config/{n}: which `fencegate` subcommand reads it? Map it in service_of"),
+    }
+}
+
+fn is_key(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// `name` if `line` is a `[name]` or `[[name]]` table header.
+fn table_header(line: &str) -> Option<&str> {
+    let inner = line
+        .strip_prefix("[[")
+        .and_then(|r| r.strip_suffix("]]"))
+        .or_else(|| line.strip_prefix('[').and_then(|r| r.strip_suffix(']')))?;
+    is_key(inner).then_some(inner)
+}
+
+/// Whether `line` (with its `# ` removed) is TOML: `key = value` or a header.
+fn is_toml_line(line: &str) -> bool {
+    table_header(line.trim()).is_some() || line.split_once(" = ").is_some_and(|(k, _)| is_key(k))
+}
+
+/// The keys an example config shows, set or commented out (`# key = ...`),
+/// by section: "" for the top level, then one per `[name]`/`[[name]]` header
+/// (commented out or not).
+fn documented_keys(text: &str) -> BTreeMap<String, Vec<String>> {
+    let mut keys: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut section = String::new();
+    for line in text.lines() {
+        let line = line.strip_prefix("# ").unwrap_or(line).trim();
+        if let Some(name) = table_header(line) {
+            section = name.to_owned();
+            keys.entry(section.clone()).or_default();
+        } else if let Some((k, _)) = line.split_once(" = ")
+            && is_key(k)
+        {
+            keys.entry(section.clone()).or_default().push(k.to_owned());
+        }
+    }
+    keys
+}
+
+/// The options a config section accepts, as the binary reports them
+/// (serde's "unknown field `x`, expected one of `a`, `b`, ...").
+fn accepted_fields(service: &str, header: Option<&str>) -> Vec<String> {
+    let dir = tempdir();
+    let probe = "zz_not_an_option";
+    let text = match header {
+        Some(h) => format!("{h}\n{probe} = 1\n"),
+        None => format!("{probe} = 1\n"),
+    };
+    let mut cmd = check_cmd(service, &write(dir.path(), "probe.toml", &text));
+    cmd.envs(SECRETS);
+    let err = expect_invalid(cmd);
+    let marker = format!("unknown field `{probe}`");
+    let rest = err
+        .split(marker.as_str())
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {marker:?} in:\n{err}"));
+    let fields: Vec<String> = rest
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    assert!(!fields.is_empty(), "no expected fields listed in:\n{err}");
+    fields
+}
+
+/// Config keys whose values are secrets (or go with one).
+fn find_secrets(value: &toml::Value, path: &str, found: &mut Vec<String>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let secret = matches!(
+                    k.as_str(),
+                    "signing_keys" | "api_keys" | "access_key" | "secret_key" | "clients"
+                );
+                let empty = match v {
+                    toml::Value::String(s) => s.is_empty(),
+                    toml::Value::Array(a) => a.is_empty(),
+                    _ => false,
+                };
+                if secret && !empty {
+                    found.push(p);
+                } else {
+                    find_secrets(v, &p, found);
+                }
+            }
+        }
+        toml::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                find_secrets(v, &format!("{path}[{i}]"), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn every_example_config_passes_check_with_secrets_from_the_environment() {
+    for file in config_files() {
+        let mut cmd = check_cmd(service_of(&file), &file);
+        cmd.envs(SECRETS);
+        expect_valid(cmd);
+    }
+}
+
+#[test]
+fn example_configs_hold_no_secrets() {
+    for file in config_files() {
+        let table: toml::Table = toml::from_str(&read(&file))
+            .unwrap_or_else(|e| panic!("{} is not TOML: {e}", file.display()));
+        let mut found = Vec::new();
+        find_secrets(&toml::Value::Table(table), "", &mut found);
+        assert!(
+            found.is_empty(),
+            "{}: secrets belong in the environment, not in the file: {found:?}",
+            file.display()
+        );
+    }
+    // Without the environment, the service configs are incomplete, and say
+    // which variable to set.
+    let cases = [
+        ("locksvc", "locksvc.toml", "FENCEGATE_SIGNING_KEYS"),
+        ("proxy", "proxy-minio.toml", "FENCEGATE_BACKEND_ACCESS_KEY"),
+        ("proxy", "proxy-aws.toml", "FENCEGATE_BACKEND_ACCESS_KEY"),
+    ];
+    for (service, file, variable) in cases {
+        let err = expect_invalid(check_cmd(service, &repo().join("config").join(file)));
+        assert!(
+            err.contains(variable),
+            "config/{file}: {variable} not named in:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn example_configs_show_every_option() {
+    for file in config_files() {
+        let service = service_of(&file);
+        let keys = documented_keys(&read(&file));
+        let mut missing = Vec::new();
+        for field in accepted_fields(service, None) {
+            let shown =
+                keys.get("").is_some_and(|k| k.contains(&field)) || keys.contains_key(&field);
+            if !shown {
+                missing.push(field);
+            }
+        }
+        if service == "proxy" {
+            for (header, section) in [
+                ("[backend]", "backend"),
+                ("[[scopes]]", "scopes"),
+                ("[[clients]]", "clients"),
+            ] {
+                for field in accepted_fields(service, Some(header)) {
+                    if !keys.get(section).is_some_and(|k| k.contains(&field)) {
+                        missing.push(format!("{section}.{field}"));
+                    }
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{}: options neither set nor shown commented out (`# name = default`): {missing:?}",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn commented_out_options_are_real_and_valid_when_enabled() {
+    let dir = tempdir();
+    for file in config_files() {
+        let text = read(&file);
+        let enabled: Vec<&str> = text
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest) if is_toml_line(rest) => rest,
+                _ => line,
+            })
+            .collect();
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("UTF-8 file name");
+        let enabled = write(dir.path(), name, &enabled.join("\n"));
+        let mut cmd = check_cmd(service_of(&file), &enabled);
+        cmd.envs(SECRETS);
+        expect_valid(cmd);
+    }
+}
+
+#[test]
+fn a_typo_in_any_example_config_is_refused() {
+    let dir = tempdir();
+    for file in config_files() {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("UTF-8 file name");
+        let text = format!("listne = \"127.0.0.1:1\"\n{}", read(&file));
+        let mut cmd = check_cmd(service_of(&file), &write(dir.path(), name, &text));
+        cmd.envs(SECRETS);
+        let err = expect_invalid(cmd);
+        assert!(
+            err.contains("unknown field `listne`"),
+            "config/{name}:\n{err}"
+        );
+    }
+    // Command-line overrides are validated too.
+    let mut cmd = check_cmd("proxy", &repo().join("config/proxy-minio.toml"));
+    cmd.envs(SECRETS).args(["--backend", "minio:9000"]);
+    let err = expect_invalid(cmd);
+    assert!(err.contains("must start with http:// or https://"), "{err}");
+}
+
+#[test]
+fn check_lists_every_problem_at_once() {
+    let dir = tempdir();
+    let proxy = write(
+        dir.path(),
+        "proxy.toml",
+        "[backend]\nendpoint = \"\"\n\n[[scopes]]\nbucket = \"b\"\nlock = \"no spaces\"\n",
+    );
+    let mut cmd = check_cmd("proxy", &proxy);
+    cmd.envs(SECRETS).env("FENCEGATE_SIGNING_KEYS", "short");
+    let err = expect_invalid(cmd);
+    for needle in [
+        "backend.endpoint is empty",
+        "signing_keys[0] is 5 bytes",
+        "scopes[0].lock",
+    ] {
+        assert!(err.contains(needle), "{needle:?} missing from:\n{err}");
+    }
+
+    let locksvc = write(
+        dir.path(),
+        "locksvc.toml",
+        "min_ttl = \"10m\"\nmax_ttl = \"1m\"\nmax_body_bytes = 10\nmax_waiters_per_lock = 0\n",
+    );
+    let mut cmd = check_cmd("locksvc", &locksvc);
+    cmd.env("FENCEGATE_SIGNING_KEYS", "short");
+    let err = expect_invalid(cmd);
+    for needle in [
+        "signing_keys[0] is 5 bytes",
+        "min_ttl (10m) is above max_ttl (1m)",
+        "default_ttl",
+        "max_body_bytes",
+        "max_waiters_per_lock",
+    ] {
+        assert!(err.contains(needle), "{needle:?} missing from:\n{err}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// docker-compose.yml
+
+fn compose() -> Yaml {
+    serde_yaml::from_str(&read_repo("docker-compose.yml"))
+        .unwrap_or_else(|e| panic!("docker-compose.yml is not valid YAML: {e}"))
+}
+
+fn service<'a>(doc: &'a Yaml, name: &str) -> &'a Yaml {
+    let svc = &doc["services"][name];
+    assert!(
+        svc.is_mapping(),
+        "docker-compose.yml has no service {name:?}"
+    );
+    svc
+}
+
+fn scalar(v: &Yaml) -> String {
+    match v {
+        Yaml::String(s) => s.clone(),
+        Yaml::Number(n) => n.to_string(),
+        Yaml::Bool(b) => b.to_string(),
+        Yaml::Null => String::new(),
+        other => panic!("expected a scalar, found {other:?}"),
+    }
+}
+
+/// A command-like value: a list, or a string split on whitespace (each
+/// element split too, so `CMD-SHELL` strings become words).
+fn words(v: &Yaml) -> Vec<String> {
+    let parts: Vec<String> = match v {
+        Yaml::Sequence(s) => s.iter().map(scalar).collect(),
+        Yaml::Null => Vec::new(),
+        other => vec![scalar(other)],
+    };
+    parts
+        .iter()
+        .flat_map(|p| p.split_whitespace())
+        .map(|w| w.trim_matches(|c: char| c == '"' || c == '\'').to_owned())
+        .collect()
+}
+
+/// Compose interpolation with nothing set in the environment: `${VAR:-x}`
+/// and `${VAR-x}` give `x`, `${VAR}` and `$VAR` give "", `$$` gives `$`.
+fn interpolate(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(r) = after.strip_prefix('$') {
+            out.push('$');
+            rest = r;
+        } else if let Some(r) = after.strip_prefix('{') {
+            let end = r
+                .find('}')
+                .unwrap_or_else(|| panic!("unclosed ${{ in {s:?}"));
+            let expr = &r[..end];
+            match expr.split_once(":-").or_else(|| expr.split_once('-')) {
+                Some((_, default)) => out.push_str(default),
+                None => assert!(
+                    !expr.contains('?'),
+                    "{s:?} needs a variable set; give it a default so `docker compose up` works as is"
+                ),
+            }
+            rest = &r[end + 1..];
+        } else {
+            let len = after
+                .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .unwrap_or(after.len());
+            rest = &after[len..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A service's environment, interpolated.
+fn environment(svc: &Yaml) -> BTreeMap<String, String> {
+    match &svc["environment"] {
+        Yaml::Mapping(m) => m
+            .iter()
+            .map(|(k, v)| (scalar(k), interpolate(&scalar(v))))
+            .collect(),
+        Yaml::Sequence(s) => s
+            .iter()
+            .map(|e| {
+                let entry = scalar(e);
+                let (k, v) = entry.split_once('=').unwrap_or((entry.as_str(), ""));
+                (k.to_owned(), interpolate(v))
+            })
+            .collect(),
+        Yaml::Null => BTreeMap::new(),
+        other => panic!("unexpected environment {other:?}"),
+    }
+}
+
+/// The files under /etc/fencegate/ a service's command names.
+fn image_config_refs(args: &[String]) -> Vec<String> {
+    args.iter()
+        .filter_map(|a| {
+            a.split_once(IMAGE_CONFIG_DIR)
+                .map(|(_, rest)| rest.to_owned())
+        })
+        .collect()
+}
+
+/// A service's command with /etc/fencegate/X (the image's copy of config/)
+/// mapped to config/X in this repository.
+fn command_in_repo(name: &str, svc: &Yaml) -> Vec<String> {
+    let args = words(&svc["command"]);
+    assert!(!args.is_empty(), "compose service {name} has no command");
+    for file in image_config_refs(&args) {
+        assert!(
+            repo().join("config").join(&file).is_file(),
+            "compose service {name} uses {IMAGE_CONFIG_DIR}{file}, but config/{file} does not exist"
+        );
+    }
+    let config_dir = format!("{}/", repo().join("config").display());
+    args.iter()
+        .map(|a| a.replace(IMAGE_CONFIG_DIR, &config_dir))
+        .collect()
+}
+
+/// The value of `--flag VALUE` or `--flag=VALUE`.
+fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    let prefix = format!("{flag}=");
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| {
+            args.iter()
+                .find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
+        })
+}
+
+fn listen_addr(name: &str, svc: &Yaml) -> SocketAddr {
+    let args = words(&svc["command"]);
+    let value = flag_value(&args, "--listen")
+        .unwrap_or_else(|| panic!("compose service {name} must pass --listen: {args:?}"));
+    value
+        .parse::<SocketAddr>()
+        .unwrap_or_else(|e| panic!("{name}: --listen {value}: {e}"))
+}
+
+/// (host ip, host port, container port) of each published port.
+fn published(name: &str, svc: &Yaml) -> Vec<(String, String, u16)> {
+    let entries = match &svc["ports"] {
+        Yaml::Sequence(s) => s.clone(),
+        Yaml::Null => Vec::new(),
+        other => panic!("{name}: unexpected ports {other:?}"),
+    };
+    entries
+        .iter()
+        .map(|p| {
+            let (ip, host, container) = if p.is_mapping() {
+                (
+                    scalar(&p["host_ip"]),
+                    scalar(&p["published"]),
+                    scalar(&p["target"]),
+                )
+            } else {
+                // [[ip:]host:]container[/protocol]
+                let spec = scalar(p);
+                let spec = spec.split('/').next().unwrap_or_default().to_owned();
+                let (front, container) = spec.rsplit_once(':').unwrap_or(("", spec.as_str()));
+                let (ip, host) = front.rsplit_once(':').unwrap_or(("", front));
+                (ip.to_owned(), host.to_owned(), container.to_owned())
+            };
+            let container: u16 = container
+                .parse()
+                .unwrap_or_else(|e| panic!("{name}: container port {container:?}: {e}"));
+            (ip, host, container)
+        })
+        .collect()
+}
+
+/// The URLs a health check passes to `fencegate health`.
+fn health_urls(words: &[String]) -> Vec<String> {
+    words
+        .windows(3)
+        .filter(|w| (w[0] == "fencegate" || w[0].ends_with("/fencegate")) && w[1] == "health")
+        .map(|w| w[2].clone())
+        .collect()
+}
+
+/// (host, port, path) of an http:// URL.
+fn split_url(url: &str) -> (String, u16, String) {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("health URL {url} must be plain http"));
+    let (authority, path) = match rest.split_once('/') {
+        Some((a, p)) => (a, format!("/{p}")),
+        None => (rest, "/".to_owned()),
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .unwrap_or_else(|e| panic!("port of {url}: {e}")),
+        ),
+        None => (authority, 80),
+    };
+    (host.to_owned(), port, path)
+}
+
+fn depends_on_condition(svc: &Yaml, on: &str) -> String {
+    scalar(&svc["depends_on"][on]["condition"])
+}
+
+/// The config file a compose service passes with --config, in this repository.
+fn config_in_repo(name: &str, svc: &Yaml) -> toml::Table {
+    let args = command_in_repo(name, svc);
+    let path = flag_value(&args, "--config")
+        .unwrap_or_else(|| panic!("compose service {name} passes no --config"));
+    toml::from_str(&read(Path::new(&path))).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn compose_services_pass_check_with_their_command_config_and_environment() {
+    let doc = compose();
+    for name in ["locksvc", "proxy"] {
+        let svc = service(&doc, name);
+        assert!(
+            svc["build"].is_string() || svc["build"].is_mapping(),
+            "compose service {name} must be built from this repository's Dockerfile"
+        );
+        assert!(
+            svc["entrypoint"].is_null(),
+            "compose service {name} must keep the image's ENTRYPOINT (fencegate)"
+        );
+        let args = command_in_repo(name, svc);
+        assert_eq!(
+            args[0], name,
+            "compose service {name} runs `fencegate {}`",
+            args[0]
+        );
+        let mut cmd = clean_fencegate();
+        cmd.args(args).arg("--check").envs(environment(svc));
+        expect_valid(cmd);
+    }
+}
+
+#[test]
+fn compose_publishes_what_the_services_listen_on_and_wires_them_together() {
+    let doc = compose();
+    for (name, health_path) in [("locksvc", "/health"), ("proxy", "/_fencegate/health")] {
+        let svc = service(&doc, name);
+        let listen = listen_addr(name, svc);
+        assert!(
+            listen.ip().is_unspecified(),
+            "{name} listens on {listen}: in a container only 0.0.0.0 is reachable through a published port"
+        );
+        let ports = published(name, svc);
+        assert!(
+            ports.iter().any(|(_, _, c)| *c == listen.port()),
+            "{name} listens on port {} but publishes {ports:?}",
+            listen.port()
+        );
+        for (ip, host, container) in &ports {
+            assert_eq!(
+                *container,
+                listen.port(),
+                "{name} publishes port {container}, where nothing listens"
+            );
+            assert_eq!(
+                ip, "127.0.0.1",
+                "{name} publishes {host}:{container} beyond the host's loopback"
+            );
+        }
+        let test = &svc["healthcheck"]["test"];
+        let urls = health_urls(&words(test));
+        assert_eq!(
+            urls.len(),
+            1,
+            "{name}'s healthcheck must run `fencegate health URL`: {test:?}"
+        );
+        let (host, port, path) = split_url(&urls[0]);
+        assert!(
+            host == "127.0.0.1" || host == "localhost",
+            "{name}'s healthcheck runs inside the container: use 127.0.0.1, not {host}"
+        );
+        assert_eq!(port, listen.port(), "{name}'s healthcheck port");
+        assert_eq!(path, health_path, "{name}'s health endpoint");
+    }
+
+    let locksvc_env = environment(service(&doc, "locksvc"));
+    let proxy = service(&doc, "proxy");
+    let proxy_env = environment(proxy);
+    let key = |env: &BTreeMap<String, String>, who: &str| {
+        env.get("FENCEGATE_SIGNING_KEYS")
+            .cloned()
+            .unwrap_or_else(|| panic!("{who} gets no FENCEGATE_SIGNING_KEYS"))
+    };
+    assert_eq!(
+        key(&locksvc_env, "locksvc"),
+        key(&proxy_env, "proxy"),
+        "the proxy must verify tokens with the keys the lease service signs them with"
+    );
+
+    // MinIO is reachable only through the proxy.
+    let minio = service(&doc, "minio");
+    let minio_ports = published("minio", minio);
+    assert!(
+        minio_ports.iter().all(|(_, _, c)| *c != 9000),
+        "MinIO's S3 port must not be published (writes must go through the proxy): {minio_ports:?}"
+    );
+    assert_ne!(
+        minio["network_mode"].as_str(),
+        Some("host"),
+        "MinIO must not share the host's network"
+    );
+
+    // The proxy's backend is that MinIO, with its credentials.
+    let minio_env = environment(minio);
+    for (proxy_var, minio_var) in [
+        ("FENCEGATE_BACKEND_ACCESS_KEY", "MINIO_ROOT_USER"),
+        ("FENCEGATE_BACKEND_SECRET_KEY", "MINIO_ROOT_PASSWORD"),
+    ] {
+        assert!(
+            minio_env.contains_key(minio_var),
+            "minio gets no {minio_var}"
+        );
+        assert_eq!(
+            proxy_env.get(proxy_var),
+            minio_env.get(minio_var),
+            "proxy {proxy_var} vs minio {minio_var}"
+        );
+    }
+    let proxy_config = config_in_repo("proxy", proxy);
+    let endpoint = proxy_env
+        .get("FENCEGATE_BACKEND_ENDPOINT")
+        .cloned()
+        .unwrap_or_else(|| {
+            proxy_config
+                .get("backend")
+                .and_then(|b| b.get("endpoint"))
+                .and_then(toml::Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        });
+    let (backend_host, backend_port, _) = split_url(&endpoint);
+    assert_eq!(
+        (backend_host.as_str(), backend_port),
+        ("minio", 9000),
+        "the proxy's backend {endpoint} must be the minio service (`server /data` listens on 9000)"
+    );
+
+    // The proxy starts once its bucket exists (its start-up probe needs it)
+    // and the lease service is up.
+    assert_eq!(
+        depends_on_condition(proxy, "createbucket"),
+        "service_completed_successfully"
+    );
+    assert_eq!(depends_on_condition(proxy, "locksvc"), "service_healthy");
+    assert_eq!(
+        depends_on_condition(service(&doc, "createbucket"), "minio"),
+        "service_healthy"
+    );
+    if let Some(bucket) = proxy_config
+        .get("probe_bucket")
+        .and_then(toml::Value::as_str)
+    {
+        let create = words(&service(&doc, "createbucket")["command"]).join(" ");
+        assert!(
+            create.contains(&format!("/{bucket}")),
+            "the proxy probes bucket {bucket:?} at start-up but createbucket does not create it: {create}"
+        );
+    }
+}
+
+#[test]
+fn health_checks_of_compose_and_dockerfile_hit_real_endpoints() {
+    let dir = tempdir();
+    let locksvc = support::start_locksvc(dir.path());
+    // No probe bucket and no scopes: the proxy starts without its backend.
+    let mut proxy_cmd = clean_fencegate();
+    proxy_cmd
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "http://127.0.0.1:9",
+        ])
+        .arg("--db")
+        .arg(dir.path().join("proxy.db"))
+        .envs(SECRETS);
+    let proxy = Service::start(proxy_cmd);
+
+    let doc = compose();
+    let mut live: BTreeMap<u16, &Service> = BTreeMap::new();
+    let mut checks = Vec::new();
+    for (name, running) in [("locksvc", &locksvc), ("proxy", &proxy)] {
+        let svc = service(&doc, name);
+        live.insert(listen_addr(name, svc).port(), running);
+        for url in health_urls(&words(&svc["healthcheck"]["test"])) {
+            let (_, _, path) = split_url(&url);
+            checks.push((
+                format!("compose {name}: {url}"),
+                format!("{}{path}", running.url),
+            ));
+        }
+    }
+    let healthcheck = dockerfile_stages()
+        .last()
+        .and_then(|s| s.first("HEALTHCHECK"))
+        .expect("the Dockerfile has a HEALTHCHECK");
+    for url in health_urls(&split_words(&healthcheck)) {
+        let (_, port, path) = split_url(&url);
+        let running = live
+            .get(&port)
+            .unwrap_or_else(|| panic!("the Dockerfile HEALTHCHECK checks port {port}, where neither compose service listens"));
+        checks.push((
+            format!("Dockerfile: {url}"),
+            format!("{}{path}", running.url),
+        ));
+    }
+    assert!(checks.len() >= 3, "{checks:?}");
+    for (what, url) in checks {
+        let mut cmd = clean_fencegate();
+        cmd.arg("health").arg(url);
+        let out = output(&mut cmd);
+        assert!(out.status.success(), "{what}:\n{}", describe(&cmd, &out));
+    }
+    // And a wrong path would have been caught.
+    let mut cmd = clean_fencegate();
+    cmd.arg("health").arg(format!("{}/health", proxy.url));
+    let out = output(&mut cmd);
+    assert!(!out.status.success(), "{}", describe(&cmd, &out));
+}
+
+// ---------------------------------------------------------------------------
+// Dockerfile and .dockerignore
+
+#[derive(Debug)]
+struct Stage {
+    /// Arguments of FROM ("" for instructions before the first FROM).
+    from: String,
+    /// (INSTRUCTION, arguments), continuations joined, comments dropped.
+    instructions: Vec<(String, String)>,
+}
+
+impl Stage {
+    fn all(&self, op: &str) -> impl Iterator<Item = &str> {
+        self.instructions
+            .iter()
+            .filter(move |(o, _)| o == op)
+            .map(|(_, a)| a.as_str())
+    }
+
+    fn first(&self, op: &str) -> Option<String> {
+        self.all(op).next().map(str::to_owned)
+    }
+
+    fn last(&self, op: &str) -> Option<String> {
+        self.all(op).last().map(str::to_owned)
+    }
+
+    /// The base image (FROM without --platform and AS).
+    fn image(&self) -> &str {
+        self.from
+            .split_whitespace()
+            .find(|w| !w.starts_with("--"))
+            .unwrap_or_default()
+    }
+
+    /// (--from value, sources, destination) of each COPY/ADD.
+    fn copies(&self) -> Vec<(Option<String>, Vec<String>, String)> {
+        self.instructions
+            .iter()
+            .filter(|(o, _)| o == "COPY" || o == "ADD")
+            .map(|(_, args)| {
+                let mut from = None;
+                let mut paths: Vec<String> = Vec::new();
+                for w in args.split_whitespace() {
+                    if let Some(f) = w.strip_prefix("--from=") {
+                        from = Some(f.to_owned());
+                    } else if !w.starts_with("--") {
+                        paths.push(w.to_owned());
+                    }
+                }
+                if paths.first().is_some_and(|p| p.starts_with('[')) {
+                    let json = paths.join(" ");
+                    paths =
+                        serde_json::from_str(&json).unwrap_or_else(|e| panic!("COPY {json}: {e}"));
+                }
+                let dest = paths.pop().unwrap_or_default();
+                (from, paths, dest)
+            })
+            .collect()
+    }
+}
+
+fn dockerfile_stages() -> Vec<Stage> {
+    let text = read_repo("Dockerfile");
+    let mut stages = vec![Stage {
+        from: String::new(),
+        instructions: Vec::new(),
+    }];
+    let mut current = String::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with('#') {
+            continue;
+        }
+        if let Some(body) = t.strip_suffix('\\') {
+            current.push_str(body);
+            current.push(' ');
+            continue;
+        }
+        current.push_str(t);
+        let instruction = std::mem::take(&mut current);
+        let instruction = instruction.trim();
+        if instruction.is_empty() {
+            continue;
+        }
+        let (op, args) = instruction
+            .split_once(char::is_whitespace)
+            .unwrap_or((instruction, ""));
+        let (op, args) = (op.to_ascii_uppercase(), args.trim().to_owned());
+        if op == "FROM" {
+            stages.push(Stage {
+                from: args,
+                instructions: Vec::new(),
+            });
+        } else if let Some(stage) = stages.last_mut() {
+            stage.instructions.push((op, args));
+        }
+    }
+    assert!(
+        stages.len() >= 3,
+        "the Dockerfile must be multi-stage: {stages:?}"
+    );
+    stages
+}
+
+fn split_words(s: &str) -> Vec<String> {
+    s.split_whitespace()
+        .map(|w| w.trim_matches(|c: char| c == '"' || c == '\'').to_owned())
+        .collect()
+}
+
+#[test]
+fn dockerfile_builds_with_the_pinned_toolchain_and_runs_fencegate_unprivileged() {
+    let stages = dockerfile_stages();
+
+    // The builder: the toolchain of rust-toolchain.toml, the locked deps.
+    let builder = stages
+        .iter()
+        .find(|s| s.all("RUN").any(|r| r.contains("cargo build")))
+        .expect("a stage runs cargo build");
+    let build = builder
+        .all("RUN")
+        .find(|r| r.contains("cargo build"))
+        .unwrap_or_default();
+    for flag in ["--release", "--locked", "--bin fencegate"] {
+        assert!(build.contains(flag), "cargo build without {flag}: {build}");
+    }
+    let image = builder.image();
+    let tag = image
+        .strip_prefix("rust:")
+        .unwrap_or_else(|| panic!("the builder should be an official rust image, not {image}"));
+    let version: Vec<&str> = tag
+        .split('-')
+        .next()
+        .unwrap_or_default()
+        .split('.')
+        .collect();
+    let toolchain: toml::Table =
+        toml::from_str(&read_repo("rust-toolchain.toml")).expect("rust-toolchain.toml parses");
+    let channel = toolchain
+        .get("toolchain")
+        .and_then(|t| t.get("channel"))
+        .and_then(toml::Value::as_str)
+        .expect("rust-toolchain.toml names a channel");
+    let pinned: Vec<&str> = channel.split('.').collect();
+    assert!(
+        version.len() >= 2 && pinned.starts_with(&version),
+        "builder image {image} does not match the pinned toolchain {channel}"
+    );
+    assert!(
+        builder.copies().iter().any(|(from, src, _)| from.is_none()
+            && src.iter().any(|s| s == "rust-toolchain.toml" || s == ".")),
+        "the builder must get rust-toolchain.toml (so cargo uses the pinned toolchain)"
+    );
+
+    // The runtime image.
+    let runtime = stages.last().expect("a final stage");
+    assert!(
+        !runtime.image().starts_with("rust:"),
+        "the runtime image should be slim, not {}",
+        runtime.image()
+    );
+    let user = runtime.last("USER").expect("the image sets a USER");
+    let user_name = user.split(':').next().unwrap_or_default();
+    assert!(
+        user_name != "root" && user_name != "0" && !user_name.is_empty(),
+        "USER {user} is root"
+    );
+    let healthcheck = runtime
+        .first("HEALTHCHECK")
+        .expect("the image has a HEALTHCHECK");
+    assert!(
+        !health_urls(&split_words(&healthcheck)).is_empty(),
+        "the HEALTHCHECK must use `fencegate health URL` (there is no curl in the image): {healthcheck}"
+    );
+    let entrypoint = runtime
+        .last("ENTRYPOINT")
+        .expect("the image sets an ENTRYPOINT");
+    let entrypoint: Vec<String> = serde_json::from_str(&entrypoint).unwrap_or_else(|e| {
+        panic!("ENTRYPOINT must use the exec form, so signals reach fencegate: {entrypoint}: {e}")
+    });
+    assert!(
+        entrypoint
+            .first()
+            .is_some_and(|e| e == "fencegate" || e.ends_with("/fencegate")),
+        "ENTRYPOINT {entrypoint:?}"
+    );
+    let exposed: Vec<String> = runtime
+        .all("EXPOSE")
+        .flat_map(str::split_whitespace)
+        .map(|p| p.split('/').next().unwrap_or_default().to_owned())
+        .collect();
+    for port in ["7070", "9000"] {
+        assert!(
+            exposed.iter().any(|p| p == port),
+            "EXPOSE lacks {port}: {exposed:?}"
+        );
+    }
+    let copies = runtime.copies();
+    assert!(
+        copies.iter().any(|(from, _, dest)| from.is_some()
+            && (dest == "/usr/local/bin/fencegate" || dest == "/usr/local/bin/")),
+        "the binary must land in /usr/local/bin/fencegate: {copies:?}"
+    );
+
+    // Every config file compose refers to is in the image.
+    let doc = compose();
+    let dir = IMAGE_CONFIG_DIR.trim_end_matches('/');
+    for name in ["locksvc", "proxy"] {
+        for file in image_config_refs(&words(&service(&doc, name)["command"])) {
+            let copied = copies.iter().any(|(from, sources, dest)| {
+                from.is_none()
+                    && sources.iter().any(|s| {
+                        let s = s.trim_start_matches("./").trim_end_matches('/');
+                        (s == "config" && dest.trim_end_matches('/') == dir)
+                            || (s == format!("config/{file}")
+                                && (dest.as_str() == format!("{dir}/{file}")
+                                    || dest.as_str() == format!("{dir}/")))
+                    })
+            });
+            assert!(
+                copied,
+                "compose service {name} uses {dir}/{file}, which the Dockerfile does not COPY: {copies:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn dockerignore_keeps_local_state_out_and_what_the_build_copies_in() {
+    let text = read_repo(".dockerignore");
+    let patterns: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('!'))
+        .map(|l| l.trim_start_matches('/').trim_end_matches('/'))
+        .collect();
+    for local in ["target", ".git", ".venv"] {
+        assert!(
+            patterns.contains(&local),
+            ".dockerignore should exclude {local}/: {patterns:?}"
+        );
+    }
+    for stage in dockerfile_stages() {
+        for (from, sources, _) in stage.copies() {
+            if from.is_some() {
+                continue;
+            }
+            for src in sources {
+                let s = src.trim_start_matches("./").trim_end_matches('/');
+                for p in &patterns {
+                    assert!(
+                        s != *p && !s.starts_with(&format!("{p}/")),
+                        ".dockerignore pattern {p:?} hides {src}, which the Dockerfile copies"
+                    );
+                }
+            }
+        }
+    }
+}
