@@ -217,15 +217,15 @@ fn banner(proxy: SocketAddr, locksvc: SocketAddr, backend: SocketAddr, data: &st
   unfenced backend   http://{backend}      keys {bk} / {bs} (what the proxy protects)
   data               {data}
 
-Try it (in another terminal):
+Try it (in another terminal; the README walks through it):
 
   export FENCEGATE_LOCKSVC=http://{locksvc}
-  # 1. alice takes a 10-second lease on the lock that fences bucket "{DEV_BUCKET}"
-  A=$(fencegate lease acquire {DEV_BUCKET} --owner alice --ttl 10s --format token)
+  # 1. alice takes a 5-second lease on lock "{DEV_BUCKET}" (it fences bucket "{DEV_BUCKET}")
+  A=$(fencegate lease acquire {DEV_BUCKET} --owner alice --ttl 5s --format token)
   # 2. alice writes through the proxy with her token
   curl -sS -X PUT -H "Fencing-Token: $A" --data-binary 'from alice' http://{proxy}/{DEV_BUCKET}/hello.txt
   # 3. alice stalls past her lease; bob takes over and writes; alice's late write is refused (409)
-  sleep 11; B=$(fencegate lease acquire {DEV_BUCKET} --owner bob --ttl 60s --format token)
+  sleep 6; B=$(fencegate lease acquire {DEV_BUCKET} --owner bob --ttl 60s --format token)
   curl -sS -X PUT -H "Fencing-Token: $B" --data-binary 'from bob' http://{proxy}/{DEV_BUCKET}/hello.txt
   curl -sS -i -X PUT -H "Fencing-Token: $A" --data-binary 'late alice' http://{proxy}/{DEV_BUCKET}/hello.txt
 

@@ -1,0 +1,96 @@
+//! `fencegate dev` and the README walkthrough, run verbatim.
+
+mod support;
+
+use std::process::Command;
+use support::Service;
+
+/// The shell block between the walkthrough markers in README.md.
+fn walkthrough() -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let block = readme
+        .split("<!-- walkthrough:begin -->")
+        .nth(1)
+        .and_then(|r| r.split("<!-- walkthrough:end -->").next())
+        .expect("walkthrough markers");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("```"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
+    let data = tempfile::tempdir().expect("tempdir");
+    // The README's first command, on its documented default ports.
+    let mut cmd = support::fencegate();
+    cmd.args(["dev", "--data-dir"])
+        .arg(data.path().join("dev"))
+        .env("FENCEGATE_LOG", "warn")
+        .env_remove("FENCEGATE_LOCKSVC");
+    let dev = Service::start(cmd);
+    assert_eq!(
+        dev.url, "http://127.0.0.1:9000",
+        "the documented proxy address"
+    );
+
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_fencegate"))
+        .parent()
+        .expect("dir")
+        .to_owned();
+    let out = Command::new("bash")
+        .arg("-euo")
+        .arg("pipefail")
+        .arg("-c")
+        .arg(walkthrough())
+        // `$PWD/target/release` does not exist in the temp dir: the debug
+        // build on PATH answers as `fencegate`.
+        .current_dir(data.path())
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin_dir.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .env_remove("FENCEGATE_LOCKSVC")
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "walkthrough failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("HTTP/1.1 409 Conflict"), "{stdout}");
+    assert!(stdout.contains("fencing-max-token: 2"), "{stdout}");
+    assert!(
+        stdout.contains("<Code>FencingTokenStale</Code>"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.trim_end().ends_with("from bob"),
+        "the object is bob's: {stdout}"
+    );
+    drop(dev);
+}
+
+#[test]
+fn dev_refuses_two_services_on_one_port() {
+    let out = support::fencegate()
+        .args([
+            "dev",
+            "--check",
+            "--proxy-listen",
+            "127.0.0.1:9100",
+            "--backend-listen",
+            "127.0.0.1:9100",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("used for two services"));
+}
