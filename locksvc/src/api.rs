@@ -224,6 +224,75 @@ struct ReleaseRequest {
     token: u64,
 }
 
+/// The owner check of acquire: 1 to [`MAX_OWNER_LEN`] bytes, no control
+/// characters.
+fn owner_is_valid(owner: &str) -> bool {
+    !(owner.is_empty() || owner.len() > MAX_OWNER_LEN || owner.chars().any(char::is_control))
+}
+
+/// Which request body [`decode_request`] decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    Acquire,
+    Renew,
+    Release,
+}
+
+/// A request body as the handlers see it after decoding and the checks that
+/// do not depend on the configuration (TTL and wait bounds do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodedRequest {
+    Acquire {
+        owner: String,
+        ttl_ms: Option<u64>,
+        wait_ms: Option<u64>,
+    },
+    Renew {
+        token: u64,
+        ttl_ms: Option<u64>,
+    },
+    Release {
+        token: u64,
+    },
+}
+
+/// Decodes a request body exactly as the handlers do (same serde structs,
+/// same owner check), without HTTP: for fuzzing and property tests. The
+/// error is `"<code>: <message>"` with the code the API would answer.
+pub fn decode_request(kind: RequestKind, body: &[u8]) -> Result<DecodedRequest, String> {
+    fn json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+        serde_json::from_slice(body)
+            .map_err(|e| format!("InvalidRequest: request body is not valid: {e}"))
+    }
+    match kind {
+        RequestKind::Acquire => {
+            let AcquireRequest {
+                owner,
+                ttl_ms,
+                wait_ms,
+            } = json(body)?;
+            if !owner_is_valid(&owner) {
+                return Err(format!(
+                    "InvalidOwner: owner must be 1 to {MAX_OWNER_LEN} bytes without control characters"
+                ));
+            }
+            Ok(DecodedRequest::Acquire {
+                owner,
+                ttl_ms,
+                wait_ms,
+            })
+        }
+        RequestKind::Renew => {
+            let RenewRequest { token, ttl_ms } = json(body)?;
+            Ok(DecodedRequest::Renew { token, ttl_ms })
+        }
+        RequestKind::Release => {
+            let ReleaseRequest { token } = json(body)?;
+            Ok(DecodedRequest::Release { token })
+        }
+    }
+}
+
 /// What acquire and renew return.
 #[derive(Debug, Serialize, Deserialize, Clone, PartialEq, Eq)]
 pub struct LeaseResponse {
@@ -292,10 +361,7 @@ async fn acquire(
 ) -> Result<axum::Json<LeaseResponse>, ApiError> {
     let s = &state.inner;
     let lock = lock_name(path)?;
-    if req.owner.is_empty()
-        || req.owner.len() > MAX_OWNER_LEN
-        || req.owner.chars().any(char::is_control)
-    {
+    if !owner_is_valid(&req.owner) {
         return Err(ApiError::bad_request(
             "InvalidOwner",
             format!("owner must be 1 to {MAX_OWNER_LEN} bytes without control characters"),

@@ -12,7 +12,9 @@ use s3s::dto::StreamingBlob;
 use s3s::stream::{ByteStream, RemainingLength};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// The error a cut body ends with.
@@ -20,7 +22,8 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 #[error("upload cut: a newer fencing token was admitted in this scope")]
 pub struct Cut;
 
-/// A body that ends with [`Cut`] once `cancel` fires.
+/// A body that ends with [`Cut`] once `cancel` fires, and signals `sent`
+/// when its last byte has been handed to the backend connection.
 #[allow(
     missing_debug_implementations,
     reason = "holds a boxed future and a stream"
@@ -29,15 +32,24 @@ pub struct Cancellable {
     inner: StreamingBlob,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
     remaining: Option<usize>,
+    sent: Arc<Notify>,
 }
 
 impl Cancellable {
-    pub fn wrap(inner: StreamingBlob, cancel: CancellationToken) -> StreamingBlob {
+    /// Wraps `inner`; `sent` is notified at the end of the body (the
+    /// backend's answer timeout counts from there, not from the start of a
+    /// long upload).
+    pub fn wrap(
+        inner: StreamingBlob,
+        cancel: CancellationToken,
+        sent: Arc<Notify>,
+    ) -> StreamingBlob {
         let remaining = inner.remaining_length().exact();
         StreamingBlob::new(Cancellable {
             inner,
             cancelled: Box::pin(cancel.cancelled_owned()),
             remaining,
+            sent,
         })
     }
 }
@@ -52,10 +64,14 @@ impl Stream for Cancellable {
             return Poll::Ready(Some(Err(Box::new(Cut))));
         }
         let polled = Pin::new(&mut self.inner).poll_next(cx);
-        if let Poll::Ready(Some(Ok(chunk))) = &polled
-            && let Some(r) = self.remaining.as_mut()
-        {
-            *r = r.saturating_sub(chunk.len());
+        match &polled {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if let Some(r) = self.remaining.as_mut() {
+                    *r = r.saturating_sub(chunk.len());
+                }
+            }
+            Poll::Ready(None) => self.sent.notify_one(),
+            _ => {}
         }
         polled
     }

@@ -26,8 +26,10 @@ use fencegate_core::TokenKeys;
 use http::HeaderMap;
 use s3s::{S3Error, S3Result};
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// Shared state of the proxy.
 #[derive(Debug)]
@@ -40,6 +42,8 @@ pub struct Gate {
     pub tokens: TokenPolicy,
     pub metrics: Arc<Metrics>,
     pub accept_weak_backend: bool,
+    /// How long the backend has to answer once a request is fully sent.
+    pub backend_timeout: Duration,
     probes: Mutex<HashMap<String, ProbeReport>>,
     probing: tokio::sync::Mutex<()>,
 }
@@ -113,9 +117,36 @@ impl Gate {
             tokens: TokenPolicy::new(keys, config.unsigned_tokens_accepted()),
             metrics,
             accept_weak_backend: config.accept_weak_backend,
+            backend_timeout: Duration::from_secs(config.backend.timeout_secs),
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Awaits a backend call, giving the backend `backend_timeout` to answer
+    /// once the request is sent (for a streamed body: once `body_sent` is
+    /// notified). A backend that does not answer in time gets the client a
+    /// retryable 503; the request itself is dropped, and whatever the store
+    /// does with it later is still bound by its If-Match / If-None-Match.
+    pub async fn call<T>(
+        &self,
+        fut: impl Future<Output = S3Result<T>>,
+        body_sent: Option<Arc<Notify>>,
+    ) -> S3Result<T> {
+        let timeout = self.backend_timeout;
+        let deadline = async {
+            if let Some(sent) = body_sent {
+                sent.notified().await;
+            }
+            tokio::time::sleep(timeout).await;
+        };
+        tokio::select! {
+            r = fut => r,
+            () = deadline => Err(errors::retry(format!(
+                "the backend did not answer within {}s; retry",
+                timeout.as_secs_f64()
+            ))),
+        }
     }
 
     /// Probe reports so far, by bucket.
@@ -150,7 +181,13 @@ impl Gate {
         {
             return Ok(r.clone());
         }
-        let report = probe(&self.backend.client, bucket).await?;
+        // The probe makes about a dozen requests; give it that many timeouts.
+        let report = tokio::time::timeout(
+            self.backend_timeout * 12,
+            probe(&self.backend.client, bucket),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("the backend did not answer the probe in time"))??;
         if report.safe() {
             tracing::info!(probe = %report.summary(), "backend probe");
         } else {
@@ -283,7 +320,7 @@ impl Gate {
         let known = match guard.known() {
             Some(k) => k,
             None => {
-                let k = self.backend.head(bucket, key).await?;
+                let k = self.call(self.backend.head(bucket, key), None).await?;
                 guard.remember(k.clone());
                 k
             }
@@ -369,7 +406,7 @@ impl Gate {
         scope: &Scope,
         token: u64,
     ) -> S3Error {
-        match self.backend.head(bucket, key).await {
+        match self.call(self.backend.head(bucket, key), None).await {
             Ok(k) if k.token() > token => {
                 self.metrics.write(op, &scope.id, "stale");
                 errors::stale(token, k.token(), &format!(" on s3://{bucket}/{key}"))

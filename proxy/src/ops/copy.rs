@@ -74,7 +74,12 @@ pub async fn copy_object(
         if let Some(v) = src_version {
             head = head.version_id(v.as_ref());
         }
-        let src = head.send().await.map_err(crate::backend::sdk_error)?;
+        let src = gate
+            .call(
+                async { head.send().await.map_err(crate::backend::sdk_error) },
+                None,
+            )
+            .await?;
         b = b
             .set_content_type(src.content_type().map(str::to_owned))
             .set_cache_control(src.cache_control().map(str::to_owned))

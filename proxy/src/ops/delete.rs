@@ -29,7 +29,9 @@ pub async fn delete_object(
     // Deleting an absent key is a no-op the store answers 204 to; no
     // condition is needed (and If-None-Match is not defined for DELETE).
     req.input.if_match = if_match;
-    let result = gate.backend.forward.delete_object(req).await;
+    let result = gate
+        .call(gate.backend.forward.delete_object(req), None)
+        .await;
     gate.finish(w, result, |_| Some(Known::Absent)).await
 }
 

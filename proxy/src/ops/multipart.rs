@@ -30,9 +30,7 @@ pub async fn create(
     super::tag(&mut req.input.metadata, token);
     req.input.content_encoding = super::strip_aws_chunked(req.input.content_encoding.take());
     let resp = gate
-        .backend
-        .forward
-        .create_multipart_upload(req)
+        .call(gate.backend.forward.create_multipart_upload(req), None)
         .await
         .map_err(errors::from_backend)?;
     let upload_id = resp
@@ -97,12 +95,19 @@ pub async fn upload_part(
     let admission = gate
         .admit(OP, &binding.bucket, &scope, binding.token)
         .await?;
+    let sent = std::sync::Arc::new(tokio::sync::Notify::new());
     req.input.body = req
         .input
         .body
         .take()
-        .map(|b| Cancellable::wrap(b, admission.cancel.clone()));
-    let result = gate.backend.forward.upload_part(req).await;
+        .map(|b| Cancellable::wrap(b, admission.cancel.clone(), sent.clone()));
+    let streamed = req.input.body.is_some();
+    let result = gate
+        .call(
+            gate.backend.forward.upload_part(req),
+            streamed.then_some(sent),
+        )
+        .await;
     if admission.cancel.is_cancelled() {
         return Err(gate.cut(OP, &scope, binding.token));
     }
@@ -128,7 +133,9 @@ pub async fn upload_part_copy(
     let admission = gate
         .admit(OP, &binding.bucket, &scope, binding.token)
         .await?;
-    let result = gate.backend.forward.upload_part_copy(req).await;
+    let result = gate
+        .call(gate.backend.forward.upload_part_copy(req), None)
+        .await;
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
     gate.metrics.write(OP, &scope.id, "accepted");
@@ -156,7 +163,9 @@ pub async fn complete(
     let input = &mut req.input;
     (input.if_match, input.if_none_match) =
         super::conditions(&w.known, input.if_match.take(), input.if_none_match.take())?;
-    let result = gate.backend.forward.complete_multipart_upload(req).await;
+    let result = gate
+        .call(gate.backend.forward.complete_multipart_upload(req), None)
+        .await;
     let ok = result.is_ok();
     let out = gate
         .finish(w, result, |out| {
@@ -189,7 +198,9 @@ pub async fn abort(
     let admission = gate
         .admit(OP, &binding.bucket, &scope, binding.token)
         .await?;
-    let result = gate.backend.forward.abort_multipart_upload(req).await;
+    let result = gate
+        .call(gate.backend.forward.abort_multipart_upload(req), None)
+        .await;
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
     gate.forget_upload(&binding.upload_id).await;

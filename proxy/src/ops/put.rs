@@ -22,12 +22,17 @@ pub async fn put_object(
         super::conditions(&w.known, input.if_match.take(), input.if_none_match.take())?;
     super::tag(&mut input.metadata, token);
     input.content_encoding = super::strip_aws_chunked(input.content_encoding.take());
-    input.body = input
-        .body
-        .take()
-        .map(|b| Cancellable::wrap(b, w.admission.cancel.clone()));
+    let sent = std::sync::Arc::new(tokio::sync::Notify::new());
+    let body = input.body.take();
+    let streamed = body.is_some();
+    input.body = body.map(|b| Cancellable::wrap(b, w.admission.cancel.clone(), sent.clone()));
 
-    let result = gate.backend.forward.put_object(req).await;
+    let result = gate
+        .call(
+            gate.backend.forward.put_object(req),
+            streamed.then_some(sent),
+        )
+        .await;
     gate.finish(w, result, |out| {
         Some(Known::Present {
             etag: out.output.e_tag.as_ref()?.value().to_owned(),

@@ -1,0 +1,5 @@
+//! fencegate-bench: placeholder, replaced by the benchmark suite.
+
+fn main() {
+    println!("fencegate-bench");
+}
