@@ -68,6 +68,11 @@ impl Stream for Cancellable {
             Poll::Ready(Some(Ok(chunk))) => {
                 if let Some(r) = self.remaining.as_mut() {
                     *r = r.saturating_sub(chunk.len());
+                    // A client of a known length may stop polling after the
+                    // last byte without asking for the end of the stream.
+                    if *r == 0 {
+                        self.sent.notify_one();
+                    }
                 }
             }
             Poll::Ready(None) => self.sent.notify_one(),

@@ -145,12 +145,12 @@ pub fn storage(msg: impl Into<String>) -> S3Error {
 }
 
 /// Makes a backend error safe to return: a failure to reach the backend
-/// (no HTTP status) becomes 503 so clients retry; the backend's own answers
-/// pass through.
+/// and the backend's own 5xx become 503 so clients retry (the SDK adapter
+/// reports transport failures as 500 InternalError); 4xx pass through.
 pub fn from_backend(mut e: S3Error) -> S3Error {
     match e.status_code() {
-        Some(_) => e,
-        None => {
+        Some(s) if !s.is_server_error() => e,
+        _ => {
             let msg = format!(
                 "the backend S3 server failed or is unreachable ({}); retry",
                 e.message().unwrap_or(e.code().as_str())

@@ -1,0 +1,350 @@
+//! The S3 backend every benchmark writes to: `DevStore` (s3s-fs) on a temp
+//! dir, served in this process on its own runtime (so the client's tasks
+//! and the backend's do not share workers), behind a layer that counts
+//! HTTP requests and S3 operations.
+
+use fencegate_proxy::devstore::DevStore;
+use http::Request;
+use hyper::body::Incoming;
+use s3s::dto::*;
+use s3s::service::{S3Service, S3ServiceBuilder};
+use s3s::{S3, S3Request, S3Response, S3Result};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub const BACKEND_KEY: (&str, &str) = ("bench-backend-key", "bench-backend-secret-123");
+pub const CLIENT_KEY: (&str, &str) = ("bench-client-key", "bench-client-secret-123");
+pub const BUCKET: &str = "bench";
+
+/// Requests the backend served.
+#[derive(Debug, Default)]
+pub struct Counters {
+    http: AtomicU64,
+    ops: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    pub http: u64,
+    pub ops: BTreeMap<String, u64>,
+}
+
+impl Counts {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        let mut ops = BTreeMap::new();
+        for (k, v) in &self.ops {
+            let d = v - earlier.ops.get(k).copied().unwrap_or(0);
+            if d > 0 {
+                ops.insert(k.clone(), d);
+            }
+        }
+        Counts {
+            http: self.http - earlier.http,
+            ops,
+        }
+    }
+}
+
+impl Counters {
+    fn op(&self, name: &'static str) {
+        *self
+            .ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name)
+            .or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> Counts {
+        Counts {
+            http: self.http.load(Ordering::SeqCst),
+            ops: self
+                .ops
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+        }
+    }
+}
+
+/// DevStore with every served operation counted.
+#[derive(Debug)]
+struct Counting {
+    inner: DevStore,
+    counters: Arc<Counters>,
+}
+
+/// Counts, then delegates (in the shape `async_trait` gives trait methods).
+macro_rules! delegate {
+    ($($name:ident: $input:ty => $output:ty;)*) => {
+        $(
+            fn $name<'life0, 'async_trait>(
+                &'life0 self,
+                req: S3Request<$input>,
+            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = S3Result<S3Response<$output>>> + Send + 'async_trait>>
+            where
+                'life0: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin(async move {
+                    self.counters.op(stringify!($name));
+                    self.inner.$name(req).await
+                })
+            }
+        )*
+    };
+}
+
+#[async_trait::async_trait]
+impl S3 for Counting {
+    delegate! {
+        create_bucket: CreateBucketInput => CreateBucketOutput;
+        copy_object: CopyObjectInput => CopyObjectOutput;
+        delete_bucket: DeleteBucketInput => DeleteBucketOutput;
+        delete_object: DeleteObjectInput => DeleteObjectOutput;
+        delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
+        get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
+        head_bucket: HeadBucketInput => HeadBucketOutput;
+        list_buckets: ListBucketsInput => ListBucketsOutput;
+        list_objects: ListObjectsInput => ListObjectsOutput;
+        list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
+        put_object: PutObjectInput => PutObjectOutput;
+        create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
+        upload_part: UploadPartInput => UploadPartOutput;
+        upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
+        list_parts: ListPartsInput => ListPartsOutput;
+        complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
+        abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
+        head_object: HeadObjectInput => HeadObjectOutput;
+        get_object: GetObjectInput => GetObjectOutput;
+    }
+}
+
+/// Counts HTTP requests before s3s sees them (so requests s3s refuses
+/// before reaching an operation are counted too).
+#[derive(Debug, Clone)]
+struct CountHttp {
+    inner: S3Service,
+    counters: Arc<Counters>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for CountHttp {
+    type Response = <S3Service as hyper::service::Service<Request<Incoming>>>::Response;
+    type Error = <S3Service as hyper::service::Service<Request<Incoming>>>::Error;
+    type Future = <S3Service as hyper::service::Service<Request<Incoming>>>::Future;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        self.counters.http.fetch_add(1, Ordering::SeqCst);
+        hyper::service::Service::call(&self.inner, req)
+    }
+}
+
+/// The running backend; stopped when dropped.
+#[derive(Debug)]
+pub struct Backend {
+    pub endpoint: String,
+    pub counters: Arc<Counters>,
+    pub dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Backend {
+    /// Starts s3s-fs on a fresh directory under `tmp`, with `worker_threads`
+    /// runtime workers, and creates [`BUCKET`].
+    pub async fn start(tmp: &std::path::Path, worker_threads: usize) -> anyhow::Result<Backend> {
+        let dir = tempfile::Builder::new()
+            .prefix("backend-")
+            .tempdir_in(tmp)?;
+        let store = DevStore::new(dir.path())?;
+        let counters = Arc::new(Counters::default());
+        let mut builder = S3ServiceBuilder::new(Counting {
+            inner: store,
+            counters: counters.clone(),
+        });
+        builder.set_auth(s3s::auth::SimpleAuth::from_single(
+            BACKEND_KEY.0,
+            BACKEND_KEY.1,
+        ));
+        let service = CountHttp {
+            inner: builder.build(),
+            counters: counters.clone(),
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads.max(1))
+            .thread_name("backend")
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name("backend-rt".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            eprintln!("backend: cannot listen: {e}");
+                            return;
+                        }
+                    };
+                    let serve = fencegate_proxy::server::serve_service(
+                        listener,
+                        service,
+                        std::future::pending(),
+                    );
+                    tokio::select! {
+                        r = serve => if let Err(e) = r { eprintln!("backend stopped: {e:#}") },
+                        _ = stop_rx => {}
+                    }
+                });
+                // Connections kept alive by clients would make a graceful
+                // drain wait; the benchmark is over, drop them.
+                rt.shutdown_timeout(std::time::Duration::from_millis(200));
+            })?;
+        let backend = Backend {
+            endpoint,
+            counters,
+            dir,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        };
+        backend
+            .direct()
+            .create_bucket()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("create bucket {BUCKET}: {e:?}"))?;
+        Ok(backend)
+    }
+
+    /// A client straight to the backend.
+    pub fn direct(&self) -> aws_sdk_s3::Client {
+        sdk_client(&self.endpoint, BACKEND_KEY)
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The one S3 client configuration every benchmark uses, direct or through
+/// the proxy: path style, no retries (every answer is seen), checksums only
+/// when required (no aws-chunked trailers, so the same bytes go to both).
+pub fn sdk_client(endpoint: &str, key: (&str, &str)) -> aws_sdk_s3::Client {
+    use aws_sdk_s3::config::{
+        BehaviorVersion, Credentials, Region, RequestChecksumCalculation,
+        ResponseChecksumValidation, StalledStreamProtectionConfig,
+    };
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(key.0, key.1, None, None, "bench"))
+        .force_path_style(true)
+        .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+        .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// The proxy configuration: no `[[scopes]]` (bucket `bench` is fenced by
+/// lock `bench`), signed tokens, the probe on [`BUCKET`].
+pub fn proxy_toml(backend_endpoint: &str, db: &std::path::Path) -> String {
+    format!(
+        r#"
+db = "{db}"
+signing_keys = ["{key}"]
+probe_bucket = "{BUCKET}"
+
+[backend]
+endpoint = "{backend_endpoint}"
+access_key = "{bk}"
+secret_key = "{bs}"
+
+[[clients]]
+access_key = "{ck}"
+secret_key = "{cs}"
+"#,
+        db = db.display(),
+        key = crate::util::SIGNING_KEY,
+        bk = BACKEND_KEY.0,
+        bs = BACKEND_KEY.1,
+        ck = CLIENT_KEY.0,
+        cs = CLIENT_KEY.1,
+    )
+}
+
+/// A fresh `fencegate proxy` process (the release binary) in front of
+/// `backend`, with its database and log in a new directory under `tmp`.
+#[derive(Debug)]
+pub struct ProxyProc {
+    pub proc: crate::util::Proc,
+    pub dir: tempfile::TempDir,
+}
+
+impl ProxyProc {
+    pub async fn start(
+        fencegate: &std::path::Path,
+        backend: &Backend,
+        tmp: &std::path::Path,
+    ) -> anyhow::Result<ProxyProc> {
+        let dir = tempfile::Builder::new().prefix("proxy-").tempdir_in(tmp)?;
+        let config = dir.path().join("proxy.toml");
+        std::fs::write(
+            &config,
+            proxy_toml(&backend.endpoint, &dir.path().join("proxy.db")),
+        )?;
+        let mut cmd = std::process::Command::new(fencegate);
+        cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .env("FENCEGATE_LOG", "warn");
+        let log = dir.path().join("proxy.log");
+        let proc =
+            tokio::task::spawn_blocking(move || crate::util::Proc::start_fencegate(cmd, log))
+                .await??;
+        Ok(ProxyProc { proc, dir })
+    }
+
+    pub fn client(&self) -> aws_sdk_s3::Client {
+        sdk_client(&self.proc.url, CLIENT_KEY)
+    }
+}
+
+/// `Fencing-Token` for lock [`BUCKET`], signed as the lease service would.
+pub fn token(n: u64) -> anyhow::Result<http::HeaderValue> {
+    let keys = fencegate_core::TokenKeys::new(vec![crate::util::SIGNING_KEY.as_bytes().to_vec()])
+        .ok_or_else(|| anyhow::anyhow!("invalid signing key"))?;
+    let lock = fencegate_core::LockName::new(BUCKET)?;
+    Ok(http::HeaderValue::from_str(
+        &keys.sign(&lock, n).to_string(),
+    )?)
+}
+
+/// Sends a prepared request with the `Fencing-Token` header added.
+#[macro_export]
+macro_rules! fenced {
+    ($builder:expr, $token:expr) => {{
+        let value: http::HeaderValue = $token.clone();
+        $builder.customize().mutate_request(move |req| {
+            req.headers_mut().insert("fencing-token", value.clone());
+        })
+    }};
+}

@@ -1,0 +1,244 @@
+//! `large`: single PUTs of 256 MiB and 1 GiB, generated while they are
+//! sent (a 1 MiB pattern repeated; never the whole object in memory),
+//! direct vs through a fresh proxy process whose RSS is read from /proc.
+
+use crate::backend::{BUCKET, Backend, ProxyProc, token};
+use crate::fenced;
+use crate::util::{Memory, median, ratio};
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use serde::Serialize;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+pub const MIB: u64 = 1024 * 1024;
+
+/// A request body of `remaining` bytes made of a repeated pattern.
+#[derive(Debug)]
+struct Generated {
+    pattern: Bytes,
+    remaining: u64,
+}
+
+impl Body for Generated {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.remaining.min(self.pattern.len() as u64);
+        self.remaining -= n;
+        // A refcounted slice of the pattern: no copy, no allocation.
+        let chunk = self.pattern.slice(..n as usize);
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LargeOpts {
+    /// (size in bytes, repetitions per variant)
+    pub sizes: Vec<(u64, usize)>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LargeSize {
+    pub bytes: u64,
+    pub direct_mb_per_sec: Vec<f64>,
+    pub proxy_mb_per_sec: Vec<f64>,
+    pub direct_median_mb_per_sec: f64,
+    pub proxy_median_mb_per_sec: f64,
+    pub ratio: f64,
+    /// Highest proxy VmRSS sampled every 10 ms during this size's proxy
+    /// uploads, and VmHWM right after them.
+    pub proxy_rss_sampled_peak_kib: u64,
+    pub proxy_hwm_after_kib: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LargeReport {
+    /// MB = 10^6 bytes.
+    pub unit: &'static str,
+    pub proxy_memory_at_start: Memory,
+    pub proxy_memory_at_end: Memory,
+    pub sizes: Vec<LargeSize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Direct,
+    Proxy,
+}
+
+async fn upload(
+    client: &aws_sdk_s3::Client,
+    key: &str,
+    bytes: u64,
+    pattern: &Bytes,
+    tok: &http::HeaderValue,
+) -> anyhow::Result<Duration> {
+    let body = ByteStream::from_body_1_x(Generated {
+        pattern: pattern.clone(),
+        remaining: bytes,
+    });
+    let started = Instant::now();
+    fenced!(
+        client
+            .put_object()
+            .bucket(BUCKET)
+            .key(key)
+            .content_length(i64::try_from(bytes)?)
+            .body(body),
+        tok
+    )
+    .send()
+    .await
+    .map_err(|e| anyhow::anyhow!("PUT {key}: {:?}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+    Ok(started.elapsed())
+}
+
+/// Samples `pid`'s VmRSS every 10 ms until told to stop; returns the peak.
+fn sampler(pid: u32, stop: Arc<AtomicBool>, peak: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(m) = crate::util::memory_of(pid) {
+                peak.fetch_max(m.rss_kib, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+}
+
+pub async fn run(
+    fencegate: &Path,
+    tmp: &Path,
+    backend_threads: usize,
+    opts: &LargeOpts,
+) -> anyhow::Result<LargeReport> {
+    let backend = Backend::start(tmp, backend_threads).await?;
+    // A fresh proxy: VmHWM cannot be reset, so it must not have served
+    // anything before.
+    let proxy = ProxyProc::start(fencegate, &backend, tmp).await?;
+    let pid = proxy.proc.pid();
+    let direct = backend.direct();
+    let through = proxy.client();
+    let tok = token(1)?;
+    let mut pattern = vec![0u8; MIB as usize];
+    crate::util::Rng::new(7).fill(&mut pattern);
+    let pattern = Bytes::from(pattern);
+    let at_start = proxy.proc.memory()?;
+
+    let mut sizes = Vec::new();
+    for &(bytes, reps) in &opts.sizes {
+        eprintln!("large: {} MiB x {reps} per variant", bytes / MIB);
+        let (mut d, mut p) = (Vec::new(), Vec::new());
+        let peak = Arc::new(AtomicU64::new(0));
+        for r in 0..reps {
+            let order = if r % 2 == 0 {
+                [Variant::Direct, Variant::Proxy]
+            } else {
+                [Variant::Proxy, Variant::Direct]
+            };
+            for v in order {
+                let key = format!("large/{v:?}/{bytes}/r{r}");
+                let (client, out) = match v {
+                    Variant::Direct => (&direct, &mut d),
+                    Variant::Proxy => (&through, &mut p),
+                };
+                let stop = Arc::new(AtomicBool::new(false));
+                let sampling =
+                    (v == Variant::Proxy).then(|| sampler(pid, stop.clone(), peak.clone()));
+                let took = upload(client, &key, bytes, &pattern, &tok).await;
+                stop.store(true, Ordering::Relaxed);
+                if let Some(s) = sampling {
+                    let _ = s.join();
+                }
+                let took = took?;
+                // It landed, whole.
+                let head = direct
+                    .head_object()
+                    .bucket(BUCKET)
+                    .key(&key)
+                    .send()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("HEAD {key}: {e:?}"))?;
+                anyhow::ensure!(
+                    head.content_length() == Some(i64::try_from(bytes)?),
+                    "{key} has {:?} bytes, expected {bytes}",
+                    head.content_length()
+                );
+                out.push(bytes as f64 / took.as_secs_f64() / 1e6);
+                // Free the disk (directly: the proxy must not see this key
+                // again, and each repetition uses a new key).
+                direct
+                    .delete_object()
+                    .bucket(BUCKET)
+                    .key(&key)
+                    .send()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("DELETE {key}: {e:?}"))?;
+            }
+        }
+        let after = proxy.proc.memory()?;
+        let (dm, pm) = (median(&d), median(&p));
+        sizes.push(LargeSize {
+            bytes,
+            direct_mb_per_sec: d,
+            proxy_mb_per_sec: p,
+            direct_median_mb_per_sec: dm,
+            proxy_median_mb_per_sec: pm,
+            ratio: ratio(pm, dm),
+            proxy_rss_sampled_peak_kib: peak.load(Ordering::Relaxed),
+            proxy_hwm_after_kib: after.hwm_kib,
+        });
+    }
+    Ok(LargeReport {
+        unit: "MB/s, MB = 10^6 bytes",
+        proxy_memory_at_start: at_start,
+        proxy_memory_at_end: proxy.proc.memory()?,
+        sizes,
+    })
+}
+
+pub fn print(r: &LargeReport) {
+    println!("\n== large: one streamed PUT per repetition (MB = 10^6 B) ==");
+    println!(
+        "proxy memory at start: VmRSS {} KiB, VmHWM {} KiB; at end: VmRSS {} KiB, VmHWM {} KiB",
+        r.proxy_memory_at_start.rss_kib,
+        r.proxy_memory_at_start.hwm_kib,
+        r.proxy_memory_at_end.rss_kib,
+        r.proxy_memory_at_end.hwm_kib
+    );
+    println!(
+        "{:>9} | {:>12} | {:>12} | {:>7} | {:>16} | {:>14}",
+        "size", "direct MB/s", "proxy MB/s", "ratio", "proxy RSS peak", "VmHWM after"
+    );
+    for s in &r.sizes {
+        println!(
+            "{:>5} MiB | {:>12.1} | {:>12.1} | {:>7.3} | {:>12} KiB | {:>10} KiB",
+            s.bytes / MIB,
+            s.direct_median_mb_per_sec,
+            s.proxy_median_mb_per_sec,
+            s.ratio,
+            s.proxy_rss_sampled_peak_kib,
+            s.proxy_hwm_after_kib
+        );
+    }
+}

@@ -1,0 +1,734 @@
+//! Fault evidence: real processes, real pauses, real crashes, a backend that
+//! goes away or slows down, and a checker over recorded histories.
+//!
+//! - `FENCEGATE_HISTORY_SEED=<n>` replays a history run (the seed is printed);
+//! - `FENCEGATE_CRASH_CYCLES=<n>` sets the kill -9 cycles (3 here; the soak
+//!   command `scripts/soak.sh` runs 20).
+
+mod support;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::s3::*;
+
+const BUCKET: &str = "bkt";
+
+/// A backend, a lease service and a proxy fencing `bkt` with lock `bkt`.
+struct System {
+    backend: Backend,
+    proxy: Proxy,
+    locksvc: support::Service,
+    dir: tempfile::TempDir,
+}
+
+async fn system() -> System {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proxy = Proxy::start(&proxy_toml(&backend, dir.path(), BUCKET, ""), dir.path()).await;
+    let locksvc = start_locksvc(dir.path()).await;
+    System {
+        backend,
+        proxy,
+        locksvc,
+        dir,
+    }
+}
+
+async fn start_locksvc(dir: &std::path::Path) -> support::Service {
+    let p = dir.to_owned();
+    tokio::task::spawn_blocking(move || support::start_locksvc(&p))
+        .await
+        .expect("locksvc")
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// A lease from the real lease service, or None if refused/unreachable.
+async fn acquire(
+    http: &reqwest::Client,
+    locksvc: &str,
+    owner: &str,
+    ttl_ms: u64,
+    wait_ms: u64,
+) -> Option<Value> {
+    let resp = http
+        .post(format!("{locksvc}/v1/locks/{BUCKET}/acquire"))
+        .json(&json!({"owner": owner, "ttl_ms": ttl_ms, "wait_ms": wait_ms}))
+        .send()
+        .await
+        .ok()?;
+    if resp.status() != 200 {
+        return None;
+    }
+    resp.json().await.ok()
+}
+
+/// PUT through the proxy, anonymous, with the token header; the status.
+async fn put(
+    http: &reqwest::Client,
+    proxy: &str,
+    key: &str,
+    token: &str,
+    body: &str,
+) -> Option<u16> {
+    http.put(format!("{proxy}/{BUCKET}/{key}"))
+        .header("fencing-token", token)
+        .body(body.to_owned())
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status().as_u16())
+}
+
+/// One recorded write.
+#[derive(Debug, Clone)]
+struct Op {
+    client: usize,
+    key: String,
+    token: u64,
+    payload: String,
+    sent: Duration,
+    done: Duration,
+    status: Option<u16>,
+}
+
+/// Checks a history: a lower-token write sent after a higher-token write
+/// was acknowledged is never acknowledged; and the store ends with, per key,
+/// an acknowledged write carrying the key's highest acknowledged token.
+async fn check_history(ops: &[Op], backend: &Backend, keys: &[String]) -> Result<(), String> {
+    let acked: Vec<&Op> = ops.iter().filter(|o| o.status == Some(200)).collect();
+    for hi in &acked {
+        for lo in &acked {
+            if lo.token < hi.token && hi.done < lo.sent {
+                return Err(format!(
+                    "stale write acknowledged: {lo:?} was sent after {hi:?} (a higher token) was acknowledged"
+                ));
+            }
+        }
+    }
+    for key in keys {
+        let mine: Vec<&&Op> = acked.iter().filter(|o| &o.key == key).collect();
+        let Some(max) = mine.iter().map(|o| o.token).max() else {
+            continue;
+        };
+        let (body, token) = stored(backend, BUCKET, key)
+            .await
+            .ok_or_else(|| format!("{key}: acknowledged writes, but the object is gone"))?;
+        if token != Some(max) {
+            return Err(format!(
+                "{key}: stored token {token:?}, highest acknowledged {max}"
+            ));
+        }
+        let body = String::from_utf8_lossy(&body).to_string();
+        if !mine.iter().any(|o| o.token == max && o.payload == body) {
+            return Err(format!(
+                "{key}: stored {body:?} is not an acknowledged write with token {max}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Where the history's clients send their writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// Through the fencing proxy.
+    Proxy,
+    /// Straight to the store, tagging objects with the token themselves:
+    /// what a system without the fence does.
+    Unfenced,
+}
+
+/// Runs the seeded multi-client history against `target` and returns it.
+async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[String]) -> Vec<Op> {
+    let ops: Arc<Mutex<Vec<Op>>> = Arc::default();
+    let observed: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
+    let start = Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+
+    let monitor = {
+        let (s, keys, observed, done) = (s.clone(), keys.to_vec(), observed.clone(), done.clone());
+        tokio::spawn(async move {
+            while !done.load(Ordering::Acquire) {
+                for k in &keys {
+                    if let Some(t) = stored_token(&s.backend, BUCKET, k).await {
+                        observed
+                            .lock()
+                            .expect("lock")
+                            .entry(k.clone())
+                            .or_default()
+                            .push(t);
+                    }
+                }
+            }
+        })
+    };
+    let clients: Vec<_> = (0..4usize)
+        .map(|c| {
+            let (s, keys, ops) = (s.clone(), keys.to_vec(), ops.clone());
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(seed ^ (c as u64 * 0x9e37_79b9));
+                let http = http();
+                let direct = s.backend.direct();
+                let mut lease: Option<Value> = None;
+                for step in 0..40 {
+                    let Some(l) = &lease else {
+                        let ttl = rng.gen_range(1000..1500);
+                        lease = acquire(&http, &s.locksvc.url, &format!("c{c}"), ttl, 3000).await;
+                        continue;
+                    };
+                    let token = l["token"].as_u64().expect("token");
+                    let signed = l["fencing_token"].as_str().expect("signed").to_owned();
+                    match rng.gen_range(0..100) {
+                        0..=69 => {
+                            let key = keys[rng.gen_range(0..keys.len())].clone();
+                            let payload = format!("c{c}-s{step}-t{token}");
+                            let sent = start.elapsed();
+                            let status = match target {
+                                Target::Proxy => {
+                                    put(&http, &s.proxy.url, &key, &signed, &payload).await
+                                }
+                                Target::Unfenced => direct
+                                    .put_object()
+                                    .bucket(BUCKET)
+                                    .key(&key)
+                                    .metadata("fencing-token", token.to_string())
+                                    .body(aws_sdk_s3::primitives::ByteStream::from(
+                                        payload.clone().into_bytes(),
+                                    ))
+                                    .send()
+                                    .await
+                                    .ok()
+                                    .map(|_| 200),
+                            };
+                            let done = start.elapsed();
+                            ops.lock().expect("lock").push(Op {
+                                client: c,
+                                key,
+                                token,
+                                payload,
+                                sent,
+                                done,
+                                status,
+                            });
+                        }
+                        // A pause past the lease: the client keeps its token
+                        // and writes on as if nothing happened.
+                        70..=84 => {
+                            tokio::time::sleep(Duration::from_millis(rng.gen_range(900..2200)))
+                                .await
+                        }
+                        85..=94 => {
+                            let _ = http
+                                .post(format!("{}/v1/locks/{BUCKET}/release", s.locksvc.url))
+                                .json(&json!({"token": token}))
+                                .send()
+                                .await;
+                            lease = None;
+                        }
+                        _ => {
+                            let _ = http
+                                .post(format!("{}/v1/locks/{BUCKET}/renew", s.locksvc.url))
+                                .json(&json!({"token": token, "ttl_ms": 1000}))
+                                .send()
+                                .await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.expect("client");
+    }
+    done.store(true, Ordering::Release);
+    monitor.await.expect("monitor");
+    if target == Target::Proxy {
+        for (k, seen) in observed.lock().expect("lock").iter() {
+            assert!(
+                seen.windows(2).all(|w| w[0] <= w[1]),
+                "seed {seed}: stored token of {k} went down: {seen:?}"
+            );
+        }
+    }
+    ops.lock().expect("lock").clone()
+}
+
+fn history_seed() -> u64 {
+    let seed = std::env::var("FENCEGATE_HISTORY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261202);
+    println!("history seed {seed} (replay: FENCEGATE_HISTORY_SEED={seed})");
+    seed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_random_multi_client_history_checks_out() {
+    let seed = history_seed();
+    let s = Arc::new(system().await);
+    let keys: Vec<String> = (0..5).map(|i| format!("h/k{i}")).collect();
+    let ops = record_history(&s, seed, Target::Proxy, &keys).await;
+
+    let acks = ops.iter().filter(|o| o.status == Some(200)).count();
+    let stale = ops.iter().filter(|o| o.status == Some(409)).count();
+    println!(
+        "{} writes: {acks} acknowledged, {stale} refused as stale",
+        ops.len()
+    );
+    assert!(
+        acks > 10,
+        "too few acknowledged writes ({acks}) for the history to mean anything"
+    );
+    assert!(
+        stale > 0,
+        "no stale write happened: the schedule did not exercise the fence"
+    );
+    if let Some(bad) = ops
+        .iter()
+        .find(|o| !matches!(o.status, Some(200 | 409 | 503)))
+    {
+        panic!(
+            "seed {seed}: unexpected answer {bad:?} (client {})",
+            bad.client
+        );
+    }
+    if let Err(e) = check_history(&ops, &s.backend, &keys).await {
+        panic!("seed {seed}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_history_checker_catches_an_unfenced_store() {
+    // The same clients and schedule, writing straight to the store: the
+    // checker must find the stale writes the fence would have refused.
+    let seed = history_seed();
+    let s = Arc::new(system().await);
+    let keys: Vec<String> = (0..5).map(|i| format!("u/k{i}")).collect();
+    let ops = record_history(&s, seed, Target::Unfenced, &keys).await;
+    let verdict = check_history(&ops, &s.backend, &keys).await;
+    assert!(
+        verdict.is_err(),
+        "an unfenced store passed the checker: the checker cannot see the hazard"
+    );
+    println!("unfenced store: {}", verdict.expect_err("checked"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let s = system().await;
+    let http = http();
+    let a = acquire(&http, &s.locksvc.url, "A", 1500, 0)
+        .await
+        .expect("A's lease");
+    let file = s.dir.path().join("upload.bin");
+    std::fs::write(&file, vec![b'A'; 3 * 1024 * 1024]).expect("file");
+
+    // A real writer process: curl, rate-limited so it is mid-upload when stopped.
+    let curl = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--limit-rate",
+            "300k",
+            "-X",
+            "PUT",
+            "-T",
+        ])
+        .arg(&file)
+        .args([
+            "-H",
+            &format!(
+                "Fencing-Token: {}",
+                a["fencing_token"].as_str().expect("token")
+            ),
+        ])
+        .arg(format!("{}/{BUCKET}/paused.bin", s.proxy.url))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl");
+    let pid = Pid::from_raw(i32::try_from(curl.id()).expect("pid"));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+
+    // A's lease runs out while it is stopped; B takes over and writes.
+    let expires = a["expires_at_ms"].as_u64().expect("expiry");
+    tokio::time::sleep(Duration::from_millis(
+        expires.saturating_sub(support::unix_ms()) + 100,
+    ))
+    .await;
+    let b = acquire(&http, &s.locksvc.url, "B", 30_000, 0)
+        .await
+        .expect("B's lease");
+    let started = Instant::now();
+    let status = put(
+        &http,
+        &s.proxy.url,
+        "paused.bin",
+        b["fencing_token"].as_str().expect("token"),
+        "from B",
+    )
+    .await;
+    assert_eq!(status, Some(200), "B is admitted");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "B was not held up by the stopped upload"
+    );
+
+    kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    let out = tokio::task::spawn_blocking(move || curl.wait_with_output().expect("curl exits"))
+        .await
+        .expect("joined");
+    let code = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        !(out.status.success() && code == "200"),
+        "the stale upload must not succeed (curl {:?}, HTTP {code})",
+        out.status
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        stored(&s.backend, BUCKET, "paused.bin").await,
+        Some((b"from B".to_vec(), b["token"].as_u64())),
+        "the object is B's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
+    let cycles: usize = std::env::var("FENCEGATE_CRASH_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let mut s = system().await;
+    let keys: Vec<String> = (0..4).map(|i| format!("crash/k{i}")).collect();
+    let mut acked: Vec<(String, u64, String)> = Vec::new();
+    let mut max_token_returned = 0u64;
+    for cycle in 0..cycles {
+        let results: Arc<Mutex<Vec<(String, u64, String)>>> = Arc::default();
+        let returned = Arc::new(AtomicU64::new(0));
+        let writers: Vec<_> = (0..3usize)
+            .map(|w| {
+                let (locksvc, proxy, keys) =
+                    (s.locksvc.url.clone(), s.proxy.url.clone(), keys.clone());
+                let (results, returned) = (results.clone(), returned.clone());
+                tokio::spawn(async move {
+                    let http = http();
+                    for i in 0.. {
+                        // Each round a fresh holder: a new, higher token.
+                        let Some(l) =
+                            acquire(&http, &locksvc, &format!("w{w}-{cycle}-{i}"), 1000, 0).await
+                        else {
+                            // Held by another writer, or the service is down.
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            if i > 400 {
+                                return;
+                            }
+                            continue;
+                        };
+                        let token = l["token"].as_u64().expect("token");
+                        returned.fetch_max(token, Ordering::AcqRel);
+                        let signed = l["fencing_token"].as_str().expect("signed");
+                        for (j, key) in keys.iter().enumerate() {
+                            let payload = format!("w{w}-c{cycle}-i{i}-{j}-t{token}");
+                            match put(&http, &proxy, key, signed, &payload).await {
+                                Some(200) => results.lock().expect("lock").push((
+                                    key.clone(),
+                                    token,
+                                    payload,
+                                )),
+                                Some(409 | 503) => {}
+                                Some(other) => panic!("unexpected status {other}"),
+                                None => return, // the proxy is gone
+                            }
+                        }
+                        let _ = http
+                            .post(format!("{locksvc}/v1/locks/{BUCKET}/release"))
+                            .json(&json!({"token": token}))
+                            .send()
+                            .await;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        if let Some(p) = s.proxy.service.as_mut() {
+            p.kill9();
+        }
+        s.locksvc.kill9();
+        for w in writers {
+            w.await.expect("writer");
+        }
+        acked.extend(results.lock().expect("lock").iter().cloned());
+        max_token_returned = max_token_returned.max(returned.load(Ordering::Acquire));
+
+        s.locksvc = start_locksvc(s.dir.path()).await;
+        s.proxy.restart().await;
+        // Another lock: the writers' leases may still be live after the
+        // crash (they keep their remaining time). Tokens are global.
+        let next: Value = http()
+            .post(format!("{}/v1/locks/probe-{cycle}/acquire", s.locksvc.url))
+            .json(&json!({"owner": "probe", "ttl_ms": 1000}))
+            .send()
+            .await
+            .expect("locksvc is back")
+            .json()
+            .await
+            .expect("json");
+        let next_token = next["token"].as_u64().expect("token after restart");
+        assert!(
+            next_token > max_token_returned,
+            "cycle {cycle}: token {next_token} after restart is not above {max_token_returned}"
+        );
+        let acked_max = acked.iter().map(|(_, t, _)| *t).max().unwrap_or(0);
+        assert!(
+            s.proxy.max_token(BUCKET).await >= acked_max,
+            "cycle {cycle}: the proxy's max went below an acknowledged token {acked_max}"
+        );
+        max_token_returned = max_token_returned.max(next_token);
+    }
+    assert!(
+        acked.len() > cycles,
+        "the load did not get through: {} writes",
+        acked.len()
+    );
+    for key in &keys {
+        let mine: Vec<_> = acked.iter().filter(|(k, _, _)| k == key).collect();
+        let Some(max) = mine.iter().map(|(_, t, _)| *t).max() else {
+            continue;
+        };
+        let (body, token) = stored(&s.backend, BUCKET, key)
+            .await
+            .expect("acknowledged key exists");
+        assert_eq!(token, Some(max), "{key}: an acknowledged write was lost");
+        let body = String::from_utf8_lossy(&body).to_string();
+        assert!(
+            mine.iter().any(|(_, t, p)| *t == max && *p == body),
+            "{key}: {body:?} was never acknowledged"
+        );
+    }
+}
+
+/// A TCP relay that can hold back the backend's answers.
+async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            let target = target.clone();
+            let delay_ms = delay_ms.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    let _ = sw.shutdown().await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let d = delay_ms.load(Ordering::Acquire);
+                    if d > 0 {
+                        tokio::time::sleep(Duration::from_millis(d)).await;
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                up.abort();
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let delay = Arc::new(AtomicU64::new(0));
+    let relay = delaying_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        delay.clone(),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!("endpoint = \"{relay}\"\ntimeout_secs = 1"),
+    );
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let http = http();
+    let t = signed(BUCKET, 1);
+    assert_eq!(
+        put(&http, &proxy.url, "slow", &t, "before").await,
+        Some(200)
+    );
+
+    delay.store(3000, Ordering::Release);
+    for key in ["slow", "slow-new"] {
+        let started = Instant::now();
+        let status = put(&http, &proxy.url, key, &t, "during").await;
+        assert_eq!(
+            status,
+            Some(503),
+            "{key}: a retryable error while the backend is slow"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(2900),
+            "{key}: answered by the proxy's timeout, not the backend"
+        );
+    }
+
+    delay.store(0, Ordering::Release);
+    tokio::time::sleep(Duration::from_secs(4)).await; // let the held-back answers drain
+    assert_eq!(
+        put(&http, &proxy.url, "slow", &t, "after").await,
+        Some(200),
+        "the proxy recovered without a restart"
+    );
+    assert_eq!(
+        put(&http, &proxy.url, "slow", &signed(BUCKET, 2), "newer").await,
+        Some(200)
+    );
+    assert_eq!(put(&http, &proxy.url, "slow", &t, "stale").await, Some(409));
+    assert_eq!(
+        stored(&backend, BUCKET, "slow").await,
+        Some((b"newer".to_vec(), Some(2)))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_restart_gives_retryable_errors_and_the_proxy_recovers() {
+    use fencegate_dev_keys::*;
+    // The backend is the s3s-fs of a `fencegate dev` process: it can be
+    // killed and restarted on the same port and data directory.
+    let data = tempfile::tempdir().expect("tempdir");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let data_path = data.path().to_owned();
+    let start_backend = move || {
+        let mut cmd = support::fencegate();
+        cmd.args([
+            "dev",
+            "--locksvc-listen",
+            "127.0.0.1:0",
+            "--proxy-listen",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--backend-listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data_path)
+        .env("FENCEGATE_LOG", "warn");
+        support::Service::start(cmd)
+    };
+    let mut dev = tokio::task::spawn_blocking(start_backend.clone())
+        .await
+        .expect("dev");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = format!(
+        r#"
+db = "{db}"
+allow_anonymous = true
+signing_keys = ["{key}"]
+probe_bucket = "backups"
+
+[backend]
+endpoint = "http://127.0.0.1:{port}"
+access_key = "{BACKEND_AK}"
+secret_key = "{BACKEND_SK}"
+timeout_secs = 2
+"#,
+        db = dir.path().join("proxy.db").display(),
+        key = support::SIGNING_KEY,
+    );
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let http = http();
+    let url = |k: &str| format!("{}/backups/{k}", proxy.url);
+    let t = signed("backups", 1);
+    let put_b = |key: &'static str, token: String, body: &'static str| {
+        let http = http.clone();
+        let u = url(key);
+        async move {
+            http.put(u)
+                .header("fencing-token", token)
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .ok()
+        }
+    };
+    assert_eq!(put_b("r", t.clone(), "before").await, Some(200));
+
+    dev.kill9();
+    let status = put_b("r", t.clone(), "while down").await;
+    assert_eq!(
+        status,
+        Some(503),
+        "a retryable error while the backend is down"
+    );
+
+    let _dev = tokio::task::spawn_blocking(start_backend)
+        .await
+        .expect("dev again");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match put_b("r", t.clone(), "after").await {
+            Some(200) => break,
+            Some(503) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            other => panic!("the proxy did not recover: {other:?}"),
+        }
+    }
+    assert_eq!(put_b("r", signed("backups", 2), "newer").await, Some(200));
+    assert_eq!(put_b("r", t, "stale").await, Some(409));
+    let got = http
+        .get(url("r"))
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("body");
+    assert_eq!(got, "newer");
+}
+
+/// The dev backend's keys (see src/dev.rs).
+mod fencegate_dev_keys {
+    pub const BACKEND_AK: &str = "fencegate-backend";
+    pub const BACKEND_SK: &str = "fencegate-backend-secret";
+}
