@@ -88,7 +88,9 @@ impl LockClient {
                 json!({"owner": owner, "ttl_ms": ttl_ms}),
             )
             .await?;
-        v["token"].as_u64().with_context(|| format!("no token in {v}"))
+        v["token"]
+            .as_u64()
+            .with_context(|| format!("no token in {v}"))
     }
 
     pub async fn release(&self, lock: &str, token: u64) -> anyhow::Result<()> {
@@ -270,7 +272,9 @@ impl EtcdClient {
     /// A lease with `ttl_s`; returns its ID (a decimal string, as the
     /// gateway encodes int64).
     pub async fn grant(&self, ttl_s: u64) -> anyhow::Result<String> {
-        let v = self.post("/v3/lease/grant", json!({ "TTL": ttl_s })).await?;
+        let v = self
+            .post("/v3/lease/grant", json!({ "TTL": ttl_s }))
+            .await?;
         v["ID"]
             .as_str()
             .map(str::to_owned)
@@ -558,11 +562,7 @@ pub fn print(r: &LeaseReport) {
     );
     for l in &r.levels {
         let (eo, e50, e99) = l.etcd.as_ref().map_or((f64::NAN, f64::NAN, f64::NAN), |e| {
-            (
-                e.median_ops_per_sec,
-                e.latency.p50_ms,
-                e.latency.p99_ms,
-            )
+            (e.median_ops_per_sec, e.latency.p50_ms, e.latency.p99_ms)
         });
         println!(
             "{:<15} {:>4} | {:>10.1} {:>8.3} {:>8.3} {:>7.0} {:>6.1} | {:>10.1} {:>8.3} {:>8.3} | {:>7.3}",

@@ -1,5 +1,417 @@
-//! fencegate-bench: placeholder, replaced by the benchmark suite.
+//! fencegate-bench: measures the fencing proxy against direct backend
+//! access, the lease service against etcd, and how both scale, side by
+//! side in one run. Prints tables; writes everything to a JSON file.
+//!
+//! The proxy and the lease service under test are the release binary
+//! (`target/release/fencegate`) run as separate processes; the S3 backend
+//! (s3s-fs via `DevStore`, with request counting) runs in this process on
+//! its own runtime. See BENCHMARKS.md for results and method.
 
-fn main() {
-    println!("fencegate-bench");
+mod backend;
+mod growth;
+mod large;
+mod leases;
+mod roundtrips;
+mod small;
+mod util;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fencegate-bench",
+    about = "Benchmarks of fencegate: proxy vs direct, lease service vs etcd, growth"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    global: Global,
+}
+
+#[derive(Debug, Args)]
+struct Global {
+    /// Where to write the JSON results.
+    #[arg(long, global = true, default_value = "bench-results.json")]
+    out: PathBuf,
+    /// Smaller counts and shorter rounds, no 1 GiB object: a smoke test.
+    #[arg(long, global = true)]
+    quick: bool,
+    /// The fencegate binary under test (build it with
+    /// `cargo build --release -p fencegate --bin fencegate`).
+    #[arg(long, global = true)]
+    fencegate: Option<PathBuf>,
+    /// The etcd binary (Debian: `apt-get install etcd-server`).
+    #[arg(long, global = true, default_value = "/usr/bin/etcd")]
+    etcd: PathBuf,
+    /// Directory for databases, the backend's objects and logs (use a real
+    /// disk: fsync cost is part of what is measured).
+    #[arg(long, global = true)]
+    tmp_dir: Option<PathBuf>,
+    /// Runtime worker threads of the in-process S3 backend.
+    #[arg(long, global = true, default_value_t = 2)]
+    backend_threads: usize,
+    /// Interleaved rounds per variant (small, locksvc/etcd); default 6 for
+    /// small and 4 for leases, 2 with --quick.
+    #[arg(long, global = true)]
+    rounds: Option<usize>,
+    /// Seconds per round (default 2, 0.5 with --quick).
+    #[arg(long, global = true)]
+    round_secs: Option<f64>,
+    /// Client concurrency levels for small and locksvc/etcd.
+    #[arg(long, global = true, value_delimiter = ',', default_value = "1,8,64")]
+    concurrency: Vec<usize>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// 4 KiB PUTs, direct vs through the proxy, at each concurrency.
+    Small,
+    /// 256 MiB and 1 GiB streamed PUTs, direct vs proxy; proxy RSS.
+    Large,
+    /// Backend requests per fenced PUT (counted at the backend).
+    Roundtrips {
+        /// PUTs per phase (default 2000, 200 with --quick).
+        #[arg(long)]
+        puts: Option<u64>,
+    },
+    /// Lease service alone: acquire+release pairs/s and renewals/s.
+    Locksvc,
+    /// Lease service and etcd, interleaved, with the ratio.
+    Etcd,
+    /// Cost per write / grant as scopes, keys and locks grow.
+    Growth,
+    /// Everything above (the lease service with etcd side by side).
+    All,
+}
+
+/// One target from the brief, judged on the numbers measured.
+#[derive(Debug, Serialize)]
+struct Target {
+    target: String,
+    measured: String,
+    met: bool,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Results {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    small: Option<small::SmallReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    large: Option<large::LargeReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    roundtrips: Option<roundtrips::RoundtripReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leases: Option<leases::LeaseReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    growth: Option<growth::GrowthReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    tool: &'static str,
+    command: Vec<String>,
+    mode: &'static str,
+    started_unix_s: u64,
+    elapsed_s: f64,
+    machine: util::Machine,
+    fencegate_binary: String,
+    results: Results,
+    targets: Vec<Target>,
+    /// Sections that failed (the others still ran).
+    failures: Vec<String>,
+}
+
+fn targets(r: &Results) -> Vec<Target> {
+    let mut t = Vec::new();
+    if let Some(s) = &r.small {
+        for l in &s.levels {
+            t.push(Target {
+                target: format!("small c={}: proxy ops/s >= 0.97 x direct", l.concurrency),
+                measured: format!(
+                    "{:.4} ({:.1} vs {:.1} ops/s)",
+                    l.ratio_ops, l.proxy.median_ops_per_sec, l.direct.median_ops_per_sec
+                ),
+                met: l.ratio_ops >= 0.97,
+            });
+            t.push(Target {
+                target: format!("small c={}: p50 overhead <= 0.2 ms", l.concurrency),
+                measured: format!(
+                    "{:.4} ms ({:.4} vs {:.4} ms)",
+                    l.p50_overhead_ms, l.proxy.latency.p50_ms, l.direct.latency.p50_ms
+                ),
+                met: l.p50_overhead_ms <= 0.2,
+            });
+        }
+    }
+    if let Some(l) = &r.large {
+        for s in &l.sizes {
+            t.push(Target {
+                target: format!(
+                    "large {} MiB: proxy MB/s >= 0.97 x direct",
+                    s.bytes / large::MIB
+                ),
+                measured: format!(
+                    "{:.4} ({:.1} vs {:.1} MB/s)",
+                    s.ratio, s.proxy_median_mb_per_sec, s.direct_median_mb_per_sec
+                ),
+                met: s.ratio >= 0.97,
+            });
+        }
+        if let Some(s) = l.sizes.iter().max_by_key(|s| s.bytes) {
+            let peak = s.proxy_hwm_after_kib.max(s.proxy_rss_sampled_peak_kib);
+            t.push(Target {
+                target: format!(
+                    "proxy RSS <= 64 MiB while streaming {} MiB{}",
+                    s.bytes / large::MIB,
+                    if s.bytes < 1024 * large::MIB {
+                        " (1 GiB skipped in this run)"
+                    } else {
+                        ""
+                    }
+                ),
+                measured: format!("VmHWM {} KiB ({:.1} MiB)", peak, peak as f64 / 1024.0),
+                met: peak <= 64 * 1024,
+            });
+        }
+    }
+    if let Some(rt) = &r.roundtrips {
+        for p in rt
+            .phases
+            .iter()
+            .filter(|p| p.name.starts_with("steady state"))
+        {
+            t.push(Target {
+                target: format!("1 backend round trip per PUT: {}", p.name),
+                measured: format!(
+                    "{:.4} requests / PUT {:?}",
+                    p.backend_http_per_put, p.backend.ops
+                ),
+                met: p.backend_http_per_put <= 1.0,
+            });
+        }
+    }
+    if let Some(le) = &r.leases {
+        for l in &le.levels {
+            if let Some(ratio) = l.ratio_locksvc_over_etcd {
+                t.push(Target {
+                    target: format!(
+                        "locksvc >= 1.5 x etcd: {:?} c={}",
+                        l.workload, l.concurrency
+                    ),
+                    measured: format!(
+                        "{:.3} ({:.1} vs {:.1} ops/s)",
+                        ratio,
+                        l.locksvc.median_ops_per_sec,
+                        l.etcd.as_ref().map_or(f64::NAN, |e| e.median_ops_per_sec)
+                    ),
+                    met: ratio >= 1.5,
+                });
+            }
+        }
+    }
+    t
+}
+
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a timestamp for the report, not a decision"
+)]
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn write_json(path: &Path, report: &Report) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let g = &cli.global;
+    let quick = g.quick;
+    let fencegate = g.fencegate.clone().unwrap_or_else(util::default_fencegate);
+    anyhow::ensure!(
+        fencegate.exists(),
+        "{} does not exist: run `cargo build --release -p fencegate --bin fencegate` (scripts/bench.sh does)",
+        fencegate.display()
+    );
+    let fencegate = fencegate.canonicalize()?;
+    let tmp_root = g.tmp_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&tmp_root)?;
+    let tmp_holder = tempfile::Builder::new()
+        .prefix("fencegate-bench-")
+        .tempdir_in(&tmp_root)?;
+    let tmp = tmp_holder.path();
+    let round = Duration::from_secs_f64(g.round_secs.unwrap_or(if quick { 0.5 } else { 2.0 }));
+
+    let small_opts = small::SmallOpts {
+        concurrency: g.concurrency.clone(),
+        rounds: g.rounds.unwrap_or(if quick { 2 } else { 6 }),
+        round,
+        warmup: round / 2,
+        object_bytes: 4096,
+        keys_per_worker: 8,
+    };
+    let large_opts = large::LargeOpts {
+        sizes: if quick {
+            vec![(256 * large::MIB, 1)]
+        } else {
+            vec![(256 * large::MIB, 3), (1024 * large::MIB, 2)]
+        },
+    };
+    let lease_opts = |with_etcd: bool| leases::LeaseOpts {
+        concurrency: g.concurrency.clone(),
+        rounds: g.rounds.unwrap_or(if quick { 2 } else { 4 }),
+        round,
+        with_etcd,
+        etcd_bin: g.etcd.clone(),
+    };
+    let growth_opts = if quick {
+        growth::GrowthOpts {
+            scope_levels: vec![1, 100, 10_000],
+            admits_per_level: 50_000,
+            raises: 10,
+            key_levels: vec![1, 10_000, 200_000],
+            cache_entries: 100_000,
+            lock_levels: vec![1, 10_000, 100_000],
+            grants_per_level: 50_000,
+            http_lock_levels: vec![0, 1_000],
+            http_concurrency: 8,
+            http_rounds: 1,
+            http_round: round,
+        }
+    } else {
+        growth::GrowthOpts {
+            scope_levels: vec![1, 10, 100, 1_000, 10_000, 100_000],
+            admits_per_level: 200_000,
+            raises: 50,
+            key_levels: vec![1, 1_000, 10_000, 100_000, 1_000_000],
+            cache_entries: 100_000,
+            lock_levels: vec![1, 1_000, 10_000, 100_000, 1_000_000],
+            grants_per_level: 200_000,
+            http_lock_levels: vec![0, 1_000, 10_000, 100_000],
+            http_concurrency: 8,
+            http_rounds: 2,
+            http_round: round,
+        }
+    };
+
+    let started = Instant::now();
+    let mut report = Report {
+        tool: "fencegate-bench",
+        command: std::env::args().collect(),
+        mode: if quick { "quick" } else { "full" },
+        started_unix_s: unix_now(),
+        elapsed_s: 0.0,
+        machine: util::Machine::describe(tmp),
+        fencegate_binary: fencegate.display().to_string(),
+        results: Results::default(),
+        targets: Vec::new(),
+        failures: Vec::new(),
+    };
+    let (do_small, do_large, do_rt, do_leases, do_growth, with_etcd) = match &cli.command {
+        Command::Small => (true, false, false, false, false, false),
+        Command::Large => (false, true, false, false, false, false),
+        Command::Roundtrips { .. } => (false, false, true, false, false, false),
+        Command::Locksvc => (false, false, false, true, false, false),
+        Command::Etcd => (false, false, false, true, false, true),
+        Command::Growth => (false, false, false, false, true, false),
+        Command::All => (true, true, true, true, true, true),
+    };
+    let rt_puts = match &cli.command {
+        Command::Roundtrips { puts: Some(n) } => *n,
+        _ if quick => 200,
+        _ => 2000,
+    };
+    let bt = g.backend_threads;
+    let out = g.out.clone();
+    let checkpoint = |report: &mut Report| -> anyhow::Result<()> {
+        report.elapsed_s = started.elapsed().as_secs_f64();
+        report.targets = targets(&report.results);
+        write_json(&out, report)
+    };
+
+    if do_small {
+        match small::run(&fencegate, tmp, bt, &small_opts).await {
+            Ok(r) => {
+                small::print(&r);
+                report.results.small = Some(r);
+            }
+            Err(e) => report.failures.push(format!("small: {e:#}")),
+        }
+        checkpoint(&mut report)?;
+    }
+    if do_large {
+        match large::run(&fencegate, tmp, bt, &large_opts).await {
+            Ok(r) => {
+                large::print(&r);
+                report.results.large = Some(r);
+            }
+            Err(e) => report.failures.push(format!("large: {e:#}")),
+        }
+        checkpoint(&mut report)?;
+    }
+    if do_rt {
+        match roundtrips::run(&fencegate, tmp, bt, rt_puts).await {
+            Ok(r) => {
+                roundtrips::print(&r);
+                report.results.roundtrips = Some(r);
+            }
+            Err(e) => report.failures.push(format!("roundtrips: {e:#}")),
+        }
+        checkpoint(&mut report)?;
+    }
+    if do_leases {
+        match leases::run(&fencegate, tmp, &lease_opts(with_etcd)).await {
+            Ok(r) => {
+                leases::print(&r);
+                report.results.leases = Some(r);
+            }
+            Err(e) => report.failures.push(format!("locksvc/etcd: {e:#}")),
+        }
+        checkpoint(&mut report)?;
+    }
+    if do_growth {
+        match growth::run(&growth_opts, &fencegate, tmp).await {
+            Ok(r) => {
+                growth::print(&r);
+                report.results.growth = Some(r);
+            }
+            Err(e) => report.failures.push(format!("growth: {e:#}")),
+        }
+        checkpoint(&mut report)?;
+    }
+
+    checkpoint(&mut report)?;
+    println!("\n== targets ==");
+    for t in &report.targets {
+        println!(
+            "[{}] {}: {}",
+            if t.met { "met   " } else { "MISSED" },
+            t.target,
+            t.measured
+        );
+    }
+    for f in &report.failures {
+        println!("[FAILED] {f}");
+    }
+    println!(
+        "\nwrote {} ({:.0} s)",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    anyhow::ensure!(
+        report.failures.is_empty(),
+        "{} section(s) failed",
+        report.failures.len()
+    );
+    Ok(())
 }

@@ -42,7 +42,9 @@ async fn puts(
         )
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("PUT {key}: {:?}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+        .map_err(|e| {
+            anyhow::anyhow!("PUT {key}: {:?}", aws_sdk_s3::error::DisplayErrorContext(e))
+        })?;
         n += 1;
     }
     Ok(n)

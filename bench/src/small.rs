@@ -72,7 +72,10 @@ async fn round(
         let body = body.clone();
         let tok = tok.clone();
         async move {
-            let key = format!("{prefix}/c{concurrency}/w{w}/k{}", i as usize % keys_per_worker);
+            let key = format!(
+                "{prefix}/c{concurrency}/w{w}/k{}",
+                i as usize % keys_per_worker
+            );
             // The same request both ways, Fencing-Token included (the
             // backend ignores the header).
             fenced!(
@@ -139,7 +142,8 @@ pub async fn run(
                     Variant::Direct => (&direct, &mut d),
                     Variant::Proxy => (&through, &mut p),
                 };
-                series.add(round(client, v, c, opts.round, &body, &tok, opts.keys_per_worker).await);
+                series
+                    .add(round(client, v, c, opts.round, &body, &tok, opts.keys_per_worker).await);
             }
         }
         let per_round: Vec<f64> = p

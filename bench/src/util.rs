@@ -316,7 +316,8 @@ where
             }
             Err(e) => {
                 r.errors += 1;
-                r.first_error.get_or_insert_with(|| format!("worker panicked: {e}"));
+                r.first_error
+                    .get_or_insert_with(|| format!("worker panicked: {e}"));
             }
         }
     }

@@ -1,10 +1,12 @@
 //! Property tests of the lease service's request decoding
 //! (`api::decode_request`, the same serde structs and owner check the
-//! acquire/renew/release handlers use).
+//! acquire/renew/release handlers use), and of its configuration parsing
+//! (`toml::from_str::<LocksvcConfig>` + `problems()`).
 //!
 //! A few seconds in the normal `cargo test`; for a longer local run:
 //! `PROPTEST_CASES=20000 cargo test -p fencegate-locksvc --test proptest_requests`.
 
+use fencegate_locksvc::LocksvcConfig;
 use fencegate_locksvc::api::{DecodedRequest, MAX_OWNER_LEN, RequestKind, decode_request};
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
@@ -355,5 +357,70 @@ fn deeply_nested_json_is_an_error_not_a_crash() {
         for kind in KINDS {
             assert!(decode_request(kind, text.as_bytes()).is_err());
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Configuration text
+// ---------------------------------------------------------------------------
+
+/// A humantime duration, mostly plausible, sometimes absurd.
+fn duration_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[0-9]{1,4}(ms|s|m|h|d)",
+        "[0-9]{1,25}(ns|us|ms|s|m|h|d|w|M|y|years)",
+        "([0-9]{1,3}[a-z]{1,2} ?){1,4}",
+        ".{0,8}",
+    ]
+}
+
+fn locksvc_line() -> impl Strategy<Value = String> {
+    let durations = prop::sample::select(vec![
+        "default_ttl",
+        "min_ttl",
+        "max_ttl",
+        "max_wait",
+        "credential_ttl",
+    ]);
+    let numbers = prop::sample::select(vec!["max_waiters_per_lock", "max_body_bytes"]);
+    prop_oneof![
+        (durations, duration_text()).prop_map(|(k, v)| format!("{k} = {}", toml_string(&v))),
+        (numbers, "-?[0-9]{1,22}").prop_map(|(k, v)| format!("{k} = {v}")),
+        "listen = \"[0-9.:\\[\\]a-z]{0,24}\"",
+        "db = \"[a-z/.]{0,12}\"",
+        "(signing_keys|api_keys) = \\[(\"[a-z0-9]{0,20}\", ?){0,3}\\]",
+        "[a-z_]{1,12} = [^\n]{0,12}",
+        "[^\n]{0,16}",
+    ]
+}
+
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
+}
+
+proptest! {
+    #![proptest_config(config(800))]
+
+    #[test]
+    fn locksvc_config_text_never_panics(
+        lines in prop::collection::vec(locksvc_line(), 0..10),
+        raw in any::<String>(),
+    ) {
+        let text = lines.join("\n");
+        if let Ok(c) = toml::from_str::<LocksvcConfig>(&text) {
+            let problems = c.problems();
+            prop_assert_eq!(problems.is_empty(), c.clone().validated().is_ok());
+        }
+        if let Ok(c) = toml::from_str::<LocksvcConfig>(&raw) {
+            let _ = c.problems();
+        }
+    }
+
+    #[test]
+    fn ttl_bounds_are_checked(min in 0u64..5000, max in 0u64..5000, default in 0u64..5000) {
+        let text = format!("signing_keys = [\"0123456789abcdef\"]\nmin_ttl = \"{min}ms\"\nmax_ttl = \"{max}ms\"\ndefault_ttl = \"{default}ms\"\n");
+        let c: LocksvcConfig = toml::from_str(&text).expect("well-formed");
+        let ok = min > 0 && min <= max && (min..=max).contains(&default);
+        prop_assert_eq!(c.problems().is_empty(), ok, "{:?}", c.problems());
     }
 }

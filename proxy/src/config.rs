@@ -227,10 +227,10 @@ impl ProxyConfig {
                 ));
             }
         }
-        if self.signing_keys.is_empty() && self.accept_unsigned_tokens == Some(false) {
-            p.push(
-                "accept_unsigned_tokens = false needs signing_keys to verify signed tokens".into(),
-            );
+        if self.signing_keys.is_empty() && self.accept_unsigned_tokens != Some(true) {
+            p.push(format!(
+                "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so forged tokens are refused, or set accept_unsigned_tokens = true to trust plain numbers"
+            ));
         }
         for (i, s) in self.scopes.iter().enumerate() {
             if s.bucket.is_empty() {
@@ -301,7 +301,6 @@ mod tests {
         for needle in [
             "backend.endpoint",
             "backend.access_key",
-            "nobody could use the proxy",
             "signing_keys[0]",
             "scopes[0].lock",
             "both cover",

@@ -75,12 +75,23 @@ pub struct Write {
     pub key: KeyGuard,
     pub known: Known,
     started: Instant,
-    metrics: Arc<Metrics>,
+    _inflight: Inflight,
 }
 
-impl Drop for Write {
+/// Counts a write in `inflight_writes` for as long as it lives.
+#[derive(Debug)]
+struct Inflight(Arc<Metrics>);
+
+impl Inflight {
+    fn new(metrics: &Arc<Metrics>) -> Inflight {
+        metrics.inflight_writes.inc();
+        Inflight(metrics.clone())
+    }
+}
+
+impl Drop for Inflight {
     fn drop(&mut self) {
-        self.metrics.inflight_writes.dec();
+        self.0.inflight_writes.dec();
     }
 }
 
@@ -315,7 +326,7 @@ impl Gate {
         let cut = admission.cancel.clone();
         let guard = tokio::select! {
             g = self.keys.lock(bucket, key) => g,
-            () = cut.cancelled() => return Err(self.cut(op, &scope, token)),
+            () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission).await),
         };
         let known = match guard.known() {
             Some(k) => k,
@@ -333,7 +344,6 @@ impl Gate {
                 &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
             ));
         }
-        self.metrics.inflight_writes.inc();
         Ok(Write {
             op,
             scope,
@@ -342,21 +352,34 @@ impl Gate {
             key: guard,
             known,
             started: Instant::now(),
-            metrics: self.metrics.clone(),
+            _inflight: Inflight::new(&self.metrics),
         })
     }
 
-    /// The answer for a write cut by a newer epoch.
-    pub fn cut(&self, op: &'static str, scope: &Scope, token: u64) -> S3Error {
+    /// The answer for a write cut by a newer epoch: let go of the epoch (the
+    /// raise is waiting for it), then ask the fence again, which waits for
+    /// the raise to finish and reports the exact new max.
+    pub async fn cut(
+        &self,
+        op: &'static str,
+        scope: &Scope,
+        token: u64,
+        admission: Admission,
+    ) -> S3Error {
+        drop(admission);
         self.metrics.write(op, &scope.id, "stale");
-        errors::stale(
-            token,
-            self.fences.max(&scope.id).max(token + 1),
-            &format!(
-                " in fence scope {} while this request was in flight",
-                scope.id
-            ),
-        )
+        let detail = format!(
+            " in fence scope {} while this request was in flight",
+            scope.id
+        );
+        match self.fences.admit(&scope.id, token).await {
+            Err(FenceError::Stale { max, .. }) => errors::stale(token, max, &detail),
+            // The raise failed to persist and was not admitted: the write
+            // was cut all the same, and may be retried.
+            Ok(_) | Err(FenceError::Storage(_)) => errors::retry(format!(
+                "this write was cut for a newer token{detail}, which could not be admitted; retry"
+            )),
+        }
     }
 
     /// Ends a write: records the outcome and what the store now holds.
@@ -383,7 +406,16 @@ impl Gate {
                 // Whatever happened, the proxy no longer knows the key.
                 w.key.forget();
                 if w.admission.cancel.is_cancelled() {
-                    return Err(self.cut(w.op, &w.scope, w.token));
+                    let Write {
+                        op,
+                        scope,
+                        token,
+                        admission,
+                        key,
+                        ..
+                    } = w;
+                    drop(key);
+                    return Err(self.cut(op, &scope, token, admission).await);
                 }
                 if errors::is_condition_failure(&e) {
                     self.metrics.write(w.op, &w.scope.id, "conflict");

@@ -109,7 +109,7 @@ pub async fn upload_part(
         )
         .await;
     if admission.cancel.is_cancelled() {
-        return Err(gate.cut(OP, &scope, binding.token));
+        return Err(gate.cut(OP, &scope, binding.token, admission).await);
     }
     let resp = result.map_err(errors::from_backend)?;
     gate.metrics.write(OP, &scope.id, "accepted");
