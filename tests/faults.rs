@@ -454,10 +454,10 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
         .unwrap_or(3);
     let mut s = system().await;
     let keys: Vec<String> = (0..4).map(|i| format!("crash/k{i}")).collect();
-    let mut attempts: Vec<(String, u64, String, Option<u16>)> = Vec::new();
+    let mut attempts: Vec<Attempt> = Vec::new();
     let mut max_token_returned = 0u64;
     for cycle in 0..cycles {
-        let results: Arc<Mutex<Vec<(String, u64, String, Option<u16>)>>> = Arc::default();
+        let results: Arc<Mutex<Vec<Attempt>>> = Arc::default();
         let returned = Arc::new(AtomicU64::new(0));
         let writers: Vec<_> = (0..3usize)
             .map(|w| {
@@ -571,6 +571,9 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
         }
     }
 }
+
+/// A write under load: key, token, payload, answer (None: no answer).
+type Attempt = (String, u64, String, Option<u16>);
 
 /// A TCP relay that can hold back the backend's answers.
 async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
