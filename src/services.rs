@@ -43,6 +43,17 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown requested; finishing in-flight requests");
 }
 
+/// Reads and parses a service's TOML config (empty when no file is given).
+fn load_config<T>(
+    path: &Option<PathBuf>,
+    parse: impl FnOnce(&str) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let name = path
+        .as_ref()
+        .map_or_else(|| "(defaults)".to_owned(), |p| p.display().to_string());
+    parse(&read_config_text(path)?).with_context(|| format!("invalid config {name}"))
+}
+
 pub fn read_config_text(path: &Option<PathBuf>) -> anyhow::Result<String> {
     match path {
         Some(p) => std::fs::read_to_string(p)
@@ -60,15 +71,7 @@ pub fn announce(service: &str, addr: SocketAddr) {
 }
 
 pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
-    let mut config =
-        LocksvcConfig::from_toml(&read_config_text(&args.config)?).with_context(|| {
-            format!(
-                "invalid config {}",
-                args.config
-                    .as_ref()
-                    .map_or("".into(), |p| p.display().to_string())
-            )
-        })?;
+    let mut config = load_config(&args.config, LocksvcConfig::from_toml)?;
     if let Some(l) = args.listen {
         config.listen = l;
     }
@@ -107,15 +110,7 @@ pub struct ProxyArgs {
 }
 
 pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
-    let mut config = fencegate_proxy::ProxyConfig::from_toml(&read_config_text(&args.config)?)
-        .with_context(|| {
-            format!(
-                "invalid config {}",
-                args.config
-                    .as_ref()
-                    .map_or("".into(), |p| p.display().to_string())
-            )
-        })?;
+    let mut config = load_config(&args.config, fencegate_proxy::ProxyConfig::from_toml)?;
     if let Some(l) = args.listen {
         config.listen = l;
     }

@@ -29,6 +29,10 @@ impl DevStore {
         })
     }
 
+    fn fs(&self) -> &s3s_fs::FileSystem {
+        &self.fs
+    }
+
     fn not_found_if_directory(&self, bucket: &str, key: &str, err: S3Error) -> S3Error {
         if self.root.join(bucket).join(key).is_dir() {
             S3Error::with_message(S3ErrorCode::NoSuchKey, "The specified key does not exist.")
@@ -38,27 +42,9 @@ impl DevStore {
     }
 }
 
-/// Delegates to s3s-fs (in the shape `async_trait` gives trait methods).
-macro_rules! delegate {
-    ($($name:ident: $input:ty => $output:ty;)*) => {
-        $(
-            fn $name<'life0, 'async_trait>(
-                &'life0 self,
-                req: S3Request<$input>,
-            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = S3Result<S3Response<$output>>> + Send + 'async_trait>>
-            where
-                'life0: 'async_trait,
-                Self: 'async_trait,
-            {
-                Box::pin(async move { self.fs.$name(req).await })
-            }
-        )*
-    };
-}
-
 #[async_trait::async_trait]
 impl S3 for DevStore {
-    delegate! {
+    forward_s3! { fs => std::convert::identity;
         create_bucket: CreateBucketInput => CreateBucketOutput;
         copy_object: CopyObjectInput => CopyObjectOutput;
         delete_bucket: DeleteBucketInput => DeleteBucketOutput;

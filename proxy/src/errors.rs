@@ -163,6 +163,11 @@ pub fn from_backend(mut e: S3Error) -> S3Error {
     }
 }
 
+/// A forwarded request's result, with backend failures made retryable.
+pub fn forwarded<T>(r: s3s::S3Result<T>) -> s3s::S3Result<T> {
+    r.map_err(from_backend)
+}
+
 /// True for the store's "your condition failed" answers.
 pub fn is_condition_failure(e: &S3Error) -> bool {
     matches!(

@@ -21,6 +21,9 @@
 //! write goes through [`gate::Gate::begin`] (key lock, known state, per-key
 //! token) and is sent with `If-Match` or `If-None-Match`.
 
+#[macro_use]
+pub mod forward;
+
 pub mod access;
 pub mod backend;
 pub mod body;

@@ -77,32 +77,17 @@ impl FencedS3 {
     pub fn new(gate: Arc<Gate>) -> FencedS3 {
         FencedS3 { gate }
     }
-}
 
-/// Forwards a read untouched. (Written out in the shape `async_trait`
-/// gives trait methods, since the attribute cannot see into a macro.)
-macro_rules! forward {
-    ($($name:ident: $input:ty => $output:ty;)*) => {
-        $(
-            fn $name<'life0, 'async_trait>(
-                &'life0 self,
-                req: S3Request<$input>,
-            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = S3Result<S3Response<$output>>> + Send + 'async_trait>>
-            where
-                'life0: 'async_trait,
-                Self: 'async_trait,
-            {
-                Box::pin(async move {
-                    self.gate.backend.forward.$name(req).await.map_err(crate::errors::from_backend)
-                })
-            }
-        )*
-    };
+    /// Where reads are forwarded.
+    fn backend(&self) -> &s3s_aws::Proxy {
+        &self.gate.backend.forward
+    }
 }
 
 #[async_trait::async_trait]
 impl S3 for FencedS3 {
-    forward! {
+    // Reads (and CreateBucket) go to the backend untouched.
+    forward_s3! { backend => crate::errors::forwarded;
         get_object: GetObjectInput => GetObjectOutput;
         head_object: HeadObjectInput => HeadObjectOutput;
         list_objects: ListObjectsInput => ListObjectsOutput;

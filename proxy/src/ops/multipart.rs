@@ -130,15 +130,32 @@ pub async fn upload_part_copy(
         crate::gate::RequestToken::of(&req),
     )
     .await?;
+    under_bound_token(
+        gate,
+        OP,
+        &binding,
+        &scope,
+        gate.backend.forward.upload_part_copy(req),
+    )
+    .await
+}
+
+/// Forwards `call` while holding the scope's epoch with the upload's token
+/// (so a newer holder waits for it, and it cannot start after one).
+async fn under_bound_token<T>(
+    gate: &Gate,
+    op: &'static str,
+    binding: &UploadBinding,
+    scope: &Scope,
+    call: impl std::future::Future<Output = S3Result<T>>,
+) -> S3Result<T> {
     let admission = gate
-        .admit(OP, &binding.bucket, &scope, binding.token)
+        .admit(op, &binding.bucket, scope, binding.token)
         .await?;
-    let result = gate
-        .call(gate.backend.forward.upload_part_copy(req), None)
-        .await;
+    let result = gate.call(call, None).await;
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
-    gate.metrics.write(OP, &scope.id, "accepted");
+    gate.metrics.write(op, &scope.id, "accepted");
     Ok(resp)
 }
 
@@ -195,15 +212,14 @@ pub async fn abort(
         crate::gate::RequestToken::of(&req),
     )
     .await?;
-    let admission = gate
-        .admit(OP, &binding.bucket, &scope, binding.token)
-        .await?;
-    let result = gate
-        .call(gate.backend.forward.abort_multipart_upload(req), None)
-        .await;
-    drop(admission);
-    let resp = result.map_err(errors::from_backend)?;
+    let resp = under_bound_token(
+        gate,
+        OP,
+        &binding,
+        &scope,
+        gate.backend.forward.abort_multipart_upload(req),
+    )
+    .await?;
     gate.forget_upload(&binding.upload_id).await;
-    gate.metrics.write(OP, &scope.id, "accepted");
     Ok(resp)
 }

@@ -1,0 +1,24 @@
+//! Forwarding S3 operations to another `S3` implementation.
+
+/// Implements S3 trait methods by forwarding each request to what the
+/// inherent method `self.$target()` returns, passing the result through
+/// `$map`.
+/// Written out in the shape `async_trait` gives trait methods, because the
+/// attribute cannot see into a macro invocation.
+#[macro_export]
+macro_rules! forward_s3 {
+    ($target:ident => $map:path; $($name:ident: $input:ty => $output:ty;)*) => {
+        $(
+            fn $name<'life0, 'async_trait>(
+                &'life0 self,
+                req: s3s::S3Request<$input>,
+            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = s3s::S3Result<s3s::S3Response<$output>>> + Send + 'async_trait>>
+            where
+                'life0: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin(async move { $map(self.$target().$name(req).await) })
+            }
+        )*
+    };
+}
