@@ -371,6 +371,13 @@ fn bad_input_gets_a_json_4xx_on_every_endpoint() {
         (
             "POST",
             "/v1/locks/a/release".into(),
+            Some("[1]"),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/release".into(),
             Some(r#"{}"#),
             400,
             "InvalidRequest",

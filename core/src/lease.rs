@@ -61,6 +61,10 @@ pub struct NotHolder {
     pub current: Option<Lease>,
 }
 
+/// The highest token the service will issue: tokens are stored as SQLite
+/// integers (i64).
+pub const MAX_TOKEN: u64 = i64::MAX as u64;
+
 /// All locks and the token counter.
 #[derive(Debug, Clone, Default)]
 pub struct LockTable {
@@ -114,7 +118,9 @@ impl LockTable {
                 new_token: false,
             });
         }
-        self.counter += 1;
+        // `restore` refuses a counter at MAX_TOKEN, and reaching it from
+        // there takes 2^63 grants; saturating keeps this total anyway.
+        self.counter = self.counter.saturating_add(1);
         let lease = Lease {
             lock: lock.clone(),
             owner: owner.to_owned(),

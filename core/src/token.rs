@@ -112,6 +112,10 @@ fn parse_number(s: &str) -> Result<u64, TokenError> {
     if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(TokenError::Number);
     }
+    // One spelling per number: `07` is not `7` on the wire.
+    if s.len() > 1 && s.starts_with('0') {
+        return Err(TokenError::LeadingZero);
+    }
     match s.parse::<u64>() {
         Ok(0) => Err(TokenError::Zero),
         Ok(n) => Ok(n),
@@ -129,6 +133,8 @@ pub enum TokenError {
     Number,
     #[error("token 0 is never issued; tokens start at 1")]
     Zero,
+    #[error("token numbers are written without leading zeros")]
+    LeadingZero,
     #[error("signed token must look like fgt1:<lock>:<number>:<mac>")]
     Shape,
     #[error("signed token version {found:?} is not supported; expected {SIGNED_PREFIX}")]
@@ -251,6 +257,7 @@ mod tests {
         );
         assert_eq!(FencingToken::parse("0"), Err(TokenError::Zero));
         assert_eq!(FencingToken::parse("1e3"), Err(TokenError::Number));
+        assert_eq!(FencingToken::parse("07"), Err(TokenError::LeadingZero));
         assert_eq!(FencingToken::parse("-1"), Err(TokenError::Shape));
         assert_eq!(FencingToken::parse(""), Err(TokenError::Shape));
     }

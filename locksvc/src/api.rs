@@ -197,10 +197,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ApiError::bad_request("InvalidRequest", format!("cannot read body: {rej}"))
             }
         })?;
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
-            ApiError::bad_request("InvalidRequest", format!("request body is not valid: {e}"))
-        })
+        parse_object(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad_request("InvalidRequest", e))
     }
+}
+
+/// Decodes a request body: a JSON object with exactly the documented
+/// fields (serde would also take a positional array; the API does not).
+fn parse_object<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err("request body must be a JSON object".into());
+    }
+    serde_json::from_slice(body).map_err(|e| format!("request body is not valid: {e}"))
 }
 
 #[derive(Debug, Deserialize)]
@@ -261,8 +270,7 @@ pub enum DecodedRequest {
 /// error is `"<code>: <message>"` with the code the API would answer.
 pub fn decode_request(kind: RequestKind, body: &[u8]) -> Result<DecodedRequest, String> {
     fn json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
-        serde_json::from_slice(body)
-            .map_err(|e| format!("InvalidRequest: request body is not valid: {e}"))
+        parse_object(body).map_err(|e| format!("InvalidRequest: {e}"))
     }
     match kind {
         RequestKind::Acquire => {

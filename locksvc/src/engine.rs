@@ -165,6 +165,10 @@ impl Engine {
         max_waiters: usize,
     ) -> anyhow::Result<Engine> {
         let (counter, leases) = store.load()?;
+        anyhow::ensure!(
+            counter < fencegate_core::lease::MAX_TOKEN,
+            "the lease database says {counter} tokens were issued, the most there can be; refusing to start (is the database damaged?)"
+        );
         let now = clock::now();
         let live = leases.iter().filter(|l| l.is_live(now)).count();
         tracing::info!(

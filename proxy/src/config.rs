@@ -233,8 +233,11 @@ impl ProxyConfig {
             ));
         }
         for (i, s) in self.scopes.iter().enumerate() {
-            if s.bucket.is_empty() {
-                p.push(format!("scopes[{i}].bucket is empty"));
+            if s.bucket.is_empty() || s.bucket.contains('/') {
+                p.push(format!(
+                    "scopes[{i}].bucket {:?} is not a bucket name (empty, or contains '/': put key prefixes in `prefix`)",
+                    s.bucket
+                ));
             }
             if let Err(e) = LockName::new(&s.lock) {
                 p.push(format!("scopes[{i}].lock: {e}"));
