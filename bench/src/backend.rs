@@ -149,7 +149,8 @@ impl hyper::service::Service<Request<Incoming>> for CountHttp {
 pub struct Backend {
     pub endpoint: String,
     pub counters: Arc<Counters>,
-    pub dir: tempfile::TempDir,
+    /// Removed when dropped.
+    _dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -212,7 +213,7 @@ impl Backend {
         let backend = Backend {
             endpoint,
             counters,
-            dir,
+            _dir: dir,
             stop: Some(stop_tx),
             thread: Some(thread),
         };
@@ -297,7 +298,8 @@ secret_key = "{cs}"
 #[derive(Debug)]
 pub struct ProxyProc {
     pub proc: crate::util::Proc,
-    pub dir: tempfile::TempDir,
+    /// Removed when dropped.
+    _dir: tempfile::TempDir,
 }
 
 impl ProxyProc {
@@ -320,7 +322,7 @@ impl ProxyProc {
         let proc =
             tokio::task::spawn_blocking(move || crate::util::Proc::start_fencegate(cmd, log))
                 .await??;
-        Ok(ProxyProc { proc, dir })
+        Ok(ProxyProc { proc, _dir: dir })
     }
 
     pub fn client(&self) -> aws_sdk_s3::Client {

@@ -56,6 +56,7 @@ pub struct RaiseCost {
 pub struct KeyLevel {
     pub keys: usize,
     pub cache_capacity: usize,
+    /// The first write of each key (n operations; noisy for tiny n).
     pub first_write_ns: f64,
     pub rewrite_ns: f64,
     pub rewrite_hit_rate: f64,
@@ -63,6 +64,9 @@ pub struct KeyLevel {
     pub random_hit_rate: f64,
     pub cached_after: usize,
     pub locked_after: usize,
+    /// This process's RSS growth over the passes (the key names are
+    /// allocated before; freed memory of earlier levels may be reused, so
+    /// this is a lower bound of what the cache and locks hold).
     pub bench_rss_growth_kib: i64,
 }
 
@@ -92,6 +96,9 @@ pub struct GrowthReport {
     pub lock_table: Vec<LockLevel>,
     pub locksvc_http: Vec<HttpLockLevel>,
 }
+
+/// Fewest timed operations per measurement (small levels repeat).
+const MIN_OPS: usize = 200_000;
 
 fn ns_per(started: Instant, n: usize) -> f64 {
     started.elapsed().as_nanos() as f64 / n.max(1) as f64
@@ -127,6 +134,9 @@ async fn scopes(opts: &GrowthOpts, tmp: &Path) -> anyhow::Result<(Vec<ScopeLevel
         }
         let populate = ns_per(t, n);
         let mut rng = Rng::new(n as u64 + 1);
+        for _ in 0..10_000 {
+            drop(fences.admit(&ids[rng.below(n)], 1).await?);
+        }
         let picks: Vec<usize> = (0..opts.admits_per_level).map(|_| rng.below(n)).collect();
         let t = Instant::now();
         for &i in &picks {
@@ -161,8 +171,8 @@ async fn keys(opts: &GrowthOpts) -> anyhow::Result<Vec<KeyLevel>> {
     let etag = "0123456789abcdef0123456789abcdef".to_owned();
     for &n in &opts.key_levels {
         eprintln!("growth: {n} keys, cache {}", opts.cache_entries);
-        let rss0 = self_memory()?.rss_kib;
         let names: Vec<String> = (0..n).map(|i| format!("data/{i:08}")).collect();
+        let rss0 = self_memory()?.rss_kib;
         let keys = Keys::new(opts.cache_entries);
         let remember = || Known::Present {
             etag: etag.clone(),
@@ -175,17 +185,19 @@ async fn keys(opts: &GrowthOpts) -> anyhow::Result<Vec<KeyLevel>> {
             g.remember(remember());
         }
         let first = ns_per(t, n);
+        // Rewrites in the same order, cycling until at least MIN_OPS.
+        let ops = n.max(MIN_OPS);
         let mut hits = 0usize;
         let t = Instant::now();
-        for k in &names {
-            let g = keys.lock("bench", k).await;
+        for j in 0..ops {
+            let g = keys.lock("bench", &names[j % n]).await;
             hits += usize::from(g.known().is_some());
             g.remember(remember());
         }
-        let rewrite = ns_per(t, n);
-        let rewrite_hits = hits as f64 / n as f64;
+        let rewrite = ns_per(t, ops);
+        let rewrite_hits = hits as f64 / ops as f64;
         let mut rng = Rng::new(99);
-        let picks: Vec<usize> = (0..n.min(1_000_000)).map(|_| rng.below(n)).collect();
+        let picks: Vec<usize> = (0..ops.min(1_000_000)).map(|_| rng.below(n)).collect();
         let mut hits = 0usize;
         let t = Instant::now();
         for &i in &picks {
@@ -298,9 +310,16 @@ async fn locksvc_http(
         }
         eprintln!("growth: locksvc pairs with {held} held locks");
         let mut series = Series::default();
+        // A fresh database is slower for its first few thousand commits
+        // (the WAL and the file grow): warm up longer before the first level.
+        let warm_for = if out.is_empty() {
+            opts.http_round * 2
+        } else {
+            opts.http_round / 4
+        };
         let warm = {
             let clients = clients.clone();
-            timed_round(c, opts.http_round / 4, move |w, _| {
+            timed_round(c, warm_for, move |w, _| {
                 let clients = clients.clone();
                 async move {
                     let lock = format!("grow-w{w}");

@@ -4,12 +4,11 @@
 
 use crate::backend::{BUCKET, Backend, ProxyProc, token};
 use crate::fenced;
-use crate::util::{Memory, median, ratio};
+use crate::util::{Cpu, CpuPerOp, Memory, median, ratio};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,6 +69,12 @@ pub struct LargeSize {
     /// uploads, and VmHWM right after them.
     pub proxy_rss_sampled_peak_kib: u64,
     pub proxy_hwm_after_kib: u64,
+    /// CPU seconds per GB (10^9 bytes) streamed: proxy process, client,
+    /// backend.
+    pub cpu_s_per_gb_direct: CpuPerOp,
+    pub cpu_s_per_gb_proxy: CpuPerOp,
+    /// proxy MB/s over direct MB/s of the same repetition.
+    pub ratio_per_rep: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -126,16 +131,11 @@ fn sampler(pid: u32, stop: Arc<AtomicBool>, peak: Arc<AtomicU64>) -> std::thread
     })
 }
 
-pub async fn run(
-    fencegate: &Path,
-    tmp: &Path,
-    backend_threads: usize,
-    opts: &LargeOpts,
-) -> anyhow::Result<LargeReport> {
-    let backend = Backend::start(tmp, backend_threads).await?;
+pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeReport> {
+    let backend = Backend::start(&ctx.backend_dir, ctx.backend_threads).await?;
     // A fresh proxy: VmHWM cannot be reset, so it must not have served
     // anything before.
-    let proxy = ProxyProc::start(fencegate, &backend, tmp).await?;
+    let proxy = ProxyProc::start(&ctx.fencegate, &backend, &ctx.tmp).await?;
     let pid = proxy.proc.pid();
     let direct = backend.direct();
     let through = proxy.client();
@@ -150,6 +150,7 @@ pub async fn run(
         eprintln!("large: {} MiB x {reps} per variant", bytes / MIB);
         let (mut d, mut p) = (Vec::new(), Vec::new());
         let peak = Arc::new(AtomicU64::new(0));
+        let (mut cpu_d, mut cpu_p) = (Cpu::default(), Cpu::default());
         for r in 0..reps {
             let order = if r % 2 == 0 {
                 [Variant::Direct, Variant::Proxy]
@@ -165,7 +166,13 @@ pub async fn run(
                 let stop = Arc::new(AtomicBool::new(false));
                 let sampling =
                     (v == Variant::Proxy).then(|| sampler(pid, stop.clone(), peak.clone()));
+                let before = Cpu::read(Some(pid));
                 let took = upload(client, &key, bytes, &pattern, &tok).await;
+                let after = Cpu::read(Some(pid));
+                match v {
+                    Variant::Direct => cpu_d.add_delta(before, after),
+                    Variant::Proxy => cpu_p.add_delta(before, after),
+                }
                 stop.store(true, Ordering::Relaxed);
                 if let Some(s) = sampling {
                     let _ = s.join();
@@ -197,6 +204,16 @@ pub async fn run(
             }
         }
         let after = proxy.proc.memory()?;
+        let gb = bytes as f64 * reps as f64 / 1e9;
+        let per_gb = |c: Cpu| {
+            let f = |ns: u64| ns as f64 / 1e9 / gb;
+            CpuPerOp {
+                proxy: f(c.proxy),
+                client: f(c.client),
+                backend: f(c.backend),
+            }
+        };
+        let ratio_per_rep = p.iter().zip(&d).map(|(p, d)| ratio(*p, *d)).collect();
         let (dm, pm) = (median(&d), median(&p));
         sizes.push(LargeSize {
             bytes,
@@ -207,6 +224,9 @@ pub async fn run(
             ratio: ratio(pm, dm),
             proxy_rss_sampled_peak_kib: peak.load(Ordering::Relaxed),
             proxy_hwm_after_kib: after.hwm_kib,
+            cpu_s_per_gb_direct: per_gb(cpu_d),
+            cpu_s_per_gb_proxy: per_gb(cpu_p),
+            ratio_per_rep,
         });
     }
     Ok(LargeReport {
@@ -220,6 +240,9 @@ pub async fn run(
 pub fn print(r: &LargeReport) {
     println!("\n== large: one streamed PUT per repetition (MB = 10^6 B) ==");
     println!(
+        "CPU s/GB: proxy process; client and backend (this process) for direct (d) and proxied (p) PUTs"
+    );
+    println!(
         "proxy memory at start: VmRSS {} KiB, VmHWM {} KiB; at end: VmRSS {} KiB, VmHWM {} KiB",
         r.proxy_memory_at_start.rss_kib,
         r.proxy_memory_at_start.hwm_kib,
@@ -227,18 +250,33 @@ pub fn print(r: &LargeReport) {
         r.proxy_memory_at_end.hwm_kib
     );
     println!(
-        "{:>9} | {:>12} | {:>12} | {:>7} | {:>16} | {:>14}",
-        "size", "direct MB/s", "proxy MB/s", "ratio", "proxy RSS peak", "VmHWM after"
+        "{:>9} | {:>12} | {:>12} | {:>7} | {:>16} | {:>14} | {:>6} {:>8} {:>8} {:>8} {:>8}",
+        "size",
+        "direct MB/s",
+        "proxy MB/s",
+        "ratio",
+        "proxy RSS peak",
+        "VmHWM after",
+        "proxy",
+        "client d",
+        "client p",
+        "backnd d",
+        "backnd p"
     );
     for s in &r.sizes {
         println!(
-            "{:>5} MiB | {:>12.1} | {:>12.1} | {:>7.3} | {:>12} KiB | {:>10} KiB",
+            "{:>5} MiB | {:>12.1} | {:>12.1} | {:>7.3} | {:>12} KiB | {:>10} KiB | {:>6.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
             s.bytes / MIB,
             s.direct_median_mb_per_sec,
             s.proxy_median_mb_per_sec,
             s.ratio,
             s.proxy_rss_sampled_peak_kib,
-            s.proxy_hwm_after_kib
+            s.proxy_hwm_after_kib,
+            s.cpu_s_per_gb_proxy.proxy,
+            s.cpu_s_per_gb_direct.client,
+            s.cpu_s_per_gb_proxy.client,
+            s.cpu_s_per_gb_direct.backend,
+            s.cpu_s_per_gb_proxy.backend
         );
     }
 }

@@ -32,7 +32,8 @@ const RENEW_TTL_MS: u64 = 600_000;
 #[derive(Debug)]
 pub struct Locksvc {
     pub proc: Proc,
-    pub dir: tempfile::TempDir,
+    /// Removed when dropped.
+    _dir: tempfile::TempDir,
 }
 
 impl Locksvc {
@@ -47,7 +48,7 @@ impl Locksvc {
             .env("FENCEGATE_LOG", "warn");
         let log = dir.path().join("locksvc.log");
         let proc = tokio::task::spawn_blocking(move || Proc::start_fencegate(cmd, log)).await??;
-        Ok(Locksvc { proc, dir })
+        Ok(Locksvc { proc, _dir: dir })
     }
 }
 
@@ -182,7 +183,8 @@ pub struct EngineDelta {
 #[derive(Debug)]
 pub struct Etcd {
     pub proc: Proc,
-    pub dir: tempfile::TempDir,
+    /// Removed when dropped.
+    _dir: tempfile::TempDir,
     pub version: String,
 }
 
@@ -232,7 +234,11 @@ impl Etcd {
                     std::fs::read_to_string(&proc.log).unwrap_or_default()
                 )
             })?;
-        Ok(Etcd { proc, dir, version })
+        Ok(Etcd {
+            proc,
+            _dir: dir,
+            version,
+        })
     }
 }
 
@@ -547,13 +553,14 @@ pub fn print(r: &LeaseReport) {
         println!("etcd: NOT MEASURED: {why}");
     }
     println!(
-        "{:<15} {:>4} | {:>10} {:>8} {:>8} {:>7} {:>6} | {:>10} {:>8} {:>8} | {:>7}",
+        "{:<15} {:>4} | {:>10} {:>8} {:>8} {:>7} {:>8} {:>6} | {:>10} {:>8} {:>8} | {:>7}",
         "workload",
         "conc",
         "locksvc/s",
         "p50 ms",
         "p99 ms",
         "fsyncs",
+        "fsync ms",
         "batch",
         "etcd/s",
         "p50 ms",
@@ -565,13 +572,14 @@ pub fn print(r: &LeaseReport) {
             (e.median_ops_per_sec, e.latency.p50_ms, e.latency.p99_ms)
         });
         println!(
-            "{:<15} {:>4} | {:>10.1} {:>8.3} {:>8.3} {:>7.0} {:>6.1} | {:>10.1} {:>8.3} {:>8.3} | {:>7.3}",
+            "{:<15} {:>4} | {:>10.1} {:>8.3} {:>8.3} {:>7.0} {:>8.3} {:>6.1} | {:>10.1} {:>8.3} {:>8.3} | {:>7.3}",
             format!("{:?}", l.workload),
             l.concurrency,
             l.locksvc.median_ops_per_sec,
             l.locksvc.latency.p50_ms,
             l.locksvc.latency.p99_ms,
             l.locksvc_engine.fsyncs,
+            l.locksvc_engine.mean_fsync_ms,
             l.locksvc_engine.mean_batch,
             eo,
             e50,

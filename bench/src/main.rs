@@ -52,6 +52,10 @@ struct Global {
     /// disk: fsync cost is part of what is measured).
     #[arg(long, global = true)]
     tmp_dir: Option<PathBuf>,
+    /// Where the in-process S3 backend stores objects (default: the tmp
+    /// dir). s3s-fs creates a file per PUT, so the filesystem matters.
+    #[arg(long, global = true)]
+    backend_dir: Option<PathBuf>,
     /// Runtime worker threads of the in-process S3 backend.
     #[arg(long, global = true, default_value_t = 2)]
     backend_threads: usize,
@@ -89,6 +93,18 @@ enum Command {
     All,
 }
 
+/// Where things run.
+#[derive(Debug)]
+pub struct Ctx {
+    /// The `fencegate` binary under test.
+    pub fencegate: PathBuf,
+    /// Databases and logs of the services.
+    pub tmp: PathBuf,
+    /// Objects of the in-process S3 backend.
+    pub backend_dir: PathBuf,
+    pub backend_threads: usize,
+}
+
 /// One target from the brief, judged on the numbers measured.
 #[derive(Debug, Serialize)]
 struct Target {
@@ -118,6 +134,8 @@ struct Report {
     mode: &'static str,
     started_unix_s: u64,
     elapsed_s: f64,
+    /// /proc/loadavg at the end (compare with machine.loadavg_start).
+    loadavg_end: String,
     machine: util::Machine,
     fencegate_binary: String,
     results: Results,
@@ -250,6 +268,25 @@ async fn main() -> anyhow::Result<()> {
         .prefix("fencegate-bench-")
         .tempdir_in(&tmp_root)?;
     let tmp = tmp_holder.path();
+    let backend_holder = match &g.backend_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            Some(
+                tempfile::Builder::new()
+                    .prefix("fencegate-bench-backend-")
+                    .tempdir_in(d)?,
+            )
+        }
+        None => None,
+    };
+    let ctx = Ctx {
+        fencegate: fencegate.clone(),
+        tmp: tmp.to_owned(),
+        backend_dir: backend_holder
+            .as_ref()
+            .map_or_else(|| tmp.to_owned(), |d| d.path().to_owned()),
+        backend_threads: g.backend_threads,
+    };
     let round = Duration::from_secs_f64(g.round_secs.unwrap_or(if quick { 0.5 } else { 2.0 }));
 
     let small_opts = small::SmallOpts {
@@ -264,7 +301,7 @@ async fn main() -> anyhow::Result<()> {
         sizes: if quick {
             vec![(256 * large::MIB, 1)]
         } else {
-            vec![(256 * large::MIB, 3), (1024 * large::MIB, 2)]
+            vec![(256 * large::MIB, 5), (1024 * large::MIB, 3)]
         },
     };
     let lease_opts = |with_etcd: bool| leases::LeaseOpts {
@@ -305,13 +342,34 @@ async fn main() -> anyhow::Result<()> {
     };
 
     let started = Instant::now();
+    let machine = util::Machine::describe(tmp);
+    println!(
+        "machine: {} x {}, {} MiB RAM, kernel {}, {}; tmp {} ({}), 4 KiB write+fdatasync p50 {:.3} ms appending, {:.3} ms in place; load {}",
+        machine.nproc,
+        machine.cpu_model,
+        machine.mem_total_kib / 1024,
+        machine.kernel,
+        machine.rustc,
+        machine.tmp_dir,
+        machine.tmp_fs,
+        machine
+            .fsync_4k
+            .as_ref()
+            .map_or(f64::NAN, |l| l.append.p50_ms),
+        machine
+            .fsync_4k
+            .as_ref()
+            .map_or(f64::NAN, |l| l.overwrite.p50_ms),
+        machine.loadavg_start
+    );
     let mut report = Report {
         tool: "fencegate-bench",
         command: std::env::args().collect(),
         mode: if quick { "quick" } else { "full" },
         started_unix_s: unix_now(),
         elapsed_s: 0.0,
-        machine: util::Machine::describe(tmp),
+        loadavg_end: String::new(),
+        machine,
         fencegate_binary: fencegate.display().to_string(),
         results: Results::default(),
         targets: Vec::new(),
@@ -331,16 +389,16 @@ async fn main() -> anyhow::Result<()> {
         _ if quick => 200,
         _ => 2000,
     };
-    let bt = g.backend_threads;
     let out = g.out.clone();
     let checkpoint = |report: &mut Report| -> anyhow::Result<()> {
         report.elapsed_s = started.elapsed().as_secs_f64();
+        report.loadavg_end = util::loadavg();
         report.targets = targets(&report.results);
         write_json(&out, report)
     };
 
     if do_small {
-        match small::run(&fencegate, tmp, bt, &small_opts).await {
+        match small::run(&ctx, &small_opts).await {
             Ok(r) => {
                 small::print(&r);
                 report.results.small = Some(r);
@@ -350,7 +408,7 @@ async fn main() -> anyhow::Result<()> {
         checkpoint(&mut report)?;
     }
     if do_large {
-        match large::run(&fencegate, tmp, bt, &large_opts).await {
+        match large::run(&ctx, &large_opts).await {
             Ok(r) => {
                 large::print(&r);
                 report.results.large = Some(r);
@@ -360,7 +418,7 @@ async fn main() -> anyhow::Result<()> {
         checkpoint(&mut report)?;
     }
     if do_rt {
-        match roundtrips::run(&fencegate, tmp, bt, rt_puts).await {
+        match roundtrips::run(&ctx, rt_puts).await {
             Ok(r) => {
                 roundtrips::print(&r);
                 report.results.roundtrips = Some(r);
@@ -403,6 +461,7 @@ async fn main() -> anyhow::Result<()> {
     for f in &report.failures {
         println!("[FAILED] {f}");
     }
+    println!("load average at the end: {}", report.loadavg_end);
     println!(
         "\nwrote {} ({:.0} s)",
         out.display(),

@@ -6,7 +6,6 @@ use crate::fenced;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use serde::Serialize;
-use std::path::Path;
 
 #[derive(Debug, Serialize)]
 pub struct Phase {
@@ -50,15 +49,10 @@ async fn puts(
     Ok(n)
 }
 
-pub async fn run(
-    fencegate: &Path,
-    tmp: &Path,
-    backend_threads: usize,
-    n: u64,
-) -> anyhow::Result<RoundtripReport> {
-    let backend = Backend::start(tmp, backend_threads).await?;
+pub async fn run(ctx: &crate::Ctx, n: u64) -> anyhow::Result<RoundtripReport> {
+    let backend = Backend::start(&ctx.backend_dir, ctx.backend_threads).await?;
     let before_proxy = backend.counters.snapshot();
-    let proxy = ProxyProc::start(fencegate, &backend, tmp).await?;
+    let proxy = ProxyProc::start(&ctx.fencegate, &backend, &ctx.tmp).await?;
     let client = proxy.client();
     let body = Bytes::from(vec![b'x'; 4096]);
     let t1 = token(1)?;

@@ -3,11 +3,10 @@
 
 use crate::backend::{BUCKET, Backend, ProxyProc, token};
 use crate::fenced;
-use crate::util::{Series, SeriesSummary, ratio, timed_round};
+use crate::util::{Cpu, CpuPerOp, Series, SeriesSummary, ratio, timed_round};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use serde::Serialize;
-use std::path::Path;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -33,6 +32,9 @@ pub struct SmallLevel {
     pub ratio_ops_per_round: Vec<f64>,
     pub p50_overhead_ms: f64,
     pub p99_overhead_ms: f64,
+    /// CPU microseconds per PUT: proxy process, client, backend.
+    pub cpu_us_per_put_direct: CpuPerOp,
+    pub cpu_us_per_put_proxy: CpuPerOp,
 }
 
 #[derive(Debug, Serialize)]
@@ -95,14 +97,9 @@ async fn round(
     .await
 }
 
-pub async fn run(
-    fencegate: &Path,
-    tmp: &Path,
-    backend_threads: usize,
-    opts: &SmallOpts,
-) -> anyhow::Result<SmallReport> {
-    let backend = Backend::start(tmp, backend_threads).await?;
-    let proxy = ProxyProc::start(fencegate, &backend, tmp).await?;
+pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallReport> {
+    let backend = Backend::start(&ctx.backend_dir, ctx.backend_threads).await?;
+    let proxy = ProxyProc::start(&ctx.fencegate, &backend, &ctx.tmp).await?;
     let direct = backend.direct();
     let through = proxy.client();
     let tok = token(1)?;
@@ -131,6 +128,8 @@ pub async fn run(
             }
         }
         let (mut d, mut p) = (Series::default(), Series::default());
+        let (mut cpu_d, mut cpu_p) = (Cpu::default(), Cpu::default());
+        let pid = Some(proxy.proc.pid());
         for r in 0..opts.rounds {
             let order = if r % 2 == 0 {
                 [Variant::Direct, Variant::Proxy]
@@ -142,8 +141,14 @@ pub async fn run(
                     Variant::Direct => (&direct, &mut d),
                     Variant::Proxy => (&through, &mut p),
                 };
-                series
-                    .add(round(client, v, c, opts.round, &body, &tok, opts.keys_per_worker).await);
+                let before = Cpu::read(pid);
+                let res = round(client, v, c, opts.round, &body, &tok, opts.keys_per_worker).await;
+                let after = Cpu::read(pid);
+                series.add(res);
+                match v {
+                    Variant::Direct => cpu_d.add_delta(before, after),
+                    Variant::Proxy => cpu_p.add_delta(before, after),
+                }
             }
         }
         let per_round: Vec<f64> = p
@@ -159,6 +164,8 @@ pub async fn run(
             ratio_ops_per_round: per_round,
             p50_overhead_ms: p.latency.p50_ms - d.latency.p50_ms,
             p99_overhead_ms: p.latency.p99_ms - d.latency.p99_ms,
+            cpu_us_per_put_direct: cpu_d.per_op_us(d.latency.samples as f64),
+            cpu_us_per_put_proxy: cpu_p.per_op_us(p.latency.samples as f64),
             direct: d,
             proxy: p,
         });
@@ -179,7 +186,10 @@ pub fn print(r: &SmallReport) {
         r.object_bytes, r.rounds, r.round_secs
     );
     println!(
-        "{:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>7} {:>9} {:>6}",
+        "CPU columns: microseconds of CPU per PUT in the proxy process, and in this process (client + backend) for direct / proxied PUTs"
+    );
+    println!(
+        "{:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>7} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>5}",
         "conc",
         "direct/s",
         "p50 ms",
@@ -189,11 +199,16 @@ pub fn print(r: &SmallReport) {
         "p99 ms",
         "ratio",
         "p50 +ms",
+        "proxy",
+        "client d",
+        "client p",
+        "backnd d",
+        "backnd p",
         "errs"
     );
     for l in &r.levels {
         println!(
-            "{:>5} | {:>10.1} {:>8.3} {:>8.3} | {:>10.1} {:>8.3} {:>8.3} | {:>7.3} {:>9.3} {:>6}",
+            "{:>5} | {:>10.1} {:>8.3} {:>8.3} | {:>10.1} {:>8.3} {:>8.3} | {:>7.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} | {:>5}",
             l.concurrency,
             l.direct.median_ops_per_sec,
             l.direct.latency.p50_ms,
@@ -203,6 +218,11 @@ pub fn print(r: &SmallReport) {
             l.proxy.latency.p99_ms,
             l.ratio_ops,
             l.p50_overhead_ms,
+            l.cpu_us_per_put_proxy.proxy,
+            l.cpu_us_per_put_direct.client,
+            l.cpu_us_per_put_proxy.client,
+            l.cpu_us_per_put_direct.backend,
+            l.cpu_us_per_put_proxy.backend,
             l.direct.errors + l.proxy.errors
         );
     }

@@ -109,6 +109,10 @@ pub struct Machine {
     pub rustc: String,
     pub tmp_dir: String,
     pub tmp_fs: String,
+    /// 4 KiB write + fdatasync in the tmp dir, 200 times each way.
+    pub fsync_4k: Option<FsyncProbe>,
+    /// /proc/loadavg when the run started (the machine is shared).
+    pub loadavg_start: String,
 }
 
 fn first_line_with(text: &str, prefix: &str) -> Option<String> {
@@ -161,6 +165,8 @@ impl Machine {
             rustc,
             tmp_dir: tmp.display().to_string(),
             tmp_fs: fs_type(tmp),
+            fsync_4k: fsync_probe(tmp, 200).ok(),
+            loadavg_start: loadavg(),
         }
     }
 }
@@ -392,4 +398,123 @@ pub fn default_fencegate() -> PathBuf {
         return from_manifest;
     }
     PathBuf::from("target/release/fencegate")
+}
+
+/// CPU time (ns) used so far by every thread of `pid`, from
+/// /proc/<pid>/task/*/schedstat (threads that already exited are not
+/// counted: the services under test keep their threads).
+pub fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The 1, 5 and 15 minute load averages (other work on the machine).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Latency of a 4 KiB write + fdatasync in `dir`: appending (the file
+/// grows, so the filesystem journal commits too) and overwriting one block
+/// in place (what a reused SQLite WAL page costs).
+pub fn fsync_probe(dir: &Path, n: usize) -> anyhow::Result<FsyncProbe> {
+    use std::io::{Seek as _, SeekFrom, Write as _};
+    let path = dir.join("fsync-probe");
+    let mut f = std::fs::File::create(&path)?;
+    let buf = [7u8; 4096];
+    let mut append = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f.write_all(&buf)?;
+        f.sync_data()?;
+        append.push(t.elapsed().as_nanos() as u64);
+    }
+    let mut overwrite = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f.seek(SeekFrom::Start(0))?;
+        f.write_all(&buf)?;
+        f.sync_data()?;
+        overwrite.push(t.elapsed().as_nanos() as u64);
+    }
+    drop(f);
+    std::fs::remove_file(&path)?;
+    Ok(FsyncProbe {
+        append: Latency::of(append),
+        overwrite: Latency::of(overwrite),
+    })
+}
+
+/// See [`fsync_probe`].
+#[derive(Debug, Clone, Serialize)]
+pub struct FsyncProbe {
+    pub append: Latency,
+    pub overwrite: Latency,
+}
+
+/// CPU time (ns) so far of the processes in a measurement: the proxy
+/// process (if any), and this process split into the in-process backend's
+/// threads (named `backend*`) and everything else (the client).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu {
+    pub proxy: u64,
+    pub client: u64,
+    pub backend: u64,
+}
+
+impl Cpu {
+    pub fn read(proxy_pid: Option<u32>) -> Cpu {
+        let (mut client, mut backend) = (0, 0);
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", std::process::id())) {
+            for t in tasks.flatten() {
+                let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+                let ns = std::fs::read_to_string(t.path().join("schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if comm.starts_with("backend") {
+                    backend += ns;
+                } else {
+                    client += ns;
+                }
+            }
+        }
+        Cpu {
+            proxy: proxy_pid.map_or(0, cpu_ns),
+            client,
+            backend,
+        }
+    }
+
+    /// Adds what was used between `before` and `after`.
+    pub fn add_delta(&mut self, before: Cpu, after: Cpu) {
+        self.proxy += after.proxy.saturating_sub(before.proxy);
+        self.client += after.client.saturating_sub(before.client);
+        self.backend += after.backend.saturating_sub(before.backend);
+    }
+
+    /// Per operation, in microseconds (`per` = how many operations).
+    pub fn per_op_us(self, per: f64) -> CpuPerOp {
+        let f = |ns: u64| ns as f64 / 1e3 / per.max(1.0);
+        CpuPerOp {
+            proxy: f(self.proxy),
+            client: f(self.client),
+            backend: f(self.backend),
+        }
+    }
+}
+
+/// CPU per operation by process part (unit given where it is used).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct CpuPerOp {
+    pub proxy: f64,
+    pub client: f64,
+    pub backend: f64,
 }
