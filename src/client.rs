@@ -3,7 +3,6 @@
 use crate::Failure;
 use anyhow::Context as _;
 use clap::Args;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -23,18 +22,7 @@ pub struct LocksvcConn {
 }
 
 /// A granted or renewed lease, as the lease service returns it.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-pub struct LeaseInfo {
-    pub lock: String,
-    pub owner: String,
-    pub token: u64,
-    pub fencing_token: String,
-    pub ttl_ms: u64,
-    pub expires_at_ms: u64,
-    pub s3_access_key_id: String,
-    pub s3_secret_access_key: String,
-    pub s3_credentials_expire_at_ms: u64,
-}
+pub type LeaseInfo = fencegate_locksvc::api::LeaseResponse;
 
 #[derive(Debug, Clone)]
 pub struct Client {

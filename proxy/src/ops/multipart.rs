@@ -51,21 +51,44 @@ pub async fn create(
     Ok(resp)
 }
 
-/// The bound token of an upload, checked against the request's own.
-async fn bound(
+/// The requests that name an existing upload.
+trait UploadRequest {
+    /// Upload id, bucket, key.
+    fn upload(&self) -> (&str, &str, &str);
+}
+
+macro_rules! upload_request {
+    ($($input:ty),*) => {
+        $(impl UploadRequest for $input {
+            fn upload(&self) -> (&str, &str, &str) {
+                (&self.upload_id, &self.bucket, &self.key)
+            }
+        })*
+    };
+}
+
+upload_request!(
+    UploadPartInput,
+    UploadPartCopyInput,
+    CompleteMultipartUploadInput,
+    AbortMultipartUploadInput
+);
+
+/// The bound token of the upload `req` names, checked against the
+/// request's own.
+async fn bound<T: UploadRequest>(
     gate: &Gate,
     op: &'static str,
-    upload_id: &str,
-    bucket: &str,
-    key: &str,
-    req: crate::gate::RequestToken<'_>,
+    req: &S3Request<T>,
 ) -> S3Result<(UploadBinding, Scope)> {
+    let (upload_id, bucket, key) = req.input.upload();
+    let token = crate::gate::RequestToken::of(req);
     let binding = gate.upload(upload_id).await?;
     if binding.bucket != bucket || binding.key != key {
         return Err(errors::unknown_upload(upload_id));
     }
     let scope = gate.scope(op, bucket, key)?;
-    if let Some(sent) = gate.token(op, req, &scope)?
+    if let Some(sent) = gate.token(op, token, &scope)?
         && sent != binding.token
     {
         gate.metrics.write(op, &scope.id, "invalid_token");
@@ -83,15 +106,7 @@ pub async fn upload_part(
     mut req: S3Request<UploadPartInput>,
 ) -> S3Result<S3Response<UploadPartOutput>> {
     const OP: &str = "UploadPart";
-    let (binding, scope) = bound(
-        gate,
-        OP,
-        &req.input.upload_id,
-        &req.input.bucket,
-        &req.input.key,
-        crate::gate::RequestToken::of(&req),
-    )
-    .await?;
+    let (binding, scope) = bound(gate, OP, &req).await?;
     let admission = gate
         .admit(OP, &binding.bucket, &scope, binding.token)
         .await?;
@@ -121,15 +136,7 @@ pub async fn upload_part_copy(
     req: S3Request<UploadPartCopyInput>,
 ) -> S3Result<S3Response<UploadPartCopyOutput>> {
     const OP: &str = "UploadPartCopy";
-    let (binding, scope) = bound(
-        gate,
-        OP,
-        &req.input.upload_id,
-        &req.input.bucket,
-        &req.input.key,
-        crate::gate::RequestToken::of(&req),
-    )
-    .await?;
+    let (binding, scope) = bound(gate, OP, &req).await?;
     under_bound_token(
         gate,
         OP,
@@ -164,15 +171,7 @@ pub async fn complete(
     mut req: S3Request<CompleteMultipartUploadInput>,
 ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
     const OP: &str = "CompleteMultipartUpload";
-    let (binding, scope) = bound(
-        gate,
-        OP,
-        &req.input.upload_id,
-        &req.input.bucket,
-        &req.input.key,
-        crate::gate::RequestToken::of(&req),
-    )
-    .await?;
+    let (binding, scope) = bound(gate, OP, &req).await?;
     let token = binding.token;
     let w = gate
         .begin(OP, &binding.bucket, &binding.key, scope, token)
@@ -203,15 +202,7 @@ pub async fn abort(
     req: S3Request<AbortMultipartUploadInput>,
 ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
     const OP: &str = "AbortMultipartUpload";
-    let (binding, scope) = bound(
-        gate,
-        OP,
-        &req.input.upload_id,
-        &req.input.bucket,
-        &req.input.key,
-        crate::gate::RequestToken::of(&req),
-    )
-    .await?;
+    let (binding, scope) = bound(gate, OP, &req).await?;
     let resp = under_bound_token(
         gate,
         OP,
