@@ -28,6 +28,7 @@ COPY rust-toolchain.toml Cargo.toml Cargo.lock ./
 COPY core core
 COPY locksvc locksvc
 COPY proxy proxy
+COPY bench bench
 COPY src src
 
 # The registry and target caches survive between builds (BuildKit); the

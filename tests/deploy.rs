@@ -961,6 +961,28 @@ fn dockerfile_builds_with_the_pinned_toolchain_and_runs_fencegate_unprivileged()
         .all("RUN")
         .find(|r| r.contains("cargo build"))
         .unwrap_or_default();
+    // Cargo loads every workspace member's manifest, even to build one bin.
+    let manifest: toml::Value = toml::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+            .expect("Cargo.toml"),
+    )
+    .expect("Cargo.toml parses");
+    let copies: Vec<String> = builder.all("COPY").map(str::to_owned).collect();
+    for member in manifest["workspace"]["members"]
+        .as_array()
+        .expect("members")
+    {
+        let member = member.as_str().expect("member path");
+        if member == "." {
+            continue;
+        }
+        assert!(
+            copies
+                .iter()
+                .any(|c| c.split_whitespace().next() == Some(member)),
+            "the builder stage does not COPY workspace member {member}: {copies:?}"
+        );
+    }
     for flag in ["--release", "--locked", "--bin fencegate"] {
         assert!(build.contains(flag), "cargo build without {flag}: {build}");
     }
