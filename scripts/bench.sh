@@ -29,4 +29,5 @@ fi
 cargo build --release -p fencegate --bin fencegate
 cargo build --release -p fencegate-bench
 
-exec target/release/fencegate-bench all --fencegate target/release/fencegate "$@"
+bin="${CARGO_TARGET_DIR:-target}/release"
+exec "$bin/fencegate-bench" all --fencegate "$bin/fencegate" "$@"

@@ -186,7 +186,7 @@ pub fn print(r: &SmallReport) {
         r.object_bytes, r.rounds, r.round_secs
     );
     println!(
-        "CPU columns: microseconds of CPU per PUT in the proxy process, and in this process (client + backend) for direct / proxied PUTs"
+        "CPU us/PUT: proxy process; client and backend (this process) for direct (d) and proxied (p) PUTs"
     );
     println!(
         "{:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>7} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>5}",
