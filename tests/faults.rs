@@ -10,8 +10,7 @@ mod support;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::s3::*;
@@ -157,27 +156,8 @@ enum Target {
 /// Runs the seeded multi-client history against `target` and returns it.
 async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[String]) -> Vec<Op> {
     let ops: Arc<Mutex<Vec<Op>>> = Arc::default();
-    let observed: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
     let start = Instant::now();
-    let done = Arc::new(AtomicBool::new(false));
-
-    let monitor = {
-        let (s, keys, observed, done) = (s.clone(), keys.to_vec(), observed.clone(), done.clone());
-        tokio::spawn(async move {
-            while !done.load(Ordering::Acquire) {
-                for k in &keys {
-                    if let Some(t) = stored_token(&s.backend, BUCKET, k).await {
-                        observed
-                            .lock()
-                            .expect("lock")
-                            .entry(k.clone())
-                            .or_default()
-                            .push(t);
-                    }
-                }
-            }
-        })
-    };
+    let monitor = TokenMonitor::start(&s.backend, BUCKET, keys);
     let clients: Vec<_> = (0..4usize)
         .map(|c| {
             let (s, keys, ops) = (s.clone(), keys.to_vec(), ops.clone());
@@ -256,15 +236,10 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
     for c in clients {
         c.await.expect("client");
     }
-    done.store(true, Ordering::Release);
-    monitor.await.expect("monitor");
     if target == Target::Proxy {
-        for (k, seen) in observed.lock().expect("lock").iter() {
-            assert!(
-                seen.windows(2).all(|w| w[0] <= w[1]),
-                "seed {seed}: stored token of {k} went down: {seen:?}"
-            );
-        }
+        monitor
+            .assert_never_decreased(&format!("seed {seed}"))
+            .await;
     }
     ops.lock().expect("lock").clone()
 }

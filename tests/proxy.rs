@@ -593,34 +593,15 @@ async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
 }
 
 async fn concurrent_writers_never_lower_a_stored_token(kind: BackendKind) {
-    use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
     let e = Arc::new(env(kind).await);
     let keys: Vec<String> = std::iter::once("shared".to_owned())
         .chain((0..6).map(|i| format!("k{i}")))
         .collect();
     let acked: Arc<Mutex<Vec<(String, u64, String)>>> = Arc::default();
-    let observed: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
 
     // A monitor reads the stored tokens straight from the backend.
-    let monitor = {
-        let (e, keys, observed, done) = (e.clone(), keys.clone(), observed.clone(), done.clone());
-        tokio::spawn(async move {
-            while !done.load(std::sync::atomic::Ordering::Acquire) {
-                for k in &keys {
-                    if let Some(t) = stored_token(&e.backend, BUCKET, k).await {
-                        observed
-                            .lock()
-                            .expect("lock")
-                            .entry(k.clone())
-                            .or_default()
-                            .push(t);
-                    }
-                }
-            }
-        })
-    };
+    let monitor = TokenMonitor::start(&e.backend, BUCKET, &keys);
     let writers: Vec<_> = (0..8u64)
         .map(|w| {
             let (e, keys, acked) = (e.clone(), keys.clone(), acked.clone());
@@ -649,8 +630,7 @@ async fn concurrent_writers_never_lower_a_stored_token(kind: BackendKind) {
     for w in writers {
         w.await.expect("writer");
     }
-    done.store(true, std::sync::atomic::Ordering::Release);
-    monitor.await.expect("monitor");
+    monitor.assert_never_decreased("concurrent writers").await;
 
     let acked = acked.lock().expect("lock").clone();
     assert!(
@@ -658,12 +638,6 @@ async fn concurrent_writers_never_lower_a_stored_token(kind: BackendKind) {
         "too few writes were acknowledged: {}",
         acked.len()
     );
-    for (k, seen) in observed.lock().expect("lock").iter() {
-        assert!(
-            seen.windows(2).all(|w| w[0] <= w[1]),
-            "stored token of {k} went down: {seen:?}"
-        );
-    }
     for k in &keys {
         let mine: Vec<_> = acked.iter().filter(|(key, _, _)| key == k).collect();
         let Some(max) = mine.iter().map(|(_, t, _)| *t).max() else {

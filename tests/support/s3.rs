@@ -436,8 +436,11 @@ pub async fn stored(backend: &Backend, bucket: &str, key: &str) -> Option<(Vec<u
 
 /// The token metadata of an object (HEAD straight to the backend).
 pub async fn stored_token(backend: &Backend, bucket: &str, key: &str) -> Option<u64> {
-    let out = backend
-        .direct()
+    token_via(&backend.direct(), bucket, key).await
+}
+
+async fn token_via(direct: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Option<u64> {
+    let out = direct
         .head_object()
         .bucket(bucket)
         .key(key)
@@ -445,4 +448,52 @@ pub async fn stored_token(backend: &Backend, bucket: &str, key: &str) -> Option<
         .await
         .ok()?;
     out.metadata()?.get("fencing-token")?.parse().ok()
+}
+
+/// Reads the stored tokens of `keys` straight from the backend, over and
+/// over, while a test runs.
+#[derive(Debug)]
+pub struct TokenMonitor {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<std::collections::HashMap<String, Vec<u64>>>,
+}
+
+impl TokenMonitor {
+    pub fn start(backend: &Backend, bucket: &str, keys: &[String]) -> TokenMonitor {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (direct, bucket, keys, stop) = (
+            backend.direct(),
+            bucket.to_owned(),
+            keys.to_vec(),
+            done.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let mut seen: std::collections::HashMap<String, Vec<u64>> = Default::default();
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                for k in &keys {
+                    if let Some(t) = token_via(&direct, &bucket, k).await {
+                        seen.entry(k.clone()).or_default().push(t);
+                    }
+                }
+            }
+            seen
+        });
+        TokenMonitor { done, task }
+    }
+
+    /// Stops, and asserts that no key's stored token ever went down.
+    pub async fn assert_never_decreased(self, context: &str) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+        let seen = self.task.await.expect("monitor");
+        assert!(
+            !seen.is_empty(),
+            "{context}: the monitor never saw a stored token"
+        );
+        for (k, tokens) in &seen {
+            assert!(
+                tokens.windows(2).all(|w| w[0] <= w[1]),
+                "{context}: stored token of {k} went down: {tokens:?}"
+            );
+        }
+    }
 }
