@@ -183,10 +183,6 @@ pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
 
-pub fn path_str(p: &Path) -> PathBuf {
-    p.to_path_buf()
-}
-
 /// The wall clock in Unix milliseconds (tests compare it with lease expiries).
 #[allow(clippy::disallowed_methods, reason = "tests observe real expiry")]
 pub fn unix_ms() -> u64 {
