@@ -101,6 +101,32 @@ impl Router {
     }
 }
 
+/// Runs each request's handler in a task of its own, so a client that goes
+/// away does not cancel the handler half-way through a write. Hyper drops
+/// a connection's in-flight handler when the connection closes; a handler
+/// dropped between two steps of one write would leave them apart (s3s-fs
+/// renames the object's data into place before it writes its metadata, and
+/// the proxy would let go of a key while the store is still writing it).
+/// Detached, a handler whose body arrived whole finishes; one whose body was
+/// cut short fails on the body, as before.
+#[derive(Clone)]
+struct Detached<S>(S);
+
+impl<S> hyper::service::Service<Request<Incoming>> for Detached<S>
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = HttpError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = HttpError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, HttpError>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let handler = tokio::spawn(self.0.call(req));
+        Box::pin(async move { handler.await.map_err(|e| HttpError::new(Box::new(e)))? })
+    }
+}
+
 /// Serves `s3` on `listener` until `shutdown`, then stops accepting and
 /// waits (up to 30 s) for in-flight requests.
 pub async fn serve(
@@ -113,7 +139,8 @@ pub async fn serve(
 }
 
 /// Serves any hyper service the same way (used for the embedded backend of
-/// `fencegate dev` and for test backends).
+/// `fencegate dev` and for test backends). Every request runs detached (see
+/// [`Detached`]).
 pub async fn serve_service<S>(
     listener: TcpListener,
     router: S,
@@ -141,7 +168,7 @@ where
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let conn = http.serve_connection(TokioIo::new(stream), router.clone());
+                let conn = http.serve_connection(TokioIo::new(stream), Detached(router.clone()));
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
