@@ -56,6 +56,11 @@ pub struct DevConfig {
     pub proxy_listen: SocketAddr,
     /// Embedded S3 backend address.
     pub backend_listen: SocketAddr,
+    /// Trust plain decimal tokens (`Fencing-Token: 7`), so the fence can be
+    /// tried with curl and small numbers. Signed tokens are still verified.
+    /// With `false`, the dev proxy behaves like a production one: a plain
+    /// number may write at the scope's max but never raise it.
+    pub accept_unsigned_tokens: bool,
 }
 
 impl Default for DevConfig {
@@ -65,6 +70,7 @@ impl Default for DevConfig {
             locksvc_listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             proxy_listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
             backend_listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
+            accept_unsigned_tokens: true,
         }
     }
 }
@@ -176,6 +182,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         }],
         allow_anonymous: true,
         signing_keys: vec![key],
+        accept_unsigned_tokens: Some(args.accept_unsigned_tokens),
         probe_bucket: Some(DEV_BUCKET.into()),
         ..ProxyConfig::default()
     };
@@ -195,7 +202,13 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         stopped(stop_rx.clone()),
     ));
     let proxy = fencegate_proxy::Proxy::build(proxy_config).await?;
-    banner(proxy_addr, locksvc_addr, backend_addr, data);
+    banner(
+        proxy_addr,
+        locksvc_addr,
+        backend_addr,
+        data,
+        args.accept_unsigned_tokens,
+    );
     let proxy_task = tokio::spawn(proxy.serve(proxy_listener, stopped(stop_rx)));
 
     shutdown_signal().await;
@@ -206,13 +219,25 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn banner(proxy: SocketAddr, locksvc: SocketAddr, backend: SocketAddr, data: &std::path::Path) {
+fn banner(
+    proxy: SocketAddr,
+    locksvc: SocketAddr,
+    backend: SocketAddr,
+    data: &std::path::Path,
+    plain_tokens: bool,
+) {
     let (ak, sk) = DEV_CLIENT_KEY;
+    let tokens = if plain_tokens {
+        "signed tokens, and plain numbers (accept_unsigned_tokens)"
+    } else {
+        "signed tokens; plain numbers only up to the current max"
+    };
     let text = format!(
         r#"fencegate dev listening on http://{proxy} (locksvc http://{locksvc}, backend http://{backend})
 
   fencing S3 proxy   http://{proxy}      bucket "{DEV_BUCKET}"; S3 keys {ak} / {sk}
                                          (anonymous requests with a Fencing-Token header are allowed)
+                                         Fencing-Token: {tokens}
   lease service      http://{locksvc}
   unfenced backend   http://{backend}      keys {bk} / {bs} (what the proxy protects)
   data               {data}

@@ -75,6 +75,35 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
         stdout.trim_end().ends_with("from bob"),
         "the object is bob's: {stdout}"
     );
+
+    // The dev proxy trusts plain numbers: they raise the fence, and a lower
+    // one is stale. A forged signature is still refused.
+    let put = |token: &str, body: &str| {
+        let out = Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .args([
+                "-H",
+                &format!("Fencing-Token: {token}"),
+                "--data-binary",
+                body,
+            ])
+            .arg(format!("{}/backups/plain.txt", dev.url))
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(put("50", "plain 50"), "200");
+    assert_eq!(put("49", "plain 49"), "409");
+    let forged = fencegate_core::TokenKeys::new(vec![b"not-the-dev-signing-key".to_vec()])
+        .expect("key")
+        .sign(&fencegate_core::LockName::new("backups").expect("lock"), 51)
+        .to_string();
+    assert_eq!(put(&forged, "forged 51"), "403");
+    let got = Command::new("curl")
+        .args(["-sS", &format!("{}/backups/plain.txt", dev.url)])
+        .output()
+        .expect("curl runs");
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "plain 50");
     drop(dev);
 }
 

@@ -695,6 +695,21 @@ async fn forged_tokens_are_refused_and_leave_max_unchanged(kind: BackendKind) {
         stored(&e.backend, BUCKET, "k").await,
         Some((b"genuine".to_vec(), Some(3)))
     );
+    // A plain number cannot raise the fence, but it is still a token: below
+    // the max it is stale (and learns the max), at the max it writes.
+    let (status, code, max) = e.put("k", "2", "plain stale").await.expect_err("stale");
+    assert_eq!(
+        (status, code.as_str(), max.as_deref()),
+        (Some(409), "FencingTokenStale", Some("3"))
+    );
+    e.put("k", "3", "plain at max")
+        .await
+        .expect("plain at the max");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        Some((b"plain at max".to_vec(), Some(3)))
+    );
+    assert_eq!(e.proxy.max_token(BUCKET).await, 3);
 }
 
 async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) {

@@ -28,8 +28,10 @@ pub struct ProxyConfig {
     /// list as the lease service's `signing_keys`). Override with
     /// `FENCEGATE_SIGNING_KEYS` (comma separated).
     pub signing_keys: Vec<String>,
-    /// Accept plain decimal tokens. Default false: anyone could raise a
-    /// scope's max with a number no lease service issued and lock every real
+    /// Trust plain decimal tokens like signed ones. Default false: a plain
+    /// number is then still accepted at or below the scope's max (stale
+    /// below it, admitted at it) but cannot raise the max, since anyone could
+    /// raise it with a number no lease service issued and lock every real
     /// holder out. Without `signing_keys` it must be set to true explicitly.
     pub accept_unsigned_tokens: Option<bool>,
     /// Fence scopes: a bucket, or a key prefix in a bucket, bound to a lock.

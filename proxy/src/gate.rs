@@ -21,7 +21,7 @@ use crate::keys::{KeyGuard, Keys, Known};
 use crate::metrics::{Metrics, ProbeLabels, ScopeLabels};
 use crate::probe::{ProbeReport, probe};
 use crate::scope::{Scope, ScopeMap};
-use crate::tokens::TokenPolicy;
+use crate::tokens::{Rejection, TokenPolicy};
 use fencegate_core::TokenKeys;
 use http::HeaderMap;
 use s3s::{S3Error, S3Result};
@@ -246,19 +246,35 @@ impl Gate {
         })
     }
 
-    /// The token a request carries for `scope`, or why it is refused.
+    /// The token a request carries for `scope`, or why it is refused. A
+    /// token the proxy cannot vouch for (a plain number where signing keys
+    /// are required) is refused if it would raise the scope's max; the max
+    /// only grows, so admitting it later cannot raise it either.
     pub fn token(
         &self,
         op: &'static str,
         req: RequestToken<'_>,
         scope: &Scope,
     ) -> S3Result<Option<u64>> {
-        self.tokens
+        let refuse = |r: Rejection| {
+            self.metrics.write(op, &scope.id, "invalid_token");
+            errors::rejected(&r)
+        };
+        let Some(presented) = self
+            .tokens
             .from_request(req.headers, req.access_key, scope)
-            .map_err(|r| {
-                self.metrics.write(op, &scope.id, "invalid_token");
-                errors::rejected(&r)
-            })
+            .map_err(refuse)?
+        else {
+            return Ok(None);
+        };
+        let max = self.fences.max(&scope.id);
+        if !presented.vouched && presented.token > max {
+            return Err(refuse(Rejection::Unsigned {
+                token: presented.token,
+                max,
+            }));
+        }
+        Ok(Some(presented.token))
     }
 
     /// Like [`Gate::token`], but a missing token is an error (428).

@@ -1,4 +1,12 @@
 //! Which token a request carries, and whether the proxy believes it.
+//!
+//! A signed token (or lease-bound credentials) is *vouched for*: the lease
+//! service issued it, so it may raise a scope's max. A plain decimal token
+//! is not. Where the proxy has signing keys and does not trust plain
+//! numbers, a plain token is still a valid way to write (the holder knows
+//! its number), but only at or below the scope's current max: it can be
+//! refused as stale (409, with the max) or admitted at the max, never raise
+//! it (403). So a made-up high number cannot lock every real holder out.
 
 use crate::scope::Scope;
 use fencegate_core::token::VerifyError;
@@ -7,6 +15,15 @@ use http::HeaderMap;
 
 /// The request header carrying the token.
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
+
+/// A token read from a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Presented {
+    pub token: u64,
+    /// Signed by a lease service key (or bound to signed credentials), or
+    /// trusted because the proxy accepts plain numbers: it may raise a max.
+    pub vouched: bool,
+}
 
 /// How the proxy treats tokens.
 #[derive(Debug, Clone)]
@@ -25,9 +42,9 @@ pub enum Rejection {
     #[error("Fencing-Token is not valid UTF-8/ASCII")]
     NotText,
     #[error(
-        "unsigned tokens are not accepted here: send the signed fencing_token the lease service returned"
+        "plain token {token} would raise the fence above its max {max}, which only a signed token can do: send the fencing_token string the lease service returned"
     )]
-    Unsigned,
+    Unsigned { token: u64, max: u64 },
     #[error("{0}")]
     Verify(VerifyError),
     #[error("signed tokens cannot be checked: the proxy has no signing_keys")]
@@ -52,7 +69,7 @@ impl TokenPolicy {
         &self,
         headers: &HeaderMap,
         scope: &Scope,
-    ) -> Result<Option<u64>, Rejection> {
+    ) -> Result<Option<Presented>, Rejection> {
         let mut values = headers.get_all(FENCING_TOKEN_HEADER).iter();
         let Some(value) = values.next() else {
             return Ok(None);
@@ -72,7 +89,7 @@ impl TokenPolicy {
         headers: &HeaderMap,
         access_key: Option<&str>,
         scope: &Scope,
-    ) -> Result<Option<u64>, Rejection> {
+    ) -> Result<Option<Presented>, Rejection> {
         let header = self.from_headers(headers, scope)?;
         let bound = match access_key.map(fencegate_core::credentials::parse_access_key) {
             // The signature already proved the key pair came from a lease
@@ -89,11 +106,16 @@ impl TokenPolicy {
             _ => None,
         };
         match (header, bound) {
-            (Some(h), Some(c)) if h != c => Err(Rejection::Disagree {
-                header: h,
+            (Some(h), Some(c)) if h.token != c => Err(Rejection::Disagree {
+                header: h.token,
                 credentials: c,
             }),
-            (h, c) => Ok(h.or(c)),
+            // The credentials vouch for the number the header repeats.
+            (_, Some(c)) => Ok(Some(Presented {
+                token: c,
+                vouched: true,
+            })),
+            (h, None) => Ok(h),
         }
     }
 
@@ -103,26 +125,106 @@ impl TokenPolicy {
     }
 
     /// Checks a header value against `scope`'s lock.
-    pub fn verify(&self, text: &str, scope: &Scope) -> Result<u64, Rejection> {
+    pub fn verify(&self, text: &str, scope: &Scope) -> Result<Presented, Rejection> {
         match FencingToken::parse(text).map_err(Rejection::Malformed)? {
-            FencingToken::Plain(n) if self.accept_unsigned => Ok(n),
-            FencingToken::Plain(_) => Err(Rejection::Unsigned),
-            FencingToken::Signed(signed) => match &self.keys {
-                Some(keys) => keys.verify(&signed, &scope.lock).map_err(Rejection::Verify),
-                // Without keys the proxy trusts plain numbers anyway; it can
-                // still hold the token to its lock.
-                None if self.accept_unsigned => {
-                    if signed.lock == scope.lock {
-                        Ok(signed.token)
-                    } else {
-                        Err(Rejection::Verify(VerifyError::WrongLock {
-                            expected: scope.lock.to_string(),
-                            found: signed.lock.to_string(),
-                        }))
-                    }
-                }
-                None => Err(Rejection::NoKeys),
-            },
+            FencingToken::Plain(token) => Ok(Presented {
+                token,
+                vouched: self.accept_unsigned,
+            }),
+            FencingToken::Signed(signed) => {
+                self.verify_signed(signed, scope).map(|token| Presented {
+                    token,
+                    vouched: true,
+                })
+            }
         }
+    }
+
+    fn verify_signed(
+        &self,
+        signed: fencegate_core::SignedToken,
+        scope: &Scope,
+    ) -> Result<u64, Rejection> {
+        match &self.keys {
+            Some(keys) => keys.verify(&signed, &scope.lock).map_err(Rejection::Verify),
+            // Without keys the proxy trusts plain numbers anyway; it can
+            // still hold the token to its lock.
+            None if self.accept_unsigned => {
+                if signed.lock == scope.lock {
+                    Ok(signed.token)
+                } else {
+                    Err(Rejection::Verify(VerifyError::WrongLock {
+                        expected: scope.lock.to_string(),
+                        found: signed.lock.to_string(),
+                    }))
+                }
+            }
+            None => Err(Rejection::NoKeys),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencegate_core::LockName;
+
+    fn scope() -> Scope {
+        Scope {
+            id: "bkt".into(),
+            bucket: "bkt".into(),
+            prefix: String::new(),
+            lock: LockName::new("bkt").expect("lock"),
+        }
+    }
+
+    fn keys() -> TokenKeys {
+        TokenKeys::new(vec![b"a-signing-key-for-tests".to_vec()]).expect("keys")
+    }
+
+    #[test]
+    fn only_signed_tokens_are_vouched_for_unless_plain_ones_are_trusted() {
+        let signed = keys().sign(&scope().lock, 7).to_string();
+        let strict = TokenPolicy::new(Some(keys()), false);
+        let trusting = TokenPolicy::new(Some(keys()), true);
+        for (policy, text, want) in [
+            (&strict, "7", (7, false)),
+            (&strict, signed.as_str(), (7, true)),
+            (&trusting, "7", (7, true)),
+            (&trusting, signed.as_str(), (7, true)),
+        ] {
+            let p = policy.verify(text, &scope()).expect("accepted");
+            assert_eq!((p.token, p.vouched), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn lease_credentials_vouch_and_must_agree_with_the_header() {
+        let policy = TokenPolicy::new(Some(keys()), false);
+        let access = keys().credentials(&scope().lock, 5, 1_000).access_key;
+        let mut headers = HeaderMap::new();
+        let p = policy
+            .from_request(&headers, Some(&access), &scope())
+            .expect("accepted")
+            .expect("a token");
+        assert_eq!((p.token, p.vouched), (5, true));
+        headers.insert(FENCING_TOKEN_HEADER, "5".parse().expect("value"));
+        let p = policy
+            .from_request(&headers, Some(&access), &scope())
+            .expect("accepted")
+            .expect("a token");
+        assert_eq!(
+            (p.token, p.vouched),
+            (5, true),
+            "the plain header repeats it"
+        );
+        headers.insert(FENCING_TOKEN_HEADER, "6".parse().expect("value"));
+        assert_eq!(
+            policy.from_request(&headers, Some(&access), &scope()),
+            Err(Rejection::Disagree {
+                header: 6,
+                credentials: 5
+            })
+        );
     }
 }
