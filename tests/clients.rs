@@ -57,7 +57,11 @@ macro_rules! on_both_backends {
     };
 }
 
-on_both_backends!(boto3_every_write_is_fenced, curl_every_write_is_fenced);
+on_both_backends!(
+    boto3_every_write_is_fenced,
+    curl_every_write_is_fenced,
+    virtual_hosted_style_is_fenced_like_path_style
+);
 
 async fn raise_max_to(e: &Env, token: u64) {
     let c = e.proxy.client();
@@ -308,4 +312,76 @@ async fn dump_headers(args: &[&str]) -> String {
         })
         .map(|v| v.trim().to_owned())
         .expect("etag header")
+}
+
+/// `bkt.localhost:<port>` names the bucket in the Host header (the default
+/// `virtual_host_domains`); curl connects to the proxy's address for it, as
+/// a resolver answering `*.localhost` would.
+async fn virtual_hosted_style_is_fenced_like_path_style(kind: BackendKind) {
+    let e = env(kind).await;
+    raise_max_to(&e, 5).await;
+    let addr = e.proxy.url.trim_start_matches("http://").to_owned();
+    let port = addr.rsplit_once(':').expect("port").1.to_owned();
+    let vhost = format!("{BUCKET}.localhost:{port}");
+    let connect = format!("{vhost}:{addr}");
+    let go = |token: Option<String>, method: &'static str, key: &str, body: &str, sign: bool| {
+        let mut a: Vec<String> = vec!["--connect-to".into(), connect.clone()];
+        a.extend(["-X".into(), method.into()]);
+        if !body.is_empty() {
+            a.extend(["--data-binary".into(), body.into()]);
+        }
+        if let Some(t) = token {
+            a.extend(["-H".into(), format!("Fencing-Token: {t}")]);
+        }
+        if sign {
+            a.extend([
+                "--aws-sigv4".into(),
+                "aws:amz:us-east-1:s3".into(),
+                "--user".into(),
+                format!("{}:{}", CLIENT_KEY.0, CLIENT_KEY.1),
+                "-H".into(),
+                "x-amz-content-sha256: UNSIGNED-PAYLOAD".into(),
+            ]);
+        }
+        a.push(format!("http://{vhost}/{key}"));
+        async move { curl(&a.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+
+    let (s, body) = go(None, "PUT", "v/put", "no token", false).await;
+    assert_eq!(s, 428, "{body}");
+    let (s, body) = go(Some(signed(BUCKET, 4)), "PUT", "v/put", "stale", false).await;
+    assert_eq!(s, 409, "{body}");
+    assert!(body.contains("FencingTokenStale"), "{body}");
+    let (s, body) = go(Some(signed(BUCKET, 5)), "PUT", "v/put", "vhost body", false).await;
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = go(
+        Some(signed(BUCKET, 5)),
+        "PUT",
+        "v/signed",
+        "signed vhost",
+        true,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "v/put").await,
+        Some((b"vhost body".to_vec(), Some(5)))
+    );
+    assert_eq!(
+        stored(&e.backend, BUCKET, "v/signed").await,
+        Some((b"signed vhost".to_vec(), Some(5)))
+    );
+    // Reads and listings by virtual host see the same bucket.
+    let (s, body) = go(None, "GET", "v/put", "", false).await;
+    assert_eq!((s, body.as_str()), (200, "vhost body"));
+    let (s, body) = go(None, "GET", "?list-type=2&prefix=v/", "", false).await;
+    assert_eq!(s, 200, "{body}");
+    assert!(
+        body.contains("<Key>v/put</Key>") && body.contains("<Key>v/signed</Key>"),
+        "{body}"
+    );
+    // A stale delete by virtual host is refused too.
+    let (s, _) = go(Some(signed(BUCKET, 4)), "DELETE", "v/put", "", false).await;
+    assert_eq!(s, 409);
+    assert!(stored(&e.backend, BUCKET, "v/put").await.is_some());
 }

@@ -53,6 +53,10 @@ pub struct ProxyConfig {
     pub etag_cache_entries: usize,
     /// Largest XML request body (CompleteMultipartUpload, DeleteObjects).
     pub max_xml_body_bytes: usize,
+    /// Domains under which clients may use virtual-hosted-style addressing
+    /// (`<bucket>.<domain>`); the domain itself and every other host (IP
+    /// addresses included) are path style.
+    pub virtual_host_domains: Vec<String>,
 }
 
 /// The S3 server behind the proxy.
@@ -129,6 +133,7 @@ impl Default for ProxyConfig {
             accept_weak_backend: false,
             etag_cache_entries: 100_000,
             max_xml_body_bytes: 8 * 1024 * 1024,
+            virtual_host_domains: vec!["localhost".into()],
         }
     }
 }
@@ -234,6 +239,20 @@ impl ProxyConfig {
                 "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so forged tokens are refused, or set accept_unsigned_tokens = true to trust plain numbers"
             ));
         }
+        for d in &self.virtual_host_domains {
+            let valid = !d.is_empty()
+                && d.split('.').all(|label| {
+                    !label.is_empty()
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if !valid {
+                p.push(format!(
+                    "virtual_host_domains: {d:?} is not a domain name (letters, digits, '-' and dots; no port)"
+                ));
+            }
+        }
         for (i, s) in self.scopes.iter().enumerate() {
             if s.bucket.is_empty() || s.bucket.contains('/') {
                 p.push(format!(
@@ -293,6 +312,7 @@ mod tests {
         let c: ProxyConfig = toml::from_str(
             r#"
             signing_keys = ["short"]
+            virtual_host_domains = ["localhost:9000"]
             [[scopes]]
             bucket = "b"
             lock = "bad lock"
@@ -309,6 +329,7 @@ mod tests {
             "signing_keys[0]",
             "scopes[0].lock",
             "both cover",
+            "virtual_host_domains",
         ] {
             assert!(
                 p.iter().any(|s| s.contains(needle)),

@@ -4,6 +4,7 @@
 //!
 //! Module map (request order):
 //! - [`server`]: HTTP, operations endpoints, graceful shutdown;
+//! - [`host`]: virtual-hosted-style addressing (bucket in the `Host`);
 //! - [`access`]: client SigV4 keys, anonymous policy, operation allowlist;
 //! - [`ops`]: one module per S3 operation family, fenced or forwarded;
 //! - [`gate`]: the steps every fenced write shares;
@@ -34,6 +35,7 @@ pub mod devstore;
 pub mod errors;
 pub mod fences;
 pub mod gate;
+pub mod host;
 pub mod keys;
 pub mod metrics;
 pub mod ops;
@@ -101,6 +103,7 @@ impl Proxy {
         builder.set_access(access::Access {
             allow_anonymous: config.allow_anonymous,
         });
+        builder.set_host(host::VirtualHosts::new(&config.virtual_host_domains));
         let mut s3_config = s3s::config::S3Config::default();
         s3_config.xml_max_body_size = config.max_xml_body_bytes;
         builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
