@@ -71,7 +71,11 @@ pub fn parse_access_key(access_key: &str) -> Result<BoundKey, CredentialError> {
     }
     Ok(BoundKey {
         lock: LockName::new(lock).map_err(|_| CredentialError::Shape)?,
-        token: token.parse().map_err(|_| CredentialError::Shape)?,
+        token: token
+            .parse()
+            .ok()
+            .filter(|t| (1..=crate::token::MAX_TOKEN).contains(t))
+            .ok_or(CredentialError::Shape)?,
         expires_at_secs: expiry.parse().map_err(|_| CredentialError::Shape)?,
     })
 }

@@ -61,9 +61,8 @@ pub struct NotHolder {
     pub current: Option<Lease>,
 }
 
-/// The highest token the service will issue: tokens are stored as SQLite
-/// integers (i64).
-pub const MAX_TOKEN: u64 = i64::MAX as u64;
+/// The highest token the service will issue (see [`crate::token::MAX_TOKEN`]).
+pub use crate::token::MAX_TOKEN;
 
 /// All locks and the token counter.
 #[derive(Debug, Clone, Default)]

@@ -28,6 +28,13 @@ pub const SIGNED_PREFIX: &str = "fgt1";
 /// Header values longer than this are refused before any parsing.
 pub const MAX_TOKEN_LEN: usize = 256;
 
+/// The largest token number: 2^63 - 1. Tokens are stored as SQLite
+/// integers (i64) by the lease service and the proxy, and the token sources
+/// one could use instead (etcd revisions, ZooKeeper zxids) are i64 as well.
+/// A larger number could not be persisted as it was admitted, so the wire
+/// format refuses it.
+pub const MAX_TOKEN: u64 = i64::MAX as u64;
+
 /// A parsed `Fencing-Token` header value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FencingToken {
@@ -118,6 +125,7 @@ fn parse_number(s: &str) -> Result<u64, TokenError> {
     }
     match s.parse::<u64>() {
         Ok(0) => Err(TokenError::Zero),
+        Ok(n) if n > MAX_TOKEN => Err(TokenError::Number),
         Ok(n) => Ok(n),
         Err(_) => Err(TokenError::Number),
     }
@@ -129,7 +137,7 @@ fn parse_number(s: &str) -> Result<u64, TokenError> {
 pub enum TokenError {
     #[error("token is {len} bytes long; the limit is {MAX_TOKEN_LEN}")]
     TooLong { len: usize },
-    #[error("token number must be a decimal integer between 1 and 18446744073709551615")]
+    #[error("token number must be a decimal integer between 1 and 9223372036854775807 (2^63-1)")]
     Number,
     #[error("token 0 is never issued; tokens start at 1")]
     Zero,
@@ -248,11 +256,15 @@ mod tests {
     fn plain_numbers() {
         assert_eq!(FencingToken::parse(" 42 "), Ok(FencingToken::Plain(42)));
         assert_eq!(
-            FencingToken::parse("18446744073709551615"),
-            Ok(FencingToken::Plain(u64::MAX))
+            FencingToken::parse("9223372036854775807"),
+            Ok(FencingToken::Plain(MAX_TOKEN))
         );
         assert_eq!(
-            FencingToken::parse("18446744073709551616"),
+            FencingToken::parse("9223372036854775808"),
+            Err(TokenError::Number)
+        );
+        assert_eq!(
+            FencingToken::parse("18446744073709551615"),
             Err(TokenError::Number)
         );
         assert_eq!(FencingToken::parse("0"), Err(TokenError::Zero));
