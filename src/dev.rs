@@ -141,9 +141,8 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
             )
         })?;
     let backend_addr = backend_listener.local_addr()?;
-    let fs = s3s_fs::FileSystem::new(&objects)
-        .map_err(|e| anyhow::anyhow!("cannot open {}: {e:?}", objects.display()))?;
-    let mut b = S3ServiceBuilder::new(fs);
+    let store = fencegate_proxy::devstore::DevStore::new(&objects)?;
+    let mut b = S3ServiceBuilder::new(store);
     b.set_auth(s3s::auth::SimpleAuth::from_single(
         DEV_BACKEND_KEY.0,
         DEV_BACKEND_KEY.1,

@@ -19,7 +19,7 @@ use crate::errors;
 use crate::fences::{Admission, FenceError, Fences};
 use crate::keys::{KeyGuard, Keys, Known};
 use crate::metrics::{Metrics, ProbeLabels, ScopeLabels};
-use crate::probe::{ProbeReport, probe};
+use crate::probe::{NoSuchBucket, ProbeReport, probe};
 use crate::scope::{Scope, ScopeMap};
 use crate::tokens::{Rejection, TokenPolicy};
 use fencegate_core::TokenKeys;
@@ -231,6 +231,10 @@ impl Gate {
                     "the backend ignores conditional writes ({}); set accept_weak_backend = true to run with the proxy as the only fence",
                     r.summary()
                 ),
+            )),
+            Err(e) if e.is::<NoSuchBucket>() => Err(s3s::s3_error!(
+                NoSuchBucket,
+                "bucket {bucket} does not exist: create it first (on the backend, or with CreateBucket through the proxy)"
             )),
             Err(e) => Err(errors::retry(format!(
                 "cannot check that bucket {bucket} enforces conditional writes: {e:#}"

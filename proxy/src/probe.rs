@@ -65,8 +65,21 @@ impl ProbeReport {
 
 const WRONG_ETAG: &str = "\"00000000000000000000000000000000\"";
 
+/// The probed bucket does not exist on the backend (a client's mistake,
+/// not a backend failure: the client gets 404 NoSuchBucket).
+#[derive(Debug, thiserror::Error)]
+#[error("bucket {0} does not exist on the backend")]
+pub struct NoSuchBucket(pub String);
+
 /// Runs the probe in a scratch key of `bucket`, cleaning up after itself.
 pub async fn probe(client: &aws_sdk_s3::Client, bucket: &str) -> anyhow::Result<ProbeReport> {
+    // Some stores create a missing bucket on the first PUT into it (s3s-fs
+    // makes the directory); asking first keeps the probe from doing that.
+    if let Err(e) = client.head_bucket().bucket(bucket).send().await
+        && status_of(&e) == Some(404)
+    {
+        return Err(NoSuchBucket(bucket.to_owned()).into());
+    }
     let key = format!(".fencegate-probe/{}", scratch_suffix());
     let result = run_checks(client, bucket, &key).await;
     // Best effort: the scratch key and any upload left behind.

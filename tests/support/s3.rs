@@ -241,6 +241,16 @@ impl Backend {
             .await
             .unwrap_or_else(|e| panic!("create bucket {bucket}: {e:?}"));
     }
+
+    /// Whether `bucket` exists on this server (asked directly).
+    pub async fn bucket_exists(&self, bucket: &str) -> bool {
+        self.direct()
+            .head_bucket()
+            .bucket(bucket)
+            .send()
+            .await
+            .is_ok()
+    }
 }
 
 /// An S3 client for `endpoint` with path-style addressing and no retries

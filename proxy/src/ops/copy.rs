@@ -79,7 +79,20 @@ pub async fn copy_object(
                 async { head.send().await.map_err(crate::backend::sdk_error) },
                 None,
             )
-            .await?;
+            .await
+            .map_err(|e| {
+                // A HEAD answer has no body: say which object is missing.
+                if e.status_code() == Some(http::StatusCode::NOT_FOUND) {
+                    s3s::s3_error!(
+                        NoSuchKey,
+                        "the copy source s3://{}/{} does not exist",
+                        src_bucket,
+                        src_key
+                    )
+                } else {
+                    e
+                }
+            })?;
         b = b
             .set_content_type(src.content_type().map(str::to_owned))
             .set_cache_control(src.cache_control().map(str::to_owned))
