@@ -74,7 +74,11 @@ impl Client {
         );
         let detail = format!("{message}\n{body}");
         Err(match code.as_str() {
-            "LockHeld" => Failure::Held(detail),
+            // The service's hint names its JSON field; a CLI user has a flag.
+            "LockHeld" => Failure::Held(format!(
+                "{}\n{body}",
+                message.replace("pass wait_ms", "pass --wait <duration> to wait in line")
+            )),
             "LeaseLost" => Failure::LeaseLost(detail),
             _ => Failure::Other(anyhow::anyhow!(
                 "lease service refused the request ({status}): {detail}"

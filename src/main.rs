@@ -56,6 +56,10 @@ pub enum Failure {
     Held(String),
     #[error("{0}")]
     LeaseLost(String),
+    /// `run` could not start its command: 127 if it does not exist, 126 if
+    /// it cannot be executed (as `env`, `timeout` and shells answer).
+    #[error("{message}")]
+    CannotStart { message: String, code: u8 },
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -66,6 +70,7 @@ impl Failure {
             Failure::Other(_) => 1,
             Failure::Held(_) => 3,
             Failure::LeaseLost(_) => 4,
+            Failure::CannotStart { code, .. } => *code,
         }
     }
 }

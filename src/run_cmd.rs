@@ -106,17 +106,19 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             command.env("AWS_ENDPOINT_URL", endpoint);
         }
     }
-    let mut child = command
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot start {:?}: {e}", args.command[0]));
-    let mut child = match child.as_mut() {
-        Ok(_) => child.map_err(Failure::Other)?,
-        Err(_) => {
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
             let _ = client.release(&lease.lock, lease.token).await;
-            return Err(child
-                .map(|_| ())
-                .map_err(Failure::Other)
-                .expect_err("spawn failed"));
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Err(Failure::CannotStart {
+                message: format!("cannot start {:?}: {e}", args.command[0]),
+                code,
+            });
         }
     };
 

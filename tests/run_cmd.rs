@@ -63,6 +63,27 @@ fn exports_the_token_passes_the_exit_status_and_releases() {
 }
 
 #[test]
+fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let not_executable = dir.path().join("data.txt");
+    std::fs::write(&not_executable, "not a program").expect("write");
+    for (command, code) in [
+        ("/nonexistent/backup-tool".to_owned(), 127),
+        (not_executable.display().to_string(), 126),
+    ] {
+        let out = run_cmd(&svc.url, &["--lock", "job", "--", &command])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{command}: {stderr}");
+        assert!(stderr.contains("cannot start"), "{stderr}");
+        let (_, st) = Api::new(&svc.url).status("job");
+        assert_eq!(st["held"], false, "the lease is released: {st}");
+    }
+}
+
+#[test]
 fn a_held_lock_exits_3_without_running_the_command() {
     let dir = tempdir();
     let svc = start_locksvc(dir.path());
