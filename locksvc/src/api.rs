@@ -223,6 +223,7 @@ struct AcquireRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RenewRequest {
+    #[serde(deserialize_with = "token_field")]
     token: u64,
     ttl_ms: Option<u64>,
 }
@@ -230,7 +231,30 @@ struct RenewRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReleaseRequest {
+    #[serde(deserialize_with = "token_field")]
     token: u64,
+}
+
+/// The `token` of renew and release: the number, or either string the
+/// service handed out (the signed `fencing_token`, or the number written as
+/// a string), so a client can send back what it holds.
+fn token_field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    struct TokenVisitor;
+    impl serde::de::Visitor<'_> for TokenVisitor {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a token: the number, or the fencing_token string")
+        }
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<u64, E> {
+            Ok(n)
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<u64, E> {
+            fencegate_core::FencingToken::parse(s)
+                .map(|t| t.number())
+                .map_err(|e| E::custom(format!("token {s:?}: {e}")))
+        }
+    }
+    d.deserialize_any(TokenVisitor)
 }
 
 /// The owner check of acquire: 1 to [`MAX_OWNER_LEN`] bytes, no control

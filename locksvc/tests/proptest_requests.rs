@@ -263,6 +263,11 @@ proptest! {
         let ok = match (&k, &value) {
             (RequestKind::Acquire, Value::String(s)) => !s.is_empty() && !s.chars().any(char::is_control),
             (RequestKind::Renew | RequestKind::Release, Value::Number(n)) => n.is_u64(),
+            // The token as the service handed it out: a decimal string or
+            // the signed fencing_token.
+            (RequestKind::Renew | RequestKind::Release, Value::String(s)) => {
+                fencegate_core::FencingToken::parse(s).is_ok()
+            }
             _ => false,
         };
         let field = if k == RequestKind::Acquire { "owner" } else { "token" };
@@ -298,7 +303,10 @@ fn duplicate_and_missing_fields_are_rejected() {
         (RequestKind::Release, r#"null"#),
         (RequestKind::Release, r#"{"token":-1}"#),
         (RequestKind::Release, r#"{"token":1.0}"#),
-        (RequestKind::Release, r#"{"token":"1"}"#),
+        (RequestKind::Release, r#"{"token":"01"}"#),
+        (RequestKind::Release, r#"{"token":"one"}"#),
+        (RequestKind::Release, r#"{"token":""}"#),
+        (RequestKind::Release, r#"{"token":"fgt1:lock:1"}"#),
         (RequestKind::Release, r#"{"token":18446744073709551616}"#),
         (RequestKind::Release, r#"{"token":1} trailing"#),
         (RequestKind::Release, ""),
@@ -308,6 +316,26 @@ fn duplicate_and_missing_fields_are_rejected() {
             got.as_ref()
                 .is_err_and(|e| e.starts_with("InvalidRequest: ")),
             "{kind:?} {text:?}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn a_token_can_be_sent_back_as_the_string_the_service_returned() {
+    let keys =
+        fencegate_core::TokenKeys::new(vec![b"0123456789abcdef-api".to_vec()]).expect("keys");
+    let signed = keys
+        .sign(&fencegate_core::LockName::new("nightly").expect("lock"), 42)
+        .to_string();
+    for text in [
+        format!(r#"{{"token":"{signed}"}}"#),
+        r#"{"token":"42"}"#.to_owned(),
+        r#"{"token":42}"#.to_owned(),
+    ] {
+        assert_eq!(
+            decode_request(RequestKind::Release, text.as_bytes()),
+            Ok(DecodedRequest::Release { token: 42 }),
+            "{text}"
         );
     }
 }
