@@ -56,10 +56,10 @@ pub struct DevConfig {
     pub proxy_listen: SocketAddr,
     /// Embedded S3 backend address.
     pub backend_listen: SocketAddr,
-    /// Trust plain decimal tokens (`Fencing-Token: 7`), so the fence can be
-    /// tried with curl and small numbers. Signed tokens are still verified.
-    /// With `false`, the dev proxy behaves like a production one: a plain
-    /// number may write at the scope's max but never raise it.
+    /// Trust every plain decimal token (`Fencing-Token: 7`) without asking.
+    /// Default false: the dev proxy checks a plain token with the dev lease
+    /// service (it must be the lock's current token), so the numbers the
+    /// lease service hands out work and made-up ones are refused.
     pub accept_unsigned_tokens: bool,
 }
 
@@ -70,7 +70,7 @@ impl Default for DevConfig {
             locksvc_listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             proxy_listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
             backend_listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
-            accept_unsigned_tokens: true,
+            accept_unsigned_tokens: false,
         }
     }
 }
@@ -182,6 +182,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         allow_anonymous: true,
         signing_keys: vec![key],
         accept_unsigned_tokens: Some(args.accept_unsigned_tokens),
+        locksvc_url: Some(format!("http://{locksvc_addr}")),
         probe_bucket: Some(DEV_BUCKET.into()),
         ..ProxyConfig::default()
     };
@@ -227,9 +228,9 @@ fn banner(
 ) {
     let (ak, sk) = DEV_CLIENT_KEY;
     let tokens = if plain_tokens {
-        "signed tokens, and plain numbers (accept_unsigned_tokens)"
+        "signed, or any plain number (accept_unsigned_tokens)"
     } else {
-        "signed tokens; plain numbers only up to the current max"
+        "signed, or the plain number the lease service issued"
     };
     let text = format!(
         r#"fencegate dev listening on http://{proxy} (locksvc http://{locksvc}, backend http://{backend})

@@ -76,34 +76,68 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
         "the object is bob's: {stdout}"
     );
 
-    // The dev proxy trusts plain numbers: they raise the fence, and a lower
-    // one is stale. A forged signature is still refused.
+    // Plain numbers: the dev proxy asks the dev lease service. The number
+    // it issued works; a made-up one is refused; an older one is stale.
     let put = |token: &str, body: &str| {
         let out = Command::new("curl")
-            .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .args(["-sS", "-o", "-", "-w", "\n%{http_code}", "-X", "PUT"])
             .args([
                 "-H",
                 &format!("Fencing-Token: {token}"),
                 "--data-binary",
                 body,
             ])
-            .arg(format!("{}/backups/plain.txt", dev.url))
+            .arg(format!("{}/plain-demo/plain.txt", dev.url))
             .output()
             .expect("curl runs");
-        String::from_utf8_lossy(&out.stdout).to_string()
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').expect("status");
+        (code.to_owned(), body.to_owned())
     };
-    assert_eq!(put("50", "plain 50"), "200");
-    assert_eq!(put("49", "plain 49"), "409");
+    let created = Command::new("curl")
+        .args(["-sS", "-f", "-X", "PUT", &format!("{}/plain-demo", dev.url)])
+        .status()
+        .expect("curl runs");
+    assert!(created.success(), "CreateBucket through the proxy");
+    let lease = support::fencegate()
+        .args([
+            "lease",
+            "acquire",
+            "plain-demo",
+            "--owner",
+            "carol",
+            "--ttl",
+            "60s",
+        ])
+        .args(["--format", "number", "--locksvc", "http://127.0.0.1:7070"])
+        .output()
+        .expect("lease acquire runs");
+    assert!(lease.status.success(), "{lease:?}");
+    let carol: u64 = String::from_utf8_lossy(&lease.stdout)
+        .trim()
+        .parse()
+        .expect("a token number");
+    let (code, body) = put(&(carol + 10).to_string(), "made up");
+    assert_eq!(code, "403", "{body}");
+    assert!(body.contains("FencingTokenNotIssued"), "{body}");
+    assert_eq!(put(&carol.to_string(), "from carol").0, "200");
+    assert_eq!(put(&carol.to_string(), "carol again").0, "200");
+    let (code, body) = put(&(carol - 1).to_string(), "stale");
+    assert_eq!(code, "409", "{body}");
+    assert!(body.contains("FencingTokenStale"), "{body}");
     let forged = fencegate_core::TokenKeys::new(vec![b"not-the-dev-signing-key".to_vec()])
         .expect("key")
-        .sign(&fencegate_core::LockName::new("backups").expect("lock"), 51)
+        .sign(
+            &fencegate_core::LockName::new("plain-demo").expect("lock"),
+            carol + 1,
+        )
         .to_string();
-    assert_eq!(put(&forged, "forged 51"), "403");
+    assert_eq!(put(&forged, "forged").0, "403");
     let got = Command::new("curl")
-        .args(["-sS", &format!("{}/backups/plain.txt", dev.url)])
+        .args(["-sS", &format!("{}/plain-demo/plain.txt", dev.url)])
         .output()
         .expect("curl runs");
-    assert_eq!(String::from_utf8_lossy(&got.stdout), "plain 50");
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "carol again");
     drop(dev);
 }
 

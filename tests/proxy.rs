@@ -673,6 +673,9 @@ async fn forged_tokens_are_refused_and_leave_max_unchanged(kind: BackendKind) {
     let tampered = signed(BUCKET, 4).replacen(":4:", ":100:", 1);
     let cases = [
         ("100".to_owned(), 403, "FencingTokenUnsigned"),
+        // Even at the max: a plain number proves nothing without the
+        // lease service to ask (see tests/dev.rs for locksvc_url).
+        ("3".to_owned(), 403, "FencingTokenUnsigned"),
         (wrong_key, 403, "FencingTokenSignatureInvalid"),
         (signed("another-lock", 100), 403, "FencingTokenWrongLock"),
         (tampered, 403, "FencingTokenSignatureInvalid"),
@@ -697,21 +700,6 @@ async fn forged_tokens_are_refused_and_leave_max_unchanged(kind: BackendKind) {
         stored(&e.backend, BUCKET, "k").await,
         Some((b"genuine".to_vec(), Some(3)))
     );
-    // A plain number cannot raise the fence, but it is still a token: below
-    // the max it is stale (and learns the max), at the max it writes.
-    let (status, code, max) = e.put("k", "2", "plain stale").await.expect_err("stale");
-    assert_eq!(
-        (status, code.as_str(), max.as_deref()),
-        (Some(409), "FencingTokenStale", Some("3"))
-    );
-    e.put("k", "3", "plain at max")
-        .await
-        .expect("plain at the max");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "k").await,
-        Some((b"plain at max".to_vec(), Some(3)))
-    );
-    assert_eq!(e.proxy.max_token(BUCKET).await, 3);
 }
 
 async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) {
@@ -963,5 +951,46 @@ async fn a_backend_that_ignores_conditions_is_refused_unless_accepted() {
         409,
         "FencingTokenStale",
         "stale in weak mode"
+    );
+}
+
+/// With `locksvc_url`, plain tokens are checked with the lease service; when
+/// it cannot be asked, a plain token gets a retryable 503 (never admitted
+/// unchecked), while signed tokens need no lease service at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_tokens_wait_for_a_reachable_lease_service() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unreachable = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", unreachable.local_addr().expect("addr"));
+    drop(unreachable);
+    let proxy = Proxy::start(
+        &proxy_toml(
+            &backend,
+            dir.path(),
+            BUCKET,
+            &format!("locksvc_url = \"{url}\""),
+        ),
+        dir.path(),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let put = |token: String| {
+        http.put(format!("{}/{BUCKET}/k", proxy.url))
+            .header("fencing-token", token)
+            .body("x")
+            .send()
+    };
+    let r = put("5".into()).await.expect("sent");
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(r.text().await.expect("body").contains("lease service"));
+    assert_eq!(put(signed(BUCKET, 5)).await.expect("sent").status(), 200);
+    // Below the max, a plain token is stale without asking anyone.
+    let r = put("4".into()).await.expect("sent");
+    assert_eq!(r.status().as_u16(), 409);
+    assert_eq!(
+        stored(&backend, BUCKET, "k").await,
+        Some((b"x".to_vec(), Some(5)))
     );
 }

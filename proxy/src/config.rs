@@ -28,12 +28,19 @@ pub struct ProxyConfig {
     /// list as the lease service's `signing_keys`). Override with
     /// `FENCEGATE_SIGNING_KEYS` (comma separated).
     pub signing_keys: Vec<String>,
-    /// Trust plain decimal tokens like signed ones. Default false: a plain
-    /// number is then still accepted at or below the scope's max (stale
-    /// below it, admitted at it) but cannot raise the max, since anyone could
-    /// raise it with a number no lease service issued and lock every real
-    /// holder out. Without `signing_keys` it must be set to true explicitly.
+    /// Trust plain decimal tokens like signed ones. Default false: anyone
+    /// could raise a scope's max with a number no lease service issued and
+    /// lock every real holder out, so plain tokens are refused, or checked
+    /// with the lease service when `locksvc_url` is set. Without
+    /// `signing_keys` it must be set to true explicitly.
     pub accept_unsigned_tokens: Option<bool>,
+    /// The lease service that issues the tokens. When set, a plain decimal
+    /// token is accepted if the lease service confirms it is the current
+    /// token of the scope's lock (asked once per new token).
+    pub locksvc_url: Option<String>,
+    /// API key for `locksvc_url`, if the lease service requires one.
+    /// Override with `FENCEGATE_API_KEY`.
+    pub locksvc_api_key: Option<String>,
     /// Fence scopes: a bucket, or a key prefix in a bucket, bound to a lock.
     /// Empty: every bucket is its own scope, fenced by the lock named like
     /// the bucket.
@@ -127,6 +134,8 @@ impl Default for ProxyConfig {
             allow_anonymous: false,
             signing_keys: Vec::new(),
             accept_unsigned_tokens: None,
+            locksvc_url: None,
+            locksvc_api_key: None,
             scopes: Vec::new(),
             unscoped_writes: UnscopedPolicy::Deny,
             probe_bucket: None,
@@ -156,6 +165,8 @@ pub const ENV_BACKEND_ACCESS_KEY: &str = "FENCEGATE_BACKEND_ACCESS_KEY";
 pub const ENV_BACKEND_SECRET_KEY: &str = "FENCEGATE_BACKEND_SECRET_KEY";
 /// `ACCESS:SECRET[,ACCESS:SECRET...]`, replacing `clients`.
 pub const ENV_CLIENT_KEYS: &str = "FENCEGATE_CLIENT_KEYS";
+/// The lease service API key (`locksvc_api_key`); the CLI reads it too.
+pub const ENV_LOCKSVC_API_KEY: &str = "FENCEGATE_API_KEY";
 
 impl ProxyConfig {
     /// Reads TOML text and applies environment overrides.
@@ -169,6 +180,9 @@ impl ProxyConfig {
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) {
         if let Some(v) = var(ENV_SIGNING_KEYS) {
             self.signing_keys = split_list(&v);
+        }
+        if let Some(v) = var(ENV_LOCKSVC_API_KEY) {
+            self.locksvc_api_key = Some(v);
         }
         if let Some(v) = var(ENV_BACKEND_ACCESS_KEY) {
             self.backend.access_key = v;
@@ -237,6 +251,13 @@ impl ProxyConfig {
         if self.signing_keys.is_empty() && self.accept_unsigned_tokens != Some(true) {
             p.push(format!(
                 "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so forged tokens are refused, or set accept_unsigned_tokens = true to trust plain numbers"
+            ));
+        }
+        if let Some(url) = &self.locksvc_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            p.push(format!(
+                "locksvc_url {url:?} must be an http:// or https:// URL of the lease service"
             ));
         }
         for d in &self.virtual_host_domains {

@@ -60,9 +60,12 @@ pub fn rejected(r: &Rejection) -> S3Error {
             StatusCode::BAD_REQUEST,
             r.to_string(),
         ),
-        Rejection::Unsigned { .. } => {
-            custom("FencingTokenUnsigned", StatusCode::FORBIDDEN, r.to_string())
-        }
+        Rejection::Unsigned => custom("FencingTokenUnsigned", StatusCode::FORBIDDEN, r.to_string()),
+        Rejection::NotIssued { .. } => custom(
+            "FencingTokenNotIssued",
+            StatusCode::FORBIDDEN,
+            r.to_string(),
+        ),
         Rejection::Verify(fencegate_core::token::VerifyError::WrongLock { .. }) => custom(
             "FencingTokenWrongLock",
             StatusCode::FORBIDDEN,

@@ -17,6 +17,7 @@ use crate::config::ProxyConfig;
 use crate::db::{Db, UploadBinding};
 use crate::errors;
 use crate::fences::{Admission, FenceError, Fences};
+use crate::issuer::{Answer, Issuer};
 use crate::keys::{KeyGuard, Keys, Known};
 use crate::metrics::{Metrics, ProbeLabels, ScopeLabels};
 use crate::probe::{NoSuchBucket, ProbeReport, probe};
@@ -40,6 +41,8 @@ pub struct Gate {
     pub keys: Keys,
     pub db: Db,
     pub tokens: TokenPolicy,
+    /// Checks plain tokens with the lease service, when configured.
+    pub issuer: Option<Issuer>,
     pub metrics: Arc<Metrics>,
     pub accept_weak_backend: bool,
     /// How long the backend has to answer once a request is fully sent.
@@ -126,6 +129,17 @@ impl Gate {
             keys: Keys::new(config.etag_cache_entries),
             db,
             tokens: TokenPolicy::new(keys, config.unsigned_tokens_accepted()),
+            issuer: config
+                .locksvc_url
+                .as_deref()
+                .map(|url| {
+                    Issuer::new(
+                        url,
+                        config.locksvc_api_key.clone(),
+                        Duration::from_secs(config.backend.timeout_secs),
+                    )
+                })
+                .transpose()?,
             metrics,
             accept_weak_backend: config.accept_weak_backend,
             backend_timeout: Duration::from_secs(config.backend.timeout_secs),
@@ -251,10 +265,10 @@ impl Gate {
     }
 
     /// The token a request carries for `scope`, or why it is refused. A
-    /// token the proxy cannot vouch for (a plain number where signing keys
-    /// are required) is refused if it would raise the scope's max; the max
-    /// only grows, so admitting it later cannot raise it either.
-    pub fn token(
+    /// plain token the proxy cannot vouch for is refused, unless the lease
+    /// service (`locksvc_url`) confirms it issued it; below the scope's max
+    /// it needs no confirmation, since admission answers it stale anyway.
+    pub async fn token(
         &self,
         op: &'static str,
         req: RequestToken<'_>,
@@ -271,24 +285,37 @@ impl Gate {
         else {
             return Ok(None);
         };
-        let max = self.fences.max(&scope.id);
-        if !presented.vouched && presented.token > max {
-            return Err(refuse(Rejection::Unsigned {
-                token: presented.token,
-                max,
-            }));
+        let token = presented.token;
+        if presented.vouched {
+            return Ok(Some(token));
         }
-        Ok(Some(presented.token))
+        let Some(issuer) = &self.issuer else {
+            return Err(refuse(Rejection::Unsigned));
+        };
+        if token < self.fences.max(&scope.id) {
+            return Ok(Some(token));
+        }
+        match issuer.check(scope.lock.as_str(), token).await {
+            Ok(Answer::Issued) => Ok(Some(token)),
+            Ok(Answer::NotIssued { current }) => Err(refuse(Rejection::NotIssued {
+                token,
+                lock: scope.lock.to_string(),
+                current: current.map_or_else(|| "none: it is not held".into(), |t| t.to_string()),
+            })),
+            Err(e) => Err(errors::retry(format!(
+                "cannot check plain token {token} with the lease service ({e}); retry, or send the signed fencing_token"
+            ))),
+        }
     }
 
     /// Like [`Gate::token`], but a missing token is an error (428).
-    pub fn required_token(
+    pub async fn required_token(
         &self,
         op: &'static str,
         req: RequestToken<'_>,
         scope: &Scope,
     ) -> S3Result<u64> {
-        match self.token(op, req, scope)? {
+        match self.token(op, req, scope).await? {
             Some(t) => Ok(t),
             None => {
                 self.metrics.write(op, &scope.id, "missing");

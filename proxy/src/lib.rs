@@ -10,6 +10,7 @@
 //! - [`gate`]: the steps every fenced write shares;
 //! - [`scope`]: which lock fences a bucket/key;
 //! - [`tokens`]: the `Fencing-Token` header and its verification;
+//!   [`issuer`]: plain tokens checked with the lease service;
 //! - [`fences`]: max_token per scope and the epoch barrier;
 //! - [`keys`]: per-key serialization and the ETag cache;
 //! - [`body`]: request bodies a newer epoch can cut;
@@ -36,6 +37,7 @@ pub mod errors;
 pub mod fences;
 pub mod gate;
 pub mod host;
+pub mod issuer;
 pub mod keys;
 pub mod metrics;
 pub mod ops;

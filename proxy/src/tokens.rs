@@ -1,12 +1,11 @@
 //! Which token a request carries, and whether the proxy believes it.
 //!
 //! A signed token (or lease-bound credentials) is *vouched for*: the lease
-//! service issued it, so it may raise a scope's max. A plain decimal token
-//! is not. Where the proxy has signing keys and does not trust plain
-//! numbers, a plain token is still a valid way to write (the holder knows
-//! its number), but only at or below the scope's current max: it can be
-//! refused as stale (409, with the max) or admitted at the max, never raise
-//! it (403). So a made-up high number cannot lock every real holder out.
+//! service issued it. A plain decimal token is vouched for only where the
+//! operator trusts plain numbers (`accept_unsigned_tokens`). Otherwise the
+//! gate refuses it, or, with `locksvc_url`, asks the lease service whether
+//! it issued it (see [`crate::issuer`]), so a made-up high number cannot
+//! raise a scope's max and lock every real holder out.
 
 use crate::scope::Scope;
 use fencegate_core::token::VerifyError;
@@ -42,9 +41,17 @@ pub enum Rejection {
     #[error("Fencing-Token is not valid UTF-8/ASCII")]
     NotText,
     #[error(
-        "plain token {token} would raise the fence above its max {max}, which only a signed token can do: send the fencing_token string the lease service returned"
+        "plain tokens are not accepted here: send the signed fencing_token the lease service returned"
     )]
-    Unsigned { token: u64, max: u64 },
+    Unsigned,
+    #[error(
+        "plain token {token} was not issued for lock {lock} (the lease service's current token for it is {current}): send the signed fencing_token the lease service returned"
+    )]
+    NotIssued {
+        token: u64,
+        lock: String,
+        current: String,
+    },
     #[error("{0}")]
     Verify(VerifyError),
     #[error("signed tokens cannot be checked: the proxy has no signing_keys")]

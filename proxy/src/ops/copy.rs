@@ -33,7 +33,9 @@ pub async fn copy_object(
         ));
     };
     let scope = gate.scope(OP, &bucket, &key)?;
-    let token = gate.required_token(OP, crate::gate::RequestToken::of(&req), &scope)?;
+    let token = gate
+        .required_token(OP, crate::gate::RequestToken::of(&req), &scope)
+        .await?;
     let w = gate.begin(OP, &bucket, &key, scope, token).await?;
     let (if_match, if_none_match) = super::conditions(&w.known, None, None)?;
 

@@ -23,7 +23,9 @@ pub async fn delete_object(
 ) -> S3Result<S3Response<DeleteObjectOutput>> {
     let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
     let scope = gate.scope(OP, &bucket, &key)?;
-    let token = gate.required_token(OP, crate::gate::RequestToken::of(&req), &scope)?;
+    let token = gate
+        .required_token(OP, crate::gate::RequestToken::of(&req), &scope)
+        .await?;
     let w = gate.begin(OP, &bucket, &key, scope, token).await?;
     let (if_match, _) = super::conditions(&w.known, req.input.if_match.take(), None)?;
     // Deleting an absent key is a no-op the store answers 204 to; no
@@ -50,7 +52,9 @@ pub async fn delete_objects(
     let mut decided = Vec::with_capacity(objects.len());
     for obj in &objects {
         let scope = gate.scope(OP_MANY, &bucket, &obj.key)?;
-        let token = gate.required_token(OP_MANY, crate::gate::RequestToken::of(&req), &scope)?;
+        let token = gate
+            .required_token(OP_MANY, crate::gate::RequestToken::of(&req), &scope)
+            .await?;
         let max = gate.fences.max(&scope.id);
         if token < max {
             gate.metrics.write(OP_MANY, &scope.id, "stale");

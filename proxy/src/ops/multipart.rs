@@ -25,7 +25,9 @@ pub async fn create(
     const OP: &str = "CreateMultipartUpload";
     let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
     let scope = gate.scope(OP, &bucket, &key)?;
-    let token = gate.required_token(OP, crate::gate::RequestToken::of(&req), &scope)?;
+    let token = gate
+        .required_token(OP, crate::gate::RequestToken::of(&req), &scope)
+        .await?;
     let admission = gate.admit(OP, &bucket, &scope, token).await?;
     super::tag(&mut req.input.metadata, token);
     req.input.content_encoding = super::strip_aws_chunked(req.input.content_encoding.take());
@@ -88,7 +90,7 @@ async fn bound<T: UploadRequest>(
         return Err(errors::unknown_upload(upload_id));
     }
     let scope = gate.scope(op, bucket, key)?;
-    if let Some(sent) = gate.token(op, token, &scope)?
+    if let Some(sent) = gate.token(op, token, &scope).await?
         && sent != binding.token
     {
         gate.metrics.write(op, &scope.id, "invalid_token");

@@ -14,7 +14,9 @@ pub async fn put_object(
 ) -> S3Result<S3Response<PutObjectOutput>> {
     let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
     let scope = gate.scope(OP, &bucket, &key)?;
-    let token = gate.required_token(OP, crate::gate::RequestToken::of(&req), &scope)?;
+    let token = gate
+        .required_token(OP, crate::gate::RequestToken::of(&req), &scope)
+        .await?;
     let w = gate.begin(OP, &bucket, &key, scope, token).await?;
 
     let input = &mut req.input;

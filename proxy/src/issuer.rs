@@ -1,0 +1,86 @@
+//! Plain tokens checked with the lease service that issued them.
+//!
+//! A plain decimal token carries no signature, so the proxy cannot tell a
+//! number the lease service issued from one a client made up. With
+//! `locksvc_url` configured, it asks: a plain token `n` for lock `L` is
+//! genuine if the lease service's current lease on `L` has token `n`. The
+//! proxy asks only when `n` is at or above the scope's max (a lower token is
+//! stale whoever issued it) and remembers the highest token confirmed per
+//! lock, so a holder's steady stream of writes costs one question in all.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The lease service, as the proxy asks it about plain tokens.
+#[derive(Debug)]
+pub struct Issuer {
+    url: String,
+    api_key: Option<String>,
+    http: reqwest::Client,
+    /// The highest token confirmed per lock.
+    confirmed: Mutex<HashMap<String, u64>>,
+}
+
+/// What the lease service said about a plain token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// `n` is (or was, when the proxy asked) the lock's current token.
+    Issued,
+    /// The lock's current token is another one (or none is held).
+    NotIssued { current: Option<u64> },
+}
+
+impl Issuer {
+    pub fn new(url: &str, api_key: Option<String>, timeout: Duration) -> anyhow::Result<Issuer> {
+        Ok(Issuer {
+            url: url.trim_end_matches('/').to_owned(),
+            api_key: api_key.filter(|k| !k.is_empty()),
+            http: reqwest::Client::builder().timeout(timeout).build()?,
+            confirmed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether the lease service issued `token` for `lock` (asked unless
+    /// already confirmed). An error means it could not be asked.
+    pub async fn check(&self, lock: &str, token: u64) -> Result<Answer, String> {
+        if self.already_confirmed(lock, token) {
+            return Ok(Answer::Issued);
+        }
+        let mut req = self.http.get(format!("{}/v1/locks/{lock}", self.url));
+        if let Some(key) = &self.api_key {
+            req = req.bearer_auth(key);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| format!("cannot reach the lease service at {}: {e}", self.url))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(format!("the lease service answered {status}"));
+        }
+        let body: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| format!("the lease service's answer is not JSON: {e}"))?;
+        let current = body["token"].as_u64();
+        if current != Some(token) {
+            return Ok(Answer::NotIssued { current });
+        }
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        let best = confirmed.entry(lock.to_owned()).or_insert(token);
+        *best = (*best).max(token);
+        Ok(Answer::Issued)
+    }
+
+    /// Whether `token` is the last token confirmed for `lock`. (Tokens are
+    /// global, so a lower number than the confirmed one may belong to
+    /// another lock; only the exact number counts.)
+    fn already_confirmed(&self, lock: &str, token: u64) -> bool {
+        self.confirmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(lock)
+            == Some(&token)
+    }
+}
