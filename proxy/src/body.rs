@@ -4,6 +4,11 @@
 //! token is admitted in the scope, the body of every older write still
 //! streaming ends with an error instead of its remaining bytes, so the
 //! backend sees a truncated request and never commits the object.
+//!
+//! A body whose client sends nothing for `client_idle_timeout_secs` ends the
+//! same way (S3 answers such a client 400 `RequestTimeout` too): a client
+//! that vanished without closing its connection would otherwise hold its
+//! key, and the holder's retry of the same key would wait behind it.
 
 use bytes::Bytes;
 use futures::Stream;
@@ -13,14 +18,48 @@ use s3s::stream::{ByteStream, RemainingLength};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// The error a cut body ends with.
 #[derive(Debug, thiserror::Error)]
 #[error("upload cut: a newer fencing token was admitted in this scope")]
 pub struct Cut;
+
+/// The error a body ends with when its client went silent.
+#[derive(Debug, thiserror::Error)]
+#[error("upload cut: the client sent nothing for {0:?}")]
+pub struct Idle(Duration);
+
+/// What a write learns about its body as it streams: when the last byte was
+/// handed to the backend, and whether the client went silent.
+#[derive(Debug, Clone)]
+pub struct BodyWatch {
+    /// Notified when the last byte has been handed to the backend (the
+    /// backend's answer timeout counts from there).
+    pub sent: Arc<Notify>,
+    stalled: Arc<AtomicBool>,
+    idle: Duration,
+}
+
+impl BodyWatch {
+    pub fn new(idle: Duration) -> BodyWatch {
+        BodyWatch {
+            sent: Arc::new(Notify::new()),
+            stalled: Arc::new(AtomicBool::new(false)),
+            idle,
+        }
+    }
+
+    /// The body was cut because the client sent nothing for too long.
+    pub fn stalled(&self) -> Option<Duration> {
+        self.stalled.load(Ordering::Acquire).then_some(self.idle)
+    }
+}
 
 /// A body that ends with [`Cut`] once `cancel` fires, and signals `sent`
 /// when its last byte has been handed to the backend connection.
@@ -32,24 +71,24 @@ pub struct Cancellable {
     inner: StreamingBlob,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
     remaining: Option<usize>,
-    sent: Arc<Notify>,
+    watch: BodyWatch,
+    idle: Pin<Box<Sleep>>,
 }
 
 impl Cancellable {
-    /// Wraps `inner`; `sent` is notified at the end of the body (the
-    /// backend's answer timeout counts from there, not from the start of a
-    /// long upload).
+    /// Wraps `inner`, reporting to `watch`.
     pub fn wrap(
         inner: StreamingBlob,
         cancel: CancellationToken,
-        sent: Arc<Notify>,
+        watch: &BodyWatch,
     ) -> StreamingBlob {
         let remaining = inner.remaining_length().exact();
         StreamingBlob::new(Cancellable {
             inner,
             cancelled: Box::pin(cancel.cancelled_owned()),
             remaining,
-            sent,
+            idle: Box::pin(tokio::time::sleep(watch.idle)),
+            watch: watch.clone(),
         })
     }
 }
@@ -66,17 +105,25 @@ impl Stream for Cancellable {
         let polled = Pin::new(&mut self.inner).poll_next(cx);
         match &polled {
             Poll::Ready(Some(Ok(chunk))) => {
+                let next = Instant::now() + self.watch.idle;
+                self.idle.as_mut().reset(next);
                 if let Some(r) = self.remaining.as_mut() {
                     *r = r.saturating_sub(chunk.len());
                     // A client of a known length may stop polling after the
                     // last byte without asking for the end of the stream.
                     if *r == 0 {
-                        self.sent.notify_one();
+                        self.watch.sent.notify_one();
                     }
                 }
             }
-            Poll::Ready(None) => self.sent.notify_one(),
-            _ => {}
+            Poll::Ready(None) => self.watch.sent.notify_one(),
+            Poll::Pending => {
+                if self.idle.as_mut().poll(cx).is_ready() {
+                    self.watch.stalled.store(true, Ordering::Release);
+                    return Poll::Ready(Some(Err(Box::new(Idle(self.watch.idle)))));
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {}
         }
         polled
     }

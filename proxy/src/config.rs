@@ -60,6 +60,10 @@ pub struct ProxyConfig {
     pub etag_cache_entries: usize,
     /// Largest XML request body (CompleteMultipartUpload, DeleteObjects).
     pub max_xml_body_bytes: usize,
+    /// A client that sends nothing for this long in the middle of a
+    /// request body gets 400 RequestTimeout and its write is dropped, so a
+    /// vanished client cannot hold its key. Seconds, at least 1.
+    pub client_idle_timeout_secs: u64,
     /// Domains under which clients may use virtual-hosted-style addressing
     /// (`<bucket>.<domain>`); the domain itself and every other host (IP
     /// addresses included) are path style.
@@ -142,6 +146,7 @@ impl Default for ProxyConfig {
             accept_weak_backend: false,
             etag_cache_entries: 100_000,
             max_xml_body_bytes: 8 * 1024 * 1024,
+            client_idle_timeout_secs: 60,
             virtual_host_domains: vec!["localhost".into()],
         }
     }
@@ -259,6 +264,9 @@ impl ProxyConfig {
             p.push(format!(
                 "locksvc_url {url:?} must be an http:// or https:// URL of the lease service"
             ));
+        }
+        if self.client_idle_timeout_secs == 0 {
+            p.push("client_idle_timeout_secs must be at least 1".into());
         }
         for d in &self.virtual_host_domains {
             let valid = !d.is_empty()

@@ -49,6 +49,18 @@ pub fn missing(op: &str, scope: &str, lock: &str) -> S3Error {
     )
 }
 
+/// 400 RequestTimeout: the client stopped sending its body (S3's answer).
+pub fn request_timeout(idle: std::time::Duration) -> S3Error {
+    custom(
+        "RequestTimeout",
+        StatusCode::BAD_REQUEST,
+        format!(
+            "the request body stalled: nothing arrived for {}s; nothing was written, send the request again",
+            idle.as_secs()
+        ),
+    )
+}
+
 /// 400 or 403 for a token the proxy does not accept.
 pub fn rejected(r: &Rejection) -> S3Error {
     match r {

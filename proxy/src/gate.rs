@@ -47,6 +47,8 @@ pub struct Gate {
     pub accept_weak_backend: bool,
     /// How long the backend has to answer once a request is fully sent.
     pub backend_timeout: Duration,
+    /// How long a client may send nothing in the middle of a body.
+    pub client_idle: Duration,
     probes: Mutex<HashMap<String, ProbeReport>>,
     probing: tokio::sync::Mutex<()>,
 }
@@ -143,6 +145,7 @@ impl Gate {
             metrics,
             accept_weak_backend: config.accept_weak_backend,
             backend_timeout: Duration::from_secs(config.backend.timeout_secs),
+            client_idle: Duration::from_secs(config.client_idle_timeout_secs),
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
         })

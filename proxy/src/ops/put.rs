@@ -1,6 +1,7 @@
 //! PutObject: the common fenced write.
 
-use crate::body::Cancellable;
+use crate::body::{BodyWatch, Cancellable};
+use crate::errors;
 use crate::gate::Gate;
 use crate::keys::Known;
 use s3s::dto::{PutObjectInput, PutObjectOutput};
@@ -24,17 +25,18 @@ pub async fn put_object(
         super::conditions(&w.known, input.if_match.take(), input.if_none_match.take())?;
     super::tag(&mut input.metadata, token);
     input.content_encoding = super::strip_aws_chunked(input.content_encoding.take());
-    let sent = std::sync::Arc::new(tokio::sync::Notify::new());
+    let watch = BodyWatch::new(gate.client_idle);
     let body = input.body.take();
     let streamed = body.is_some();
-    input.body = body.map(|b| Cancellable::wrap(b, w.admission.cancel.clone(), sent.clone()));
+    input.body = body.map(|b| Cancellable::wrap(b, w.admission.cancel.clone(), &watch));
 
     let result = gate
         .call(
             gate.backend.forward.put_object(req),
-            streamed.then_some(sent),
+            streamed.then(|| watch.sent.clone()),
         )
-        .await;
+        .await
+        .map_err(|e| watch.stalled().map_or(e, errors::request_timeout));
     gate.finish(w, result, |out| {
         Some(Known::Present {
             etag: out.output.e_tag.as_ref()?.value().to_owned(),
