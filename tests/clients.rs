@@ -380,6 +380,21 @@ async fn virtual_hosted_style_is_fenced_like_path_style(kind: BackendKind) {
         body.contains("<Key>v/put</Key>") && body.contains("<Key>v/signed</Key>"),
         "{body}"
     );
+    // A key under `_fencegate/` is an object here, not the proxy's
+    // operations endpoint (that is path style only).
+    let (s, body) = go(
+        Some(signed(BUCKET, 5)),
+        "PUT",
+        "_fencegate/health",
+        "mine",
+        false,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "_fencegate/health").await,
+        Some((b"mine".to_vec(), Some(5)))
+    );
     // A stale delete by virtual host is refused too.
     let (s, _) = go(Some(signed(BUCKET, 4)), "DELETE", "v/put", "", false).await;
     assert_eq!(s, 409);

@@ -117,6 +117,17 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
         .trim()
         .parse()
         .expect("a token number");
+    // A number the lease service did issue, but for another lock (tokens
+    // are global) is no token of this one.
+    let other = support::fencegate()
+        .args(["lease", "acquire", "another-lock", "--owner", "dave"])
+        .args(["--format", "number", "--locksvc", "http://127.0.0.1:7070"])
+        .output()
+        .expect("lease acquire runs");
+    let other = String::from_utf8_lossy(&other.stdout).trim().to_owned();
+    let (code, body) = put(&other, "another lock's token");
+    assert_eq!(code, "403", "{body}");
+    assert!(body.contains("FencingTokenNotIssued"), "{body}");
     let (code, body) = put(&(carol + 10).to_string(), "made up");
     assert_eq!(code, "403", "{body}");
     assert!(body.contains("FencingTokenNotIssued"), "{body}");

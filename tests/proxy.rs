@@ -875,6 +875,15 @@ async fn writes_the_store_refuses_leave_the_object_as_it_was(kind: BackendKind) 
         body.contains("missing"),
         "the error names the source: {body}"
     );
+    let r = http
+        .put(url("copy"))
+        .header("fencing-token", &token)
+        .header("x-amz-copy-source", "/no-such-source-bucket/k")
+        .send()
+        .await
+        .expect("sent");
+    let (status, code, body) = error_of(r).await;
+    assert_eq!((status, code.as_str()), (404, "NoSuchBucket"), "{body}");
     assert_eq!(stored(&e.backend, BUCKET, "copy").await, None);
 
     let r = http

@@ -73,6 +73,10 @@ pub struct Cancellable {
     remaining: Option<usize>,
     watch: BodyWatch,
     idle: Pin<Box<Sleep>>,
+    /// The idle clock runs only while the proxy is waiting for the client
+    /// (from the first `Pending` after a chunk), so a backend slow to take
+    /// the bytes is not blamed on the client.
+    waiting: bool,
 }
 
 impl Cancellable {
@@ -88,6 +92,7 @@ impl Cancellable {
             cancelled: Box::pin(cancel.cancelled_owned()),
             remaining,
             idle: Box::pin(tokio::time::sleep(watch.idle)),
+            waiting: false,
             watch: watch.clone(),
         })
     }
@@ -105,8 +110,7 @@ impl Stream for Cancellable {
         let polled = Pin::new(&mut self.inner).poll_next(cx);
         match &polled {
             Poll::Ready(Some(Ok(chunk))) => {
-                let next = Instant::now() + self.watch.idle;
-                self.idle.as_mut().reset(next);
+                self.waiting = false;
                 if let Some(r) = self.remaining.as_mut() {
                     *r = r.saturating_sub(chunk.len());
                     // A client of a known length may stop polling after the
@@ -118,6 +122,11 @@ impl Stream for Cancellable {
             }
             Poll::Ready(None) => self.watch.sent.notify_one(),
             Poll::Pending => {
+                if !self.waiting {
+                    self.waiting = true;
+                    let deadline = Instant::now() + self.watch.idle;
+                    self.idle.as_mut().reset(deadline);
+                }
                 if self.idle.as_mut().poll(cx).is_ready() {
                     self.watch.stalled.store(true, Ordering::Release);
                     return Poll::Ready(Some(Err(Box::new(Idle(self.watch.idle)))));

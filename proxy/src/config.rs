@@ -34,9 +34,10 @@ pub struct ProxyConfig {
     /// with the lease service when `locksvc_url` is set. Without
     /// `signing_keys` it must be set to true explicitly.
     pub accept_unsigned_tokens: Option<bool>,
-    /// The lease service that issues the tokens. When set, a plain decimal
-    /// token is accepted if the lease service confirms it is the current
-    /// token of the scope's lock (asked once per new token).
+    /// The lease service that issues the tokens. When set, a token the
+    /// proxy cannot verify itself (a plain decimal, or any token when there
+    /// are no `signing_keys`) is accepted if the lease service confirms it
+    /// is the current token of the scope's lock (asked once per new token).
     pub locksvc_url: Option<String>,
     /// API key for `locksvc_url`, if the lease service requires one.
     /// Override with `FENCEGATE_API_KEY`.
@@ -253,10 +254,18 @@ impl ProxyConfig {
                 ));
             }
         }
-        if self.signing_keys.is_empty() && self.accept_unsigned_tokens != Some(true) {
+        if self.signing_keys.is_empty()
+            && self.accept_unsigned_tokens != Some(true)
+            && self.locksvc_url.is_none()
+        {
             p.push(format!(
-                "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so forged tokens are refused, or set accept_unsigned_tokens = true to trust plain numbers"
+                "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so forged tokens are refused, or locksvc_url so tokens are checked with the lease service, or accept_unsigned_tokens = true to trust plain numbers"
             ));
+        }
+        if self.locksvc_url.is_some() && self.accept_unsigned_tokens == Some(true) {
+            p.push(
+                "locksvc_url is set, but accept_unsigned_tokens = true trusts plain tokens without asking it: remove one of them".into(),
+            );
         }
         if let Some(url) = &self.locksvc_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
@@ -365,6 +374,43 @@ mod tests {
                 "missing {needle:?} in {p:?}"
             );
         }
+    }
+
+    #[test]
+    fn without_keys_tokens_are_trusted_or_checked_with_the_lease_service() {
+        let base = r#"
+            allow_anonymous = true
+            [backend]
+            endpoint = "http://127.0.0.1:9100"
+            access_key = "a"
+            secret_key = "b"
+        "#;
+        let problems = |extra: &str| {
+            toml::from_str::<ProxyConfig>(&format!("{extra}\n{base}"))
+                .expect("parses")
+                .problems()
+        };
+        assert!(
+            problems("")
+                .iter()
+                .any(|p| p.contains("signing_keys is empty"))
+        );
+        assert_eq!(
+            problems("accept_unsigned_tokens = true"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            problems(r#"locksvc_url = "http://127.0.0.1:7070""#),
+            Vec::<String>::new()
+        );
+        let both =
+            problems("locksvc_url = \"http://127.0.0.1:7070\"\naccept_unsigned_tokens = true");
+        assert!(both.iter().any(|p| p.contains("remove one")), "{both:?}");
+        let bad_url = problems(r#"locksvc_url = "127.0.0.1:7070""#);
+        assert!(
+            bad_url.iter().any(|p| p.contains("locksvc_url")),
+            "{bad_url:?}"
+        );
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //!   there, as S3 does.
 //! - s3s-fs checks `Content-MD5` and `x-amz-checksum-*` only after it has
 //!   moved the new data into place, so a PUT refused with `BadDigest` has
-//!   already replaced the object. This wrapper checks them while the body
-//!   streams, and a mismatch fails the body before s3s-fs commits anything.
+//!   already replaced the object. This wrapper checks the ones sent as
+//!   headers while the body streams, and a mismatch fails the body before
+//!   s3s-fs commits anything. (Checksums sent as aws-chunked trailers are
+//!   still checked by s3s-fs alone, after the commit; the proxy sends none.)
 //!
 //! Everything else is s3s-fs unchanged.
 

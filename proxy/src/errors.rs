@@ -83,7 +83,7 @@ pub fn rejected(r: &Rejection) -> S3Error {
             StatusCode::FORBIDDEN,
             r.to_string(),
         ),
-        Rejection::Verify(_) | Rejection::NoKeys => custom(
+        Rejection::Verify(_) => custom(
             "FencingTokenSignatureInvalid",
             StatusCode::FORBIDDEN,
             r.to_string(),

@@ -300,10 +300,11 @@ impl Gate {
         }
         match issuer.check(scope.lock.as_str(), token).await {
             Ok(Answer::Issued) => Ok(Some(token)),
-            Ok(Answer::NotIssued { current }) => Err(refuse(Rejection::NotIssued {
+            // The lock's current token stays out of the answer: a client
+            // that cannot present it should not learn it here.
+            Ok(Answer::NotIssued) => Err(refuse(Rejection::NotIssued {
                 token,
                 lock: scope.lock.to_string(),
-                current: current.map_or_else(|| "none: it is not held".into(), |t| t.to_string()),
             })),
             Err(e) => Err(errors::retry(format!(
                 "cannot check plain token {token} with the lease service ({e}); retry, or send the signed fencing_token"

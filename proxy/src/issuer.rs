@@ -28,7 +28,7 @@ pub enum Answer {
     /// `n` is (or was, when the proxy asked) the lock's current token.
     Issued,
     /// The lock's current token is another one (or none is held).
-    NotIssued { current: Option<u64> },
+    NotIssued,
 }
 
 impl Issuer {
@@ -63,9 +63,8 @@ impl Issuer {
             .json()
             .await
             .map_err(|e| format!("the lease service's answer is not JSON: {e}"))?;
-        let current = body["token"].as_u64();
-        if current != Some(token) {
-            return Ok(Answer::NotIssued { current });
+        if body["token"].as_u64() != Some(token) {
+            return Ok(Answer::NotIssued);
         }
         let mut confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
         let best = confirmed.entry(lock.to_owned()).or_insert(token);

@@ -59,6 +59,7 @@ use tokio::net::TcpListener;
 pub struct Proxy {
     pub gate: Arc<gate::Gate>,
     service: S3Service,
+    hosts: host::VirtualHosts,
 }
 
 /// How long the start-up probe keeps retrying a backend that is not up yet.
@@ -105,7 +106,8 @@ impl Proxy {
         builder.set_access(access::Access {
             allow_anonymous: config.allow_anonymous,
         });
-        builder.set_host(host::VirtualHosts::new(&config.virtual_host_domains));
+        let hosts = host::VirtualHosts::new(&config.virtual_host_domains);
+        builder.set_host(hosts.clone());
         let mut s3_config = s3s::config::S3Config::default();
         s3_config.xml_max_body_size = config.max_xml_body_bytes;
         builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
@@ -114,6 +116,7 @@ impl Proxy {
         Ok(Proxy {
             gate,
             service: builder.build(),
+            hosts,
         })
     }
 
@@ -124,7 +127,7 @@ impl Proxy {
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
         tracing::info!(addr = %listener.local_addr()?, "proxy listening");
-        server::serve(listener, self.service, self.gate, shutdown).await
+        server::serve(listener, self.service, self.gate, self.hosts, shutdown).await
     }
 }
 

@@ -1,7 +1,9 @@
-//! The HTTP server: S3 on every path, operations endpoints under
-//! `/_fencegate/` (no bucket can be named `_fencegate`), graceful shutdown.
+//! The HTTP server: S3 on every path, operations endpoints for GET/HEAD of
+//! `/_fencegate/...` in path style (no bucket can be named `_fencegate`; a
+//! virtual-hosted key `_fencegate/...` is S3's), graceful shutdown.
 
 use crate::gate::Gate;
+use crate::host::VirtualHosts;
 use futures::FutureExt as _;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -14,6 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
 
 /// Longest a graceful shutdown waits for in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -22,6 +25,26 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 struct Router {
     s3: S3Service,
     gate: Arc<Gate>,
+    hosts: Arc<VirtualHosts>,
+}
+
+impl Router {
+    /// The operations endpoint a request names, if it is one: GET or HEAD
+    /// of `/_fencegate/<endpoint>` addressed path style.
+    fn endpoint<'r>(&self, req: &'r Request<Incoming>) -> Option<&'r str> {
+        if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
+            return None;
+        }
+        let virtual_hosted = req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .is_some_and(|h| self.hosts.bucket(h).is_some());
+        if virtual_hosted {
+            return None;
+        }
+        req.uri().path().strip_prefix("/_fencegate/")
+    }
 }
 
 impl hyper::service::Service<Request<Incoming>> for Router {
@@ -34,7 +57,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
         Box::pin(async move {
             let started = Instant::now();
             let (method, path) = (req.method().clone(), req.uri().path().to_owned());
-            if let Some(endpoint) = path.strip_prefix("/_fencegate/") {
+            if let Some(endpoint) = this.endpoint(&req) {
                 return Ok(this.ops(endpoint));
             }
             let call = hyper::service::Service::call(&this.s3, req);
@@ -109,8 +132,12 @@ impl Router {
 /// the proxy would let go of a key while the store is still writing it).
 /// Detached, a handler whose body arrived whole finishes; one whose body was
 /// cut short fails on the body, as before.
+/// Shutdown waits for them too (`tracker`), within the drain timeout.
 #[derive(Clone)]
-struct Detached<S>(S);
+struct Detached<S> {
+    inner: S,
+    tracker: TaskTracker,
+}
 
 impl<S> hyper::service::Service<Request<Incoming>> for Detached<S>
 where
@@ -122,7 +149,7 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, HttpError>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let handler = tokio::spawn(self.0.call(req));
+        let handler = self.tracker.spawn(self.inner.call(req));
         Box::pin(async move { handler.await.map_err(|e| HttpError::new(Box::new(e)))? })
     }
 }
@@ -133,9 +160,11 @@ pub async fn serve(
     listener: TcpListener,
     s3: S3Service,
     gate: Arc<Gate>,
+    hosts: VirtualHosts,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    serve_service(listener, Router { s3, gate }, shutdown).await
+    let hosts = Arc::new(hosts);
+    serve_service(listener, Router { s3, gate, hosts }, shutdown).await
 }
 
 /// Serves any hyper service the same way (used for the embedded backend of
@@ -154,6 +183,7 @@ where
     S::Future: Send + 'static,
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let tracker = TaskTracker::new();
     let http = hyper::server::conn::http1::Builder::new();
     tokio::pin!(shutdown);
     loop {
@@ -168,7 +198,8 @@ where
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let conn = http.serve_connection(TokioIo::new(stream), Detached(router.clone()));
+                let handlers = Detached { inner: router.clone(), tracker: tracker.clone() };
+                let conn = http.serve_connection(TokioIo::new(stream), handlers);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
@@ -180,9 +211,15 @@ where
         }
     }
     drop(listener);
+    tracker.close();
+    // Connections first, then handlers whose client hung up.
+    let drained = async {
+        graceful.shutdown().await;
+        tracker.wait().await;
+    };
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections drained"),
-        () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("gave up waiting for connections to drain"),
+        () = drained => tracing::info!("all connections and requests drained"),
+        () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("gave up waiting for in-flight requests to finish"),
     }
     Ok(())
 }

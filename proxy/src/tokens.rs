@@ -45,17 +45,11 @@ pub enum Rejection {
     )]
     Unsigned,
     #[error(
-        "plain token {token} was not issued for lock {lock} (the lease service's current token for it is {current}): send the signed fencing_token the lease service returned"
+        "token {token} is not the current token of lock {lock} at the lease service: take a lease and send the fencing_token it returns"
     )]
-    NotIssued {
-        token: u64,
-        lock: String,
-        current: String,
-    },
+    NotIssued { token: u64, lock: String },
     #[error("{0}")]
     Verify(VerifyError),
-    #[error("signed tokens cannot be checked: the proxy has no signing_keys")]
-    NoKeys,
     #[error(
         "the Fencing-Token header names token {header}, but the lease credentials are bound to token {credentials}"
     )]
@@ -138,12 +132,7 @@ impl TokenPolicy {
                 token,
                 vouched: self.accept_unsigned,
             }),
-            FencingToken::Signed(signed) => {
-                self.verify_signed(signed, scope).map(|token| Presented {
-                    token,
-                    vouched: true,
-                })
-            }
+            FencingToken::Signed(signed) => self.verify_signed(signed, scope),
         }
     }
 
@@ -151,22 +140,26 @@ impl TokenPolicy {
         &self,
         signed: fencegate_core::SignedToken,
         scope: &Scope,
-    ) -> Result<u64, Rejection> {
+    ) -> Result<Presented, Rejection> {
         match &self.keys {
-            Some(keys) => keys.verify(&signed, &scope.lock).map_err(Rejection::Verify),
-            // Without keys the proxy trusts plain numbers anyway; it can
-            // still hold the token to its lock.
-            None if self.accept_unsigned => {
-                if signed.lock == scope.lock {
-                    Ok(signed.token)
-                } else {
-                    Err(Rejection::Verify(VerifyError::WrongLock {
-                        expected: scope.lock.to_string(),
-                        found: signed.lock.to_string(),
-                    }))
-                }
-            }
-            None => Err(Rejection::NoKeys),
+            Some(keys) => keys
+                .verify(&signed, &scope.lock)
+                .map(|token| Presented {
+                    token,
+                    vouched: true,
+                })
+                .map_err(Rejection::Verify),
+            // Without keys the signature cannot be checked: the token is
+            // worth its number (trusted, or checked with the lease service,
+            // like a plain one), still held to its lock.
+            None if signed.lock == scope.lock => Ok(Presented {
+                token: signed.token,
+                vouched: self.accept_unsigned,
+            }),
+            None => Err(Rejection::Verify(VerifyError::WrongLock {
+                expected: scope.lock.to_string(),
+                found: signed.lock.to_string(),
+            })),
         }
     }
 }

@@ -81,20 +81,16 @@ pub async fn copy_object(
                 async { head.send().await.map_err(crate::backend::sdk_error) },
                 None,
             )
-            .await
-            .map_err(|e| {
-                // A HEAD answer has no body: say which object is missing.
-                if e.status_code() == Some(http::StatusCode::NOT_FOUND) {
-                    s3s::s3_error!(
-                        NoSuchKey,
-                        "the copy source s3://{}/{} does not exist",
-                        src_bucket,
-                        src_key
-                    )
-                } else {
-                    e
-                }
-            })?;
+            .await;
+        let src = match src {
+            Ok(src) => src,
+            Err(e) if e.status_code() == Some(http::StatusCode::NOT_FOUND) => {
+                return Err(
+                    missing_source(gate, &src_bucket, &src_key, src_version.as_deref()).await,
+                );
+            }
+            Err(e) => return Err(e),
+        };
         b = b
             .set_content_type(src.content_type().map(str::to_owned))
             .set_cache_control(src.cache_control().map(str::to_owned))
@@ -147,6 +143,39 @@ pub async fn copy_object(
     })
     .await
     .map(S3Response::new)
+}
+
+/// The error for a copy source the backend does not have. A HEAD answer
+/// has no body to say what is missing, so ask about the bucket.
+async fn missing_source(
+    gate: &Gate,
+    bucket: &str,
+    key: &str,
+    version: Option<&str>,
+) -> s3s::S3Error {
+    let bucket_exists = gate
+        .backend
+        .client
+        .head_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .map_err(|e| crate::backend::status_of(&e))
+        != Err(Some(404));
+    match version {
+        _ if !bucket_exists => s3s::s3_error!(
+            NoSuchBucket,
+            "the copy source bucket {bucket} does not exist"
+        ),
+        Some(v) => s3s::s3_error!(
+            NoSuchVersion,
+            "the copy source s3://{bucket}/{key} has no version {v}"
+        ),
+        None => s3s::s3_error!(
+            NoSuchKey,
+            "the copy source s3://{bucket}/{key} does not exist"
+        ),
+    }
 }
 
 fn etag_header(c: &s3s::dto::ETagCondition) -> String {
