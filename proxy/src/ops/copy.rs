@@ -86,7 +86,7 @@ pub async fn copy_object(
             Ok(src) => src,
             Err(e) if e.status_code() == Some(http::StatusCode::NOT_FOUND) => {
                 return Err(
-                    missing_source(gate, &src_bucket, &src_key, src_version.as_deref()).await,
+                    missing_source(gate, src_bucket, src_key, src_version.as_deref()).await,
                 );
             }
             Err(e) => return Err(e),
