@@ -27,7 +27,8 @@ pub struct LocksvcConfig {
     /// TTL used when an acquire does not name one.
     #[serde(with = "humantime_serde")]
     pub default_ttl: Duration,
-    /// Shortest TTL a client may ask for.
+    /// Shortest TTL a client may ask for. Short leases are legitimate (tests,
+    /// fast failover); expiry is exact to the millisecond, not scanned.
     #[serde(with = "humantime_serde")]
     pub min_ttl: Duration,
     /// Longest TTL a client may ask for.
@@ -55,7 +56,7 @@ impl Default for LocksvcConfig {
             signing_keys: Vec::new(),
             api_keys: Vec::new(),
             default_ttl: Duration::from_secs(30),
-            min_ttl: Duration::from_secs(1),
+            min_ttl: Duration::from_millis(10),
             max_ttl: Duration::from_secs(3600),
             max_wait: Duration::from_secs(300),
             max_waiters_per_lock: 1024,
