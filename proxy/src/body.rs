@@ -73,10 +73,11 @@ pub struct Cancellable {
     remaining: Option<usize>,
     watch: BodyWatch,
     idle: Pin<Box<Sleep>>,
-    /// The idle clock runs only while the proxy is waiting for the client
-    /// (from the first `Pending` after a chunk), so a backend slow to take
-    /// the bytes is not blamed on the client.
-    waiting: bool,
+    /// Since when the proxy has been waiting for the client (from the first
+    /// `Pending` after a chunk): the idle clock runs only then, so a backend
+    /// slow to take the bytes is not blamed on the client. The timer is
+    /// re-armed lazily, when it fires, not on every chunk.
+    waiting_since: Option<Instant>,
 }
 
 impl Cancellable {
@@ -92,7 +93,7 @@ impl Cancellable {
             cancelled: Box::pin(cancel.cancelled_owned()),
             remaining,
             idle: Box::pin(tokio::time::sleep(watch.idle)),
-            waiting: false,
+            waiting_since: None,
             watch: watch.clone(),
         })
     }
@@ -110,7 +111,7 @@ impl Stream for Cancellable {
         let polled = Pin::new(&mut self.inner).poll_next(cx);
         match &polled {
             Poll::Ready(Some(Ok(chunk))) => {
-                self.waiting = false;
+                self.waiting_since = None;
                 if let Some(r) = self.remaining.as_mut() {
                     *r = r.saturating_sub(chunk.len());
                     // A client of a known length may stop polling after the
@@ -122,14 +123,17 @@ impl Stream for Cancellable {
             }
             Poll::Ready(None) => self.watch.sent.notify_one(),
             Poll::Pending => {
-                if !self.waiting {
-                    self.waiting = true;
-                    let deadline = Instant::now() + self.watch.idle;
-                    self.idle.as_mut().reset(deadline);
-                }
+                let since = *self.waiting_since.get_or_insert_with(Instant::now);
                 if self.idle.as_mut().poll(cx).is_ready() {
-                    self.watch.stalled.store(true, Ordering::Release);
-                    return Poll::Ready(Some(Err(Box::new(Idle(self.watch.idle)))));
+                    // The timer may be from an earlier wait: judge this one.
+                    let deadline = since + self.watch.idle;
+                    if Instant::now() >= deadline {
+                        self.watch.stalled.store(true, Ordering::Release);
+                        return Poll::Ready(Some(Err(Box::new(Idle(self.watch.idle)))));
+                    }
+                    self.idle.as_mut().reset(deadline);
+                    // Registers the wake-up at the new deadline.
+                    let _ = self.idle.as_mut().poll(cx);
                 }
             }
             Poll::Ready(Some(Err(_))) => {}

@@ -124,15 +124,17 @@ impl Router {
     }
 }
 
-/// Runs each request's handler in a task of its own, so a client that goes
-/// away does not cancel the handler half-way through a write. Hyper drops
-/// a connection's in-flight handler when the connection closes; a handler
-/// dropped between two steps of one write would leave them apart (s3s-fs
-/// renames the object's data into place before it writes its metadata, and
-/// the proxy would let go of a key while the store is still writing it).
-/// Detached, a handler whose body arrived whole finishes; one whose body was
-/// cut short fails on the body, as before.
-/// Shutdown waits for them too (`tracker`), within the drain timeout.
+/// Lets every request handler run to its end. Hyper drops a connection's
+/// in-flight handler when the connection closes; a handler dropped between
+/// two steps of one write would leave them apart (s3s-fs renames the
+/// object's data into place before it writes its metadata, and the proxy
+/// would let go of a key while the store is still writing it).
+///
+/// A handler runs inline on its connection's task (the body streams without
+/// a task switch per chunk); if the connection goes away first, what is left
+/// of the handler is moved to a task of its own (`tracker`, which shutdown
+/// waits for). A handler whose body arrived whole then finishes; one whose
+/// body was cut short fails on the body, as before.
 #[derive(Clone)]
 struct Detached<S> {
     inner: S,
@@ -146,11 +148,53 @@ where
 {
     type Response = Response<Body>;
     type Error = HttpError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, HttpError>> + Send>>;
+    type Future = FinishOnDrop<S::Future>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let handler = self.tracker.spawn(self.inner.call(req));
-        Box::pin(async move { handler.await.map_err(|e| HttpError::new(Box::new(e)))? })
+        FinishOnDrop {
+            handler: Some(Box::pin(self.inner.call(req))),
+            tracker: self.tracker.clone(),
+        }
+    }
+}
+
+/// A handler future that, dropped before it is done, finishes in the
+/// background instead of stopping where it was.
+struct FinishOnDrop<F: Future + Send + 'static> {
+    handler: Option<Pin<Box<F>>>,
+    tracker: TaskTracker,
+}
+
+impl<F: Future + Send + 'static> Future for FinishOnDrop<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let Some(handler) = self.handler.as_mut() else {
+            return std::task::Poll::Pending;
+        };
+        let out = handler.as_mut().poll(cx);
+        if out.is_ready() {
+            self.handler = None;
+        }
+        out
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(handler) = self.handler.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            self.tracker.spawn_on(
+                async move {
+                    let _ = handler.await;
+                },
+                &runtime,
+            );
+        }
     }
 }
 
@@ -168,8 +212,8 @@ pub async fn serve(
 }
 
 /// Serves any hyper service the same way (used for the embedded backend of
-/// `fencegate dev` and for test backends). Every request runs detached (see
-/// [`Detached`]).
+/// `fencegate dev` and for test backends). Every request runs to its end
+/// (see [`Detached`]).
 pub async fn serve_service<S>(
     listener: TcpListener,
     router: S,
