@@ -28,6 +28,28 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+/// Wraps the body of an input that announces digests (PutObject,
+/// UploadPart: the same field names) so it is checked as it streams; the
+/// [`Verdict`] turns a failed check into `BadDigest`.
+macro_rules! verify_body {
+    ($input:expr) => {{
+        let i = $input;
+        let expected = Digests::of(
+            i.content_md5.as_deref(),
+            [
+                i.checksum_crc32.clone(),
+                i.checksum_crc32c.clone(),
+                i.checksum_sha1.clone(),
+                i.checksum_sha256.clone(),
+                i.checksum_crc64nvme.clone(),
+            ],
+        )?;
+        let verdict = Verdict::default();
+        i.body = i.body.take().map(|b| Verified::wrap(b, expected, &verdict));
+        verdict
+    }};
+}
+
 /// s3s-fs with S3's answer for keys that are directories on disk.
 #[derive(Debug)]
 pub struct DevStore {
@@ -83,42 +105,16 @@ impl S3 for DevStore {
         &self,
         mut req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let i = &mut req.input;
-        let expected = Digests::of(
-            i.content_md5.as_deref(),
-            [
-                i.checksum_crc32.clone(),
-                i.checksum_crc32c.clone(),
-                i.checksum_sha1.clone(),
-                i.checksum_sha256.clone(),
-                i.checksum_crc64nvme.clone(),
-            ],
-        )?;
-        let verdict = Verdict::default();
-        i.body = i.body.take().map(|b| Verified::wrap(b, expected, &verdict));
-        let r = self.fs.put_object(req).await;
-        verdict.overrule(r)
+        let verdict = verify_body!(&mut req.input);
+        verdict.overrule(self.fs.put_object(req).await)
     }
 
     async fn upload_part(
         &self,
         mut req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let i = &mut req.input;
-        let expected = Digests::of(
-            i.content_md5.as_deref(),
-            [
-                i.checksum_crc32.clone(),
-                i.checksum_crc32c.clone(),
-                i.checksum_sha1.clone(),
-                i.checksum_sha256.clone(),
-                i.checksum_crc64nvme.clone(),
-            ],
-        )?;
-        let verdict = Verdict::default();
-        i.body = i.body.take().map(|b| Verified::wrap(b, expected, &verdict));
-        let r = self.fs.upload_part(req).await;
-        verdict.overrule(r)
+        let verdict = verify_body!(&mut req.input);
+        verdict.overrule(self.fs.upload_part(req).await)
     }
 
     async fn head_object(
