@@ -1003,3 +1003,47 @@ async fn plain_tokens_wait_for_a_reachable_lease_service() {
         Some((b"x".to_vec(), Some(5)))
     );
 }
+
+/// The multipart checks of the probe are optional: a store without
+/// multipart uploads is reported as not enforcing them, and served, since
+/// it enforces conditional PUTs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_without_multipart_is_probed_and_served() {
+    let backend = Backend::start_without_multipart().await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proxy = Proxy::start(&proxy_toml(&backend, dir.path(), BUCKET, ""), dir.path()).await;
+    let st = proxy.status().await;
+    let report = &st["probe"][0]["report"];
+    assert_eq!(st["probe"][0]["safe"], true, "{st}");
+    assert_eq!(report["put_if_none_match"], true, "{st}");
+    assert_eq!(report["put_if_match"], true, "{st}");
+    assert_eq!(report["complete_if_none_match"], false, "{st}");
+    assert_eq!(report["complete_if_match"], false, "{st}");
+    let c = proxy.client();
+    fenced!(
+        c.put_object()
+            .bucket(BUCKET)
+            .key("k")
+            .body(ByteStream::from_static(b"served")),
+        signed(BUCKET, 1)
+    )
+    .send()
+    .await
+    .expect("a fenced PUT goes through");
+    assert_eq!(
+        stored(&backend, BUCKET, "k").await,
+        Some((b"served".to_vec(), Some(1)))
+    );
+    // What the backend lacks is 501, not a 503 that invites retries.
+    assert_refused!(
+        fenced!(
+            c.create_multipart_upload().bucket(BUCKET).key("mpu"),
+            signed(BUCKET, 1)
+        )
+        .send(),
+        501,
+        "NotImplemented",
+        "multipart on a backend without it"
+    );
+}

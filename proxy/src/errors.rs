@@ -163,10 +163,13 @@ pub fn storage(msg: impl Into<String>) -> S3Error {
 
 /// Makes a backend error safe to return: a failure to reach the backend
 /// and the backend's own 5xx become 503 so clients retry (the SDK adapter
-/// reports transport failures as 500 InternalError); 4xx pass through.
+/// reports transport failures as 500 InternalError); 4xx, and 501
+/// NotImplemented for an operation the backend lacks, pass through.
 pub fn from_backend(mut e: S3Error) -> S3Error {
     match e.status_code() {
         Some(s) if !s.is_server_error() => e,
+        // The backend does not have the operation: retrying will not help.
+        Some(StatusCode::NOT_IMPLEMENTED) if e.code() == &S3ErrorCode::NotImplemented => e,
         _ => {
             let msg = format!(
                 "the backend S3 server failed or is unreachable ({}); retry",

@@ -144,8 +144,22 @@ async fn run_checks(
     let correct = put(Some(("if-match", format!("\"{etag}\"")))).await;
     let put_if_match = put_if_match && correct.is_ok();
 
-    let complete_if_none_match = complete_refused(client, bucket, key, Some("*"), None).await?;
-    let complete_if_match = complete_refused(client, bucket, key, None, Some(WRONG_ETAG)).await?;
+    // Optional checks: a store whose multipart calls fail here (or that has
+    // none) is reported as not enforcing them, not refused outright.
+    let optional = |check: &'static str, r: anyhow::Result<bool>| {
+        r.unwrap_or_else(|e| {
+            tracing::warn!(bucket, check, error = %e, "backend probe: multipart check failed; reported as not enforced");
+            false
+        })
+    };
+    let complete_if_none_match = optional(
+        "complete_if_none_match",
+        complete_refused(client, bucket, key, Some("*"), None).await,
+    );
+    let complete_if_match = optional(
+        "complete_if_match",
+        complete_refused(client, bucket, key, None, Some(WRONG_ETAG)).await,
+    );
 
     // The key must exist for the DELETE check.
     put(None).await.map_err(crate::backend::sdk_error)?;

@@ -92,6 +92,44 @@ fn wait_for_port(port: u16) {
     }
 }
 
+/// s3s-fs that answers every multipart call 501 (the S3 trait's default).
+#[derive(Debug)]
+struct NoMultipart(s3s_fs::FileSystem);
+
+#[async_trait::async_trait]
+impl S3 for NoMultipart {
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        self.0.put_object(req).await
+    }
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.0.head_object(req).await
+    }
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        self.0.get_object(req).await
+    }
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.0.delete_object(req).await
+    }
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.0.create_bucket(req).await
+    }
+}
+
 /// s3s-fs with conditional headers removed before they reach it.
 #[derive(Debug)]
 struct IgnoresConditions(s3s_fs::FileSystem);
@@ -197,6 +235,19 @@ impl Backend {
             BackendKind::S3Fs,
             dir,
             S3ServiceBuilder::new(IgnoresConditions(fs)),
+        )
+        .await
+    }
+
+    /// An s3s-fs without multipart uploads (S3's default: 501), like a
+    /// minimal S3 server.
+    pub async fn start_without_multipart() -> Backend {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fs = s3s_fs::FileSystem::new(dir.path()).expect("s3s-fs root");
+        Backend::serve(
+            BackendKind::S3Fs,
+            dir,
+            S3ServiceBuilder::new(NoMultipart(fs)),
         )
         .await
     }
