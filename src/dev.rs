@@ -182,7 +182,9 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         allow_anonymous: true,
         signing_keys: vec![key],
         accept_unsigned_tokens: Some(args.accept_unsigned_tokens),
-        locksvc_url: Some(format!("http://{locksvc_addr}")),
+        // Plain tokens are checked with the dev lease service, unless the
+        // dev config trusts them all.
+        locksvc_url: (!args.accept_unsigned_tokens).then(|| format!("http://{locksvc_addr}")),
         probe_bucket: Some(DEV_BUCKET.into()),
         ..ProxyConfig::default()
     };

@@ -168,3 +168,32 @@ fn dev_refuses_two_services_on_one_port() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("used for two services"));
 }
+
+/// `accept_unsigned_tokens = true` in the dev config trusts every plain
+/// number without asking the lease service (and the dev proxy starts: it
+/// does not also set `locksvc_url`, which would contradict it).
+#[test]
+fn dev_can_trust_plain_numbers_when_configured() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let config = data.path().join("dev.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "accept_unsigned_tokens = true\ndata_dir = \"{}\"\nlocksvc_listen = \"127.0.0.1:0\"\nproxy_listen = \"127.0.0.1:0\"\nbackend_listen = \"127.0.0.1:0\"\n",
+            data.path().join("dev").display()
+        ),
+    )
+    .expect("write config");
+    let mut cmd = support::fencegate();
+    cmd.args(["dev", "--config"])
+        .arg(&config)
+        .env("FENCEGATE_LOG", "warn");
+    let dev = Service::start(cmd);
+    let code = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+        .args(["-H", "Fencing-Token: 99", "--data-binary", "trusted"])
+        .arg(format!("{}/backups/plain.txt", dev.url))
+        .output()
+        .expect("curl runs");
+    assert_eq!(String::from_utf8_lossy(&code.stdout), "200");
+}
