@@ -1047,3 +1047,42 @@ async fn a_backend_without_multipart_is_probed_and_served() {
         "multipart on a backend without it"
     );
 }
+
+/// A write refused on its headers is answered before its body is read; the
+/// proxy drains the body so the client reads the 409 (not a broken pipe)
+/// and its next request on the same connection goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_upload_leaves_its_connection_usable() {
+    let e = env(BackendKind::S3Fs).await;
+    e.put("k", &signed(BUCKET, 2), "current")
+        .await
+        .expect("raise to 2");
+    let c = e.proxy.client();
+    for round in 0..10 {
+        let stale = fenced!(
+            c.put_object()
+                .bucket(BUCKET)
+                .key("k")
+                .body(ByteStream::from(vec![b's'; 5 * 1024 * 1024])),
+            signed(BUCKET, 1)
+        )
+        .send()
+        .await
+        .expect_err("stale");
+        assert_eq!(
+            error_of(&stale),
+            (Some(409), "FencingTokenStale".to_owned()),
+            "round {round}: {stale:?}"
+        );
+        c.head_object()
+            .bucket(BUCKET)
+            .key("k")
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("round {round}: the next request failed: {err:?}"));
+    }
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        Some((b"current".to_vec(), Some(2)))
+    );
+}

@@ -60,7 +60,8 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             if let Some(endpoint) = this.endpoint(&req) {
                 return Ok(this.ops(endpoint));
             }
-            let call = hyper::service::Service::call(&this.s3, req);
+            let req = req.map(|body| s3s::Body::http_body_unsync(DrainOnDrop::new(body)));
+            let call = this.s3.call(req);
             let resp = match AssertUnwindSafe(call).catch_unwind().await {
                 Ok(r) => r?,
                 Err(_) => {
@@ -79,6 +80,86 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             }
             Ok(resp)
         })
+    }
+}
+
+/// Most of an unread request body drained so its connection can be reused.
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+/// Longest the drain of an unread request body may take.
+const DRAIN_TIME: Duration = Duration::from_secs(30);
+
+/// A request body that, dropped before its end, is read to its end in the
+/// background (up to [`DRAIN_LIMIT`] bytes and [`DRAIN_TIME`]).
+///
+/// A write refused on its headers (a stale token) is answered before its
+/// body is read. Hyper then closes the connection, and a client still
+/// sending gets a broken pipe instead of the answer, or puts the closing
+/// connection back in its pool and loses its next request to it. Drained,
+/// the connection stays usable and the client reads its 409.
+struct DrainOnDrop {
+    inner: Option<Incoming>,
+}
+
+impl DrainOnDrop {
+    fn new(body: Incoming) -> DrainOnDrop {
+        DrainOnDrop { inner: Some(body) }
+    }
+}
+
+impl http_body::Body for DrainOnDrop {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        match self.inner.as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner
+            .as_ref()
+            .is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner
+            .as_ref()
+            .map(http_body::Body::size_hint)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for DrainOnDrop {
+    fn drop(&mut self) {
+        let Some(mut body) = self.inner.take() else {
+            return;
+        };
+        if http_body::Body::is_end_stream(&body) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            use http_body_util::BodyExt as _;
+            let drain = async {
+                let mut read = 0u64;
+                while read <= DRAIN_LIMIT {
+                    match body.frame().await {
+                        Some(Ok(frame)) => {
+                            read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                        }
+                        _ => return,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+        });
     }
 }
 
