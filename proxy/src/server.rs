@@ -60,7 +60,13 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             if let Some(endpoint) = this.endpoint(&req) {
                 return Ok(this.ops(endpoint));
             }
-            let req = req.map(|body| s3s::Body::http_body_unsync(DrainOnDrop::new(body)));
+            let expects_continue = req
+                .headers()
+                .get(http::header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+            let req = req.map(|body| {
+                s3s::Body::http_body_unsync(DrainOnDrop::new(body, expects_continue))
+            });
             let call = this.s3.call(req);
             let resp = match AssertUnwindSafe(call).catch_unwind().await {
                 Ok(r) => r?,
@@ -96,13 +102,23 @@ const DRAIN_TIME: Duration = Duration::from_secs(30);
 /// sending gets a broken pipe instead of the answer, or puts the closing
 /// connection back in its pool and loses its next request to it. Drained,
 /// the connection stays usable and the client reads its 409.
+///
+/// A client that sent `Expect: 100-continue` and was answered before its
+/// body was asked for has sent no body: reading would make hyper send a
+/// `100 Continue` after the final answer, so that body is left alone.
 struct DrainOnDrop {
     inner: Option<Incoming>,
+    expects_continue: bool,
+    polled: bool,
 }
 
 impl DrainOnDrop {
-    fn new(body: Incoming) -> DrainOnDrop {
-        DrainOnDrop { inner: Some(body) }
+    fn new(body: Incoming, expects_continue: bool) -> DrainOnDrop {
+        DrainOnDrop {
+            inner: Some(body),
+            expects_continue,
+            polled: false,
+        }
     }
 }
 
@@ -114,6 +130,7 @@ impl http_body::Body for DrainOnDrop {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        self.polled = true;
         match self.inner.as_mut() {
             Some(body) => Pin::new(body).poll_frame(cx),
             None => std::task::Poll::Ready(None),
@@ -139,7 +156,7 @@ impl Drop for DrainOnDrop {
         let Some(mut body) = self.inner.take() else {
             return;
         };
-        if http_body::Body::is_end_stream(&body) {
+        if http_body::Body::is_end_stream(&body) || (self.expects_continue && !self.polled) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
