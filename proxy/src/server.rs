@@ -64,9 +64,8 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 .headers()
                 .get(http::header::EXPECT)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-            let req = req.map(|body| {
-                s3s::Body::http_body_unsync(DrainOnDrop::new(body, expects_continue))
-            });
+            let req = req
+                .map(|body| s3s::Body::http_body_unsync(DrainOnDrop::new(body, expects_continue)));
             let call = this.s3.call(req);
             let resp = match AssertUnwindSafe(call).catch_unwind().await {
                 Ok(r) => r?,
