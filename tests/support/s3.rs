@@ -96,43 +96,32 @@ fn wait_for_port(port: u16) {
 #[derive(Debug)]
 struct NoMultipart(s3s_fs::FileSystem);
 
+impl NoMultipart {
+    fn fs(&self) -> &s3s_fs::FileSystem {
+        &self.0
+    }
+}
+
 #[async_trait::async_trait]
 impl S3 for NoMultipart {
-    async fn put_object(
-        &self,
-        req: S3Request<PutObjectInput>,
-    ) -> S3Result<S3Response<PutObjectOutput>> {
-        self.0.put_object(req).await
-    }
-    async fn head_object(
-        &self,
-        req: S3Request<HeadObjectInput>,
-    ) -> S3Result<S3Response<HeadObjectOutput>> {
-        self.0.head_object(req).await
-    }
-    async fn get_object(
-        &self,
-        req: S3Request<GetObjectInput>,
-    ) -> S3Result<S3Response<GetObjectOutput>> {
-        self.0.get_object(req).await
-    }
-    async fn delete_object(
-        &self,
-        req: S3Request<DeleteObjectInput>,
-    ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        self.0.delete_object(req).await
-    }
-    async fn create_bucket(
-        &self,
-        req: S3Request<CreateBucketInput>,
-    ) -> S3Result<S3Response<CreateBucketOutput>> {
-        self.0.create_bucket(req).await
+    fencegate_proxy::forward_s3! { fs => std::convert::identity;
+        put_object: PutObjectInput => PutObjectOutput;
+        head_object: HeadObjectInput => HeadObjectOutput;
+        get_object: GetObjectInput => GetObjectOutput;
+        delete_object: DeleteObjectInput => DeleteObjectOutput;
+        create_bucket: CreateBucketInput => CreateBucketOutput;
     }
 }
 
 /// s3s-fs with conditional headers removed before they reach it.
 #[derive(Debug)]
 struct IgnoresConditions(s3s_fs::FileSystem);
+
+impl IgnoresConditions {
+    fn fs(&self) -> &s3s_fs::FileSystem {
+        &self.0
+    }
+}
 
 #[async_trait::async_trait]
 impl S3 for IgnoresConditions {
@@ -152,47 +141,14 @@ impl S3 for IgnoresConditions {
         req.input.if_none_match = None;
         self.0.complete_multipart_upload(req).await
     }
-    async fn head_object(
-        &self,
-        req: S3Request<HeadObjectInput>,
-    ) -> S3Result<S3Response<HeadObjectOutput>> {
-        self.0.head_object(req).await
-    }
-    async fn get_object(
-        &self,
-        req: S3Request<GetObjectInput>,
-    ) -> S3Result<S3Response<GetObjectOutput>> {
-        self.0.get_object(req).await
-    }
-    async fn delete_object(
-        &self,
-        req: S3Request<DeleteObjectInput>,
-    ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        self.0.delete_object(req).await
-    }
-    async fn create_bucket(
-        &self,
-        req: S3Request<CreateBucketInput>,
-    ) -> S3Result<S3Response<CreateBucketOutput>> {
-        self.0.create_bucket(req).await
-    }
-    async fn create_multipart_upload(
-        &self,
-        req: S3Request<CreateMultipartUploadInput>,
-    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        self.0.create_multipart_upload(req).await
-    }
-    async fn upload_part(
-        &self,
-        req: S3Request<UploadPartInput>,
-    ) -> S3Result<S3Response<UploadPartOutput>> {
-        self.0.upload_part(req).await
-    }
-    async fn abort_multipart_upload(
-        &self,
-        req: S3Request<AbortMultipartUploadInput>,
-    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.0.abort_multipart_upload(req).await
+    fencegate_proxy::forward_s3! { fs => std::convert::identity;
+        head_object: HeadObjectInput => HeadObjectOutput;
+        get_object: GetObjectInput => GetObjectOutput;
+        delete_object: DeleteObjectInput => DeleteObjectOutput;
+        create_bucket: CreateBucketInput => CreateBucketOutput;
+        create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
+        upload_part: UploadPartInput => UploadPartOutput;
+        abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
     }
 }
 
