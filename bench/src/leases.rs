@@ -52,16 +52,17 @@ impl Locksvc {
     }
 }
 
-/// A lease service client (one per worker: its own connection).
+/// A JSON-over-HTTP endpoint (the lease service, or etcd's gateway), one
+/// connection pool per client.
 #[derive(Debug, Clone)]
-pub struct LockClient {
+struct JsonApi {
     http: reqwest::Client,
     base: String,
 }
 
-impl LockClient {
-    pub fn new(base: &str) -> anyhow::Result<LockClient> {
-        Ok(LockClient {
+impl JsonApi {
+    fn new(base: &str) -> anyhow::Result<JsonApi> {
+        Ok(JsonApi {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
                 .build()?,
@@ -69,7 +70,8 @@ impl LockClient {
         })
     }
 
-    async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+    /// POSTs `body` to `path`; the answer's text, if it is a success.
+    async fn post(&self, path: &str, body: Value) -> anyhow::Result<String> {
         let resp = self
             .http
             .post(format!("{}{path}", self.base))
@@ -77,9 +79,28 @@ impl LockClient {
             .send()
             .await?;
         let status = resp.status();
-        let v: Value = resp.json().await?;
-        anyhow::ensure!(status.is_success(), "{path}: {status} {v}");
-        Ok(v)
+        let text = resp.text().await?;
+        anyhow::ensure!(status.is_success(), "{path}: {status} {text}");
+        Ok(text)
+    }
+}
+
+/// A lease service client (one per worker: its own connection).
+#[derive(Debug, Clone)]
+pub struct LockClient {
+    api: JsonApi,
+}
+
+impl LockClient {
+    pub fn new(base: &str) -> anyhow::Result<LockClient> {
+        Ok(LockClient {
+            api: JsonApi::new(base)?,
+        })
+    }
+
+    async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        let text = self.api.post(path, body).await?;
+        serde_json::from_str(&text).with_context(|| format!("{path}: not JSON: {text}"))
     }
 
     pub async fn acquire(&self, lock: &str, owner: &str, ttl_ms: u64) -> anyhow::Result<u64> {
@@ -115,8 +136,9 @@ impl LockClient {
     /// Group-commit figures from /metrics.
     pub async fn engine_stats(&self) -> anyhow::Result<EngineStats> {
         let text = self
+            .api
             .http
-            .get(format!("{}/metrics", self.base))
+            .get(format!("{}/metrics", self.api.base))
             .send()
             .await?
             .text()
@@ -244,30 +266,18 @@ impl Etcd {
 
 #[derive(Debug, Clone)]
 pub struct EtcdClient {
-    http: reqwest::Client,
-    base: String,
+    api: JsonApi,
 }
 
 impl EtcdClient {
     pub fn new(base: &str) -> anyhow::Result<EtcdClient> {
         Ok(EtcdClient {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()?,
-            base: base.to_owned(),
+            api: JsonApi::new(base)?,
         })
     }
 
     async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await?;
-        let status = resp.status();
-        let text = resp.text().await?;
-        anyhow::ensure!(status.is_success(), "{path}: {status} {text}");
+        let text = self.api.post(path, body).await?;
         // keepalive answers a stream of JSON objects; take the first.
         let mut de = serde_json::Deserializer::from_str(&text).into_iter::<Value>();
         de.next()

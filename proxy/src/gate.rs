@@ -13,6 +13,7 @@
 //! [`Gate::redecide`], which re-reads the key and answers stale or retry.
 
 use crate::backend::Backend;
+use crate::body::{BodyWatch, Cancellable};
 use crate::config::ProxyConfig;
 use crate::db::{Db, UploadBinding};
 use crate::errors;
@@ -25,12 +26,14 @@ use crate::scope::{Scope, ScopeMap};
 use crate::tokens::{Rejection, TokenPolicy};
 use fencegate_core::TokenKeys;
 use http::HeaderMap;
+use s3s::dto::StreamingBlob;
 use s3s::{S3Error, S3Result};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 /// Shared state of the proxy.
 #[derive(Debug)]
@@ -175,6 +178,35 @@ impl Gate {
                 timeout.as_secs_f64()
             ))),
         }
+    }
+
+    /// Wraps a write's request body so that a newer epoch (`cancel`) or a
+    /// silent client cuts it; `None` for a request without a body.
+    pub fn watch_body(
+        &self,
+        body: &mut Option<StreamingBlob>,
+        cancel: &CancellationToken,
+    ) -> Option<BodyWatch> {
+        let watch = BodyWatch::new(self.client_idle);
+        *body = Some(Cancellable::wrap(body.take()?, cancel.clone(), &watch));
+        Some(watch)
+    }
+
+    /// [`Gate::call`] for a write whose body [`Gate::watch_body`] wrapped:
+    /// the answer timeout counts from the body's last byte, and a body cut
+    /// for a silent client answers 400 RequestTimeout.
+    pub async fn call_watched<T>(
+        &self,
+        fut: impl Future<Output = S3Result<T>>,
+        watch: Option<BodyWatch>,
+    ) -> S3Result<T> {
+        let sent = watch.as_ref().map(|w| w.sent.clone());
+        self.call(fut, sent)
+            .await
+            .map_err(|e| match watch.as_ref().and_then(BodyWatch::stalled) {
+                Some(idle) => errors::request_timeout(idle),
+                None => e,
+            })
     }
 
     /// Probe reports so far, by bucket.

@@ -9,7 +9,6 @@
 //! appears. Complete, the commit point, is also checked against the key's
 //! stored token and sent conditionally.
 
-use crate::body::{BodyWatch, Cancellable};
 use crate::db::UploadBinding;
 use crate::errors;
 use crate::gate::Gate;
@@ -112,20 +111,10 @@ pub async fn upload_part(
     let admission = gate
         .admit(OP, &binding.bucket, &scope, binding.token)
         .await?;
-    let watch = BodyWatch::new(gate.client_idle);
-    req.input.body = req
-        .input
-        .body
-        .take()
-        .map(|b| Cancellable::wrap(b, admission.cancel.clone(), &watch));
-    let streamed = req.input.body.is_some();
+    let watch = gate.watch_body(&mut req.input.body, &admission.cancel);
     let result = gate
-        .call(
-            gate.backend.forward.upload_part(req),
-            streamed.then(|| watch.sent.clone()),
-        )
-        .await
-        .map_err(|e| watch.stalled().map_or(e, errors::request_timeout));
+        .call_watched(gate.backend.forward.upload_part(req), watch)
+        .await;
     if admission.cancel.is_cancelled() {
         return Err(gate.cut(OP, &scope, binding.token, admission).await);
     }

@@ -1,7 +1,5 @@
 //! PutObject: the common fenced write.
 
-use crate::body::{BodyWatch, Cancellable};
-use crate::errors;
 use crate::gate::Gate;
 use crate::keys::Known;
 use s3s::dto::{PutObjectInput, PutObjectOutput};
@@ -25,18 +23,10 @@ pub async fn put_object(
         super::conditions(&w.known, input.if_match.take(), input.if_none_match.take())?;
     super::tag(&mut input.metadata, token);
     input.content_encoding = super::strip_aws_chunked(input.content_encoding.take());
-    let watch = BodyWatch::new(gate.client_idle);
-    let body = input.body.take();
-    let streamed = body.is_some();
-    input.body = body.map(|b| Cancellable::wrap(b, w.admission.cancel.clone(), &watch));
-
+    let watch = gate.watch_body(&mut input.body, &w.admission.cancel);
     let result = gate
-        .call(
-            gate.backend.forward.put_object(req),
-            streamed.then(|| watch.sent.clone()),
-        )
-        .await
-        .map_err(|e| watch.stalled().map_or(e, errors::request_timeout));
+        .call_watched(gate.backend.forward.put_object(req), watch)
+        .await;
     gate.finish(w, result, |out| {
         Some(Known::Present {
             etag: out.output.e_tag.as_ref()?.value().to_owned(),
