@@ -330,11 +330,16 @@ async fn the_history_checker_catches_an_unfenced_store() {
     let keys: Vec<String> = (0..5).map(|i| format!("u/k{i}")).collect();
     let ops = record_history(&s, seed, Target::Unfenced, &keys).await;
     let verdict = check_history(&ops, &s.backend, &keys).await;
+    let found = verdict
+        .expect_err("an unfenced store passed the checker: the checker cannot see the hazard");
+    // The hazard itself, not a broken setup (a missing object, no token).
     assert!(
-        verdict.is_err(),
-        "an unfenced store passed the checker: the checker cannot see the hazard"
+        found.contains("stale write acknowledged")
+            || found.contains("is below the highest acknowledged")
+            || found.contains("was refused as stale, yet it landed"),
+        "the checker failed for another reason: {found}"
     );
-    println!("unfenced store: {}", verdict.expect_err("checked"));
+    println!("unfenced store: {found}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -578,12 +578,12 @@ async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
     let mut answer = vec![0u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut answer))
         .await
-        .unwrap_or(Ok(0))
+        .expect("the stale upload gets an answer or a closed connection, not a hang")
         .unwrap_or(0);
     let answer = String::from_utf8_lossy(&answer[..n]).to_string();
     assert!(
-        !answer.starts_with("HTTP/1.1 200"),
-        "the stale upload succeeded: {answer}"
+        n == 0 || answer.starts_with("HTTP/1.1 4") || answer.starts_with("HTTP/1.1 5"),
+        "the stale upload was not refused: {answer}"
     );
 
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1081,8 +1081,101 @@ async fn a_refused_upload_leaves_its_connection_usable() {
             .await
             .unwrap_or_else(|err| panic!("round {round}: the next request failed: {err:?}"));
     }
+    // The same, on one connection: the 409, then the next request's answer.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = e.proxy.url.trim_start_matches("http://").to_owned();
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let body = vec![b's'; 5 * 1024 * 1024];
+    let head = format!(
+        "PUT /{BUCKET}/k HTTP/1.1\r\nHost: {addr}\r\nFencing-Token: {}\r\nContent-Length: {}\r\n\r\n",
+        signed(BUCKET, 1),
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("head");
+    conn.write_all(&body)
+        .await
+        .expect("the whole body is taken, not cut off");
+    let get = format!("HEAD /{BUCKET}/k HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    conn.write_all(get.as_bytes())
+        .await
+        .expect("second request");
+    let mut answers = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&answers).contains("HTTP/1.1 200") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = tokio::time::timeout(left, conn.read(&mut buf))
+            .await
+            .expect("both answers arrive on the connection")
+            .expect("read");
+        assert!(
+            n > 0,
+            "the connection closed after: {}",
+            String::from_utf8_lossy(&answers)
+        );
+        answers.extend_from_slice(&buf[..n]);
+    }
+    let answers = String::from_utf8_lossy(&answers).to_string();
+    assert!(
+        answers.starts_with("HTTP/1.1 409"),
+        "the refused upload's answer comes first: {answers}"
+    );
     assert_eq!(
         stored(&e.backend, BUCKET, "k").await,
         Some((b"current".to_vec(), Some(2)))
+    );
+}
+
+/// An upload keeps the fence scope it was created in: after the scopes are
+/// reconfigured so its key belongs to another lock, its parts are refused
+/// (409 FencingScopeChanged) and its token never enters the new scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_upload_does_not_follow_its_key_into_another_scope() {
+    let mut e = env(BackendKind::S3Fs).await;
+    let c = e.proxy.client();
+    let up = fenced!(
+        c.create_multipart_upload().bucket(BUCKET).key("scoped/big"),
+        signed(BUCKET, 7)
+    )
+    .send()
+    .await
+    .expect("create");
+    let id = up.upload_id().expect("id").to_owned();
+
+    e.proxy.kill9();
+    let toml = proxy_toml(
+        &e.backend,
+        e.dir.path(),
+        BUCKET,
+        "unscoped_writes = \"bucket-lock\"\n[[scopes]]\nbucket = \"bkt\"\nprefix = \"scoped/\"\nlock = \"other\"",
+    );
+    std::fs::write(&e.proxy.config, toml).expect("rewrite config");
+    e.proxy.restart().await;
+
+    let c = e.proxy.client();
+    assert_refused!(
+        c.upload_part()
+            .bucket(BUCKET)
+            .key("scoped/big")
+            .upload_id(&id)
+            .part_number(1)
+            .body(ByteStream::from_static(b"part"))
+            .send(),
+        409,
+        "FencingScopeChanged",
+        "a part after the scopes changed"
+    );
+    let st = e.proxy.status().await;
+    let raised: Vec<&serde_json::Value> = st["scopes"]
+        .as_array()
+        .expect("scopes")
+        .iter()
+        .filter(|s| s["scope"] != "bkt" && s["max_token"] == 7)
+        .collect();
+    assert!(
+        raised.is_empty(),
+        "the upload's token entered another scope: {st}"
     );
 }

@@ -274,6 +274,18 @@ impl ProxyConfig {
                 "locksvc_url {url:?} must be an http:// or https:// URL of the lease service"
             ));
         }
+        for (i, c) in self.clients.iter().enumerate() {
+            // Such a key would be read as lease-bound credentials: a token
+            // with no lease behind it.
+            if c.access_key
+                .starts_with(fencegate_core::credentials::ACCESS_KEY_PREFIX)
+            {
+                p.push(format!(
+                    "clients[{i}].access_key starts with {:?}, which is reserved for lease-bound credentials",
+                    fencegate_core::credentials::ACCESS_KEY_PREFIX
+                ));
+            }
+        }
         if self.client_idle_timeout_secs == 0 {
             p.push("client_idle_timeout_secs must be at least 1".into());
         }
@@ -351,6 +363,9 @@ mod tests {
             r#"
             signing_keys = ["short"]
             virtual_host_domains = ["localhost:9000"]
+            [[clients]]
+            access_key = "fgk1.5.99.b"
+            secret_key = "s"
             [[scopes]]
             bucket = "b"
             lock = "bad lock"
@@ -368,6 +383,7 @@ mod tests {
             "scopes[0].lock",
             "both cover",
             "virtual_host_domains",
+            "clients[0].access_key",
         ] {
             assert!(
                 p.iter().any(|s| s.contains(needle)),

@@ -102,6 +102,18 @@ pub fn upload_token_mismatch(upload_id: &str, bound: u64, sent: u64) -> S3Error 
     )
 }
 
+/// 409: an upload created in one fence scope, continued after a
+/// reconfiguration put its key in another.
+pub fn upload_scope_changed(upload_id: &str, was: &str, now: &str) -> S3Error {
+    custom(
+        "FencingScopeChanged",
+        StatusCode::CONFLICT,
+        format!(
+            "upload {upload_id} was created in fence scope {was:?}, but its key is now in scope {now:?}; abort it on the backend and start a new upload"
+        ),
+    )
+}
+
 /// 404: an upload the proxy did not create (so has no token for).
 pub fn unknown_upload(upload_id: &str) -> S3Error {
     let mut e = S3Error::with_message(

@@ -46,6 +46,9 @@ def expect(name, status, code, call):
         return None
     if status != 200:
         sys.exit(f"{name}: expected {status} {code}, but it was accepted")
+    # DeleteObjects answers 200 and lists per-key failures in Errors.
+    if isinstance(result, dict) and result.get("Errors"):
+        sys.exit(f"{name}: accepted, but with per-key errors {result['Errors']}")
     return result
 
 

@@ -89,6 +89,15 @@ async fn bound<T: UploadRequest>(
         return Err(errors::unknown_upload(upload_id));
     }
     let scope = gate.scope(op, bucket, key)?;
+    if scope.id != binding.scope {
+        // The scopes were reconfigured while the upload was open: its token
+        // was issued for another lock, and must not enter this scope.
+        return Err(errors::upload_scope_changed(
+            upload_id,
+            &binding.scope,
+            &scope.id,
+        ));
+    }
     if let Some(sent) = gate.token(op, token, &scope).await?
         && sent != binding.token
     {
