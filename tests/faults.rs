@@ -763,6 +763,27 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
         stored(&backend, BUCKET, "slow").await,
         Some((b"newer".to_vec(), Some(2)))
     );
+
+    // s3s-fs ignores DELETE If-Match (the probe says so): the proxy's hold
+    // on the key is the only wall, so a slow DELETE is waited for, not cut
+    // loose by the timeout while it may still land.
+    delay.store(1500, Ordering::Release);
+    let started = Instant::now();
+    let status = http
+        .delete(format!("{}/{BUCKET}/slow", proxy.url))
+        .header("fencing-token", signed(BUCKET, 2))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .ok();
+    assert_eq!(status, Some(204), "the slow DELETE completes");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "the DELETE was waited for, past the 1 s timeout: {:?}",
+        started.elapsed()
+    );
+    delay.store(0, Ordering::Release);
+    assert_eq!(stored(&backend, BUCKET, "slow").await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

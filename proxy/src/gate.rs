@@ -180,6 +180,29 @@ impl Gate {
         }
     }
 
+    /// [`Gate::call`] for a conditional write whose condition the bucket's
+    /// store may not enforce (`enforced` reads the probe report). Where it
+    /// does not, the proxy's hold on the key is the only wall, and it must
+    /// not let go while the request may still land: no answer timeout then.
+    pub async fn call_conditional<T>(
+        &self,
+        bucket: &str,
+        enforced: impl Fn(&ProbeReport) -> bool,
+        fut: impl Future<Output = S3Result<T>>,
+    ) -> S3Result<T> {
+        let store_enforces = self
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bucket)
+            .is_some_and(enforced);
+        if store_enforces {
+            self.call(fut, None).await
+        } else {
+            fut.await
+        }
+    }
+
     /// Wraps a write's request body so that a newer epoch (`cancel`) or a
     /// silent client cuts it; `None` for a request without a body.
     pub fn watch_body(

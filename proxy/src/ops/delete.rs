@@ -32,7 +32,11 @@ pub async fn delete_object(
     // condition is needed (and If-None-Match is not defined for DELETE).
     req.input.if_match = if_match;
     let result = gate
-        .call(gate.backend.forward.delete_object(req), None)
+        .call_conditional(
+            &bucket,
+            |r| r.delete_if_match,
+            gate.backend.forward.delete_object(req),
+        )
         .await;
     gate.finish(w, result, |_| Some(Known::Absent)).await
 }

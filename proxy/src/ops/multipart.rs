@@ -180,8 +180,20 @@ pub async fn complete(
     let input = &mut req.input;
     (input.if_match, input.if_none_match) =
         super::conditions(&w.known, input.if_match.take(), input.if_none_match.take())?;
+    // Complete sends If-None-Match for a new key, If-Match otherwise.
+    let new_key = input.if_none_match.is_some();
     let result = gate
-        .call(gate.backend.forward.complete_multipart_upload(req), None)
+        .call_conditional(
+            &binding.bucket,
+            |r| {
+                if new_key {
+                    r.complete_if_none_match
+                } else {
+                    r.complete_if_match
+                }
+            },
+            gate.backend.forward.complete_multipart_upload(req),
+        )
         .await;
     let ok = result.is_ok();
     let out = gate
