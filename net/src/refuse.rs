@@ -1,0 +1,51 @@
+//! Connections answered with one canned response and closed: over the
+//! connection cap (`503`), or plain HTTP sent to a TLS port (`400`).
+
+use bytes::Bytes;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// How long a closing connection keeps reading what the client still sends.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Answers a connection over the cap with `response` (through TLS on a TLS
+/// port) and closes it, within [`crate::REFUSAL_TIME`].
+pub(crate) async fn refuse(
+    tcp: TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    response: Bytes,
+    _permit: OwnedSemaphorePermit,
+) {
+    let answer = async {
+        match tls {
+            None => answer_and_close(tcp, &response).await,
+            Some(acceptor) => match crate::tls::accept(tcp, &acceptor).await {
+                Ok(tls) => answer_and_close(tls, &response).await,
+                Err(e) => tracing::debug!(error = %e, "TLS handshake of a refused connection failed"),
+            },
+        }
+    };
+    let _ = tokio::time::timeout(crate::REFUSAL_TIME, answer).await;
+}
+
+/// Writes `response`, closes the sending side, and reads (discarding) what
+/// the client still sends until it closes or [`LINGER`] passes.
+///
+/// Closing a socket with unread data in it resets the connection, and a
+/// reset can destroy the answer before the client read it; reading until
+/// the client's own close (it closes on `Connection: close`) avoids that.
+pub(crate) async fn answer_and_close<S>(mut stream: S, response: &[u8])
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if stream.write_all(response).await.is_err() || stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        while let Ok(1..) = stream.read(&mut buf).await {}
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
