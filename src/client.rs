@@ -3,13 +3,15 @@
 use crate::Failure;
 use anyhow::Context as _;
 use clap::Args;
+use fencegate_net::tls::ClientTls;
 use serde_json::{Value, json};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Where the lease service is and how to authenticate to it.
 #[derive(Debug, Clone, Args)]
 pub struct LocksvcConn {
-    /// URL of the lease service.
+    /// URL of the lease service (https:// when it serves TLS).
     #[arg(
         long,
         env = "FENCEGATE_LOCKSVC",
@@ -19,6 +21,33 @@ pub struct LocksvcConn {
     /// API key for the lease service, if it requires one.
     #[arg(long, env = "FENCEGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS towards an `https://` service.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsArgs {
+    /// PEM file of the CA certificate(s) to trust for https:// (instead of
+    /// the system's roots).
+    #[arg(long, env = "FENCEGATE_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, for a lease service that requires one.
+    #[arg(long, env = "FENCEGATE_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert.
+    #[arg(long, env = "FENCEGATE_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    pub fn client_tls(&self) -> ClientTls {
+        ClientTls {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.client_cert.clone(),
+            key_file: self.client_key.clone(),
+        }
+    }
 }
 
 /// A granted or renewed lease, as the lease service returns it.
@@ -32,7 +61,17 @@ pub struct Client {
 
 impl Client {
     pub fn new(conn: LocksvcConn) -> anyhow::Result<Client> {
-        let http = reqwest::Client::builder()
+        let tls = conn.tls.client_tls();
+        // The signed token and the lease-bound credentials in every answer
+        // are bearer secrets: TLS settings next to a plain URL are a
+        // mistake worth stopping for, not a silent downgrade.
+        anyhow::ensure!(
+            tls == ClientTls::default() || conn.locksvc.starts_with("https://"),
+            "--ca-file / --client-cert (FENCEGATE_CA_FILE / FENCEGATE_CLIENT_CERT) are set, but the lease service URL {} is not https://",
+            conn.locksvc
+        );
+        let http = tls
+            .http_client()?
             .connect_timeout(Duration::from_secs(5))
             .build()?;
         Ok(Client { http, conn })

@@ -44,8 +44,10 @@ enum Command {
     /// Check a service's health endpoint (for container health checks):
     /// exits 0 if it answers 200.
     Health {
-        /// e.g. http://127.0.0.1:9000/_fencegate/health or http://127.0.0.1:7070/health
+        /// e.g. http://127.0.0.1:9000/_fencegate/health or https://127.0.0.1:7070/health
         url: String,
+        #[command(flatten)]
+        tls: client::TlsArgs,
     },
 }
 
@@ -119,7 +121,7 @@ fn main() -> ExitCode {
             Command::Dev(args) => dev::dev(args).await.map(|()| 0).map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
             Command::Run(args) => run_cmd::run(args).await,
-            Command::Health { url } => services::health(&url)
+            Command::Health { url, tls } => services::health(&url, &tls.client_tls())
                 .await
                 .map(|()| 0)
                 .map_err(Failure::from),

@@ -1,5 +1,5 @@
-//! `fencegate locksvc` (and later `proxy`, `dev`): load config, bind, serve
-//! until SIGINT/SIGTERM, then shut down gracefully.
+//! `fencegate locksvc` and `fencegate proxy`: load config, bind, serve
+//! until SIGINT/SIGTERM, then shut down gracefully; `fencegate health`.
 
 use anyhow::Context as _;
 use clap::Args;
@@ -64,10 +64,24 @@ pub fn read_config_text(path: &Option<PathBuf>) -> anyhow::Result<String> {
 
 /// Announces the bound address on stdout (first line; tests and scripts
 /// read it to find a port chosen by the OS).
-pub fn announce(service: &str, addr: SocketAddr) {
+pub fn announce(service: &str, addr: SocketAddr, tls: bool) {
+    let scheme = if tls { "https" } else { "http" };
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "fencegate {service} listening on http://{addr}");
+    let _ = writeln!(out, "fencegate {service} listening on {scheme}://{addr}");
     let _ = out.flush();
+}
+
+/// Raises the open-file limit as far as allowed, and warns if
+/// `max_connections` connections of `fds_per_connection` descriptors still
+/// would not fit: clients would then hang on EMFILE instead of getting the
+/// cap's 503.
+fn check_open_files(max_connections: usize, fds_per_connection: u64) {
+    if let Some(limit) = fencegate_net::raise_open_file_limit()
+        && let Some(warning) =
+            fencegate_net::open_file_limit_warning(limit, max_connections, fds_per_connection)
+    {
+        tracing::warn!("{warning}");
+    }
 }
 
 pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
@@ -83,10 +97,11 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
+    check_open_files(config.max_connections, 1);
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    announce("locksvc", listener.local_addr()?);
+    announce("locksvc", listener.local_addr()?, config.tls.enabled());
     fencegate_locksvc::run(listener, config, shutdown_signal()).await
 }
 
@@ -128,16 +143,19 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     // Probe the backend before opening the port, so health checks fail
     // fast instead of hanging while the probe waits for the backend.
     let listen = config.listen;
+    // A client connection may hold one to the backend too.
+    check_open_files(config.max_connections, 2);
     let proxy = fencegate_proxy::Proxy::build(config).await?;
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    announce("proxy", listener.local_addr()?);
+    announce("proxy", listener.local_addr()?, proxy.tls());
     proxy.serve(listener, shutdown_signal()).await
 }
 
-pub async fn health(url: &str) -> anyhow::Result<()> {
-    let resp = reqwest::Client::builder()
+pub async fn health(url: &str, tls: &fencegate_net::tls::ClientTls) -> anyhow::Result<()> {
+    let resp = tls
+        .http_client()?
         .timeout(std::time::Duration::from_secs(5))
         .build()?
         .get(url)

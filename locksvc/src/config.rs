@@ -2,6 +2,7 @@
 //! documented, loaded from TOML, secrets overridable from the environment,
 //! validated at start with every problem listed at once.
 
+use fencegate_net::tls::TlsConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,6 +47,31 @@ pub struct LocksvcConfig {
     /// admitted in the scope).
     #[serde(with = "humantime_serde")]
     pub credential_ttl: Duration,
+    /// Longest a client may take to send a request's headers, counted from
+    /// their first byte (for a new connection: from the accept, TLS
+    /// handshake included); the connection is then closed. A head fits in
+    /// one round trip on any working network, so 10s only cuts clients
+    /// that stall or trickle.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A keep-alive connection with no request in flight and nothing
+    /// received for this long is closed. 60s: above `fencegate run`'s
+    /// renewal interval for TTLs up to 3 minutes (a third of the TTL), so
+    /// renewals reuse their connection. A request in flight (an acquire
+    /// waiting in line) is never cut.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Most client connections served at once. One more gets `503`
+    /// `TooManyConnections` (JSON, `Connection: close`) and is closed;
+    /// service resumes as connections close. Every acquire waiting in line
+    /// holds its connection, so this also bounds waiters across all locks:
+    /// 1024, like `max_waiters_per_lock`. The open-file limit must exceed it
+    /// (checked at start).
+    pub max_connections: usize,
+    /// Serve HTTPS, and optionally require client certificates
+    /// (`client_ca_file`). Tokens, lease-bound credentials and API keys are
+    /// bearer secrets: serve TLS whenever clients are not on the same host.
+    pub tls: TlsConfig,
 }
 
 impl Default for LocksvcConfig {
@@ -62,6 +88,10 @@ impl Default for LocksvcConfig {
             max_waiters_per_lock: 1024,
             max_body_bytes: 16 * 1024,
             credential_ttl: Duration::from_secs(24 * 3600),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -96,6 +126,23 @@ impl LocksvcConfig {
         if let Some(v) = var(ENV_API_KEYS) {
             self.api_keys = split_list(&v);
         }
+        self.tls.apply_env(&var);
+    }
+
+    /// The connection settings of the lease service's listener (`tls`
+    /// loaded).
+    pub fn server_options(&self) -> anyhow::Result<fencegate_net::ServerOptions> {
+        Ok(fencegate_net::ServerOptions {
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections,
+            tls: self.tls.server_config()?,
+            refusal: fencegate_net::Refusal::new(
+                "application/json",
+                r#"{"error":{"code":"TooManyConnections","message":"the lease service is serving as many connections as it may (max_connections); retry shortly"}}"#,
+            ),
+            drain_timeout: Duration::from_secs(30),
+        })
     }
 
     /// Every problem with this configuration, in one list.
@@ -140,6 +187,16 @@ impl LocksvcConfig {
         if self.api_keys.iter().any(|k| k.len() < 8) {
             p.push("api_keys must each be at least 8 characters".into());
         }
+        if self.header_read_timeout < Duration::from_millis(100) {
+            p.push("header_read_timeout must be at least 100ms".into());
+        }
+        if self.idle_timeout < Duration::from_millis(100) {
+            p.push("idle_timeout must be at least 100ms".into());
+        }
+        if self.max_connections == 0 {
+            p.push("max_connections must be at least 1".into());
+        }
+        p.extend(self.tls.problems());
         p
     }
 

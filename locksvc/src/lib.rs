@@ -13,6 +13,8 @@
 //! - [`api`]: the HTTP routes, request decoding and JSON errors;
 //! - [`metrics`]: Prometheus counters and histograms.
 //!
+//! Connections (cap, header and idle timeouts, TLS) are `fencegate_net`'s.
+//!
 //! **Architecture invariant:** a grant is answered only after the token it
 //! carries is fsync'd (SQLite WAL, `synchronous=FULL`), so a token that was
 //! ever returned is never issued again, whatever crashes.
@@ -38,15 +40,25 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let config = config.validated()?;
+    let options = config.server_options()?;
     let metrics = Arc::new(metrics::Metrics::new());
     let store = store::Store::open(&config.db)?;
     let engine = engine::Engine::start(store, metrics.clone(), config.max_waiters_per_lock)?;
     let state = api::AppState::new(config, engine.handle(), metrics)?;
     let app = api::router(state);
-    tracing::info!(addr = %listener.local_addr()?, "locksvc listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        tls = options.tls.is_some(),
+        max_connections = options.max_connections,
+        "locksvc listening"
+    );
+    let service = hyper::service::service_fn(move |req| {
+        use tower::ServiceExt as _;
+        // The connection counts as busy until the body is read or dropped,
+        // not only until the answer is sent.
+        app.clone().oneshot(fencegate_net::track_request_body(req))
+    });
+    let served = fencegate_net::serve(listener, service, options, shutdown).await;
     engine.stop();
-    Ok(())
+    Ok(served?)
 }

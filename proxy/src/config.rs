@@ -3,6 +3,7 @@
 //! start with every problem listed at once.
 
 use fencegate_core::LockName;
+use fencegate_net::tls::{ClientTls, TlsConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,6 +43,17 @@ pub struct ProxyConfig {
     /// API key for `locksvc_url`, if the lease service requires one.
     /// Override with `FENCEGATE_API_KEY`.
     pub locksvc_api_key: Option<String>,
+    /// PEM file of the CA certificate(s) to trust for an `https://`
+    /// `locksvc_url`, instead of the system's roots. Override with
+    /// `FENCEGATE_CA_FILE`.
+    pub locksvc_ca_file: Option<PathBuf>,
+    /// PEM client certificate the proxy presents to a lease service that
+    /// requires one (its `tls.client_ca_file`); with
+    /// `locksvc_client_key_file`. Override with `FENCEGATE_CLIENT_CERT`.
+    pub locksvc_client_cert_file: Option<PathBuf>,
+    /// PEM private key of `locksvc_client_cert_file`. Override with
+    /// `FENCEGATE_CLIENT_KEY`.
+    pub locksvc_client_key_file: Option<PathBuf>,
     /// Fence scopes: a bucket, or a key prefix in a bucket, bound to a lock.
     /// Empty: every bucket is its own scope, fenced by the lock named like
     /// the bucket.
@@ -69,6 +81,26 @@ pub struct ProxyConfig {
     /// (`<bucket>.<domain>`); the domain itself and every other host (IP
     /// addresses included) are path style.
     pub virtual_host_domains: Vec<String>,
+    /// Longest a client may take to send a request's headers, counted from
+    /// their first byte (for a new connection: from the accept, TLS
+    /// handshake included); the connection is then closed. A head fits in
+    /// one round trip on any working network, so 10 s only cuts clients
+    /// that stall or trickle. Seconds, at least 1.
+    pub header_read_timeout_secs: u64,
+    /// A keep-alive connection with no request in flight and nothing
+    /// received for this long is closed. 60 s, like common load balancers:
+    /// long enough for a client's next request, short enough that idle
+    /// connections do not pile up. Seconds, at least 1.
+    pub idle_timeout_secs: u64,
+    /// Most client connections served at once. One more gets `503
+    /// ServiceUnavailable` (`Connection: close`) and is closed; service
+    /// resumes as connections close. A backup job opens a few connections
+    /// (rclone: 4 transfers + 8 checkers), so 1024 serves ~100 jobs at
+    /// once; each connection may also hold one to the backend, so the
+    /// open-file limit must exceed twice this (checked at start).
+    pub max_connections: usize,
+    /// Serve HTTPS (S3 clients then need the CA of the certificate).
+    pub tls: TlsConfig,
 }
 
 /// The S3 server behind the proxy.
@@ -141,6 +173,9 @@ impl Default for ProxyConfig {
             accept_unsigned_tokens: None,
             locksvc_url: None,
             locksvc_api_key: None,
+            locksvc_ca_file: None,
+            locksvc_client_cert_file: None,
+            locksvc_client_key_file: None,
             scopes: Vec::new(),
             unscoped_writes: UnscopedPolicy::Deny,
             probe_bucket: None,
@@ -149,6 +184,10 @@ impl Default for ProxyConfig {
             max_xml_body_bytes: 8 * 1024 * 1024,
             client_idle_timeout_secs: 60,
             virtual_host_domains: vec!["localhost".into()],
+            header_read_timeout_secs: 10,
+            idle_timeout_secs: 60,
+            max_connections: 1024,
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -173,6 +212,14 @@ pub const ENV_BACKEND_SECRET_KEY: &str = "FENCEGATE_BACKEND_SECRET_KEY";
 pub const ENV_CLIENT_KEYS: &str = "FENCEGATE_CLIENT_KEYS";
 /// The lease service API key (`locksvc_api_key`); the CLI reads it too.
 pub const ENV_LOCKSVC_API_KEY: &str = "FENCEGATE_API_KEY";
+/// The CA of an `https://` lease service (`locksvc_ca_file`); the CLI reads
+/// it too.
+pub const ENV_LOCKSVC_CA_FILE: &str = "FENCEGATE_CA_FILE";
+/// The client certificate for the lease service
+/// (`locksvc_client_cert_file`); the CLI reads it too.
+pub const ENV_LOCKSVC_CLIENT_CERT: &str = "FENCEGATE_CLIENT_CERT";
+/// Its key (`locksvc_client_key_file`); the CLI reads it too.
+pub const ENV_LOCKSVC_CLIENT_KEY: &str = "FENCEGATE_CLIENT_KEY";
 
 impl ProxyConfig {
     /// Reads TOML text and applies environment overrides.
@@ -190,6 +237,16 @@ impl ProxyConfig {
         if let Some(v) = var(ENV_LOCKSVC_API_KEY) {
             self.locksvc_api_key = Some(v);
         }
+        if let Some(v) = var(ENV_LOCKSVC_CA_FILE).filter(|v| !v.is_empty()) {
+            self.locksvc_ca_file = Some(v.into());
+        }
+        if let Some(v) = var(ENV_LOCKSVC_CLIENT_CERT).filter(|v| !v.is_empty()) {
+            self.locksvc_client_cert_file = Some(v.into());
+        }
+        if let Some(v) = var(ENV_LOCKSVC_CLIENT_KEY).filter(|v| !v.is_empty()) {
+            self.locksvc_client_key_file = Some(v.into());
+        }
+        self.tls.apply_env(&var);
         if let Some(v) = var(ENV_BACKEND_ACCESS_KEY) {
             self.backend.access_key = v;
         }
@@ -208,6 +265,27 @@ impl ProxyConfig {
                 })
                 .collect();
         }
+    }
+
+    /// How the issuer check reaches an `https://` lease service.
+    pub fn locksvc_tls(&self) -> ClientTls {
+        ClientTls {
+            ca_file: self.locksvc_ca_file.clone(),
+            cert_file: self.locksvc_client_cert_file.clone(),
+            key_file: self.locksvc_client_key_file.clone(),
+        }
+    }
+
+    /// The connection settings of the proxy's listener (`tls` loaded).
+    pub fn server_options(&self) -> anyhow::Result<fencegate_net::ServerOptions> {
+        Ok(fencegate_net::ServerOptions {
+            header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_secs),
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_secs),
+            max_connections: self.max_connections,
+            tls: self.tls.server_config()?,
+            refusal: crate::server::refusal(),
+            drain_timeout: crate::server::DRAIN_TIMEOUT,
+        })
     }
 
     /// Whether plain decimal tokens are accepted (see the field).
@@ -288,6 +366,32 @@ impl ProxyConfig {
         }
         if self.client_idle_timeout_secs == 0 {
             p.push("client_idle_timeout_secs must be at least 1".into());
+        }
+        if self.header_read_timeout_secs == 0 {
+            p.push("header_read_timeout_secs must be at least 1".into());
+        }
+        if self.idle_timeout_secs == 0 {
+            p.push("idle_timeout_secs must be at least 1".into());
+        }
+        if self.max_connections == 0 {
+            p.push("max_connections must be at least 1".into());
+        }
+        p.extend(self.tls.problems());
+        let locksvc_tls = self.locksvc_tls();
+        if locksvc_tls != ClientTls::default() {
+            match &self.locksvc_url {
+                None => p.push(
+                    "locksvc_ca_file / locksvc_client_cert_file / locksvc_client_key_file are set, but locksvc_url is not".into(),
+                ),
+                Some(url) if !url.starts_with("https://") => p.push(format!(
+                    "locksvc_url {url:?} is plain http, but TLS settings for the lease service are given: use https:// (tokens would otherwise travel in clear text)"
+                )),
+                Some(_) => {
+                    if let Err(e) = locksvc_tls.rustls_config() {
+                        p.push(format!("lease service TLS: {e}"));
+                    }
+                }
+            }
         }
         for d in &self.virtual_host_domains {
             let valid = !d.is_empty()

@@ -142,6 +142,7 @@ impl Gate {
                         url,
                         config.locksvc_api_key.clone(),
                         Duration::from_secs(config.backend.timeout_secs),
+                        &config.locksvc_tls(),
                     )
                 })
                 .transpose()?,

@@ -7,6 +7,10 @@
 //! proxy asks only when `n` is at or above the scope's max (a lower token is
 //! stale whoever issued it) and remembers the highest token confirmed per
 //! lock, so a holder's steady stream of writes costs one question in all.
+//!
+//! An `https://` lease service is reached with `locksvc_ca_file` (and a
+//! client certificate if it requires one): the question names no secret,
+//! but a forged "yes" would let a made-up number raise a scope's max.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -32,11 +36,16 @@ pub enum Answer {
 }
 
 impl Issuer {
-    pub fn new(url: &str, api_key: Option<String>, timeout: Duration) -> anyhow::Result<Issuer> {
+    pub fn new(
+        url: &str,
+        api_key: Option<String>,
+        timeout: Duration,
+        tls: &fencegate_net::tls::ClientTls,
+    ) -> anyhow::Result<Issuer> {
         Ok(Issuer {
             url: url.trim_end_matches('/').to_owned(),
             api_key: api_key.filter(|k| !k.is_empty()),
-            http: reqwest::Client::builder().timeout(timeout).build()?,
+            http: tls.http_client()?.timeout(timeout).build()?,
             confirmed: Mutex::new(HashMap::new()),
         })
     }

@@ -3,7 +3,8 @@
 //! forwarded write is a compare-and-set at the store.
 //!
 //! Module map (request order):
-//! - [`server`]: HTTP, operations endpoints, graceful shutdown;
+//! - [`server`]: HTTP, operations endpoints, graceful shutdown (connection
+//!   limits, timeouts and TLS: `fencegate_net`);
 //! - [`host`]: virtual-hosted-style addressing (bucket in the `Host`);
 //! - [`access`]: client SigV4 keys, anonymous policy, operation allowlist;
 //! - [`ops`]: one module per S3 operation family, fenced or forwarded;
@@ -60,6 +61,7 @@ pub struct Proxy {
     pub gate: Arc<gate::Gate>,
     service: S3Service,
     hosts: host::VirtualHosts,
+    options: fencegate_net::ServerOptions,
 }
 
 /// How long the start-up probe keeps retrying a backend that is not up yet.
@@ -71,6 +73,7 @@ impl Proxy {
     /// conditional PUTs unless `accept_weak_backend`).
     pub async fn build(config: ProxyConfig) -> anyhow::Result<Proxy> {
         let config = config.validated()?;
+        let options = config.server_options()?;
         let db = db::Db::open(&config.db)?;
         let gate = Arc::new(gate::Gate::new(&config, db)?);
         let probe_bucket = config
@@ -117,7 +120,13 @@ impl Proxy {
             gate,
             service: builder.build(),
             hosts,
+            options,
         })
+    }
+
+    /// Whether the proxy serves HTTPS.
+    pub fn tls(&self) -> bool {
+        self.options.tls.is_some()
     }
 
     /// Serves until `shutdown` resolves, then drains in-flight requests.
@@ -126,8 +135,21 @@ impl Proxy {
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
-        tracing::info!(addr = %listener.local_addr()?, "proxy listening");
-        server::serve(listener, self.service, self.gate, self.hosts, shutdown).await
+        tracing::info!(
+            addr = %listener.local_addr()?,
+            tls = self.options.tls.is_some(),
+            max_connections = self.options.max_connections,
+            "proxy listening"
+        );
+        server::serve(
+            listener,
+            self.service,
+            self.gate,
+            self.hosts,
+            self.options,
+            shutdown,
+        )
+        .await
     }
 }
 

@@ -1,13 +1,14 @@
 //! The HTTP server: S3 on every path, operations endpoints for GET/HEAD of
 //! `/_fencegate/...` in path style (no bucket can be named `_fencegate`; a
-//! virtual-hosted key `_fencegate/...` is S3's), graceful shutdown.
+//! virtual-hosted key `_fencegate/...` is S3's), handlers that outlive their
+//! connection, graceful shutdown. Connections themselves (cap, header and
+//! idle timeouts, TLS) are `fencegate_net`'s.
 
 use crate::gate::Gate;
 use crate::host::VirtualHosts;
 use futures::FutureExt as _;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use s3s::service::S3Service;
 use s3s::{Body, HttpError};
 use std::future::Future;
@@ -19,7 +20,16 @@ use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 /// Longest a graceful shutdown waits for in-flight requests.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a connection over `max_connections` gets: S3's retryable 503.
+pub fn refusal() -> fencegate_net::Refusal {
+    fencegate_net::Refusal::new(
+        "application/xml",
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>ServiceUnavailable</Code>\
+         <Message>the proxy is serving as many connections as it may (max_connections); retry shortly</Message></Error>",
+    )
+}
 
 #[derive(Clone)]
 struct Router {
@@ -31,7 +41,7 @@ struct Router {
 impl Router {
     /// The operations endpoint a request names, if it is one: GET or HEAD
     /// of `/_fencegate/<endpoint>` addressed path style.
-    fn endpoint<'r>(&self, req: &'r Request<Incoming>) -> Option<&'r str> {
+    fn endpoint<'r, B>(&self, req: &'r Request<B>) -> Option<&'r str> {
         if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
             return None;
         }
@@ -64,7 +74,9 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 .headers()
                 .get(http::header::EXPECT)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-            let req = req
+            // The connection stays busy (no idle or header timer) until the
+            // body is read, here or by the drain below.
+            let req = fencegate_net::track_request_body(req)
                 .map(|body| s3s::Body::http_body_unsync(DrainOnDrop::new(body, expects_continue)));
             let call = this.s3.call(req);
             let resp = match AssertUnwindSafe(call).catch_unwind().await {
@@ -106,13 +118,13 @@ const DRAIN_TIME: Duration = Duration::from_secs(30);
 /// body was asked for has sent no body: reading would make hyper send a
 /// `100 Continue` after the final answer, so that body is left alone.
 struct DrainOnDrop {
-    inner: Option<Incoming>,
+    inner: Option<fencegate_net::RequestBody>,
     expects_continue: bool,
     polled: bool,
 }
 
 impl DrainOnDrop {
-    fn new(body: Incoming, expects_continue: bool) -> DrainOnDrop {
+    fn new(body: fencegate_net::RequestBody, expects_continue: bool) -> DrainOnDrop {
         DrainOnDrop {
             inner: Some(body),
             expects_continue,
@@ -296,21 +308,22 @@ impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
 }
 
 /// Serves `s3` on `listener` until `shutdown`, then stops accepting and
-/// waits (up to 30 s) for in-flight requests.
+/// waits (up to [`DRAIN_TIMEOUT`]) for in-flight requests.
 pub async fn serve(
     listener: TcpListener,
     s3: S3Service,
     gate: Arc<Gate>,
     hosts: VirtualHosts,
+    options: fencegate_net::ServerOptions,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let hosts = Arc::new(hosts);
-    serve_service(listener, Router { s3, gate, hosts }, shutdown).await
+    serve_detached(listener, Router { s3, gate, hosts }, options, shutdown).await
 }
 
-/// Serves any hyper service the same way (used for the embedded backend of
-/// `fencegate dev` and for test backends). Every request runs to its end
-/// (see [`Detached`]).
+/// Serves any hyper service the same way, with the default connection
+/// options (used for the embedded backend of `fencegate dev` and for test
+/// backends). Every request runs to its end (see [`Detached`]).
 pub async fn serve_service<S>(
     listener: TcpListener,
     router: S,
@@ -323,44 +336,57 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let tracker = TaskTracker::new();
-    let http = hyper::server::conn::http1::Builder::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let handlers = Detached { inner: router.clone(), tracker: tracker.clone() };
-                let conn = http.serve_connection(TokioIo::new(stream), handlers);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    tracker.close();
-    // Connections first, then handlers whose client hung up.
-    let drained = async {
-        graceful.shutdown().await;
-        tracker.wait().await;
+    let options = fencegate_net::ServerOptions {
+        refusal: refusal(),
+        ..fencegate_net::ServerOptions::default()
     };
+    serve_detached(listener, router, options, shutdown).await
+}
+
+async fn serve_detached<S>(
+    listener: TcpListener,
+    router: S,
+    options: fencegate_net::ServerOptions,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()>
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = HttpError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let tracker = TaskTracker::new();
+    let handlers = Detached {
+        inner: router,
+        tracker: tracker.clone(),
+    };
+    // One drain deadline for connections and detached handlers together,
+    // counted from the shutdown request.
+    let requested = Arc::new(std::sync::OnceLock::new());
+    let shutdown = {
+        let requested = requested.clone();
+        async move {
+            shutdown.await;
+            let _ = requested.set(tokio::time::Instant::now());
+        }
+    };
+    let options = fencegate_net::ServerOptions {
+        drain_timeout: DRAIN_TIMEOUT,
+        ..options
+    };
+    // Connections first (net's serve returns once they are closed), then
+    // handlers whose client hung up.
+    fencegate_net::serve(listener, handlers, options, shutdown).await?;
+    tracker.close();
+    let deadline = requested
+        .get()
+        .copied()
+        .unwrap_or_else(tokio::time::Instant::now)
+        + DRAIN_TIMEOUT;
     tokio::select! {
-        () = drained => tracing::info!("all connections and requests drained"),
-        () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("gave up waiting for in-flight requests to finish"),
+        () = tracker.wait() => tracing::info!("all connections and requests drained"),
+        () = tokio::time::sleep_until(deadline) => tracing::warn!("gave up waiting for in-flight requests to finish"),
     }
     Ok(())
 }
