@@ -26,6 +26,7 @@ WORKDIR /src
 # the toolchain pin and the crates' sources.
 COPY rust-toolchain.toml Cargo.toml Cargo.lock ./
 COPY core core
+COPY net net
 COPY locksvc locksvc
 COPY proxy proxy
 COPY bench bench

@@ -25,22 +25,33 @@ pub const ENV_KEY_FILE: &str = "FENCEGATE_TLS_KEY_FILE";
 /// Overrides `tls.client_ca_file`.
 pub const ENV_CLIENT_CA_FILE: &str = "FENCEGATE_TLS_CLIENT_CA_FILE";
 
-/// Serving HTTPS: the `[tls]` table of a service's configuration.
+/// Serving HTTPS: the `[tls]` table of a service's configuration. An empty
+/// path is the same as none.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM file with the server's certificate, then any intermediate
     /// certificates. With `key_file`, the service serves HTTPS only.
     /// Override with `FENCEGATE_TLS_CERT_FILE`.
+    #[serde(deserialize_with = "optional_path")]
     pub cert_file: Option<PathBuf>,
     /// PEM file with the certificate's private key (PKCS#8, PKCS#1 or
     /// SEC1). Override with `FENCEGATE_TLS_KEY_FILE`.
+    #[serde(deserialize_with = "optional_path")]
     pub key_file: Option<PathBuf>,
     /// PEM file with the CA certificate(s) that sign client certificates.
     /// When set, every client must present a certificate signed by one of
     /// them (mutual TLS); the handshake of any other client fails. Override
     /// with `FENCEGATE_TLS_CLIENT_CA_FILE`.
+    #[serde(deserialize_with = "optional_path")]
     pub client_ca_file: Option<PathBuf>,
+}
+
+/// Deserializes a path where `""` means none (so an example config can show
+/// the default of a file option as `""`).
+pub fn optional_path<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let path = Option::<PathBuf>::deserialize(d)?;
+    Ok(path.filter(|p| !p.as_os_str().is_empty()))
 }
 
 /// What is wrong with a TLS file.

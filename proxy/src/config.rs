@@ -46,13 +46,16 @@ pub struct ProxyConfig {
     /// PEM file of the CA certificate(s) to trust for an `https://`
     /// `locksvc_url`, instead of the system's roots. Override with
     /// `FENCEGATE_CA_FILE`.
+    #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
     pub locksvc_ca_file: Option<PathBuf>,
     /// PEM client certificate the proxy presents to a lease service that
     /// requires one (its `tls.client_ca_file`); with
     /// `locksvc_client_key_file`. Override with `FENCEGATE_CLIENT_CERT`.
+    #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
     pub locksvc_client_cert_file: Option<PathBuf>,
     /// PEM private key of `locksvc_client_cert_file`. Override with
     /// `FENCEGATE_CLIENT_KEY`.
+    #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
     pub locksvc_client_key_file: Option<PathBuf>,
     /// Fence scopes: a bucket, or a key prefix in a bucket, bound to a lock.
     /// Empty: every bucket is its own scope, fenced by the lock named like
