@@ -27,7 +27,9 @@ pub(crate) async fn refuse(
             None => answer_and_close(tcp, &response).await,
             Some(acceptor) => match crate::tls::accept(tcp, &acceptor).await {
                 Ok(tls) => answer_and_close(tls, &response).await,
-                Err(e) => tracing::debug!(error = %e, "TLS handshake of a refused connection failed"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "TLS handshake of a refused connection failed")
+                }
             },
         }
     };

@@ -183,16 +183,18 @@ impl TlsConfig {
             .map_err(|e| vec![TlsError::Incomplete(format!("TLS setup failed: {e}"))])?;
         let builder = match (client_roots, &self.client_ca_file) {
             (Some(roots), Some(path)) => {
-                let verifier =
-                    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                        .build()
-                        .map_err(|e| {
-                            vec![TlsError::Unusable {
-                                what: "tls.client_ca_file",
-                                path: path.clone(),
-                                detail: e.to_string(),
-                            }]
-                        })?;
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| {
+                    vec![TlsError::Unusable {
+                        what: "tls.client_ca_file",
+                        path: path.clone(),
+                        detail: e.to_string(),
+                    }]
+                })?;
                 builder.with_client_cert_verifier(verifier)
             }
             _ => builder.with_no_client_auth(),
@@ -252,19 +254,21 @@ impl ClientTls {
             (Some(cert), Some(key)) => {
                 let certs = load_certs("client certificate", cert)?;
                 let der = load_key("client key", key)?;
-                builder.with_client_auth_cert(certs, der).map_err(|e| match e {
-                    rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-                        key_what: "client key",
-                        key: key.clone(),
-                        cert_what: "client certificate",
-                        cert: cert.clone(),
-                    },
-                    e => TlsError::Unusable {
-                        what: "client key",
-                        path: key.clone(),
-                        detail: e.to_string(),
-                    },
-                })
+                builder
+                    .with_client_auth_cert(certs, der)
+                    .map_err(|e| match e {
+                        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+                            key_what: "client key",
+                            key: key.clone(),
+                            cert_what: "client certificate",
+                            cert: cert.clone(),
+                        },
+                        e => TlsError::Unusable {
+                            what: "client key",
+                            path: key.clone(),
+                            detail: e.to_string(),
+                        },
+                    })
             }
             _ => Err(TlsError::Incomplete(
                 "a client certificate needs both its certificate and its key file".into(),

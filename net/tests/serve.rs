@@ -138,9 +138,7 @@ async fn read_response<S: AsyncRead + Unpin>(s: &mut S) -> Option<(u16, String, 
 async fn closed_within<S: AsyncRead + Unpin>(s: &mut S, limit: Duration) -> Duration {
     let started = Instant::now();
     let mut buf = [0u8; 1024];
-    let wait = async {
-        while let Ok(1..) = s.read(&mut buf).await {}
-    };
+    let wait = async { while let Ok(1..) = s.read(&mut buf).await {} };
     tokio::time::timeout(limit, wait)
         .await
         .unwrap_or_else(|_| panic!("the connection was still open after {limit:?}"));
@@ -153,7 +151,9 @@ const GET: &[u8] = b"GET / HTTP/1.1\r\nhost: test\r\n\r\n";
 async fn a_head_stuck_midway_is_closed_after_the_header_timeout() {
     let server = Server::start(options(500, 30_000)).await;
     let mut c = server.connect().await;
-    c.write_all(b"GET / HTTP/1.1\r\nhost: te").await.expect("write");
+    c.write_all(b"GET / HTTP/1.1\r\nhost: te")
+        .await
+        .expect("write");
     let closed = closed_within(&mut c, Duration::from_secs(5)).await;
     assert!(
         closed >= Duration::from_millis(400) && closed < Duration::from_secs(2),
@@ -283,7 +283,10 @@ async fn at_the_cap_a_new_connection_gets_a_clear_503_and_service_resumes_when_o
     }
     // The two held connections are unaffected.
     first.write_all(GET).await.expect("write");
-    assert_eq!(read_response(&mut first).await.expect("still served").0, 200);
+    assert_eq!(
+        read_response(&mut first).await.expect("still served").0,
+        200
+    );
 
     // One closes: new clients are served again, without a restart.
     drop(second);
@@ -344,7 +347,10 @@ impl Pki {
     }
 
     fn client(&self, tls: ClientTls) -> reqwest::Client {
-        tls.http_client().expect("client TLS").build().expect("client")
+        tls.http_client()
+            .expect("client TLS")
+            .build()
+            .expect("client")
     }
 
     fn trusting(&self) -> ClientTls {
