@@ -338,6 +338,7 @@ where
 {
     let options = fencegate_net::ServerOptions {
         refusal: refusal(),
+        drain_timeout: DRAIN_TIMEOUT,
         ..fencegate_net::ServerOptions::default()
     };
     serve_detached(listener, router, options, shutdown).await
@@ -363,6 +364,7 @@ where
     };
     // One drain deadline for connections and detached handlers together,
     // counted from the shutdown request.
+    let drain = options.drain_timeout;
     let requested = Arc::new(std::sync::OnceLock::new());
     let shutdown = {
         let requested = requested.clone();
@@ -370,10 +372,6 @@ where
             shutdown.await;
             let _ = requested.set(tokio::time::Instant::now());
         }
-    };
-    let options = fencegate_net::ServerOptions {
-        drain_timeout: DRAIN_TIMEOUT,
-        ..options
     };
     // Connections first (net's serve returns once they are closed), then
     // handlers whose client hung up.
@@ -383,7 +381,7 @@ where
         .get()
         .copied()
         .unwrap_or_else(tokio::time::Instant::now)
-        + DRAIN_TIMEOUT;
+        + drain;
     tokio::select! {
         () = tracker.wait() => tracing::info!("all connections and requests drained"),
         () = tokio::time::sleep_until(deadline) => tracing::warn!("gave up waiting for in-flight requests to finish"),
