@@ -33,6 +33,7 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod devstore;
+pub mod early;
 pub mod errors;
 pub mod fences;
 pub mod gate;
@@ -40,8 +41,10 @@ pub mod host;
 pub mod issuer;
 pub mod keys;
 pub mod metrics;
+pub mod object_key;
 pub mod ops;
 pub mod probe;
+pub mod query;
 pub mod scope;
 pub mod server;
 pub mod tokens;
@@ -57,7 +60,7 @@ use tokio::net::TcpListener;
 /// A built proxy, ready to serve.
 #[derive(Debug)]
 pub struct Proxy {
-    pub gate: Arc<gate::Gate>,
+    gate: Arc<gate::Gate>,
     service: S3Service,
     hosts: host::VirtualHosts,
 }
@@ -101,7 +104,7 @@ impl Proxy {
         let mut builder = S3ServiceBuilder::new(ops::FencedS3::new(gate.clone()));
         builder.set_auth(access::ClientAuth::new(
             &config.clients,
-            gate.tokens.keys().cloned(),
+            gate.token_keys().cloned(),
         ));
         builder.set_access(access::Access {
             allow_anonymous: config.allow_anonymous,
