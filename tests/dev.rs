@@ -102,8 +102,13 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
         let mut c = Command::new("curl");
         c.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"]);
         if signed {
-            c.args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user", &format!("{ak}:{sk}")])
-                .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]);
+            c.args([
+                "--aws-sigv4",
+                "aws:amz:us-east-1:s3",
+                "--user",
+                &format!("{ak}:{sk}"),
+            ])
+            .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]);
         }
         let out = c
             .arg(format!("{}/plain-demo", dev.url))

@@ -94,7 +94,10 @@ pub fn check<B>(
     if length == 0 {
         return Ok(Held(None));
     }
-    let Some(n) = usize::try_from(length).ok().filter(|n| *n <= budget.max_one) else {
+    let Some(n) = usize::try_from(length)
+        .ok()
+        .filter(|n| *n <= budget.max_one)
+    else {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
             "MaxMessageLengthExceeded",
@@ -194,18 +197,24 @@ mod tests {
         let budget = BodyBudget::new(150, 100);
         let big = req("POST", "/b?delete", &[("content-length", "101")]);
         assert_eq!(
-            check(&big, &hosts(), &budget).expect_err("too big").status(),
+            check(&big, &hosts(), &budget)
+                .expect_err("too big")
+                .status(),
             StatusCode::BAD_REQUEST
         );
         let chunked = req("POST", "/b?delete", &[("transfer-encoding", "chunked")]);
         assert_eq!(
-            check(&chunked, &hosts(), &budget).expect_err("no length").status(),
+            check(&chunked, &hosts(), &budget)
+                .expect_err("no length")
+                .status(),
             StatusCode::LENGTH_REQUIRED
         );
         let one = req("POST", "/b/k?uploadId=1", &[("content-length", "100")]);
         let held = check(&one, &hosts(), &budget).expect("fits");
         assert_eq!(
-            check(&one, &hosts(), &budget).expect_err("over budget").status(),
+            check(&one, &hosts(), &budget)
+                .expect_err("over budget")
+                .status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
         drop(held);

@@ -75,7 +75,12 @@ fn accepted(op: &str) -> &'static [&'static str] {
             "prefix",
             "upload-id-marker",
         ],
-        "ListBuckets" => &["max-buckets", "continuation-token", "prefix", "bucket-region"],
+        "ListBuckets" => &[
+            "max-buckets",
+            "continuation-token",
+            "prefix",
+            "bucket-region",
+        ],
         "GetBucketLocation" => &["location"],
         "GetBucketVersioning" => &["versioning"],
         "GetObjectTagging" => &["tagging", "versionId"],
@@ -125,16 +130,14 @@ fn percent_decode(s: &str) -> String {
     while i < bytes.len() {
         let hex = |b: u8| char::from(b).to_digit(16);
         match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
-                        i += 3;
-                        continue;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                    i += 3;
+                    continue;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b'+' => out.push(b' '),
             b => out.push(b),
         }

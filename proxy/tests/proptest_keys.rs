@@ -14,14 +14,18 @@ use std::path::{Path, PathBuf};
 
 fn scopes() -> ScopeMap {
     let config = ProxyConfig {
-        scopes: [("b", "db/", "db"), ("b", "logs/", "logs"), ("b", "", "whole")]
-            .iter()
-            .map(|(b, p, l)| ScopeConfig {
-                bucket: (*b).into(),
-                prefix: (*p).into(),
-                lock: (*l).into(),
-            })
-            .collect(),
+        scopes: [
+            ("b", "db/", "db"),
+            ("b", "logs/", "logs"),
+            ("b", "", "whole"),
+        ]
+        .iter()
+        .map(|(b, p, l)| ScopeConfig {
+            bucket: (*b).into(),
+            prefix: (*p).into(),
+            lock: (*l).into(),
+        })
+        .collect(),
         unscoped_writes: UnscopedPolicy::Deny,
         ..ProxyConfig::default()
     };
@@ -103,7 +107,8 @@ fn the_reviewed_escapes_are_refused() {
         let scope = scopes().resolve("b", key).expect("scope");
         let inside = root.join("b").join(&scope.prefix);
         assert!(
-            p.as_ref().is_none_or(|p| !p.starts_with(&inside) || p == &root.join("b")),
+            p.as_ref()
+                .is_none_or(|p| !p.starts_with(&inside) || p == &root.join("b")),
             "{key:?} -> {p:?} would not escape {}",
             inside.display()
         );

@@ -23,7 +23,7 @@ use crate::errors;
 use crate::fences::{Admission, FenceError, Fences};
 use crate::issuer::{Answer, Issuer};
 use crate::keys::{KeyGuard, Keys, Known};
-use crate::metrics::{Metrics, ProbeLabels, LockLabels};
+use crate::metrics::{LockLabels, Metrics, ProbeLabels};
 use crate::probe::{NoSuchBucket, ProbeReport, probe};
 use crate::scope::{Scope, ScopeMap};
 use crate::tokens::{Rejection, TokenPolicy};
@@ -298,12 +298,12 @@ impl Gate {
         watch: Option<BodyWatch>,
     ) -> S3Result<T> {
         let sent = watch.as_ref().map(|w| w.sent.clone());
-        self.send(enforced, fut, sent)
-            .await
-            .map_err(|e| match watch.as_ref().and_then(BodyWatch::stalled) {
+        self.send(enforced, fut, sent).await.map_err(|e| {
+            match watch.as_ref().and_then(BodyWatch::stalled) {
                 Some(idle) => errors::request_timeout(idle),
                 None => e,
-            })
+            }
+        })
     }
 
     /// The budget of whole-read request bodies.
@@ -321,7 +321,11 @@ impl Gate {
     /// requests naming made-up buckets add no metric series.
     pub fn count(&self, op: &'static str, scope: &Scope, outcome: &'static str) {
         let known = self.fences.known(scope.fence())
-            || self.scopes.configured().iter().any(|s| s.lock == scope.lock);
+            || self
+                .scopes
+                .configured()
+                .iter()
+                .any(|s| s.lock == scope.lock);
         let lock = if known { scope.fence() } else { UNKNOWN_LOCK };
         self.metrics.write(op, lock, outcome);
     }
@@ -384,11 +388,9 @@ impl Gate {
             .and_then(|c| c.location_constraint.clone());
         let plain = s3s::dto::CreateBucketInput {
             bucket: req.input.bucket.clone(),
-            create_bucket_configuration: location.map(|l| {
-                s3s::dto::CreateBucketConfiguration {
-                    location_constraint: Some(l),
-                    ..Default::default()
-                }
+            create_bucket_configuration: location.map(|l| s3s::dto::CreateBucketConfiguration {
+                location_constraint: Some(l),
+                ..Default::default()
             }),
             ..Default::default()
         };
@@ -600,7 +602,11 @@ impl Gate {
             }
             Err(FenceError::Stale { token, max }) => {
                 self.count(op, scope, "stale");
-                Err(errors::stale(token, max, &format!(" for lock {}", scope.lock)))
+                Err(errors::stale(
+                    token,
+                    max,
+                    &format!(" for lock {}", scope.lock),
+                ))
             }
             Err(FenceError::Storage(e)) => Err(errors::storage(format!(
                 "cannot persist the new max token: {e}; nothing was written"
@@ -666,10 +672,19 @@ impl Gate {
     /// `FencingTokenStale`, whatever the write and however far it got: a
     /// higher token exists for its lock, so no retry with its token can
     /// succeed. The max reported is the token that cut it.
-    pub fn cut(&self, op: &'static str, scope: &Scope, token: u64, admission: Admission) -> S3Error {
+    pub fn cut(
+        &self,
+        op: &'static str,
+        scope: &Scope,
+        token: u64,
+        admission: Admission,
+    ) -> S3Error {
         drop(admission);
         self.count(op, scope, "stale");
-        let by = self.fences.cut_by(scope.fence()).max(token.saturating_add(1));
+        let by = self
+            .fences
+            .cut_by(scope.fence())
+            .max(token.saturating_add(1));
         errors::stale(
             token,
             by,
@@ -715,7 +730,9 @@ impl Gate {
                 if errors::is_condition_failure(&e) {
                     self.count(w.op.name(), &w.scope, "conflict");
                     let (bucket, key) = (w.key.bucket().to_owned(), w.key.key().to_owned());
-                    return Err(self.redecide(w.op.name(), &bucket, &key, &w.scope, w.token).await);
+                    return Err(self
+                        .redecide(w.op.name(), &bucket, &key, &w.scope, w.token)
+                        .await);
                 }
                 self.count(w.op.name(), &w.scope, "backend_error");
                 Err(errors::from_backend(e))

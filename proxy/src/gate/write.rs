@@ -57,8 +57,11 @@ impl Write {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let token = self.token;
         let input = &mut req.input;
-        (input.if_match, input.if_none_match) =
-            conditions(&self.known, input.if_match.take(), input.if_none_match.take())?;
+        (input.if_match, input.if_none_match) = conditions(
+            &self.known,
+            input.if_match.take(),
+            input.if_none_match.take(),
+        )?;
         tag(&mut input.metadata, token);
         input.content_encoding = strip_aws_chunked(input.content_encoding.take());
         let watch = gate.watch_body(&mut input.body, &self.admission.cancel);
@@ -193,8 +196,11 @@ impl Write {
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let token = self.token;
         let input = &mut req.input;
-        (input.if_match, input.if_none_match) =
-            conditions(&self.known, input.if_match.take(), input.if_none_match.take())?;
+        (input.if_match, input.if_none_match) = conditions(
+            &self.known,
+            input.if_match.take(),
+            input.if_none_match.take(),
+        )?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let enforced = self.enforced(gate);
         let result = match gate
@@ -269,8 +275,12 @@ impl Gate {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         tag(&mut req.input.metadata, token);
         req.input.content_encoding = strip_aws_chunked(req.input.content_encoding.take());
-        self.send(true, self.backend.forward.create_multipart_upload(req), None)
-            .await
+        self.send(
+            true,
+            self.backend.forward.create_multipart_upload(req),
+            None,
+        )
+        .await
     }
 
     /// Sends a part of an upload whose token the scope admitted.

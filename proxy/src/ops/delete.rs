@@ -29,7 +29,9 @@ pub async fn delete_object(
         .await?;
     let w = gate.begin(op, &bucket, &key, scope, token).await?;
     let version_id = req.input.version_id.take();
-    let out = w.delete(gate, version_id, req.input.if_match.take()).await?;
+    let out = w
+        .delete(gate, version_id, req.input.if_match.take())
+        .await?;
     Ok(S3Response::new(out))
 }
 
