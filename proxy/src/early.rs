@@ -48,7 +48,7 @@ pub fn check<B>(
     req: &Request<B>,
     hosts: &VirtualHosts,
     budget: &BodyBudget,
-) -> Result<Held, Response<Body>> {
+) -> Result<Held, Box<Response<Body>>> {
     let names: Vec<&str> = req
         .uri()
         .query()
@@ -136,7 +136,7 @@ fn is_bucket_path<B>(req: &Request<B>, hosts: &VirtualHosts) -> bool {
 /// An S3 XML error answered without reading the body; the connection is
 /// closed, since the unread body would otherwise be read as the next
 /// request.
-fn refuse(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+fn refuse(status: StatusCode, code: &str, message: &str) -> Box<Response<Body>> {
     let xml = format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{}</Message></Error>",
         escape(message)
@@ -149,7 +149,7 @@ fn refuse(status: StatusCode, code: &str, message: &str) -> Response<Body> {
         HeaderValue::from_static("application/xml"),
     );
     h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    r
+    Box::new(r)
 }
 
 fn escape(s: &str) -> String {

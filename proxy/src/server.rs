@@ -62,7 +62,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             }
             let _held = match crate::early::check(&req, &this.hosts, this.gate.body_budget()) {
                 Ok(held) => held,
-                Err(refused) => return Ok(refused),
+                Err(refused) => return Ok(*refused),
             };
             let expects_continue = req
                 .headers()
