@@ -29,7 +29,7 @@ fn reference_scenario_a_then_b_after_expiry() {
     assert_eq!(refused["error"]["code"], "LockHeld");
     assert_eq!(refused["error"]["holder"], "A");
 
-    let (s, renewed) = api.renew("backup", t1, 1500);
+    let (s, renewed) = api.renew("backup", signed_of(&a), 1500);
     assert_eq!(s, 200, "{renewed}");
     assert_eq!(token_of(&renewed), t1, "a renewal keeps the token");
 
@@ -41,7 +41,7 @@ fn reference_scenario_a_then_b_after_expiry() {
     let t2 = token_of(&b);
     assert!(t2 > t1, "B's token {t2} must be above A's {t1}");
 
-    let (s, lost) = api.renew("backup", t1, 1500);
+    let (s, lost) = api.renew("backup", signed_of(&a), 1500);
     assert_eq!(s, 409, "{lost}");
     assert_eq!(lost["error"]["code"], "LeaseLost");
     assert_eq!(lost["error"]["current_token"], t2);
@@ -70,8 +70,8 @@ fn a_thousand_alternating_grants_strictly_increase() {
         let t = token_of(&v);
         assert!(t > last, "grant {i}: token {t} not above {last}");
         last = t;
-        let (s, v) = api.release("alt", t);
-        assert_eq!(s, 200, "release {i}: {v}");
+        let (s, r) = api.release("alt", signed_of(&v));
+        assert_eq!(s, 200, "release {i}: {r}");
     }
 }
 
@@ -144,7 +144,7 @@ fn a_lease_live_at_a_crash_keeps_its_remaining_time() {
     let (s, refused) = api.acquire("job", "B", 1000);
     assert_eq!(s, 409, "A's lease survives the restart: {refused}");
     assert_eq!(refused["error"]["holder"], "A");
-    let (s, renewed) = api.renew("job", t1, 1000);
+    let (s, renewed) = api.renew("job", signed_of(&a), 1000);
     assert_eq!(s, 200, "A can still renew: {renewed}");
     assert_eq!(token_of(&renewed), t1);
     wait_until_ms(renewed["expires_at_ms"].as_u64().expect("expiry") + 50);
@@ -172,14 +172,16 @@ fn waiters_are_served_in_arrival_order() {
 
     // A newcomer that does not wait is refused even though the line moves.
     let started = Instant::now();
-    api.release("line", token_of(&a));
+    let (s, r) = api.release("line", signed_of(&a));
+    assert_eq!((s, &r["released"]), (200, &Value::Bool(true)), "{r}");
     let (s, b) = b.join().expect("B");
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["owner"], "B");
     assert!(started.elapsed() < Duration::from_secs(5));
     let (s, _) = api.acquire("line", "D", 1000);
     assert_eq!(s, 409, "B holds it, C is next");
-    api.release("line", token_of(&b));
+    let (s, r) = api.release("line", signed_of(&b));
+    assert_eq!(s, 200, "{r}");
     let (s, c) = c.join().expect("C");
     assert_eq!(s, 200, "{c}");
     assert_eq!(c["owner"], "C");
@@ -241,6 +243,14 @@ fn bad_input_gets_a_json_4xx_on_every_endpoint() {
     let api = Api::new(&svc.url);
     let big = format!(r#"{{"owner":"{}"}}"#, "x".repeat(20_000));
     let long_lock = "l".repeat(129);
+    let keys = fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key");
+    let sign = |lock: &str, n: u64| {
+        keys.sign(&fencegate_core::LockName::new(lock).expect("lock"), n)
+            .to_string()
+    };
+    let forged = format!(r#"{{"token":"fgt1:a:7:{}"}}"#, "A".repeat(43));
+    let other_lock = format!(r#"{{"token":"{}"}}"#, sign("b", 7));
+    let never_granted = format!(r#"{{"token":"{}"}}"#, sign("a", 7));
     let cases: Vec<(&str, String, Option<&str>, u16, &str)> = vec![
         (
             "POST",
@@ -347,12 +357,63 @@ fn bad_input_gets_a_json_4xx_on_every_endpoint() {
             400,
             "InvalidRequest",
         ),
+        // A number is public: it never renews or releases anything.
         (
             "POST",
             "/v1/locks/a/renew".into(),
             Some(r#"{"token":7}"#),
+            400,
+            "SignedTokenRequired",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(r#"{"token":"7"}"#),
+            400,
+            "SignedTokenRequired",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(r#"{"token":"fgt1:a:7"}"#),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(&forged),
+            403,
+            "FencingTokenSignatureInvalid",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/release".into(),
+            Some(&forged),
+            403,
+            "FencingTokenSignatureInvalid",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(&other_lock),
+            403,
+            "FencingTokenWrongLock",
+        ),
+        // A genuine signed token of a lease that does not exist.
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(&never_granted),
             409,
             "LeaseLost",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"owner":"A","idempotency_key":"too-short"}"#),
+            400,
+            "InvalidIdempotencyKey",
         ),
         (
             "POST",
@@ -386,8 +447,8 @@ fn bad_input_gets_a_json_4xx_on_every_endpoint() {
             "POST",
             "/v1/locks/a/release".into(),
             Some(r#"{"token":123456}"#),
-            409,
-            "LeaseLost",
+            400,
+            "SignedTokenRequired",
         ),
         (
             "DELETE",
@@ -433,8 +494,8 @@ fn metrics_count_grants_refusals_and_fsyncs() {
     let api = Api::new(&svc.url);
     let (_, a) = api.acquire("m", "A", 5000);
     api.acquire("m", "B", 5000);
-    api.renew("m", token_of(&a), 5000);
-    api.release("m", token_of(&a));
+    assert_eq!(api.renew("m", signed_of(&a), 5000).0, 200);
+    assert_eq!(api.release("m", signed_of(&a)).0, 200);
     let text = reqwest::blocking::get(format!("{}/metrics", svc.url))
         .expect("metrics")
         .text()
