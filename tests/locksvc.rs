@@ -47,16 +47,6 @@ fn reference_scenario_a_then_b_after_expiry() {
     assert_eq!(lost["error"]["current_token"], t2);
 }
 
-fn wait_until_ms(deadline: u64) {
-    loop {
-        let now = unix_ms();
-        if now >= deadline {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(deadline - now));
-    }
-}
-
 #[test]
 fn a_thousand_alternating_grants_strictly_increase() {
     let dir = tempdir();

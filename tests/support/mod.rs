@@ -210,6 +210,17 @@ pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
 
+/// Sleeps until the wall clock reaches `deadline` (Unix milliseconds).
+pub fn wait_until_ms(deadline: u64) {
+    loop {
+        let now = unix_ms();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(deadline - now));
+    }
+}
+
 /// The wall clock in Unix milliseconds (tests compare it with lease expiries).
 #[allow(clippy::disallowed_methods, reason = "tests observe real expiry")]
 pub fn unix_ms() -> u64 {
