@@ -162,6 +162,12 @@ fn reacquiring_with_the_holders_name_needs_its_idempotency_key() {
     let dir = tempdir();
     let svc = start_locksvc(dir.path());
     let api = Api::new(&svc.url);
+    // A lease taken without a key is given back to nobody, not even by name.
+    let (_, alice) = api.acquire("plain", "alice", 30_000);
+    let (s, v) = api.acquire("plain", "alice", 30_000);
+    assert_eq!((s, code(&v)), (409, "LockHeld"), "{v}");
+    assert_no_capability(&v, &alice, "plain");
+
     let key = "bob-secret-0123456789";
     let (s, bob) = api.acquire_with_key("backups", "bob", 30_000, key);
     assert_eq!(s, 200, "{bob}");
@@ -188,12 +194,6 @@ fn reacquiring_with_the_holders_name_needs_its_idempotency_key() {
     }
     assert_still_held(&api, "backups", &bob);
 
-    // A lease taken without a key is given back to nobody, not even by name.
-    let (_, alice) = api.acquire("plain", "alice", 30_000);
-    let (s, v) = api.acquire("plain", "alice", 30_000);
-    assert_eq!((s, code(&v)), (409, "LockHeld"), "{v}");
-    assert_no_capability(&v, &alice, "plain");
-
     // The real client, retrying with its key, gets its own lease back.
     let (s, again) = api.acquire_with_key("backups", "bob", 30_000, key);
     assert_eq!(s, 200, "{again}");
@@ -202,19 +202,21 @@ fn reacquiring_with_the_holders_name_needs_its_idempotency_key() {
 }
 
 /// Starts a lease service whose API keys are `admin-key-0123` (every lock)
-/// and `db-a-key-0123` (locks `db-a` and `backup-*`), configured either in
-/// the environment or in a TOML file.
-fn scoped_services(dir: &std::path::Path) -> Vec<(&'static str, Service)> {
-    let from_env = Service::start(locksvc_cmd(
-        &dir.join("env"),
-        &[
-            ("FENCEGATE_LOCKSVC_API_KEYS", "admin-key-0123"),
-            (
-                "FENCEGATE_LOCKSVC_SCOPED_API_KEYS",
-                "db-a-key-0123:db-a|backup-*",
-            ),
-        ],
-    ));
+/// and `db-a-key-0123` (locks `db-a` and `backup-*`), configured in the
+/// `environment` or in a TOML `file`.
+fn scoped_service(dir: &std::path::Path, source: &str) -> Service {
+    if source == "environment" {
+        return Service::start(locksvc_cmd(
+            &dir.join("env"),
+            &[
+                ("FENCEGATE_LOCKSVC_API_KEYS", "admin-key-0123"),
+                (
+                    "FENCEGATE_LOCKSVC_SCOPED_API_KEYS",
+                    "db-a-key-0123:db-a|backup-*",
+                ),
+            ],
+        ));
+    }
     let config = dir.join("locksvc.toml");
     std::fs::write(
         &config,
@@ -235,36 +237,20 @@ locks = ["db-a", "backup-*"]
         .arg(&config)
         .env_remove("FENCEGATE_LOCKSVC_API_KEYS")
         .env_remove("FENCEGATE_LOCKSVC_SCOPED_API_KEYS");
-    vec![("environment", from_env), ("file", Service::start(cmd))]
+    Service::start(cmd)
 }
 
 #[test]
 fn a_scoped_api_key_reaches_only_its_locks() {
     let dir = tempdir();
-    for (source, svc) in scoped_services(dir.path()) {
+    for source in ["environment", "file"] {
+        let svc = scoped_service(dir.path(), source);
         let with = |key: &str| {
             let mut api = Api::new(&svc.url);
             api.bearer = Some(key.to_owned());
             api
         };
         let (admin, scoped) = (with("admin-key-0123"), with("db-a-key-0123"));
-
-        // Inside its patterns, everything works.
-        for lock in ["db-a", "backup-nightly", "backup-"] {
-            let (s, lease) = scoped.acquire(lock, "job-a", 30_000);
-            assert_eq!(s, 200, "{source}: {lock}: {lease}");
-            assert_eq!(scoped.status(lock).0, 200, "{source}: {lock}");
-            assert_eq!(
-                scoped.renew(lock, signed_of(&lease), 30_000).0,
-                200,
-                "{source}: {lock}"
-            );
-            assert_eq!(
-                scoped.release(lock, signed_of(&lease)).0,
-                200,
-                "{source}: {lock}"
-            );
-        }
 
         // Outside: refused, even with the holder's real proof.
         let (s, b) = admin.acquire("db-b", "job-b", 30_000);
@@ -315,6 +301,23 @@ fn a_scoped_api_key_reaches_only_its_locks() {
             assert_no_capability(&v, &b, "db-b");
         }
         assert_still_held(&admin, "db-b", &b);
+
+        // Inside its patterns, everything works.
+        for lock in ["db-a", "backup-nightly", "backup-"] {
+            let (s, lease) = scoped.acquire(lock, "job-a", 30_000);
+            assert_eq!(s, 200, "{source}: {lock}: {lease}");
+            assert_eq!(scoped.status(lock).0, 200, "{source}: {lock}");
+            assert_eq!(
+                scoped.renew(lock, signed_of(&lease), 30_000).0,
+                200,
+                "{source}: {lock}"
+            );
+            assert_eq!(
+                scoped.release(lock, signed_of(&lease)).0,
+                200,
+                "{source}: {lock}"
+            );
+        }
 
         // No key, or an unknown one: 401 before anything else.
         for bearer in [None, Some("db-a-key-012")] {
@@ -398,7 +401,7 @@ fn every_answer_tells_the_truth_about_the_lease() {
 
     // Every field of a grant.
     let before = unix_ms();
-    let (s, a) = api.acquire_with_key("ttl", "A", 30_000, key);
+    let (s, a) = api.acquire("ttl", "A", 30_000);
     let after = unix_ms();
     assert_eq!(s, 200, "{a}");
     let t = token_of(&a);
@@ -444,22 +447,8 @@ fn every_answer_tells_the_truth_about_the_lease() {
         assert_eq!(st["token"], t, "{st}");
     }
 
-    // The idempotent re-acquire tells the truth the same way.
-    let before = unix_ms();
-    let (s, again) = api.acquire_with_key("ttl", "A", 600, key);
-    let after = unix_ms();
-    assert_eq!(s, 200, "{again}");
-    assert_eq!(
-        (again["token"].as_u64(), again["ttl_ms"].as_u64()),
-        (Some(t), Some(600))
-    );
-    let e = again["expires_at_ms"].as_u64().expect("expiry");
-    assert!((before + 600..=after + 600).contains(&e), "{again}");
-    let (_, st) = api.status("ttl");
-    assert_eq!(st["expires_at_ms"], again["expires_at_ms"], "{st}");
-
     // And the lease really ends then: B gets the lock just after.
-    wait_until_ms(e + 20);
+    wait_until_ms(last_expiry + 20);
     let (s, b) = api.acquire("ttl", "B", 30_000);
     assert_eq!(s, 200, "the lease ended at the expiry it announced: {b}");
     assert!(token_of(&b) > t);
@@ -470,5 +459,28 @@ fn every_answer_tells_the_truth_about_the_lease() {
             "lock": "ttl", "held": true, "owner": "B", "token": b["token"],
             "expires_at_ms": b["expires_at_ms"], "waiting": 0, "last_token": b["token"],
         })
+    );
+
+    // An idempotent re-acquire with a shorter TTL tells the truth the same
+    // way.
+    let (s, k) = api.acquire_with_key("ttl-key", "K", 30_000, key);
+    assert_eq!(s, 200, "{k}");
+    let before = unix_ms();
+    let (s, again) = api.acquire_with_key("ttl-key", "K", 600, key);
+    let after = unix_ms();
+    assert_eq!(s, 200, "{again}");
+    assert_eq!(
+        (again["token"].as_u64(), again["ttl_ms"].as_u64()),
+        (k["token"].as_u64(), Some(600))
+    );
+    let e = again["expires_at_ms"].as_u64().expect("expiry");
+    assert!((before + 600..=after + 600).contains(&e), "{again}");
+    let (_, st) = api.status("ttl-key");
+    assert_eq!(st["expires_at_ms"], again["expires_at_ms"], "{st}");
+    wait_until_ms(e + 20);
+    let (s, v) = api.acquire("ttl-key", "L", 30_000);
+    assert_eq!(
+        s, 200,
+        "the re-acquired lease ended at its announced expiry: {v}"
     );
 }
