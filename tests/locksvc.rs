@@ -1,5 +1,6 @@
 //! The lease service as a real process: the reference scenarios, crash and
-//! restart, waiting in line, auth, and bad input on every endpoint.
+//! restart, waiting in line, auth, bad input on every endpoint, and the
+//! `fencegate lease` CLI against it.
 
 mod support;
 
@@ -86,10 +87,13 @@ fn kill_9_during_a_burst_never_reissues_a_token() {
                 let url = svc.url.clone();
                 std::thread::spawn(move || {
                     let client = reqwest::blocking::Client::new();
+                    // Fresh locks each cycle: those of earlier cycles are
+                    // still held (60 s), and an acquire naming their owner
+                    // is refused, not handed the old lease.
                     for i in 0.. {
                         let body = format!(r#"{{"owner":"w{w}-{i}","ttl_ms":60000}}"#);
                         let resp = client
-                            .post(format!("{url}/v1/locks/burst-{w}-{i}/acquire"))
+                            .post(format!("{url}/v1/locks/burst-{cycle}-{w}-{i}/acquire"))
                             .body(body)
                             .send();
                         let Ok(resp) = resp else { return };
@@ -499,4 +503,64 @@ fn metrics_count_grants_refusals_and_fsyncs() {
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
+}
+
+#[test]
+fn the_lease_cli_renews_and_releases_with_the_signed_token() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let lease = |args: &[&str]| {
+        let out = fencegate()
+            .arg("lease")
+            .args(args)
+            .env("FENCEGATE_LOCKSVC", &svc.url)
+            .env_remove("FENCEGATE_API_KEY")
+            .env("FENCEGATE_LOG", "warn")
+            .output()
+            .expect("runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // A retry is the same client only with the same owner and key (the
+    // default owner, <host>-<pid>, differs per run).
+    let key = [
+        "--owner",
+        "cli-job",
+        "--idempotency-key",
+        "cli-secret-0123456789",
+    ];
+    let (code, token, err) = lease(&[&["acquire", "cli", "--format", "token"][..], &key].concat());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(token.starts_with("fgt1:cli:1:"), "{token}");
+    // The same acquire again, with its key, gets the same lease back.
+    let (code, again, err) = lease(&[&["acquire", "cli", "--format", "token"][..], &key].concat());
+    assert_eq!((code, again.as_str()), (Some(0), token.as_str()), "{err}");
+
+    let (code, out, err) = lease(&["renew", "cli", "--token", &token, "--ttl", "5s"]);
+    assert_eq!(code, Some(0), "{err}");
+    let renewed: Value = serde_json::from_str(&out).expect("JSON lease");
+    assert_eq!(
+        (renewed["token"].as_u64(), renewed["ttl_ms"].as_u64()),
+        (Some(1), Some(5000))
+    );
+
+    // A number is refused before anything is sent (usage error), saying what
+    // to pass instead.
+    for cmd in ["renew", "release"] {
+        let (code, _, err) = lease(&[cmd, "cli", "--token", "1"]);
+        assert_eq!(code, Some(2), "{cmd}: {err}");
+        assert!(err.contains("fencing_token"), "{cmd}: {err}");
+    }
+    let (_, st) = Api::new(&svc.url).status("cli");
+    assert_eq!(st["held"], true, "{st}");
+
+    let (code, out, err) = lease(&["release", "cli", "--token", &token]);
+    assert_eq!(code, Some(0), "{err}");
+    let released: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(released["released"], true, "{released}");
+    let (_, st) = Api::new(&svc.url).status("cli");
+    assert_eq!(st["held"], false, "{st}");
 }
