@@ -156,6 +156,7 @@ both_backends!(
     unknown_query_parameters_are_refused,
     uploads_answer_only_to_their_creator,
     scopes_sharing_a_lock_share_its_fence,
+    a_cut_upload_always_learns_it_is_stale,
 );
 
 /// H1: every way of spelling a dot segment (raw, percent-encoded, in the
@@ -801,4 +802,60 @@ async fn h7_made_up_buckets_leave_no_trace() {
     );
     let st = e.proxy.status().await;
     assert!(!st.to_string().contains("made-up-"), "{st}");
+}
+
+/// A stale upload cut by the epoch barrier learns it lost its lease with
+/// the non-retryable 409 `FencingTokenStale` and the token that cut it,
+/// whether it was writing a new key or overwriting one (a retryable 503
+/// would make rclone and the SDKs retry a write that can never succeed).
+async fn a_cut_upload_always_learns_it_is_stale(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    e.put_signed("existing", &signed(BUCKET, 1), "old")
+        .await
+        .expect("token 1");
+    for (key, stale) in [("new-key", 1), ("existing", 2)] {
+        let mut slow = tokio::net::TcpStream::connect(e.addr())
+            .await
+            .expect("connect");
+        let total = 2 * 1024 * 1024;
+        let head = format!(
+            "PUT /{BUCKET}/{key} HTTP/1.1\r\nHost: {}\r\nFencing-Token: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\nContent-Length: {total}\r\n\r\n",
+            e.addr(),
+            signed(BUCKET, stale)
+        );
+        slow.write_all(head.as_bytes()).await.expect("head");
+        slow.write_all(&vec![b'1'; total / 2])
+            .await
+            .expect("first half");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let raise = stale + 1;
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            e.put_signed(
+                &format!("raise-{raise}"),
+                &signed(BUCKET, raise),
+                "newer holder",
+            ),
+        )
+        .await
+        .expect("the raise is not blocked by the stalled upload")
+        .expect("the newer holder writes");
+        let _ = slow.write_all(&vec![b'1'; total / 2]).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer).to_string();
+        assert!(answer.starts_with("HTTP/1.1 409"), "{key}: {answer}");
+        assert!(answer.contains("FencingTokenStale"), "{key}: {answer}");
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains(&format!("fencing-max-token: {raise}")),
+            "{key}: {answer}"
+        );
+    }
+    assert_eq!(stored(&e.backend, BUCKET, "new-key").await, None);
+    assert_eq!(
+        stored(&e.backend, BUCKET, "existing").await,
+        Some((b"old".to_vec(), Some(1)))
+    );
 }
