@@ -1,10 +1,14 @@
 //! A small HTTP client for the lease service, shared by `lease` and `run`.
+//! Request bodies are the service's own wire types
+//! (`fencegate_locksvc::api`), so client and server cannot drift apart.
 
 use crate::Failure;
 use anyhow::Context as _;
 use clap::Args;
+use fencegate_core::FencingToken;
+use fencegate_locksvc::api::{AcquireRequest, ReleaseRequest, RenewRequest};
 use fencegate_net::tls::ClientTls;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -84,6 +88,7 @@ impl Client {
         body: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, Failure> {
+        // `body` is a serialized wire type; only GET passes none.
         let url = format!("{}{path}", self.conn.locksvc.trim_end_matches('/'));
         let mut req = self.http.request(method, &url).timeout(timeout);
         if let Some(key) = &self.conn.api_key {
@@ -129,15 +134,26 @@ impl Client {
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
     }
 
+    fn body(req: &impl serde::Serialize) -> Result<Value, Failure> {
+        Ok(serde_json::to_value(req).context("cannot encode the request")?)
+    }
+
+    /// Acquires `lock`. `idempotency_key`: a secret sent again by a retry of
+    /// the same acquire, so that the retry gets the lease back.
     pub async fn acquire(
         &self,
         lock: &str,
         owner: &str,
+        idempotency_key: Option<&str>,
         ttl: Duration,
         wait: Duration,
     ) -> Result<LeaseInfo, Failure> {
-        let body =
-            json!({ "owner": owner, "ttl_ms": Self::millis(ttl), "wait_ms": Self::millis(wait) });
+        let body = Self::body(&AcquireRequest {
+            owner: owner.to_owned(),
+            ttl_ms: Some(Self::millis(ttl)),
+            wait_ms: Some(Self::millis(wait)),
+            idempotency_key: idempotency_key.map(str::to_owned),
+        })?;
         let v = self
             .call(
                 reqwest::Method::POST,
@@ -149,14 +165,18 @@ impl Client {
         Ok(serde_json::from_value(v).context("unexpected acquire answer")?)
     }
 
+    /// Renews the lease `token` (the signed `fencing_token`) proves.
     pub async fn renew(
         &self,
         lock: &str,
-        token: u64,
+        token: &FencingToken,
         ttl: Duration,
         timeout: Duration,
     ) -> Result<LeaseInfo, Failure> {
-        let body = json!({ "token": token, "ttl_ms": Self::millis(ttl) });
+        let body = Self::body(&RenewRequest {
+            token: token.clone(),
+            ttl_ms: Some(Self::millis(ttl)),
+        })?;
         let v = self
             .call(
                 reqwest::Method::POST,
@@ -168,11 +188,15 @@ impl Client {
         Ok(serde_json::from_value(v).context("unexpected renew answer")?)
     }
 
-    pub async fn release(&self, lock: &str, token: u64) -> Result<Value, Failure> {
+    /// Releases the lease `token` (the signed `fencing_token`) proves.
+    pub async fn release(&self, lock: &str, token: &FencingToken) -> Result<Value, Failure> {
+        let body = Self::body(&ReleaseRequest {
+            token: token.clone(),
+        })?;
         self.call(
             reqwest::Method::POST,
             &format!("/v1/locks/{lock}/release"),
-            Some(json!({ "token": token })),
+            Some(body),
             Duration::from_secs(10),
         )
         .await

@@ -56,10 +56,9 @@ pub struct DevConfig {
     pub proxy_listen: SocketAddr,
     /// Embedded S3 backend address.
     pub backend_listen: SocketAddr,
-    /// Trust every plain decimal token (`Fencing-Token: 7`) without asking.
-    /// Default false: the dev proxy checks a plain token with the dev lease
-    /// service (it must be the lock's current token), so the numbers the
-    /// lease service hands out work and made-up ones are refused.
+    /// Accept plain decimal tokens (`Fencing-Token: 7`). Default false: the
+    /// dev proxy accepts only the signed `fencing_token` the lease service
+    /// returns (a plain number is public: refusals publish it).
     pub accept_unsigned_tokens: bool,
 }
 
@@ -181,10 +180,8 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         }],
         allow_anonymous: true,
         signing_keys: vec![key],
+        // Signed tokens only, unless the dev config trusts plain numbers.
         accept_unsigned_tokens: Some(args.accept_unsigned_tokens),
-        // Plain tokens are checked with the dev lease service, unless the
-        // dev config trusts them all.
-        locksvc_url: (!args.accept_unsigned_tokens).then(|| format!("http://{locksvc_addr}")),
         probe_bucket: Some(DEV_BUCKET.into()),
         ..ProxyConfig::default()
     };
@@ -232,7 +229,7 @@ fn banner(
     let tokens = if plain_tokens {
         "signed, or any plain number (accept_unsigned_tokens)"
     } else {
-        "signed, or the plain number the lease service issued"
+        "the signed fencing_token only (plain numbers are refused)"
     };
     let text = format!(
         r#"fencegate dev listening on http://{proxy} (locksvc http://{locksvc}, backend http://{backend})

@@ -4,15 +4,17 @@
 use crate::Failure;
 use crate::client::{Client, LocksvcConn, default_owner};
 use clap::{Args, Subcommand};
+use fencegate_core::FencingToken;
 use std::time::Duration;
 
 #[derive(Debug, Subcommand)]
 pub enum LeaseCommand {
     /// Acquire LOCK; prints the lease with its `fencing_token`.
     Acquire(AcquireArgs),
-    /// Renew the lease holding TOKEN on LOCK (the token does not change).
+    /// Renew your lease on LOCK, proven by its FENCING_TOKEN (the token does
+    /// not change; the lease then expires --ttl from now).
     Renew(TokenArgs),
-    /// Release the lease holding TOKEN on LOCK.
+    /// Release your lease on LOCK, proven by its FENCING_TOKEN.
     Release(TokenArgs),
     /// Show who holds LOCK.
     Status(StatusArgs),
@@ -30,6 +32,12 @@ pub struct AcquireArgs {
     /// Wait in line up to this long if the lock is held.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
+    /// A secret of your choosing (16 to 256 bytes). Run the same acquire
+    /// again with the same --owner and key (say, after a timeout) and you
+    /// get the same lease back while it is live; without the key, a live
+    /// lease is never handed out again, even to its owner's name.
+    #[arg(long, env = "FENCEGATE_IDEMPOTENCY_KEY", hide_env_values = true)]
+    pub idempotency_key: Option<String>,
     /// What to print: the whole lease as JSON, only the signed token (for
     /// the Fencing-Token header), or only the token number.
     #[arg(long, value_enum, default_value = "json")]
@@ -48,11 +56,13 @@ pub enum Format {
 #[derive(Debug, Args)]
 pub struct TokenArgs {
     pub lock: String,
-    /// The token the lease was granted with: its number, or the signed
-    /// fencing token string.
-    #[arg(long, value_parser = parse_token)]
-    pub token: u64,
-    /// New TTL from now (renew only).
+    /// The signed fencing token the acquire printed (`fgt1:...`, what
+    /// `--format token` prints). The token number alone is refused: it is
+    /// public, so it proves nothing.
+    #[arg(long, value_name = "FENCING_TOKEN", value_parser = parse_token)]
+    pub token: FencingToken,
+    /// The lease then expires this long from now, shorter or longer than
+    /// before (renew only).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
     #[command(flatten)]
@@ -66,12 +76,16 @@ pub struct StatusArgs {
     pub conn: LocksvcConn,
 }
 
-/// Accepts `42` or `fgt1:<lock>:42:<mac>` (the number is what the lease
-/// service needs; it checks the lease itself).
-fn parse_token(s: &str) -> Result<u64, String> {
-    fencegate_core::FencingToken::parse(s)
-        .map(|t| t.number())
-        .map_err(|e| e.to_string())
+/// Accepts the signed token only: the lease service refuses a number
+/// (SignedTokenRequired), so say so before asking it.
+fn parse_token(s: &str) -> Result<FencingToken, String> {
+    match FencingToken::parse(s).map_err(|e| e.to_string())? {
+        FencingToken::Plain(_) => Err(
+            "a token number proves nothing (anyone can read it): pass the fencing_token the acquire printed (fgt1:..., `--format token`)"
+                .into(),
+        ),
+        signed => Ok(signed),
+    }
 }
 
 fn print(v: &impl serde::Serialize) -> Result<(), Failure> {
@@ -85,7 +99,9 @@ pub async fn run(cmd: LeaseCommand) -> Result<(), Failure> {
         LeaseCommand::Acquire(a) => {
             let client = Client::new(a.conn)?;
             let owner = a.owner.unwrap_or_else(default_owner);
-            let lease = client.acquire(&a.lock, &owner, a.ttl, a.wait).await?;
+            let lease = client
+                .acquire(&a.lock, &owner, a.idempotency_key.as_deref(), a.ttl, a.wait)
+                .await?;
             match a.format {
                 Format::Json => print(&lease),
                 Format::Token => {
@@ -102,13 +118,13 @@ pub async fn run(cmd: LeaseCommand) -> Result<(), Failure> {
             let client = Client::new(a.conn)?;
             print(
                 &client
-                    .renew(&a.lock, a.token, a.ttl, Duration::from_secs(10))
+                    .renew(&a.lock, &a.token, a.ttl, Duration::from_secs(10))
                     .await?,
             )
         }
         LeaseCommand::Release(a) => {
             let client = Client::new(a.conn)?;
-            print(&client.release(&a.lock, a.token).await?)
+            print(&client.release(&a.lock, &a.token).await?)
         }
         LeaseCommand::Status(a) => {
             let client = Client::new(a.conn)?;

@@ -9,7 +9,9 @@
 //! - with `--s3-credentials`: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
 //!   bound to the lease (and `AWS_ENDPOINT_URL` with `--s3-endpoint`).
 //!
-//! The lease is renewed every third of its TTL. If the lease service says the
+//! The lease is renewed every third of its TTL, and released at the end,
+//! each time proven by the signed token the acquire returned (the lease
+//! service acts on nothing less). If the lease service says the
 //! lease is gone, or no renewal has succeeded by the time the lease would
 //! have expired (measured from when the last successful renewal was *sent*,
 //! so the local estimate is never later than the service's), CMD's process
@@ -20,6 +22,7 @@
 use crate::Failure;
 use crate::client::{Client, LocksvcConn, default_owner};
 use clap::Args;
+use fencegate_core::FencingToken;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use std::os::unix::process::ExitStatusExt as _;
@@ -70,8 +73,20 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let owner = args.owner.clone().unwrap_or_else(default_owner);
     let sent = Instant::now();
     let lease = client
-        .acquire(&args.lock, &owner, args.ttl, args.wait)
+        .acquire(&args.lock, &owner, None, args.ttl, args.wait)
         .await?;
+    // What proves we hold the lease, to renew and release it.
+    let proof = match FencingToken::parse(&lease.fencing_token) {
+        Ok(t @ FencingToken::Signed(_)) => t,
+        _ => {
+            return Err(Failure::Other(anyhow::anyhow!(
+                "the lease service returned fencing_token {:?}, which is not a signed token; the lease on {} (token {}) will expire on its own",
+                lease.fencing_token,
+                lease.lock,
+                lease.token
+            )));
+        }
+    };
     let ttl = Duration::from_millis(lease.ttl_ms);
     // The wait is over once granted: the lease runs from the grant, which
     // happened after `sent`, so `sent + ttl` may be early but never late…
@@ -109,7 +124,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
-            let _ = client.release(&lease.lock, lease.token).await;
+            let _ = client.release(&lease.lock, &proof).await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -131,15 +146,15 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         tokio::select! {
             status = child.wait() => {
                 let status = status.map_err(anyhow::Error::from)?;
-                release(&client, &lease.lock, lease.token).await;
+                release(&client, &lease.lock, &proof).await;
                 return Ok(exit_code(status));
             }
-            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, lease.token, &mut child, args.grace).await,
-            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, lease.token, &mut child, args.grace).await,
+            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, args.grace).await,
+            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, args.grace).await,
             _ = tokio::time::sleep_until(next_renew) => {
                 let sent = Instant::now();
                 let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
-                match client.renew(&lease.lock, lease.token, ttl, timeout).await {
+                match client.renew(&lease.lock, &proof, ttl, timeout).await {
                     Ok(_) => {
                         deadline = sent + ttl;
                         next_renew = sent + renew_every;
@@ -175,7 +190,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
 async fn forward_and_finish(
     client: &Client,
     lock: &str,
-    token: u64,
+    token: &FencingToken,
     child: &mut Child,
     grace: Duration,
 ) -> Result<u8, Failure> {
@@ -207,7 +222,7 @@ async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
     }
 }
 
-async fn release(client: &Client, lock: &str, token: u64) {
+async fn release(client: &Client, lock: &str, token: &FencingToken) {
     if let Err(e) = client.release(lock, token).await {
         tracing::warn!(error = %e, "could not release the lease; it will expire on its own");
     }

@@ -299,16 +299,19 @@ fn example_configs_show_every_option() {
                 missing.push(field);
             }
         }
-        if service == "proxy" {
-            for (header, section) in [
+        let sections: &[(&str, &str)] = match service {
+            "proxy" => &[
                 ("[backend]", "backend"),
                 ("[[scopes]]", "scopes"),
                 ("[[clients]]", "clients"),
-            ] {
-                for field in accepted_fields(service, Some(header)) {
-                    if !keys.get(section).is_some_and(|k| k.contains(&field)) {
-                        missing.push(format!("{section}.{field}"));
-                    }
+            ],
+            "locksvc" => &[("[[api_keys]]", "api_keys")],
+            _ => &[],
+        };
+        for &(header, section) in sections {
+            for field in accepted_fields(service, Some(header)) {
+                if !keys.get(section).is_some_and(|k| k.contains(&field)) {
+                    missing.push(format!("{section}.{field}"));
                 }
             }
         }

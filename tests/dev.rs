@@ -76,8 +76,9 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
         "the object is bob's: {stdout}"
     );
 
-    // Plain numbers: the dev proxy asks the dev lease service. The number
-    // it issued works; a made-up one is refused; an older one is stale.
+    // Plain numbers prove nothing (every refusal publishes the current
+    // one): the dev proxy refuses them, even the lock's current number,
+    // and takes the signed fencing_token the lease service returned.
     let put = |token: &str, body: &str| {
         let out = Command::new("curl")
             .args(["-sS", "-o", "-", "-w", "\n%{http_code}", "-X", "PUT"])
@@ -94,48 +95,53 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
         let (body, code) = text.rsplit_once('\n').expect("status");
         (code.to_owned(), body.to_owned())
     };
-    let created = Command::new("curl")
-        .args(["-sS", "-f", "-X", "PUT", &format!("{}/plain-demo", dev.url)])
-        .status()
-        .expect("curl runs");
-    assert!(created.success(), "CreateBucket through the proxy");
-    let lease = support::fencegate()
-        .args([
-            "lease",
-            "acquire",
-            "plain-demo",
-            "--owner",
-            "carol",
-            "--ttl",
-            "60s",
-        ])
-        .args(["--format", "number", "--locksvc", "http://127.0.0.1:7070"])
-        .output()
-        .expect("lease acquire runs");
-    assert!(lease.status.success(), "{lease:?}");
-    let carol: u64 = String::from_utf8_lossy(&lease.stdout)
-        .trim()
-        .parse()
-        .expect("a token number");
-    // A number the lease service did issue, but for another lock (tokens
-    // are global) is no token of this one.
-    let other = support::fencegate()
-        .args(["lease", "acquire", "another-lock", "--owner", "dave"])
-        .args(["--format", "number", "--locksvc", "http://127.0.0.1:7070"])
-        .output()
-        .expect("lease acquire runs");
-    let other = String::from_utf8_lossy(&other.stdout).trim().to_owned();
-    let (code, body) = put(&other, "another lock's token");
+    // Creating a bucket needs credentials (an anonymous client may change
+    // nothing without a token).
+    let (ak, sk) = ("fencegate", "fencegate-secret");
+    let create = |signed: bool| {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"]);
+        if signed {
+            c.args([
+                "--aws-sigv4",
+                "aws:amz:us-east-1:s3",
+                "--user",
+                &format!("{ak}:{sk}"),
+            ])
+            .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]);
+        }
+        let out = c
+            .arg(format!("{}/plain-demo", dev.url))
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(create(false), "403", "anonymous CreateBucket is refused");
+    assert_eq!(create(true), "200", "CreateBucket with the dev client key");
+    let lease = {
+        let out = support::fencegate()
+            .args([
+                "lease",
+                "acquire",
+                "plain-demo",
+                "--owner",
+                "carol",
+                "--ttl",
+                "60s",
+            ])
+            .args(["--format", "json", "--locksvc", "http://127.0.0.1:7070"])
+            .output()
+            .expect("lease acquire runs");
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("lease json")
+    };
+    let carol_signed = lease["fencing_token"].as_str().expect("signed").to_owned();
+    let carol = lease["token"].as_u64().expect("a token number");
+    let (code, body) = put(&carol.to_string(), "plain current number");
     assert_eq!(code, "403", "{body}");
-    assert!(body.contains("FencingTokenNotIssued"), "{body}");
-    let (code, body) = put(&(carol + 10).to_string(), "made up");
-    assert_eq!(code, "403", "{body}");
-    assert!(body.contains("FencingTokenNotIssued"), "{body}");
-    assert_eq!(put(&carol.to_string(), "from carol").0, "200");
-    assert_eq!(put(&carol.to_string(), "carol again").0, "200");
-    let (code, body) = put(&(carol - 1).to_string(), "stale");
-    assert_eq!(code, "409", "{body}");
-    assert!(body.contains("FencingTokenStale"), "{body}");
+    assert!(body.contains("FencingTokenUnsigned"), "{body}");
+    assert_eq!(put(&carol_signed, "from carol").0, "200");
+    assert_eq!(put(&carol_signed, "carol again").0, "200");
     let forged = fencegate_core::TokenKeys::new(vec![b"not-the-dev-signing-key".to_vec()])
         .expect("key")
         .sign(
@@ -143,7 +149,9 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
             carol + 1,
         )
         .to_string();
-    assert_eq!(put(&forged, "forged").0, "403");
+    let (code, body) = put(&forged, "forged");
+    assert_eq!(code, "403", "{body}");
+    assert!(body.contains("FencingTokenSignatureInvalid"), "{body}");
     let got = Command::new("curl")
         .args(["-sS", &format!("{}/plain-demo/plain.txt", dev.url)])
         .output()

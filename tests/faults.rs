@@ -216,7 +216,7 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                         85..=94 => {
                             let _ = http
                                 .post(format!("{}/v1/locks/{BUCKET}/release", s.locksvc.url))
-                                .json(&json!({"token": token}))
+                                .json(&json!({"token": signed}))
                                 .send()
                                 .await;
                             lease = None;
@@ -224,7 +224,7 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                         _ => {
                             let _ = http
                                 .post(format!("{}/v1/locks/{BUCKET}/renew", s.locksvc.url))
-                                .json(&json!({"token": token, "ttl_ms": 1000}))
+                                .json(&json!({"token": signed, "ttl_ms": 1000}))
                                 .send()
                                 .await;
                         }
@@ -587,7 +587,7 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
                         }
                         let _ = http
                             .post(format!("{locksvc}/v1/locks/{BUCKET}/release"))
-                            .json(&json!({"token": token}))
+                            .json(&json!({"token": signed}))
                             .send()
                             .await;
                     }

@@ -1,5 +1,6 @@
 //! The lease service as a real process: the reference scenarios, crash and
-//! restart, waiting in line, auth, and bad input on every endpoint.
+//! restart, waiting in line, auth, bad input on every endpoint, and the
+//! `fencegate lease` CLI against it.
 
 mod support;
 
@@ -29,7 +30,7 @@ fn reference_scenario_a_then_b_after_expiry() {
     assert_eq!(refused["error"]["code"], "LockHeld");
     assert_eq!(refused["error"]["holder"], "A");
 
-    let (s, renewed) = api.renew("backup", t1, 1500);
+    let (s, renewed) = api.renew("backup", signed_of(&a), 1500);
     assert_eq!(s, 200, "{renewed}");
     assert_eq!(token_of(&renewed), t1, "a renewal keeps the token");
 
@@ -41,20 +42,10 @@ fn reference_scenario_a_then_b_after_expiry() {
     let t2 = token_of(&b);
     assert!(t2 > t1, "B's token {t2} must be above A's {t1}");
 
-    let (s, lost) = api.renew("backup", t1, 1500);
+    let (s, lost) = api.renew("backup", signed_of(&a), 1500);
     assert_eq!(s, 409, "{lost}");
     assert_eq!(lost["error"]["code"], "LeaseLost");
     assert_eq!(lost["error"]["current_token"], t2);
-}
-
-fn wait_until_ms(deadline: u64) {
-    loop {
-        let now = unix_ms();
-        if now >= deadline {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(deadline - now));
-    }
 }
 
 #[test]
@@ -70,8 +61,8 @@ fn a_thousand_alternating_grants_strictly_increase() {
         let t = token_of(&v);
         assert!(t > last, "grant {i}: token {t} not above {last}");
         last = t;
-        let (s, v) = api.release("alt", t);
-        assert_eq!(s, 200, "release {i}: {v}");
+        let (s, r) = api.release("alt", signed_of(&v));
+        assert_eq!(s, 200, "release {i}: {r}");
     }
 }
 
@@ -96,10 +87,13 @@ fn kill_9_during_a_burst_never_reissues_a_token() {
                 let url = svc.url.clone();
                 std::thread::spawn(move || {
                     let client = reqwest::blocking::Client::new();
+                    // Fresh locks each cycle: those of earlier cycles are
+                    // still held (60 s), and an acquire naming their owner
+                    // is refused, not handed the old lease.
                     for i in 0.. {
                         let body = format!(r#"{{"owner":"w{w}-{i}","ttl_ms":60000}}"#);
                         let resp = client
-                            .post(format!("{url}/v1/locks/burst-{w}-{i}/acquire"))
+                            .post(format!("{url}/v1/locks/burst-{cycle}-{w}-{i}/acquire"))
                             .body(body)
                             .send();
                         let Ok(resp) = resp else { return };
@@ -144,7 +138,7 @@ fn a_lease_live_at_a_crash_keeps_its_remaining_time() {
     let (s, refused) = api.acquire("job", "B", 1000);
     assert_eq!(s, 409, "A's lease survives the restart: {refused}");
     assert_eq!(refused["error"]["holder"], "A");
-    let (s, renewed) = api.renew("job", t1, 1000);
+    let (s, renewed) = api.renew("job", signed_of(&a), 1000);
     assert_eq!(s, 200, "A can still renew: {renewed}");
     assert_eq!(token_of(&renewed), t1);
     wait_until_ms(renewed["expires_at_ms"].as_u64().expect("expiry") + 50);
@@ -172,14 +166,19 @@ fn waiters_are_served_in_arrival_order() {
 
     // A newcomer that does not wait is refused even though the line moves.
     let started = Instant::now();
-    api.release("line", token_of(&a));
+    // The release answers the releaser only that: B's grant (same batch)
+    // goes to B's own waiting request, nowhere else.
+    let (s, r) = api.release("line", signed_of(&a));
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r, serde_json::json!({"lock": "line", "released": true}));
     let (s, b) = b.join().expect("B");
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["owner"], "B");
     assert!(started.elapsed() < Duration::from_secs(5));
     let (s, _) = api.acquire("line", "D", 1000);
     assert_eq!(s, 409, "B holds it, C is next");
-    api.release("line", token_of(&b));
+    let (s, r) = api.release("line", signed_of(&b));
+    assert_eq!(s, 200, "{r}");
     let (s, c) = c.join().expect("C");
     assert_eq!(s, 200, "{c}");
     assert_eq!(c["owner"], "C");
@@ -241,6 +240,14 @@ fn bad_input_gets_a_json_4xx_on_every_endpoint() {
     let api = Api::new(&svc.url);
     let big = format!(r#"{{"owner":"{}"}}"#, "x".repeat(20_000));
     let long_lock = "l".repeat(129);
+    let keys = fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key");
+    let sign = |lock: &str, n: u64| {
+        keys.sign(&fencegate_core::LockName::new(lock).expect("lock"), n)
+            .to_string()
+    };
+    let forged = format!(r#"{{"token":"fgt1:a:7:{}"}}"#, "A".repeat(43));
+    let other_lock = format!(r#"{{"token":"{}"}}"#, sign("b", 7));
+    let never_granted = format!(r#"{{"token":"{}"}}"#, sign("a", 7));
     let cases: Vec<(&str, String, Option<&str>, u16, &str)> = vec![
         (
             "POST",
@@ -347,12 +354,63 @@ fn bad_input_gets_a_json_4xx_on_every_endpoint() {
             400,
             "InvalidRequest",
         ),
+        // A number is public: it never renews or releases anything.
         (
             "POST",
             "/v1/locks/a/renew".into(),
             Some(r#"{"token":7}"#),
+            400,
+            "SignedTokenRequired",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(r#"{"token":"7"}"#),
+            400,
+            "SignedTokenRequired",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(r#"{"token":"fgt1:a:7"}"#),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(&forged),
+            403,
+            "FencingTokenSignatureInvalid",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/release".into(),
+            Some(&forged),
+            403,
+            "FencingTokenSignatureInvalid",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(&other_lock),
+            403,
+            "FencingTokenWrongLock",
+        ),
+        // A genuine signed token of a lease that does not exist.
+        (
+            "POST",
+            "/v1/locks/a/renew".into(),
+            Some(&never_granted),
             409,
             "LeaseLost",
+        ),
+        (
+            "POST",
+            "/v1/locks/a/acquire".into(),
+            Some(r#"{"owner":"A","idempotency_key":"too-short"}"#),
+            400,
+            "InvalidIdempotencyKey",
         ),
         (
             "POST",
@@ -386,8 +444,8 @@ fn bad_input_gets_a_json_4xx_on_every_endpoint() {
             "POST",
             "/v1/locks/a/release".into(),
             Some(r#"{"token":123456}"#),
-            409,
-            "LeaseLost",
+            400,
+            "SignedTokenRequired",
         ),
         (
             "DELETE",
@@ -433,8 +491,8 @@ fn metrics_count_grants_refusals_and_fsyncs() {
     let api = Api::new(&svc.url);
     let (_, a) = api.acquire("m", "A", 5000);
     api.acquire("m", "B", 5000);
-    api.renew("m", token_of(&a), 5000);
-    api.release("m", token_of(&a));
+    assert_eq!(api.renew("m", signed_of(&a), 5000).0, 200);
+    assert_eq!(api.release("m", signed_of(&a)).0, 200);
     let text = reqwest::blocking::get(format!("{}/metrics", svc.url))
         .expect("metrics")
         .text()
@@ -448,4 +506,64 @@ fn metrics_count_grants_refusals_and_fsyncs() {
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
+}
+
+#[test]
+fn the_lease_cli_renews_and_releases_with_the_signed_token() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let lease = |args: &[&str]| {
+        let out = fencegate()
+            .arg("lease")
+            .args(args)
+            .env("FENCEGATE_LOCKSVC", &svc.url)
+            .env_remove("FENCEGATE_API_KEY")
+            .env("FENCEGATE_LOG", "warn")
+            .output()
+            .expect("runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // A retry is the same client only with the same owner and key (the
+    // default owner, <host>-<pid>, differs per run).
+    let key = [
+        "--owner",
+        "cli-job",
+        "--idempotency-key",
+        "cli-secret-0123456789",
+    ];
+    let (code, token, err) = lease(&[&["acquire", "cli", "--format", "token"][..], &key].concat());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(token.starts_with("fgt1:cli:1:"), "{token}");
+    // The same acquire again, with its key, gets the same lease back.
+    let (code, again, err) = lease(&[&["acquire", "cli", "--format", "token"][..], &key].concat());
+    assert_eq!((code, again.as_str()), (Some(0), token.as_str()), "{err}");
+
+    let (code, out, err) = lease(&["renew", "cli", "--token", &token, "--ttl", "5s"]);
+    assert_eq!(code, Some(0), "{err}");
+    let renewed: Value = serde_json::from_str(&out).expect("JSON lease");
+    assert_eq!(
+        (renewed["token"].as_u64(), renewed["ttl_ms"].as_u64()),
+        (Some(1), Some(5000))
+    );
+
+    // A number is refused before anything is sent (usage error), saying what
+    // to pass instead.
+    for cmd in ["renew", "release"] {
+        let (code, _, err) = lease(&[cmd, "cli", "--token", "1"]);
+        assert_eq!(code, Some(2), "{cmd}: {err}");
+        assert!(err.contains("fencing_token"), "{cmd}: {err}");
+    }
+    let (_, st) = Api::new(&svc.url).status("cli");
+    assert_eq!(st["held"], true, "{st}");
+
+    let (code, out, err) = lease(&["release", "cli", "--token", &token]);
+    assert_eq!(code, Some(0), "{err}");
+    let released: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(released["released"], true, "{released}");
+    let (_, st) = Api::new(&svc.url).status("cli");
+    assert_eq!(st["held"], false, "{st}");
 }

@@ -407,19 +407,41 @@ async fn every_write_operation_is_fenced(kind: BackendKind) {
     let (body, token) = stored(&e.backend, BUCKET, "mpu").await.expect("object");
     assert_eq!((body.len(), token), (5 * 1024 * 1024 + 6, Some(10)));
 
-    // A stale abort is refused; the holder's abort works.
+    // A stale upload can no longer send parts, but its own client may
+    // abort it (an abort changes no object: it only frees the parts).
     let up = fenced!(create(), t(10)).send().await.expect("create");
     let id = up.upload_id().expect("id").to_owned();
     e.put("raise", &t(11), "x").await.expect("max is now 11");
     assert_refused!(
-        c.abort_multipart_upload()
+        c.upload_part()
             .bucket(BUCKET)
             .key("mpu")
             .upload_id(&id)
+            .part_number(1)
+            .body(ByteStream::from_static(b"stale part"))
             .send(),
         409,
         "FencingTokenStale",
-        "stale abort"
+        "a stale part"
+    );
+    c.abort_multipart_upload()
+        .bucket(BUCKET)
+        .key("mpu")
+        .upload_id(&id)
+        .send()
+        .await
+        .expect("the stale upload's own client aborts it");
+    assert_refused!(
+        c.upload_part()
+            .bucket(BUCKET)
+            .key("mpu")
+            .upload_id(&id)
+            .part_number(1)
+            .body(ByteStream::from_static(b"after abort"))
+            .send(),
+        404,
+        "NoSuchUpload",
+        "a part of the aborted upload"
     );
     let up = fenced!(create(), t(11)).send().await.expect("create");
     c.abort_multipart_upload()
@@ -673,8 +695,8 @@ async fn forged_tokens_are_refused_and_leave_max_unchanged(kind: BackendKind) {
     let tampered = signed(BUCKET, 4).replacen(":4:", ":100:", 1);
     let cases = [
         ("100".to_owned(), 403, "FencingTokenUnsigned"),
-        // Even at the max: a plain number proves nothing without the
-        // lease service to ask (see tests/dev.rs for locksvc_url).
+        // Even at the max: a plain number proves nothing (refusals
+        // publish it); only accept_unsigned_tokens lets it in.
         ("3".to_owned(), 403, "FencingTokenUnsigned"),
         (wrong_key, 403, "FencingTokenSignatureInvalid"),
         (signed("another-lock", 100), 403, "FencingTokenWrongLock"),
@@ -963,9 +985,10 @@ async fn a_backend_that_ignores_conditions_is_refused_unless_accepted() {
     );
 }
 
-/// With `locksvc_url`, plain tokens are checked with the lease service; when
-/// it cannot be asked, a plain token gets a retryable 503 (never admitted
-/// unchecked), while signed tokens need no lease service at all.
+/// With `accept_unsigned_tokens` and `locksvc_url`, plain tokens are checked
+/// with the lease service; when it cannot be asked, a plain token gets a
+/// retryable 503 (never admitted unchecked), while signed tokens need no
+/// lease service at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_tokens_wait_for_a_reachable_lease_service() {
     let backend = Backend::start(BackendKind::S3Fs).await;
@@ -979,7 +1002,7 @@ async fn plain_tokens_wait_for_a_reachable_lease_service() {
             &backend,
             dir.path(),
             BUCKET,
-            &format!("locksvc_url = \"{url}\""),
+            &format!("accept_unsigned_tokens = true\nlocksvc_url = \"{url}\""),
         ),
         dir.path(),
     )
@@ -1168,11 +1191,11 @@ async fn an_open_upload_does_not_follow_its_key_into_another_scope() {
         "a part after the scopes changed"
     );
     let st = e.proxy.status().await;
-    let raised: Vec<&serde_json::Value> = st["scopes"]
+    let raised: Vec<&serde_json::Value> = st["locks"]
         .as_array()
-        .expect("scopes")
+        .expect("locks")
         .iter()
-        .filter(|s| s["scope"] != "bkt" && s["max_token"] == 7)
+        .filter(|s| s["lock"] != "bkt" && s["max_token"] == 7)
         .collect();
     assert!(
         raised.is_empty(),

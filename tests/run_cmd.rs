@@ -167,3 +167,64 @@ fn the_command_is_stopped_when_the_lease_is_taken_after_a_pause() {
     let (_, st) = Api::new(&svc.url).status("stolen");
     assert_eq!(st["owner"], "B", "the new holder keeps the lock: {st}");
 }
+
+/// The counter `name` from the lease service's /metrics (0 if absent).
+fn metric(url: &str, name: &str) -> u64 {
+    let text = reqwest::blocking::get(format!("{url}/metrics"))
+        .expect("metrics")
+        .text()
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn renews_with_its_signed_token_past_the_ttl_and_releases_at_the_end() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    let out = dir.path().join("token.txt");
+    // The command outlives its 1 s TTL three times over: only renewals keep
+    // the lease.
+    let script = format!(
+        "echo \"$FENCING_TOKEN_NUMBER\" > {}; sleep 3.5",
+        out.display()
+    );
+    let mut run = run_cmd(
+        &svc.url,
+        &["--lock", "long", "--ttl", "1s", "--", "sh", "-c", &script],
+    )
+    .spawn()
+    .expect("runs");
+    std::thread::sleep(Duration::from_millis(2500));
+    let token: u64 = std::fs::read_to_string(&out)
+        .expect("CMD ran")
+        .trim()
+        .parse()
+        .expect("a number");
+    let (_, st) = api.status("long");
+    assert_eq!(st["held"], true, "renewed past its TTL: {st}");
+    assert_eq!(st["token"], token, "{st}");
+    assert!(
+        st["expires_at_ms"].as_u64().expect("expiry") > unix_ms(),
+        "{st}"
+    );
+    let status = run.wait().expect("run exits");
+    assert_eq!(status.code(), Some(0));
+    let (_, st) = api.status("long");
+    assert_eq!(st["held"], false, "released after CMD: {st}");
+    assert!(
+        metric(&svc.url, "fencegate_locksvc_renewals_total") >= 3,
+        "renewals were accepted"
+    );
+    assert_eq!(metric(&svc.url, "fencegate_locksvc_releases_total"), 1);
+    assert_eq!(
+        metric(
+            &svc.url,
+            "fencegate_locksvc_refusals_total{reason=\"plain_token\"}"
+        ),
+        0,
+        "run never sends a bare number"
+    );
+}

@@ -331,8 +331,10 @@ async fn proxy_over_https_serves_s3_and_checks_plain_tokens_with_the_lease_servi
     };
     assert!(locksvc.url.starts_with("https://"));
     let issuer_settings = |with_cert: bool| {
+        // The issuer check is for plain tokens, which only trusted clients
+        // may send (accept_unsigned_tokens).
         let mut s = format!(
-            "locksvc_url = \"{}\"\nlocksvc_ca_file = \"{}\"\n",
+            "accept_unsigned_tokens = true\nlocksvc_url = \"{}\"\nlocksvc_ca_file = \"{}\"\n",
             locksvc.url,
             pki.ca_file.display()
         );

@@ -246,7 +246,7 @@ fn lock_table(opts: &GrowthOpts) -> anyhow::Result<Vec<LockLevel>> {
         for i in 0..n {
             let name = LockName::new(&format!("held-{i}"))?;
             table
-                .acquire(&name, "holder", ttl, now)
+                .acquire(&name, "holder", None, ttl, now)
                 .map_err(|h| anyhow::anyhow!("held: {h:?}"))?;
         }
         let k = opts.grants_per_level;
@@ -254,7 +254,7 @@ fn lock_table(opts: &GrowthOpts) -> anyhow::Result<Vec<LockLevel>> {
         for j in 0..k {
             let lock = &probes[j % probes.len()];
             let g = table
-                .acquire(lock, "o", ttl, now)
+                .acquire(lock, "o", None, ttl, now)
                 .map_err(|h| anyhow::anyhow!("held: {h:?}"))?;
             table
                 .release(lock, g.lease.token, now)
@@ -334,7 +334,7 @@ async fn locksvc_http(
                 async move {
                     let lock = format!("grow-w{w}");
                     let t = clients[w].acquire(&lock, "o", 30_000).await?;
-                    clients[w].release(&lock, t).await
+                    clients[w].release(&lock, &t).await
                 }
             })
             .await
@@ -348,7 +348,7 @@ async fn locksvc_http(
                     async move {
                         let lock = format!("grow-w{w}");
                         let t = clients[w].acquire(&lock, "o", 30_000).await?;
-                        clients[w].release(&lock, t).await
+                        clients[w].release(&lock, &t).await
                     }
                 })
                 .await,

@@ -103,19 +103,22 @@ impl LockClient {
         serde_json::from_str(&text).with_context(|| format!("{path}: not JSON: {text}"))
     }
 
-    pub async fn acquire(&self, lock: &str, owner: &str, ttl_ms: u64) -> anyhow::Result<u64> {
+    /// Acquires `lock`; returns the signed `fencing_token`, which is what
+    /// renew and release need (a number proves nothing).
+    pub async fn acquire(&self, lock: &str, owner: &str, ttl_ms: u64) -> anyhow::Result<String> {
         let v = self
             .post(
                 &format!("/v1/locks/{lock}/acquire"),
                 json!({"owner": owner, "ttl_ms": ttl_ms}),
             )
             .await?;
-        v["token"]
-            .as_u64()
-            .with_context(|| format!("no token in {v}"))
+        v["fencing_token"]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("no fencing_token in {v}"))
     }
 
-    pub async fn release(&self, lock: &str, token: u64) -> anyhow::Result<()> {
+    pub async fn release(&self, lock: &str, token: &str) -> anyhow::Result<()> {
         self.post(
             &format!("/v1/locks/{lock}/release"),
             json!({ "token": token }),
@@ -124,7 +127,7 @@ impl LockClient {
         .map(drop)
     }
 
-    pub async fn renew(&self, lock: &str, token: u64, ttl_ms: u64) -> anyhow::Result<()> {
+    pub async fn renew(&self, lock: &str, token: &str, ttl_ms: u64) -> anyhow::Result<()> {
         self.post(
             &format!("/v1/locks/{lock}/renew"),
             json!({"token": token, "ttl_ms": ttl_ms}),
@@ -386,7 +389,7 @@ pub struct LeaseReport {
 
 async fn locksvc_round(
     clients: &Arc<Vec<LockClient>>,
-    held: &Arc<Vec<(String, u64)>>,
+    held: &Arc<Vec<(String, String)>>,
     workload: Workload,
     c: usize,
     dur: Duration,
@@ -402,11 +405,11 @@ async fn locksvc_round(
                 Workload::AcquireRelease => {
                     let lock = format!("pair-c{c}-w{w}");
                     let t = cl.acquire(&lock, &format!("w{w}"), PAIR_TTL_MS).await?;
-                    cl.release(&lock, t).await
+                    cl.release(&lock, &t).await
                 }
                 Workload::Renew => {
                     let (lock, t) = &held[w];
-                    cl.renew(lock, *t, RENEW_TTL_MS).await
+                    cl.renew(lock, t, RENEW_TTL_MS).await
                 }
             }
         }
@@ -533,7 +536,7 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &LeaseOpts) -> anyhow::Resu
             });
             // Leave nothing held.
             for (w, (lock, t)) in lheld.iter().enumerate() {
-                let _ = lclients[w].release(lock, *t).await;
+                let _ = lclients[w].release(lock, t).await;
             }
             if let Some(ec) = &eclients {
                 for (w, lease) in eheld.iter().enumerate() {

@@ -7,20 +7,67 @@
 //!
 //! Transitions, for a lock `L` at time `now`:
 //!
-//! | state of `L`                     | acquire by `o`                  | renew with token `t`        |
-//! |----------------------------------|---------------------------------|-----------------------------|
-//! | free, released, or expired       | counter += 1, grant to `o`      | refused: lease lost         |
-//! | live, held by `o`                | same token, expiry extended     | same token if `t` matches   |
-//! | live, held by someone else       | refused with holder and expiry  | refused unless `t` matches  |
+//! | state of `L`                              | acquire by `o` with key `k`          | renew with token `t`            |
+//! |-------------------------------------------|--------------------------------------|---------------------------------|
+//! | free, released, or expired                | counter += 1, grant to `o` (keeps `k`) | refused: lease lost           |
+//! | live, granted to `o` with the same `k`    | same token, expires `now + ttl`      | same token if `t` matches       |
+//! | live, anything else                       | refused with holder and expiry       | refused unless `t` matches      |
 //!
-//! A lease is live while `now < expires_at`. An acquire by the live holder
-//! itself is idempotent (it answers a client that retried after losing the
-//! first answer) and keeps the token, exactly like a renewal.
+//! A lease is live while `now < expires_at`. A renewal (and an idempotent
+//! re-acquire) sets the expiry to exactly `now + ttl`, shorter or longer
+//! than before, so the expiry the caller is told is the one in force.
+//!
+//! An acquire is idempotent (same token; it answers a client that retried
+//! after losing the first answer) only when it presents the secret
+//! idempotency key of the acquire that created the lease. Owner names are
+//! public (status and refusals show them), so a name alone would hand the
+//! lease and its proofs to anyone who read it (design rule 7): an acquire
+//! naming the live holder without its key is refused like any other.
 
 use crate::name::LockName;
 use crate::time::Timestamp;
+use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::time::Duration;
+use subtle::ConstantTimeEq as _;
+
+/// The SHA-256 digest of the secret idempotency key a client sent with the
+/// acquire that created a lease.
+///
+/// Only the digest is kept (in memory and in the database), so reading the
+/// database does not give anyone the key; a key is a client-chosen secret of
+/// at least 16 bytes, so the digest cannot be searched back either.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct KeyDigest([u8; 32]);
+
+impl KeyDigest {
+    /// The digest of `key`.
+    pub fn of(key: &[u8]) -> KeyDigest {
+        KeyDigest(Sha256::digest(key).into())
+    }
+
+    /// A digest as stored.
+    pub fn from_bytes(bytes: [u8; 32]) -> KeyDigest {
+        KeyDigest(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Constant-time comparison: the decision never depends on how many
+    /// leading bytes agree.
+    pub fn matches(&self, other: &KeyDigest) -> bool {
+        bool::from(self.0.ct_eq(&other.0))
+    }
+}
+
+impl std::fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A digest of a secret is not secret, but nothing needs to see it.
+        f.write_str("KeyDigest(..)")
+    }
+}
 
 /// A lease: `owner` holds `lock` with fencing `token` until `expires_at`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,12 +76,26 @@ pub struct Lease {
     pub owner: String,
     pub token: u64,
     pub expires_at: Timestamp,
+    /// The digest of the idempotency key sent with the acquire that created
+    /// the lease, if one was sent: the only thing that makes a later acquire
+    /// "the same client".
+    pub idempotency: Option<KeyDigest>,
 }
 
 impl Lease {
     /// True while the lease has not expired.
     pub fn is_live(&self, now: Timestamp) -> bool {
         now < self.expires_at
+    }
+
+    /// True if an acquire by `owner` presenting `key` comes from the client
+    /// this lease was granted to: same owner, and the same idempotency key.
+    /// Without a key on both sides nothing proves it, so the answer is no.
+    pub fn granted_to(&self, owner: &str, key: Option<&KeyDigest>) -> bool {
+        match (&self.idempotency, key) {
+            (Some(mine), Some(theirs)) => mine.matches(theirs) && self.owner == owner,
+            _ => false,
+        }
     }
 }
 
@@ -97,21 +158,26 @@ impl LockTable {
     }
 
     /// Grants `lock` to `owner` for `ttl`, or says who holds it.
+    ///
+    /// `key` is the digest of the client's idempotency key, if it sent one.
+    /// A live lease is given back (same token) only to an acquire with the
+    /// same owner and the same key; see the module documentation.
     pub fn acquire(
         &mut self,
         lock: &LockName,
         owner: &str,
+        key: Option<KeyDigest>,
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Grant, Held> {
         let expires_at = now.saturating_add(ttl);
         if let Some(lease) = self.leases.get_mut(lock).filter(|l| l.is_live(now)) {
-            if lease.owner != owner {
+            if !lease.granted_to(owner, key.as_ref()) {
                 return Err(Held {
                     holder: lease.clone(),
                 });
             }
-            lease.expires_at = lease.expires_at.max(expires_at);
+            lease.expires_at = expires_at;
             return Ok(Grant {
                 lease: lease.clone(),
                 new_token: false,
@@ -125,6 +191,7 @@ impl LockTable {
             owner: owner.to_owned(),
             token: self.counter,
             expires_at,
+            idempotency: key,
         };
         self.leases.insert(lock.clone(), lease.clone());
         Ok(Grant {
@@ -133,9 +200,11 @@ impl LockTable {
         })
     }
 
-    /// Extends the live lease holding `token` by `ttl` from now. The token
-    /// never changes on renewal; an expired lease cannot be renewed (the
-    /// holder must acquire again and gets a new token).
+    /// Sets the live lease holding `token` to expire `ttl` from now (a
+    /// shorter TTL than before shortens it: the answer is then the truth,
+    /// and ending a lease early is always safe). The token never changes on
+    /// renewal; an expired lease cannot be renewed (the holder must acquire
+    /// again and gets a new token).
     pub fn renew(
         &mut self,
         lock: &LockName,
@@ -145,7 +214,7 @@ impl LockTable {
     ) -> Result<Lease, NotHolder> {
         match self.leases.get_mut(lock) {
             Some(lease) if lease.token == token && lease.is_live(now) => {
-                lease.expires_at = lease.expires_at.max(now.saturating_add(ttl));
+                lease.expires_at = now.saturating_add(ttl);
                 Ok(lease.clone())
             }
             _ => Err(NotHolder {
@@ -230,19 +299,19 @@ mod tests {
         let mut t = LockTable::new();
         let l = lock("backup");
         let a = t
-            .acquire(&l, "A", TTL, Timestamp(0))
+            .acquire(&l, "A", None, TTL, Timestamp(0))
             .expect("A gets the lock");
         assert_eq!((a.lease.token, a.new_token), (1, true));
 
         let held = t
-            .acquire(&l, "B", TTL, Timestamp(5_000))
+            .acquire(&l, "B", None, TTL, Timestamp(5_000))
             .expect_err("A is live");
         assert_eq!(held.holder.owner, "A");
         assert_eq!(held.holder.expires_at, Timestamp(10_000));
 
         // A pauses past its expiry; B takes over with a higher token.
         let b = t
-            .acquire(&l, "B", TTL, Timestamp(10_000))
+            .acquire(&l, "B", None, TTL, Timestamp(10_000))
             .expect("A expired");
         assert_eq!(b.lease.token, 2);
 
@@ -257,7 +326,7 @@ mod tests {
     fn renewal_keeps_the_token_and_extends() {
         let mut t = LockTable::new();
         let l = lock("x");
-        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
+        t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
         let r = t.renew(&l, 1, TTL, Timestamp(9_000)).expect("live");
         assert_eq!((r.token, r.expires_at), (1, Timestamp(19_000)));
         assert_eq!(t.counter(), 1);
@@ -267,7 +336,7 @@ mod tests {
     fn expired_lease_cannot_be_renewed_even_if_nobody_took_it() {
         let mut t = LockTable::new();
         let l = lock("x");
-        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
+        t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
         let lost = t.renew(&l, 1, TTL, Timestamp(10_000)).expect_err("expired");
         assert_eq!(lost.current, None);
     }
@@ -276,35 +345,98 @@ mod tests {
     fn same_owner_after_expiry_or_release_gets_a_new_token() {
         let mut t = LockTable::new();
         let l = lock("x");
-        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
-        let again = t.acquire(&l, "A", TTL, Timestamp(10_000)).expect("expired");
+        t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
+        let again = t
+            .acquire(&l, "A", None, TTL, Timestamp(10_000))
+            .expect("expired");
         assert_eq!((again.lease.token, again.new_token), (2, true));
         t.release(&l, 2, Timestamp(10_001))
             .expect("holder releases");
         let third = t
-            .acquire(&l, "A", TTL, Timestamp(10_002))
+            .acquire(&l, "A", None, TTL, Timestamp(10_002))
             .expect("released");
         assert_eq!(third.lease.token, 3);
     }
 
     #[test]
-    fn live_holder_reacquire_is_idempotent() {
+    fn reacquire_with_the_same_key_is_idempotent_and_tells_the_truth() {
         let mut t = LockTable::new();
         let l = lock("x");
-        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
+        let k = KeyDigest::of(b"alice-secret-0123456789");
+        t.acquire(&l, "A", Some(k), TTL, Timestamp(0))
+            .expect("free");
         let again = t
-            .acquire(&l, "A", TTL, Timestamp(1_000))
+            .acquire(&l, "A", Some(k), TTL, Timestamp(1_000))
             .expect("own lease");
         assert_eq!((again.lease.token, again.new_token), (1, false));
         assert_eq!(again.lease.expires_at, Timestamp(11_000));
+        // A shorter TTL is applied, not ignored.
+        let short = t
+            .acquire(&l, "A", Some(k), Duration::from_secs(1), Timestamp(2_000))
+            .expect("own lease");
+        assert_eq!(short.lease.expires_at, Timestamp(3_000));
+        assert_eq!(
+            t.live(&l, Timestamp(2_500)).map(|x| x.expires_at),
+            Some(Timestamp(3_000))
+        );
+    }
+
+    #[test]
+    fn the_holders_name_without_its_key_is_refused() {
+        let mut t = LockTable::new();
+        let l = lock("x");
+        let k = KeyDigest::of(b"alice-secret-0123456789");
+        t.acquire(&l, "A", Some(k), TTL, Timestamp(0))
+            .expect("free");
+        for (key, why) in [
+            (None, "no key"),
+            (Some(KeyDigest::of(b"guessed-0123456789")), "another key"),
+        ] {
+            let held = t
+                .acquire(&l, "A", key, TTL, Timestamp(1_000))
+                .expect_err(why);
+            assert_eq!(
+                (held.holder.token, held.holder.expires_at),
+                (1, Timestamp(10_000)),
+                "{why}"
+            );
+        }
+        // The right key under another name is not the holder either.
+        assert!(t.acquire(&l, "B", Some(k), TTL, Timestamp(1_000)).is_err());
+        // A lease taken without a key cannot be re-acquired at all while live.
+        let m = lock("y");
+        t.acquire(&m, "A", None, TTL, Timestamp(0)).expect("free");
+        assert!(t.acquire(&m, "A", None, TTL, Timestamp(1)).is_err());
+        assert_eq!(
+            t.live(&m, Timestamp(1)).map(|x| x.expires_at),
+            Some(Timestamp(10_000))
+        );
+    }
+
+    #[test]
+    fn a_shorter_renewal_shortens_the_lease() {
+        let mut t = LockTable::new();
+        let l = lock("x");
+        t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
+        let r = t
+            .renew(&l, 1, Duration::from_secs(1), Timestamp(2_000))
+            .expect("live");
+        assert_eq!(r.expires_at, Timestamp(3_000));
+        assert!(
+            t.live(&l, Timestamp(3_000)).is_none(),
+            "expired at the new expiry"
+        );
+        t.acquire(&l, "B", None, TTL, Timestamp(3_000))
+            .expect("free after the shortened lease");
     }
 
     #[test]
     fn release_by_a_stale_holder_is_refused() {
         let mut t = LockTable::new();
         let l = lock("x");
-        t.acquire(&l, "A", TTL, Timestamp(0)).expect("free");
-        t.acquire(&l, "B", TTL, Timestamp(20_000)).expect("expired");
+        t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
+        t.acquire(&l, "B", None, TTL, Timestamp(20_000))
+            .expect("expired");
         let err = t.release(&l, 1, Timestamp(20_001)).expect_err("B holds it");
         assert_eq!(err.current.map(|c| c.owner), Some("B".to_owned()));
         // A token that was never issued cannot be released either.
@@ -321,6 +453,7 @@ mod tests {
                 owner: "A".into(),
                 token: 5,
                 expires_at: Timestamp(100),
+                idempotency: None,
             }],
         );
         assert_eq!(t.counter(), 5);
@@ -330,8 +463,12 @@ mod tests {
     #[test]
     fn locks_are_independent_but_share_the_counter() {
         let mut t = LockTable::new();
-        let a = t.acquire(&lock("a"), "A", TTL, Timestamp(0)).expect("free");
-        let b = t.acquire(&lock("b"), "B", TTL, Timestamp(0)).expect("free");
+        let a = t
+            .acquire(&lock("a"), "A", None, TTL, Timestamp(0))
+            .expect("free");
+        let b = t
+            .acquire(&lock("b"), "B", None, TTL, Timestamp(0))
+            .expect("free");
         assert_eq!((a.lease.token, b.lease.token), (1, 2));
     }
 }

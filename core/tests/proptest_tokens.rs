@@ -10,7 +10,7 @@ use fencegate_core::credentials::{CredentialError, parse_access_key};
 use fencegate_core::fence::decide;
 use fencegate_core::token::{MAX_TOKEN, MAX_TOKEN_LEN, VerifyError};
 use fencegate_core::{
-    Fence, FencingToken, LockName, LockTable, Timestamp, TokenError, TokenKeys, Verdict,
+    Fence, FencingToken, KeyDigest, LockName, LockTable, Timestamp, TokenError, TokenKeys, Verdict,
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
@@ -442,9 +442,12 @@ const OWNERS: [&str; 3] = ["alice", "bob", "carol"];
 
 #[derive(Debug, Clone)]
 enum Op {
+    /// `key`: which idempotency key the acquire presents: none (0), its
+    /// owner's (1), or the next owner's (2: someone else's secret).
     Acquire {
         lock: usize,
         owner: usize,
+        key: usize,
         ttl_ms: u64,
     },
     /// `token`: an index into the tokens issued so far, or (past the end) a
@@ -466,8 +469,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..LOCKS.len(), 0..OWNERS.len(), 1u64..100)
-            .prop_map(|(lock, owner, ttl_ms)| Op::Acquire { lock, owner, ttl_ms }),
+        4 => (0..LOCKS.len(), 0..OWNERS.len(), 0usize..3, 1u64..100)
+            .prop_map(|(lock, owner, key, ttl_ms)| Op::Acquire { lock, owner, key, ttl_ms }),
         3 => (0..LOCKS.len(), 0usize..24, 1u64..100)
             .prop_map(|(lock, token, ttl_ms)| Op::Renew { lock, token, ttl_ms }),
         2 => (0..LOCKS.len(), 0usize..24).prop_map(|(lock, token)| Op::Release { lock, token }),
@@ -480,23 +483,41 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Default)]
 struct Model {
     counter: u64,
-    leases: HashMap<usize, (usize, u64, u64)>, // lock -> (owner, token, expires_at)
+    /// lock -> (owner, token, expires_at, index of the key it was granted with)
+    leases: HashMap<usize, (usize, u64, u64, Option<usize>)>,
 }
 
 impl Model {
-    fn live(&self, lock: usize, now: u64) -> Option<(usize, u64, u64)> {
+    fn live(&self, lock: usize, now: u64) -> Option<(usize, u64, u64, Option<usize>)> {
         self.leases.get(&lock).copied().filter(|l| now < l.2)
     }
 }
+
+/// The idempotency key an acquire presents, as an index into [`KEYS`].
+fn presented_key(owner: usize, key: usize) -> Option<usize> {
+    match key {
+        0 => None,
+        1 => Some(owner),
+        _ => Some((owner + 1) % OWNERS.len()),
+    }
+}
+
+const KEYS: [&[u8]; 3] = [
+    b"alice-key-0123456789",
+    b"bob-key-0123456789ab",
+    b"carol-key-0123456789",
+];
 
 proptest! {
     #![proptest_config(config(500))]
 
     /// Over arbitrary acquire/renew/release/advance sequences: new grants
     /// get strictly increasing tokens (above every token issued before),
-    /// renewals and re-acquires by the live holder never change the token,
-    /// only live leases can be renewed, and a live lease of someone else is
-    /// never taken over.
+    /// renewals and re-acquires by the live holder (same owner and same
+    /// idempotency key) never change the token and set the expiry to exactly
+    /// now + ttl, only live leases can be renewed, and a live lease is never
+    /// given to anyone else: not to another owner, and not to its own owner's
+    /// name without its key.
     #[test]
     fn lock_table_matches_the_model(start in 0u64..1_000_000, ops in prop::collection::vec(op(), 1..80)) {
         let locks: Vec<LockName> = LOCKS.iter().map(|l| LockName::new(l).expect("valid")).collect();
@@ -508,22 +529,23 @@ proptest! {
         for op in ops {
             let ts = Timestamp(now);
             match op {
-                Op::Acquire { lock, owner, ttl_ms } => {
-                    let got = table.acquire(&locks[lock], OWNERS[owner], Duration::from_millis(ttl_ms), ts);
+                Op::Acquire { lock, owner, key, ttl_ms } => {
+                    let key = presented_key(owner, key);
+                    let digest = key.map(|k| KeyDigest::of(KEYS[k]));
+                    let got = table.acquire(&locks[lock], OWNERS[owner], digest, Duration::from_millis(ttl_ms), ts);
                     match model.live(lock, now) {
-                        Some((o, t, exp)) if o != owner => {
-                            let held = got.expect_err("someone else's live lease is never taken over");
+                        Some((o, t, _, k)) if o == owner && k.is_some() && k == key => {
+                            let g = got.expect("the live holder re-acquires with its key");
+                            prop_assert!(!g.new_token);
+                            prop_assert_eq!(g.lease.token, t, "re-acquire keeps the token");
+                            prop_assert_eq!(g.lease.expires_at, Timestamp(now + ttl_ms));
+                            model.leases.insert(lock, (o, t, now + ttl_ms, k));
+                        }
+                        Some((o, t, exp, _)) => {
+                            let held = got.expect_err("a live lease is never given to another client");
                             prop_assert_eq!(held.holder.token, t);
                             prop_assert_eq!(held.holder.owner.as_str(), OWNERS[o]);
                             prop_assert_eq!(held.holder.expires_at, Timestamp(exp));
-                        }
-                        Some((o, t, exp)) => {
-                            let g = got.expect("the live holder re-acquires");
-                            prop_assert!(!g.new_token);
-                            prop_assert_eq!(g.lease.token, t, "re-acquire keeps the token");
-                            let exp = exp.max(now + ttl_ms);
-                            prop_assert_eq!(g.lease.expires_at, Timestamp(exp));
-                            model.leases.insert(lock, (o, t, exp));
                         }
                         None => {
                             let g = got.expect("a free lock is granted");
@@ -533,7 +555,7 @@ proptest! {
                             prop_assert_eq!(g.lease.expires_at, Timestamp(now + ttl_ms));
                             model.counter += 1;
                             issued.push(g.lease.token);
-                            model.leases.insert(lock, (owner, g.lease.token, now + ttl_ms));
+                            model.leases.insert(lock, (owner, g.lease.token, now + ttl_ms, key));
                         }
                     }
                 }
@@ -541,12 +563,11 @@ proptest! {
                     let token = pick(&issued, token);
                     let got = table.renew(&locks[lock], token, Duration::from_millis(ttl_ms), ts);
                     match model.live(lock, now) {
-                        Some((o, t, exp)) if t == token => {
+                        Some((o, t, _, k)) if t == token => {
                             let l = got.expect("the live holder renews");
                             prop_assert_eq!(l.token, token, "renewal never changes the token");
-                            let exp = exp.max(now + ttl_ms);
-                            prop_assert_eq!(l.expires_at, Timestamp(exp));
-                            model.leases.insert(lock, (o, t, exp));
+                            prop_assert_eq!(l.expires_at, Timestamp(now + ttl_ms), "the expiry is now + ttl, shorter or not");
+                            model.leases.insert(lock, (o, t, now + ttl_ms, k));
                         }
                         live => {
                             let e = got.expect_err("only the live lease's token renews");
@@ -558,11 +579,11 @@ proptest! {
                     let token = pick(&issued, token);
                     let got = table.release(&locks[lock], token, ts);
                     match model.leases.get(&lock).copied() {
-                        Some((_, t, _)) if t == token => {
+                        Some((_, t, _, _)) if t == token => {
                             prop_assert!(got.is_ok(), "the holder releases");
                             model.leases.remove(&lock);
                         }
-                        Some((_, t, exp)) if t > token || now < exp => {
+                        Some((_, t, exp, _)) if t > token || now < exp => {
                             prop_assert!(got.is_err(), "someone else's lease is not released");
                         }
                         _ => prop_assert_eq!(got.is_ok(), token <= model.counter),
@@ -587,7 +608,7 @@ proptest! {
         let recorded: Vec<_> = locks.iter().filter_map(|l| table.recorded(l).cloned()).collect();
         let mut restored = LockTable::restore(table.counter(), recorded);
         let fresh = LockName::new("fresh").expect("valid");
-        let g = restored.acquire(&fresh, "z", Duration::from_millis(1), Timestamp(now)).expect("free");
+        let g = restored.acquire(&fresh, "z", None, Duration::from_millis(1), Timestamp(now)).expect("free");
         prop_assert!(issued.iter().all(|&t| g.lease.token > t));
     }
 }

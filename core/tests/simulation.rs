@@ -8,7 +8,9 @@
 //! Invariants checked on every step:
 //! - a grant that issues a new token issues one higher than every token
 //!   issued before, across crashes;
-//! - a renewal (and a re-acquire by the live holder) never changes the token;
+//! - a renewal (and a re-acquire by the live holder with its idempotency
+//!   key) never changes the token;
+//! - an acquire naming the live holder without its key gets nothing;
 //! - the fenced store never accepts a token lower than one it accepted.
 //!
 //! And the negative test: over all schedules, the unfenced store does accept
@@ -19,7 +21,7 @@
 //! `FENCEGATE_SIM_SEED=<seed> cargo test -p fencegate-core --test simulation`.
 //! `FENCEGATE_SIM_SEEDS=<n>` sets how many schedules run (default 3000).
 
-use fencegate_core::{Fence, Lease, LockName, LockTable, Timestamp, Verdict};
+use fencegate_core::{Fence, KeyDigest, Lease, LockName, LockTable, Timestamp, Verdict};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -84,9 +86,28 @@ fn run(seed: u64) -> Result<Outcome, String> {
         let ctx = |what: &str| format!("seed {seed} step {step} t={t}: {what}");
         let c = rng.gen_range(0..n_clients);
         match rng.gen_range(0..100) {
-            0..=19 => {
+            0..=1 => {
+                // An impostor names client c without c's key: whatever c
+                // holds, the impostor must not get it.
                 let owner = format!("client-{c}");
-                match service.acquire(&lock, &owner, TTL, now) {
+                if let Ok(grant) = service.acquire(&lock, &owner, None, TTL, now) {
+                    if !grant.new_token {
+                        return Err(ctx("an acquire without the holder's key got its lease"));
+                    }
+                    if grant.lease.token <= max_issued {
+                        return Err(ctx("an impostor's grant reused a token"));
+                    }
+                    // The lock was free: the impostor now holds a lease of
+                    // its own, under c's name; it lets it lapse.
+                    max_issued = grant.lease.token;
+                    durable.counter = service.counter();
+                    durable.leases = current_leases(&service, &lock);
+                }
+            }
+            2..=19 => {
+                let owner = format!("client-{c}");
+                let key = KeyDigest::of(owner.as_bytes());
+                match service.acquire(&lock, &owner, Some(key), TTL, now) {
                     Ok(grant) => {
                         if grant.new_token {
                             if grant.lease.token <= max_issued {
@@ -110,7 +131,7 @@ fn run(seed: u64) -> Result<Outcome, String> {
                         };
                     }
                     Err(held) => {
-                        if held.holder.owner == owner {
+                        if held.holder.owner == owner && held.holder.idempotency == Some(key) {
                             return Err(ctx("refused the live holder itself"));
                         }
                     }

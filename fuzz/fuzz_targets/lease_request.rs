@@ -6,7 +6,16 @@
 
 use fencegate_locksvc::api::{DecodedRequest, MAX_OWNER_LEN, RequestKind, decode_request};
 use libfuzzer_sys::fuzz_target;
-use serde_json::json;
+use fencegate_core::FencingToken;
+use serde_json::{Value, json};
+
+/// The token as a client would send it back: the number, or the string.
+fn token_json(t: &FencingToken) -> Value {
+    match t {
+        FencingToken::Plain(n) => json!(n),
+        FencingToken::Signed(s) => json!(s.to_string()),
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, body)) = data.split_first() else {
@@ -21,7 +30,9 @@ fuzz_target!(|data: &[u8]| {
         Ok(d) => d,
         Err(e) => {
             assert!(
-                e.starts_with("InvalidRequest: ") || e.starts_with("InvalidOwner: "),
+                e.starts_with("InvalidRequest: ")
+                    || e.starts_with("InvalidOwner: ")
+                    || e.starts_with("InvalidIdempotencyKey: "),
                 "{e}"
             );
             return;
@@ -32,19 +43,23 @@ fuzz_target!(|data: &[u8]| {
             owner,
             ttl_ms,
             wait_ms,
+            idempotency_key,
         } => {
             assert_eq!(kind, RequestKind::Acquire);
             assert!(!owner.is_empty() && owner.len() <= MAX_OWNER_LEN);
             assert!(!owner.chars().any(char::is_control));
-            json!({ "owner": owner, "ttl_ms": ttl_ms, "wait_ms": wait_ms })
+            if let Some(k) = idempotency_key {
+                assert!((16..=256).contains(&k.len()) && !k.chars().any(char::is_control));
+            }
+            json!({ "owner": owner, "ttl_ms": ttl_ms, "wait_ms": wait_ms, "idempotency_key": idempotency_key })
         }
         DecodedRequest::Renew { token, ttl_ms } => {
             assert_eq!(kind, RequestKind::Renew);
-            json!({ "token": token, "ttl_ms": ttl_ms })
+            json!({ "token": token_json(token), "ttl_ms": ttl_ms })
         }
         DecodedRequest::Release { token } => {
             assert_eq!(kind, RequestKind::Release);
-            json!({ "token": token })
+            json!({ "token": token_json(token) })
         }
     };
     let bytes = serde_json::to_vec(&again).expect("a JSON value serializes");

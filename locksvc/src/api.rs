@@ -1,35 +1,62 @@
-//! The HTTP JSON API of the lease service.
+//! The HTTP JSON API of the lease service: routes, the wire types both ends
+//! use, request decoding, and JSON errors.
 //!
-//! | method | path                         | body                                  |
-//! |--------|------------------------------|---------------------------------------|
-//! | POST   | `/v1/locks/{lock}/acquire`   | `{"owner", "ttl_ms"?, "wait_ms"?}`    |
-//! | POST   | `/v1/locks/{lock}/renew`     | `{"token", "ttl_ms"?}`                |
-//! | POST   | `/v1/locks/{lock}/release`   | `{"token"}`                           |
-//! | GET    | `/v1/locks/{lock}`           |                                       |
-//! | GET    | `/health`                    |                                       |
-//! | GET    | `/metrics`                   | Prometheus text                       |
+//! | method | path                         | body                                                    |
+//! |--------|------------------------------|---------------------------------------------------------|
+//! | POST   | `/v1/locks/{lock}/acquire`   | `{"owner", "ttl_ms"?, "wait_ms"?, "idempotency_key"?}`  |
+//! | POST   | `/v1/locks/{lock}/renew`     | `{"token": "<fencing_token>", "ttl_ms"?}`               |
+//! | POST   | `/v1/locks/{lock}/release`   | `{"token": "<fencing_token>"}`                          |
+//! | GET    | `/v1/locks/{lock}`           |                                                         |
+//! | GET    | `/health`                    |                                                         |
+//! | GET    | `/metrics`                   | Prometheus text                                         |
 //!
-//! Every error is JSON: `{"error": {"code", "message", ...}}` with a 4xx
-//! status for the client's mistakes and 503 when the database cannot commit.
+//! Every error is JSON: `{"error": {"code", "message", ...}}`. The codes and
+//! their statuses are [`ErrorCode`]:
+//!
+//! | status | code                            | when                                                             |
+//! |--------|---------------------------------|------------------------------------------------------------------|
+//! | 400    | `InvalidRequest`                | bad JSON, unknown or missing field, malformed token string       |
+//! | 400    | `InvalidLockName`, `InvalidOwner`, `InvalidTtl`, `InvalidWait`, `InvalidIdempotencyKey` | the field named      |
+//! | 400    | `SignedTokenRequired`           | renew/release sent a plain token number (public, proves nothing) |
+//! | 401    | `Unauthorized`                  | API keys are configured and none was sent, or an unknown one     |
+//! | 403    | `LockNotAllowed`                | the API key's lock patterns do not match the lock (field `lock`) |
+//! | 403    | `FencingTokenSignatureInvalid`  | the signed token's MAC does not verify                           |
+//! | 403    | `FencingTokenWrongLock`         | a genuine signed token of another lock                           |
+//! | 404    | `NotFound`                      | no such endpoint                                                 |
+//! | 405    | `MethodNotAllowed`              | wrong method                                                     |
+//! | 409    | `LockHeld`                      | someone else holds the lock (`holder`, `expires_at_ms`)          |
+//! | 409    | `LeaseLost`                     | the token is not the live lease's (`current_token`, `current_owner`) |
+//! | 413    | `BodyTooLarge`                  | body above `max_body_bytes`                                      |
+//! | 429    | `TooManyWaiters`                | the lock's line is full                                          |
+//! | 503    | `StorageUnavailable`, `ShuttingDown` | retry                                                       |
+//!
+//! **Who gets a capability.** The signed token, the lease-bound S3
+//! credentials (everything in a [`LeaseResponse`]) are proofs of holding
+//! (design rule 7), so a `LeaseResponse` goes only to the client that holds
+//! the lease: the acquire that was granted it (also when it waited in line:
+//! the grant answers that request and no other), a re-acquire that presents
+//! the first acquire's `idempotency_key`, and a renewal that presents the
+//! signed token. Refusals carry numbers and names only.
 
+use crate::auth::{Caller, Keyring};
 use crate::config::LocksvcConfig;
 use crate::engine::{EngineError, EngineHandle, LockStatus};
 use crate::metrics::Metrics;
+use crate::proof::{self, HeldToken, IdempotencyKey, ProofError};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use fencegate_core::{Lease, LockName, TokenKeys};
+use fencegate_core::{FencingToken, Lease, LockName, TokenKeys};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use subtle::ConstantTimeEq;
 
 /// Longest owner identifier accepted.
 pub const MAX_OWNER_LEN: usize = 256;
@@ -46,6 +73,7 @@ struct Inner {
     engine: EngineHandle,
     metrics: Arc<Metrics>,
     keys: TokenKeys,
+    api_keys: Keyring,
 }
 
 impl AppState {
@@ -64,12 +92,14 @@ impl AppState {
                 .collect(),
         )
         .ok_or_else(|| anyhow::anyhow!("signing_keys are invalid"))?;
+        let api_keys = Keyring::new(&config.api_keys)?;
         Ok(AppState {
             inner: Arc::new(Inner {
                 config,
                 engine,
                 metrics,
                 keys,
+                api_keys,
             }),
         })
     }
@@ -93,42 +123,123 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// A JSON error with an HTTP status and a stable code.
+/// Every error code the API answers with; each knows its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    InvalidRequest,
+    InvalidLockName,
+    InvalidOwner,
+    InvalidTtl,
+    InvalidWait,
+    InvalidIdempotencyKey,
+    SignedTokenRequired,
+    Unauthorized,
+    LockNotAllowed,
+    FencingTokenSignatureInvalid,
+    FencingTokenWrongLock,
+    NotFound,
+    MethodNotAllowed,
+    LockHeld,
+    LeaseLost,
+    BodyTooLarge,
+    TooManyWaiters,
+    StorageUnavailable,
+    ShuttingDown,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        use ErrorCode::*;
+        match self {
+            InvalidRequest
+            | InvalidLockName
+            | InvalidOwner
+            | InvalidTtl
+            | InvalidWait
+            | InvalidIdempotencyKey
+            | SignedTokenRequired => StatusCode::BAD_REQUEST,
+            Unauthorized => StatusCode::UNAUTHORIZED,
+            LockNotAllowed | FencingTokenSignatureInvalid | FencingTokenWrongLock => {
+                StatusCode::FORBIDDEN
+            }
+            NotFound => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            LockHeld | LeaseLost => StatusCode::CONFLICT,
+            BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            TooManyWaiters => StatusCode::TOO_MANY_REQUESTS,
+            StorageUnavailable | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The stable code in the JSON body.
+    pub fn as_str(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            InvalidRequest => "InvalidRequest",
+            InvalidLockName => "InvalidLockName",
+            InvalidOwner => "InvalidOwner",
+            InvalidTtl => "InvalidTtl",
+            InvalidWait => "InvalidWait",
+            InvalidIdempotencyKey => "InvalidIdempotencyKey",
+            SignedTokenRequired => "SignedTokenRequired",
+            Unauthorized => "Unauthorized",
+            LockNotAllowed => "LockNotAllowed",
+            FencingTokenSignatureInvalid => "FencingTokenSignatureInvalid",
+            FencingTokenWrongLock => "FencingTokenWrongLock",
+            NotFound => "NotFound",
+            MethodNotAllowed => "MethodNotAllowed",
+            LockHeld => "LockHeld",
+            LeaseLost => "LeaseLost",
+            BodyTooLarge => "BodyTooLarge",
+            TooManyWaiters => "TooManyWaiters",
+            StorageUnavailable => "StorageUnavailable",
+            ShuttingDown => "ShuttingDown",
+        }
+    }
+}
+
+/// A JSON error: a code (which knows its status), a message saying what to
+/// do, and extra fields.
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
     extra: serde_json::Map<String, Value>,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
-            status,
             code,
             message: message.into(),
             extra: serde_json::Map::new(),
         }
     }
 
-    fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, code, message)
-    }
-
     fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
         self.extra.insert(key.to_owned(), value.into());
         self
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        self.code
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = serde_json::Map::new();
-        body.insert("code".into(), self.code.into());
+        body.insert("code".into(), self.code.as_str().into());
         body.insert("message".into(), self.message.into());
         body.extend(self.extra);
-        (self.status, axum::Json(json!({ "error": body }))).into_response()
+        let mut resp = (self.code.status(), axum::Json(json!({ "error": body }))).into_response();
+        if self.code == ErrorCode::Unauthorized {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
     }
 }
 
@@ -136,8 +247,7 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> ApiError {
         match e {
             EngineError::Held { holder } => ApiError::new(
-                StatusCode::CONFLICT,
-                "LockHeld",
+                ErrorCode::LockHeld,
                 format!(
                     "lock {} is held by {:?}; retry after it expires or pass wait_ms",
                     holder.lock, holder.owner
@@ -147,8 +257,7 @@ impl From<EngineError> for ApiError {
             .with("expires_at_ms", holder.expires_at.as_millis()),
             EngineError::NotHolder { current } => {
                 let mut err = ApiError::new(
-                    StatusCode::CONFLICT,
-                    "LeaseLost",
+                    ErrorCode::LeaseLost,
                     "no live lease on this lock holds that token: it expired, was released, or was taken over; acquire again for a new token",
                 );
                 if let Some(c) = current {
@@ -159,18 +268,15 @@ impl From<EngineError> for ApiError {
                 err
             }
             EngineError::TooManyWaiters => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "TooManyWaiters",
+                ErrorCode::TooManyWaiters,
                 "too many clients are already waiting for this lock; retry later",
             ),
             EngineError::Storage(e) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "StorageUnavailable",
+                ErrorCode::StorageUnavailable,
                 format!("the lease database could not commit ({e}); nothing was granted, retry"),
             ),
             EngineError::Stopped => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ShuttingDown",
+                ErrorCode::ShuttingDown,
                 "the lease service is shutting down; retry",
             ),
         }
@@ -189,17 +295,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         let bytes = Bytes::from_request(req, state).await.map_err(|rej| {
             if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "BodyTooLarge",
+                    ErrorCode::BodyTooLarge,
                     "request body is larger than max_body_bytes",
                 )
             } else {
-                ApiError::bad_request("InvalidRequest", format!("cannot read body: {rej}"))
+                ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("cannot read body: {rej}"),
+                )
             }
         })?;
         parse_object(&bytes)
             .map(JsonBody)
-            .map_err(|e| ApiError::bad_request("InvalidRequest", e))
+            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e))
     }
 }
 
@@ -212,55 +320,106 @@ fn parse_object<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
     serde_json::from_slice(body).map_err(|e| format!("request body is not valid: {e}"))
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of `POST /v1/locks/{lock}/acquire`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct AcquireRequest {
-    owner: String,
-    ttl_ms: Option<u64>,
-    wait_ms: Option<u64>,
+pub struct AcquireRequest {
+    /// Who is taking the lease (shown to others in status and refusals).
+    pub owner: String,
+    /// Lease TTL; the service's `default_ttl` if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// Wait in line up to this long if the lock is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    /// A secret of the client's choosing (16 to 256 bytes): a retry of this
+    /// acquire with the same owner and key gets the same lease back while it
+    /// is live. Without it, an acquire never gets a live lease back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RenewRequest {
-    #[serde(deserialize_with = "token_field")]
-    token: u64,
-    ttl_ms: Option<u64>,
+impl std::fmt::Debug for AcquireRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The idempotency key is a secret: never print it.
+        f.debug_struct("AcquireRequest")
+            .field("owner", &self.owner)
+            .field("ttl_ms", &self.ttl_ms)
+            .field("wait_ms", &self.wait_ms)
+            .field(
+                "idempotency_key",
+                &self.idempotency_key.as_ref().map(|_| ".."),
+            )
+            .finish()
+    }
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of `POST /v1/locks/{lock}/renew`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ReleaseRequest {
-    #[serde(deserialize_with = "token_field")]
-    token: u64,
+pub struct RenewRequest {
+    /// The signed `fencing_token` the acquire returned. (A plain number is
+    /// decoded, so the handler can refuse it with a precise error.)
+    #[serde(with = "token_field")]
+    pub token: FencingToken,
+    /// The lease then expires `ttl_ms` from now, shorter or longer than
+    /// before; the service's `default_ttl` if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
 }
 
-/// The `token` of renew and release: the number, or either string the
-/// service handed out (the signed `fencing_token`, or the number written as
-/// a string), so a client can send back what it holds.
-fn token_field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    struct TokenVisitor;
-    impl serde::de::Visitor<'_> for TokenVisitor {
-        type Value = u64;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a token: the number, or the fencing_token string")
-        }
-        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<u64, E> {
-            Ok(n)
-        }
-        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<u64, E> {
-            fencegate_core::FencingToken::parse(s)
-                .map(|t| t.number())
-                .map_err(|e| E::custom(format!("token {s:?}: {e}")))
+/// The body of `POST /v1/locks/{lock}/release`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The signed `fencing_token` the acquire returned.
+    #[serde(with = "token_field")]
+    pub token: FencingToken,
+}
+
+/// The `token` of renew and release on the wire: a string (the signed
+/// `fencing_token`, or a number written as a string) or a JSON number. Both
+/// plain forms decode, so that the handler, not serde, refuses them with
+/// `SignedTokenRequired` and says what to send instead.
+mod token_field {
+    use fencegate_core::FencingToken;
+
+    pub fn serialize<S: serde::Serializer>(t: &FencingToken, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            FencingToken::Plain(n) => s.serialize_u64(*n),
+            FencingToken::Signed(signed) => s.serialize_str(&signed.to_string()),
         }
     }
-    d.deserialize_any(TokenVisitor)
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<FencingToken, D::Error> {
+        struct TokenVisitor;
+        impl serde::de::Visitor<'_> for TokenVisitor {
+            type Value = FencingToken;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the fencing_token string the acquire returned (fgt1:...)")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<FencingToken, E> {
+                Ok(FencingToken::Plain(n))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<FencingToken, E> {
+                FencingToken::parse(s).map_err(|e| E::custom(format!("token {s:?}: {e}")))
+            }
+        }
+        d.deserialize_any(TokenVisitor)
+    }
 }
 
 /// The owner check of acquire: 1 to [`MAX_OWNER_LEN`] bytes, no control
 /// characters.
 fn owner_is_valid(owner: &str) -> bool {
     !(owner.is_empty() || owner.len() > MAX_OWNER_LEN || owner.chars().any(char::is_control))
+}
+
+fn owner_error() -> ApiError {
+    ApiError::new(
+        ErrorCode::InvalidOwner,
+        format!("owner must be 1 to {MAX_OWNER_LEN} bytes without control characters"),
+    )
 }
 
 /// Which request body [`decode_request`] decodes.
@@ -272,46 +431,55 @@ pub enum RequestKind {
 }
 
 /// A request body as the handlers see it after decoding and the checks that
-/// do not depend on the configuration (TTL and wait bounds do).
+/// do not depend on the configuration (TTL and wait bounds do) or on the
+/// signing keys (the token's MAC does).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecodedRequest {
     Acquire {
         owner: String,
         ttl_ms: Option<u64>,
         wait_ms: Option<u64>,
+        idempotency_key: Option<String>,
     },
     Renew {
-        token: u64,
+        token: FencingToken,
         ttl_ms: Option<u64>,
     },
     Release {
-        token: u64,
+        token: FencingToken,
     },
 }
 
+/// The checks of an acquire body that need no configuration.
+fn check_acquire(req: &AcquireRequest) -> Result<Option<IdempotencyKey>, ApiError> {
+    if !owner_is_valid(&req.owner) {
+        return Err(owner_error());
+    }
+    req.idempotency_key
+        .clone()
+        .map(IdempotencyKey::new)
+        .transpose()
+        .map_err(|e| ApiError::new(ErrorCode::InvalidIdempotencyKey, e))
+}
+
 /// Decodes a request body exactly as the handlers do (same serde structs,
-/// same owner check), without HTTP: for fuzzing and property tests. The
-/// error is `"<code>: <message>"` with the code the API would answer.
+/// same owner and idempotency-key checks), without HTTP: for fuzzing and
+/// property tests. The error is `"<code>: <message>"` with the code the API
+/// would answer.
 pub fn decode_request(kind: RequestKind, body: &[u8]) -> Result<DecodedRequest, String> {
     fn json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
         parse_object(body).map_err(|e| format!("InvalidRequest: {e}"))
     }
+    let api = |e: ApiError| format!("{}: {}", e.code.as_str(), e.message);
     match kind {
         RequestKind::Acquire => {
-            let AcquireRequest {
-                owner,
-                ttl_ms,
-                wait_ms,
-            } = json(body)?;
-            if !owner_is_valid(&owner) {
-                return Err(format!(
-                    "InvalidOwner: owner must be 1 to {MAX_OWNER_LEN} bytes without control characters"
-                ));
-            }
+            let req: AcquireRequest = json(body)?;
+            check_acquire(&req).map_err(api)?;
             Ok(DecodedRequest::Acquire {
-                owner,
-                ttl_ms,
-                wait_ms,
+                owner: req.owner,
+                ttl_ms: req.ttl_ms,
+                wait_ms: req.wait_ms,
+                idempotency_key: req.idempotency_key,
             })
         }
         RequestKind::Renew => {
@@ -325,30 +493,93 @@ pub fn decode_request(kind: RequestKind, body: &[u8]) -> Result<DecodedRequest, 
     }
 }
 
-/// What acquire and renew return.
+/// What acquire and renew return: the lease and its proofs of holding. Sent
+/// only to the holder (see the module documentation).
 #[derive(Debug, Serialize, Deserialize, Clone, PartialEq, Eq)]
 pub struct LeaseResponse {
+    /// The lock held.
     pub lock: String,
+    /// Who holds it, as the acquire named itself.
     pub owner: String,
-    /// The numeric token.
+    /// The numeric token (public: status and refusals show it).
     pub token: u64,
-    /// The signed token; send it verbatim in the `Fencing-Token` header.
+    /// The signed token; send it verbatim in the `Fencing-Token` header, and
+    /// as `token` to renew and release. Proof of holding: keep it secret.
     pub fencing_token: String,
-    /// The TTL granted, in milliseconds.
+    /// The TTL in force: the lease expires `ttl_ms` after the service
+    /// applied this request, at `expires_at_ms`.
     pub ttl_ms: u64,
-    /// When the lease expires, in Unix milliseconds.
+    /// When the lease expires, in Unix milliseconds (the same value status
+    /// shows).
     pub expires_at_ms: u64,
     /// S3 access key bound to this lease (for tools that cannot send the
     /// `Fencing-Token` header); sign with `s3_secret_access_key`.
     pub s3_access_key_id: String,
+    /// The secret of `s3_access_key_id`. Proof of holding: keep it secret.
     pub s3_secret_access_key: String,
     /// When those credentials stop working, in Unix milliseconds.
     pub s3_credentials_expire_at_ms: u64,
 }
 
-fn lock_name(path: Result<Path<String>, PathRejection>) -> Result<LockName, ApiError> {
-    let Path(raw) = path.map_err(|e| ApiError::bad_request("InvalidLockName", e.body_text()))?;
-    LockName::new(&raw).map_err(|e| ApiError::bad_request("InvalidLockName", e.to_string()))
+/// What release returns.
+#[derive(Debug, Serialize, Deserialize, Clone, PartialEq, Eq)]
+pub struct ReleaseResponse {
+    pub lock: String,
+    /// Always true: no lease with the presented token holds the lock now.
+    pub released: bool,
+}
+
+/// What `GET /v1/locks/{lock}` returns: public facts only, no proofs.
+#[derive(Debug, Serialize, Deserialize, Clone, PartialEq, Eq)]
+pub struct LockStatusResponse {
+    pub lock: String,
+    /// Whether a live lease holds the lock.
+    pub held: bool,
+    /// The holder's owner name, if held.
+    pub owner: Option<String>,
+    /// The holder's token number, if held.
+    pub token: Option<u64>,
+    /// When the live lease expires, in Unix milliseconds, if held.
+    pub expires_at_ms: Option<u64>,
+    /// Acquires waiting in line for this lock.
+    pub waiting: usize,
+    /// The last token issued by the service, for any lock.
+    pub last_token: u64,
+}
+
+/// The `{lock}` of the path, valid, and within the caller's API-key scope.
+/// Handlers get their lock only through this, so no endpoint can forget the
+/// scope check.
+#[derive(Debug, Clone)]
+pub struct AllowedLock(pub LockName);
+
+impl FromRequestParts<AppState> for AllowedLock {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::InvalidLockName, e.body_text()))?;
+        let lock = LockName::new(&raw)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidLockName, e.to_string()))?;
+        // `authenticate` puts the caller there; without it, refuse rather
+        // than assume an open service.
+        let allowed = parts
+            .extensions
+            .get::<Caller>()
+            .is_some_and(|caller| caller.allows(&lock));
+        if !allowed {
+            state.inner.metrics.refused("lock_not_allowed");
+            return Err(ApiError::new(
+                ErrorCode::LockNotAllowed,
+                format!(
+                    "this API key is not allowed to use lock {lock:?}: its locks (api_keys in the lease service's configuration) do not match it; use the key issued for this lock"
+                ),
+            )
+            .with("lock", lock.as_str()));
+        }
+        Ok(AllowedLock(lock))
+    }
 }
 
 impl Inner {
@@ -356,8 +587,8 @@ impl Inner {
         let c = &self.config;
         let ttl = ttl_ms.map_or(c.default_ttl, Duration::from_millis);
         if ttl < c.min_ttl || ttl > c.max_ttl {
-            return Err(ApiError::bad_request(
-                "InvalidTtl",
+            return Err(ApiError::new(
+                ErrorCode::InvalidTtl,
                 format!(
                     "ttl_ms must be between {} and {}",
                     c.min_ttl.as_millis(),
@@ -366,6 +597,38 @@ impl Inner {
             ));
         }
         Ok(ttl)
+    }
+
+    /// The proof renew and release need: a genuine signed token of `lock`.
+    fn prove(&self, token: &FencingToken, lock: &LockName) -> Result<HeldToken, ApiError> {
+        proof::verify(&self.keys, token, lock).map_err(|e| match e {
+            ProofError::Plain(n) => {
+                self.metrics.refused("plain_token");
+                ApiError::new(
+                    ErrorCode::SignedTokenRequired,
+                    format!(
+                        "token {n} is a plain number, which anyone can read (lock status and LeaseLost answers show it), so it proves nothing: send as token the fencing_token string (fgt1:...) your acquire returned"
+                    ),
+                )
+            }
+            ProofError::BadSignature => {
+                self.metrics.refused("bad_signature");
+                ApiError::new(
+                    ErrorCode::FencingTokenSignatureInvalid,
+                    "the token's signature does not verify with this lease service's keys: send the fencing_token your acquire returned, unchanged",
+                )
+            }
+            ProofError::WrongLock { expected, found } => {
+                self.metrics.refused("wrong_lock");
+                ApiError::new(
+                    ErrorCode::FencingTokenWrongLock,
+                    format!(
+                        "the token was issued for lock {found:?}, not {expected:?}: send the fencing_token of this lock's lease"
+                    ),
+                )
+                .with("token_lock", found)
+            }
+        })
     }
 
     fn response(&self, lease: Lease, ttl: Duration) -> LeaseResponse {
@@ -380,6 +643,8 @@ impl Inner {
             lock: lease.lock.to_string(),
             owner: lease.owner,
             token: lease.token,
+            // The core sets the expiry to exactly the grant's or renewal's
+            // `now + ttl`, so this is the TTL in force.
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             expires_at_ms: lease.expires_at.as_millis(),
         }
@@ -388,72 +653,82 @@ impl Inner {
 
 async fn acquire(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
+    AllowedLock(lock): AllowedLock,
     JsonBody(req): JsonBody<AcquireRequest>,
 ) -> Result<axum::Json<LeaseResponse>, ApiError> {
     let s = &state.inner;
-    let lock = lock_name(path)?;
-    if !owner_is_valid(&req.owner) {
-        return Err(ApiError::bad_request(
-            "InvalidOwner",
-            format!("owner must be 1 to {MAX_OWNER_LEN} bytes without control characters"),
-        ));
-    }
+    let key = check_acquire(&req)?;
     let ttl = s.ttl(req.ttl_ms)?;
     let wait = Duration::from_millis(req.wait_ms.unwrap_or(0));
     if wait > s.config.max_wait {
-        return Err(ApiError::bad_request(
-            "InvalidWait",
+        return Err(ApiError::new(
+            ErrorCode::InvalidWait,
             format!("wait_ms must be at most {}", s.config.max_wait.as_millis()),
         ));
     }
-    let lease = s.engine.acquire(lock, req.owner, ttl, wait).await?;
-    Ok(axum::Json(s.response(lease, ttl)))
+    let result = s
+        .engine
+        .acquire(lock, req.owner.clone(), key.map(|k| k.digest()), ttl, wait)
+        .await;
+    match result {
+        Ok(lease) => Ok(axum::Json(s.response(lease, ttl))),
+        Err(EngineError::Held { holder }) if holder.owner == req.owner => {
+            // Names are public, so a name proves nothing; say how the real
+            // holder gets its lease back.
+            let mut err = ApiError::from(EngineError::Held { holder });
+            err.message.push_str(
+                ". An acquire gets a live lease back only with the idempotency_key sent with the acquire that took it; without it, wait for the lease to end",
+            );
+            Err(err)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn renew(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
+    AllowedLock(lock): AllowedLock,
     JsonBody(req): JsonBody<RenewRequest>,
 ) -> Result<axum::Json<LeaseResponse>, ApiError> {
     let s = &state.inner;
-    let lock = lock_name(path)?;
     let ttl = s.ttl(req.ttl_ms)?;
-    let lease = s.engine.renew(lock, req.token, ttl).await?;
+    let held = s.prove(&req.token, &lock)?;
+    let lease = s.engine.renew(held, ttl).await?;
     Ok(axum::Json(s.response(lease, ttl)))
 }
 
 async fn release(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
+    AllowedLock(lock): AllowedLock,
     JsonBody(req): JsonBody<ReleaseRequest>,
-) -> Result<axum::Json<Value>, ApiError> {
-    let lock = lock_name(path)?;
-    state.inner.engine.release(lock.clone(), req.token).await?;
-    Ok(axum::Json(
-        json!({ "lock": lock.as_str(), "released": true }),
-    ))
+) -> Result<axum::Json<ReleaseResponse>, ApiError> {
+    let s = &state.inner;
+    let held = s.prove(&req.token, &lock)?;
+    s.engine.release(held).await?;
+    Ok(axum::Json(ReleaseResponse {
+        lock: lock.to_string(),
+        released: true,
+    }))
 }
 
 async fn status(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<axum::Json<Value>, ApiError> {
-    let lock = lock_name(path)?;
+    AllowedLock(lock): AllowedLock,
+) -> Result<axum::Json<LockStatusResponse>, ApiError> {
     let LockStatus {
         lease,
         last_token,
         waiting,
     } = state.inner.engine.status(lock.clone()).await?;
-    Ok(axum::Json(json!({
-        "lock": lock.as_str(),
-        "held": lease.is_some(),
-        "owner": lease.as_ref().map(|l| l.owner.clone()),
-        "token": lease.as_ref().map(|l| l.token),
-        "expires_at_ms": lease.as_ref().map(|l| l.expires_at.as_millis()),
-        "waiting": waiting,
-        "last_token": last_token,
-    })))
+    Ok(axum::Json(LockStatusResponse {
+        lock: lock.to_string(),
+        held: lease.is_some(),
+        owner: lease.as_ref().map(|l| l.owner.clone()),
+        token: lease.as_ref().map(|l| l.token),
+        expires_at_ms: lease.as_ref().map(|l| l.expires_at.as_millis()),
+        waiting,
+        last_token,
+    }))
 }
 
 async fn health() -> axum::Json<Value> {
@@ -473,55 +748,107 @@ async fn metrics(State(state): State<AppState>) -> Response {
 
 async fn not_found() -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
-        "NotFound",
+        ErrorCode::NotFound,
         "no such endpoint; see /v1/locks/{lock}/acquire|renew|release and GET /v1/locks/{lock}",
     )
 }
 
 async fn method_not_allowed() -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "MethodNotAllowed",
+        ErrorCode::MethodNotAllowed,
         "wrong method: acquire, renew and release take POST; lock status takes GET",
     )
 }
 
-/// Checks `Authorization: Bearer <key>` when API keys are configured.
+/// Checks `Authorization: Bearer <key>` when API keys are configured, and
+/// records who the caller is (and so which locks it may use) for
+/// [`AllowedLock`].
 async fn authenticate(
     State(state): State<AppState>,
     headers: HeaderMap,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    let keys = &state.inner.config.api_keys;
-    if keys.is_empty() {
-        return next.run(req).await;
-    }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let ok = presented.is_some_and(|p| {
-        keys.iter().fold(false, |ok, k| {
-            ok | bool::from(k.as_bytes().ct_eq(p.as_bytes()))
-        })
-    });
-    if ok {
-        next.run(req).await
+    let ring = &state.inner.api_keys;
+    let caller = if ring.is_empty() {
+        Some(Caller::Open)
     } else {
-        state.inner.metrics.refused("unauthorized");
-        let mut resp = ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "missing or invalid API key: send Authorization: Bearer <key>",
-        )
-        .into_response();
-        resp.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .and_then(|presented| ring.identify(presented))
+    };
+    match caller {
+        Some(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None => {
+            state.inner.metrics.refused("unauthorized");
+            ApiError::new(
+                ErrorCode::Unauthorized,
+                "missing or invalid API key: send Authorization: Bearer <key>",
+            )
+            .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_types_round_trip_and_plain_tokens_decode_for_a_precise_refusal() {
+        let keys = TokenKeys::new(vec![b"0123456789abcdef-api".to_vec()]).expect("keys");
+        let signed = keys.sign(&LockName::new("db").expect("lock"), 3);
+        let renew = RenewRequest {
+            token: FencingToken::Signed(signed.clone()),
+            ttl_ms: Some(500),
+        };
+        let text = serde_json::to_string(&renew).expect("serializes");
+        assert_eq!(text, format!(r#"{{"token":"{signed}","ttl_ms":500}}"#));
+        assert_eq!(
+            serde_json::from_str::<RenewRequest>(&text).expect("decodes"),
+            renew
         );
-        resp
+        for plain in [r#"{"token":3}"#, r#"{"token":"3"}"#] {
+            assert_eq!(
+                serde_json::from_str::<ReleaseRequest>(plain)
+                    .expect("decodes")
+                    .token,
+                FencingToken::Plain(3)
+            );
+        }
+        let acquire = AcquireRequest {
+            owner: "a".into(),
+            ttl_ms: None,
+            wait_ms: None,
+            idempotency_key: Some("secret-secret-secret".into()),
+        };
+        assert!(!format!("{acquire:?}").contains("secret-secret"));
+        assert_eq!(
+            serde_json::to_string(&acquire).expect("serializes"),
+            r#"{"owner":"a","idempotency_key":"secret-secret-secret"}"#
+        );
+    }
+
+    #[test]
+    fn every_code_has_the_documented_status() {
+        use ErrorCode::*;
+        for (code, status) in [
+            (SignedTokenRequired, 400),
+            (InvalidIdempotencyKey, 400),
+            (Unauthorized, 401),
+            (LockNotAllowed, 403),
+            (FencingTokenSignatureInvalid, 403),
+            (FencingTokenWrongLock, 403),
+            (LockHeld, 409),
+            (LeaseLost, 409),
+        ] {
+            assert_eq!(code.status().as_u16(), status, "{}", code.as_str());
+        }
     }
 }

@@ -2,8 +2,9 @@
 //! documented, loaded from TOML, secrets overridable from the environment,
 //! validated at start with every problem listed at once.
 
+use crate::auth::LockPattern;
 use fencegate_net::tls::TlsConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,9 +23,15 @@ pub struct LocksvcConfig {
     /// environment variable `FENCEGATE_SIGNING_KEYS` (comma separated) so
     /// keys need not live in a file.
     pub signing_keys: Vec<String>,
-    /// Bearer API keys accepted from clients. Empty: no authentication.
-    /// Override with `FENCEGATE_LOCKSVC_API_KEYS` (comma separated).
-    pub api_keys: Vec<String>,
+    /// Bearer API keys accepted from clients, each with the locks it may
+    /// use. Empty: no authentication. An entry is either a plain string (the
+    /// key may use every lock, as before scopes existed) or a table
+    /// `{ key = "...", locks = ["db-a", "backup-*"] }` (only locks matching
+    /// one of the patterns; `*` matches any run of characters). Override
+    /// with `FENCEGATE_LOCKSVC_API_KEYS` (comma separated, every lock) and
+    /// `FENCEGATE_LOCKSVC_SCOPED_API_KEYS` (`KEY:PATTERN|PATTERN,...`); if
+    /// either is set, the two together replace this list.
+    pub api_keys: Vec<ApiKey>,
     /// TTL used when an acquire does not name one.
     #[serde(with = "humantime_serde")]
     pub default_ttl: Duration,
@@ -96,10 +103,96 @@ impl Default for LocksvcConfig {
     }
 }
 
+/// One entry of `api_keys`: a bearer key and the lock-name patterns it may
+/// use.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    /// The key clients send as `Authorization: Bearer <key>`.
+    pub key: String,
+    /// Lock-name patterns (see [`LockPattern`]); `["*"]` is every lock.
+    pub locks: Vec<String>,
+}
+
+impl ApiKey {
+    /// A key that may use every lock (the plain-string form).
+    pub fn every_lock(key: impl Into<String>) -> ApiKey {
+        ApiKey {
+            key: key.into(),
+            locks: vec!["*".to_owned()],
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key itself.
+        f.debug_struct("ApiKey")
+            .field("locks", &self.locks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `"KEY"` or `{ key = "KEY", locks = [...] }`. Written by hand rather than
+/// `#[serde(untagged)]` so a mistake in the table form (a typo, a missing
+/// `locks`) is reported as such instead of "did not match any variant".
+impl<'de> Deserialize<'de> for ApiKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ApiKey, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Scoped {
+            key: String,
+            locks: Vec<String>,
+        }
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ApiKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "an API key string (it may use every lock), or a table { key = \"...\", locks = [\"pattern\", ...] }",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ApiKey, E> {
+                Ok(ApiKey::every_lock(s))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ApiKey, A::Error> {
+                let Scoped { key, locks } =
+                    Scoped::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(ApiKey { key, locks })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// Environment variable overriding `signing_keys`.
 pub const ENV_SIGNING_KEYS: &str = "FENCEGATE_SIGNING_KEYS";
-/// Environment variable overriding `api_keys`.
+/// Environment variable overriding `api_keys` with keys that may use every
+/// lock.
 pub const ENV_API_KEYS: &str = "FENCEGATE_LOCKSVC_API_KEYS";
+/// Environment variable overriding `api_keys` with keys limited to lock
+/// patterns: `KEY:PATTERN|PATTERN,KEY2:PATTERN`. Patterns cannot contain
+/// `:` (lock names cannot), so the last `:` of an entry ends its key.
+pub const ENV_SCOPED_API_KEYS: &str = "FENCEGATE_LOCKSVC_SCOPED_API_KEYS";
+
+/// Parses one entry of [`ENV_SCOPED_API_KEYS`]. An entry without patterns
+/// becomes a key with no locks, which `problems` reports.
+fn scoped_key_from_env(entry: &str) -> ApiKey {
+    match entry.rsplit_once(':') {
+        Some((key, patterns)) => ApiKey {
+            key: key.to_owned(),
+            locks: patterns
+                .split('|')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        },
+        None => ApiKey {
+            key: entry.to_owned(),
+            locks: Vec::new(),
+        },
+    }
+}
 
 /// Splits a comma-separated list of secrets, dropping empty entries.
 pub fn split_list(s: &str) -> Vec<String> {
@@ -123,8 +216,16 @@ impl LocksvcConfig {
         if let Some(v) = var(ENV_SIGNING_KEYS) {
             self.signing_keys = split_list(&v);
         }
-        if let Some(v) = var(ENV_API_KEYS) {
-            self.api_keys = split_list(&v);
+        let plain = var(ENV_API_KEYS);
+        let scoped = var(ENV_SCOPED_API_KEYS);
+        if plain.is_some() || scoped.is_some() {
+            let plain = plain.as_deref().map(split_list).unwrap_or_default();
+            let scoped = scoped.as_deref().map(split_list).unwrap_or_default();
+            self.api_keys = plain
+                .into_iter()
+                .map(ApiKey::every_lock)
+                .chain(scoped.iter().map(|e| scoped_key_from_env(e)))
+                .collect();
         }
         self.tls.apply_env(&var);
     }
@@ -184,9 +285,7 @@ impl LocksvcConfig {
         if self.credential_ttl < Duration::from_secs(60) {
             p.push("credential_ttl must be at least 1m".into());
         }
-        if self.api_keys.iter().any(|k| k.len() < 8) {
-            p.push("api_keys must each be at least 8 characters".into());
-        }
+        p.extend(self.api_key_problems());
         if self.header_read_timeout < Duration::from_millis(100) {
             p.push("header_read_timeout must be at least 100ms".into());
         }
@@ -197,6 +296,41 @@ impl LocksvcConfig {
             p.push("max_connections must be at least 1".into());
         }
         p.extend(self.tls.problems());
+        p
+    }
+
+    /// The problems of `api_keys`. Entries are named by their index (in the
+    /// file, or in the environment: the every-lock keys first, then the
+    /// scoped ones), never by the key.
+    fn api_key_problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        for (i, k) in self.api_keys.iter().enumerate() {
+            if k.key.chars().count() < 8 {
+                p.push(format!(
+                    "api_keys[{i}] is shorter than 8 characters; api_keys must each be at least 8 characters"
+                ));
+            }
+            if k.key.trim() != k.key {
+                p.push(format!(
+                    "api_keys[{i}] starts or ends with whitespace, which no Authorization header can carry"
+                ));
+            }
+            if let Some(j) = self.api_keys[..i].iter().position(|o| o.key == k.key) {
+                p.push(format!(
+                    "api_keys[{i}] is the same key as api_keys[{j}]; give each key one entry with all its locks"
+                ));
+            }
+            if k.locks.is_empty() {
+                p.push(format!(
+                    "api_keys[{i}] names no locks: list the patterns it may use (locks = [\"db-a\", \"backup-*\"], or [\"*\"] for every lock; in {ENV_SCOPED_API_KEYS}: KEY:db-a|backup-*)"
+                ));
+            }
+            for (j, pattern) in k.locks.iter().enumerate() {
+                if let Err(e) = LockPattern::parse(pattern) {
+                    p.push(format!("api_keys[{i}].locks[{j}] = {pattern:?}: {e}"));
+                }
+            }
+        }
         p
     }
 
@@ -245,6 +379,99 @@ mod tests {
         let err =
             toml::from_str::<LocksvcConfig>("listne = \"127.0.0.1:1\"").expect_err("typo refused");
         assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn api_keys_take_both_forms_and_every_scope_problem_is_listed() {
+        let c: LocksvcConfig = toml::from_str(
+            r#"
+            signing_keys = ["0123456789abcdef"]
+            api_keys = ["admin-key-123", { key = "db-a-key-123", locks = ["db-a", "backup-*"] }]
+            "#,
+        )
+        .expect("parses");
+        assert_eq!(c.api_keys[0], ApiKey::every_lock("admin-key-123"));
+        assert_eq!(c.api_keys[1].locks, ["db-a", "backup-*"]);
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+
+        let c: LocksvcConfig = toml::from_str(
+            r#"
+            signing_keys = ["0123456789abcdef"]
+            [[api_keys]]
+            key = "short"
+            locks = ["db a", "ok-*", "x:y", ""]
+            [[api_keys]]
+            key = "no-locks-12345"
+            locks = []
+            [[api_keys]]
+            key = "no-locks-12345"
+            locks = ["*"]
+            "#,
+        )
+        .expect("parses");
+        let p = c.problems();
+        for needle in [
+            "api_keys[0] is shorter than 8",
+            "api_keys[0].locks[0] = \"db a\"",
+            "api_keys[0].locks[2] = \"x:y\"",
+            "api_keys[0].locks[3] = \"\"",
+            "api_keys[1] names no locks",
+            "api_keys[2] is the same key as api_keys[1]",
+        ] {
+            assert!(
+                p.iter().any(|s| s.contains(needle)),
+                "{needle:?} not in {p:?}"
+            );
+        }
+        assert_eq!(p.len(), 6, "{p:?}");
+        assert!(
+            p.iter().all(|s| !s.contains("no-locks-12345")),
+            "keys are never printed: {p:?}"
+        );
+
+        let err =
+            toml::from_str::<LocksvcConfig>("[[api_keys]]\nkey = \"k-12345678\"\nlock = [\"a\"]")
+                .expect_err("typo refused");
+        assert!(err.to_string().contains("unknown field `lock`"), "{err}");
+        let err = toml::from_str::<LocksvcConfig>("[[api_keys]]\nkey = \"k-12345678\"")
+            .expect_err("locks required");
+        assert!(err.to_string().contains("missing field `locks`"), "{err}");
+    }
+
+    #[test]
+    fn env_api_keys_replace_the_file_list() {
+        let mut c: LocksvcConfig =
+            toml::from_str("signing_keys = [\"0123456789abcdef\"]\napi_keys = [\"file-key-123\"]")
+                .expect("parses");
+        c.apply_env(|k| match k {
+            ENV_API_KEYS => Some("admin-key-123".into()),
+            ENV_SCOPED_API_KEYS => Some("a:b:key-123:db-a|backup-* , other-key-123:x".into()),
+            _ => None,
+        });
+        assert_eq!(
+            c.api_keys,
+            vec![
+                ApiKey::every_lock("admin-key-123"),
+                ApiKey {
+                    key: "a:b:key-123".into(),
+                    locks: vec!["db-a".into(), "backup-*".into()]
+                },
+                ApiKey {
+                    key: "other-key-123".into(),
+                    locks: vec!["x".into()]
+                },
+            ]
+        );
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+        c.apply_env(|k| (k == ENV_SCOPED_API_KEYS).then(|| "no-scope-key-123".into()));
+        assert_eq!(c.api_keys.len(), 1);
+        assert!(
+            c.problems()
+                .iter()
+                .any(|p| p.contains("api_keys[0] names no locks")),
+            "{:?}",
+            c.problems()
+        );
     }
 
     #[test]

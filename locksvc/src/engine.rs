@@ -10,12 +10,19 @@
 //! The engine also keeps, per lock, the line of acquires that asked to wait.
 //! When a lease is released or expires, the first live waiter in line gets
 //! the lock in the same batch, so waiters are served in arrival order and a
-//! newcomer cannot jump the line.
+//! newcomer cannot jump the line. A waiter's grant is answered on that
+//! waiter's own reply channel only: no other request ever sees it.
+//!
+//! The engine acts on token numbers. Renew and release reach it only with a
+//! [`HeldToken`], which `proof` hands out after checking the signed token
+//! for the request's lock: the engine cannot be asked to act on a bare
+//! number (design rule 7).
 
 use crate::clock;
 use crate::metrics::Metrics;
+use crate::proof::HeldToken;
 use crate::store::{Durability, LeaseRow, Store};
-use fencegate_core::{Lease, LockName, LockTable, Timestamp};
+use fencegate_core::{KeyDigest, Lease, LockName, LockTable, Timestamp};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -50,19 +57,19 @@ pub enum Command {
     Acquire {
         lock: LockName,
         owner: String,
+        /// Digest of the client's idempotency key, if it sent one.
+        key: Option<KeyDigest>,
         ttl: Duration,
         wait: Duration,
         reply: Reply<Lease>,
     },
     Renew {
-        lock: LockName,
-        token: u64,
+        held: HeldToken,
         ttl: Duration,
         reply: Reply<Lease>,
     },
     Release {
-        lock: LockName,
-        token: u64,
+        held: HeldToken,
         reply: Reply<()>,
     },
     Status {
@@ -86,6 +93,7 @@ pub struct LockStatus {
 #[derive(Debug)]
 struct Waiter {
     owner: String,
+    key: Option<KeyDigest>,
     ttl: Duration,
     deadline: Timestamp,
     reply: Reply<Lease>,
@@ -222,12 +230,14 @@ impl EngineHandle {
         &self,
         lock: LockName,
         owner: String,
+        key: Option<KeyDigest>,
         ttl: Duration,
         wait: Duration,
     ) -> Result<Lease, EngineError> {
         self.call(|reply| Command::Acquire {
             lock,
             owner,
+            key,
             ttl,
             wait,
             reply,
@@ -235,24 +245,12 @@ impl EngineHandle {
         .await
     }
 
-    pub async fn renew(
-        &self,
-        lock: LockName,
-        token: u64,
-        ttl: Duration,
-    ) -> Result<Lease, EngineError> {
-        self.call(|reply| Command::Renew {
-            lock,
-            token,
-            ttl,
-            reply,
-        })
-        .await
+    pub async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
+        self.call(|reply| Command::Renew { held, ttl, reply }).await
     }
 
-    pub async fn release(&self, lock: LockName, token: u64) -> Result<(), EngineError> {
-        self.call(|reply| Command::Release { lock, token, reply })
-            .await
+    pub async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
+        self.call(|reply| Command::Release { held, reply }).await
     }
 
     pub async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
@@ -349,7 +347,7 @@ impl EngineState {
                 continue;
             }
             if self.table.live(lock, now).is_none() {
-                let result = self.grant(lock, &w.owner, w.ttl, now, batch);
+                let result = self.grant(lock, &w.owner, w.key, w.ttl, now, batch);
                 batch.replies.push(Pending::Lease(w.reply, result));
             } else if now >= w.deadline {
                 let holder = self.table.live(lock, now);
@@ -377,11 +375,12 @@ impl EngineState {
         &mut self,
         lock: &LockName,
         owner: &str,
+        key: Option<KeyDigest>,
         ttl: Duration,
         now: Timestamp,
         batch: &mut Batch,
     ) -> Result<Lease, EngineError> {
-        match self.table.acquire(lock, owner, ttl, now) {
+        match self.table.acquire(lock, owner, key, ttl, now) {
             Ok(grant) => {
                 if grant.new_token {
                     self.metrics.grants.inc();
@@ -404,19 +403,22 @@ impl EngineState {
             Command::Acquire {
                 lock,
                 owner,
+                key,
                 ttl,
                 wait,
                 reply,
             } => {
                 // Someone already in line goes first: a newcomer must queue
                 // behind them (or be refused) even if the lock looks free.
+                // Only the live holder itself, proven by its idempotency key,
+                // is not a newcomer.
                 let line_len = self.waiters.get(&lock).map_or(0, VecDeque::len);
                 let own_live = self
                     .table
                     .live(&lock, now)
-                    .is_some_and(|l| l.owner == owner);
+                    .is_some_and(|l| l.granted_to(&owner, key.as_ref()));
                 if line_len == 0 || own_live {
-                    match self.grant(&lock, &owner, ttl, now, batch) {
+                    match self.grant(&lock, &owner, key, ttl, now, batch) {
                         Ok(lease) => {
                             batch.replies.push(Pending::Lease(reply, Ok(lease)));
                             return;
@@ -446,19 +448,16 @@ impl EngineState {
                 }
                 self.waiters.entry(lock).or_default().push_back(Waiter {
                     owner,
+                    key,
                     ttl,
                     deadline: now.saturating_add(wait),
                     reply,
                 });
                 self.metrics.waiting.inc();
             }
-            Command::Renew {
-                lock,
-                token,
-                ttl,
-                reply,
-            } => {
-                let result = match self.table.renew(&lock, token, ttl, now) {
+            Command::Renew { held, ttl, reply } => {
+                let (lock, token) = (held.lock(), held.token());
+                let result = match self.table.renew(lock, token, ttl, now) {
                     Ok(lease) => {
                         self.metrics.renewals.inc();
                         batch.needs(Durability::Written);
@@ -472,13 +471,14 @@ impl EngineState {
                 };
                 batch.replies.push(Pending::Lease(reply, result));
             }
-            Command::Release { lock, token, reply } => {
-                let result = match self.table.release(&lock, token, now) {
+            Command::Release { held, reply } => {
+                let (lock, token) = (held.lock(), held.token());
+                let result = match self.table.release(lock, token, now) {
                     Ok(()) => {
                         self.metrics.releases.inc();
                         batch.needs(Durability::Written);
                         batch.rows.push(LeaseRow::Delete(lock.clone()));
-                        self.serve_waiters(&lock, now, batch);
+                        self.serve_waiters(lock, now, batch);
                         Ok(())
                     }
                     Err(e) => {

@@ -10,20 +10,33 @@
 //!   durable;
 //! - [`engine`]: the single thread that owns the lock table, applies
 //!   requests in arrival order, group-commits them, and serves waiters;
-//! - [`api`]: the HTTP routes, request decoding and JSON errors;
+//! - [`api`]: the HTTP routes, the wire types, request decoding and JSON
+//!   errors;
+//! - [`auth`]: API keys and the lock patterns each may use;
+//! - [`proof`]: what proves holding a lease (the signed token, the
+//!   idempotency key), and the [`proof::HeldToken`] the engine requires;
 //! - [`metrics`]: Prometheus counters and histograms.
 //!
 //! Connections (cap, header and idle timeouts, TLS) are `fencegate_net`'s.
 //!
-//! **Architecture invariant:** a grant is answered only after the token it
-//! carries is fsync'd (SQLite WAL, `synchronous=FULL`), so a token that was
-//! ever returned is never issued again, whatever crashes.
+//! **Architecture invariants:**
+//! - a grant is answered only after the token it carries is fsync'd (SQLite
+//!   WAL, `synchronous=FULL`), so a token that was ever returned is never
+//!   issued again, whatever crashes;
+//! - renew and release reach the engine only with a [`proof::HeldToken`]
+//!   (a verified signed token of the request's lock), never with a bare
+//!   number; a lease (signed token, S3 credentials) is answered only to the
+//!   request that holds it (design rule 7);
+//! - every `/v1/locks/{lock}` handler gets its lock through
+//!   [`api::AllowedLock`], which checks the caller's API-key scope.
 
 pub mod api;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+pub mod proof;
 pub mod store;
 
 pub use config::LocksvcConfig;

@@ -1,13 +1,15 @@
 //! Durable state of the lease service in SQLite.
 //!
 //! Two tables: `counter` (one row: the last token issued) and `leases` (the
-//! current lease per lock). The database runs in WAL mode. A commit that
+//! current lease per lock, with the SHA-256 digest of the idempotency key
+//! its acquire sent, so a client whose answer was lost to a crash can still
+//! prove it is the holder after the restart). The database runs in WAL mode. A commit that
 //! issues a new token runs with `synchronous=FULL`, so the WAL is fsync'd
 //! before the grant is answered; a commit that only renews or releases runs
 //! with `synchronous=NORMAL` (written to the OS, not fsync'd; see
 //! ARCHITECTURE.md for why safety does not depend on it).
 
-use fencegate_core::{Lease, LockName, Timestamp};
+use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
 
@@ -53,9 +55,18 @@ impl Store {
                  lock TEXT PRIMARY KEY,
                  owner TEXT NOT NULL,
                  token INTEGER NOT NULL,
-                 expires_at_ms INTEGER NOT NULL
+                 expires_at_ms INTEGER NOT NULL,
+                 idempotency_sha256 BLOB
              );",
         )?;
+        // Databases written before idempotency keys existed lack the column;
+        // their leases have no key (nobody can re-acquire them while live).
+        let has_key_column: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('leases') WHERE name = 'idempotency_sha256'")?
+            .exists([])?;
+        if !has_key_column {
+            conn.execute_batch("ALTER TABLE leases ADD COLUMN idempotency_sha256 BLOB")?;
+        }
         Ok(Store { conn })
     }
 
@@ -70,25 +81,33 @@ impl Store {
             .unwrap_or(0);
         let mut stmt = self
             .conn
-            .prepare("SELECT lock, owner, token, expires_at_ms FROM leases")?;
+            .prepare("SELECT lock, owner, token, expires_at_ms, idempotency_sha256 FROM leases")?;
         let rows = stmt.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, i64>(2)?,
                 r.get::<_, i64>(3)?,
+                r.get::<_, Option<Vec<u8>>>(4)?,
             ))
         })?;
         let mut leases = Vec::new();
         for row in rows {
-            let (lock, owner, token, expires) = row?;
+            let (lock, owner, token, expires, key) = row?;
             let lock = LockName::new(&lock)
                 .map_err(|e| anyhow::anyhow!("lease database holds a bad lock name: {e}"))?;
+            let idempotency = match key {
+                None => None,
+                Some(bytes) => Some(KeyDigest::from_bytes(bytes.try_into().map_err(|_| {
+                    anyhow::anyhow!("lease database holds a bad idempotency digest for lock {lock}")
+                })?)),
+            };
             leases.push(Lease {
                 lock,
                 owner,
                 token: from_sql(token),
                 expires_at: Timestamp(from_sql(expires)),
+                idempotency,
             });
         }
         Ok((from_sql(counter), leases))
@@ -117,13 +136,16 @@ impl Store {
             match row {
                 LeaseRow::Put(l) => {
                     tx.execute(
-                        "INSERT INTO leases (lock, owner, token, expires_at_ms) VALUES (?1, ?2, ?3, ?4)
-                         ON CONFLICT(lock) DO UPDATE SET owner = ?2, token = ?3, expires_at_ms = ?4",
+                        "INSERT INTO leases (lock, owner, token, expires_at_ms, idempotency_sha256)
+                         VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT(lock) DO UPDATE
+                         SET owner = ?2, token = ?3, expires_at_ms = ?4, idempotency_sha256 = ?5",
                         params![
                             l.lock.as_str(),
                             l.owner,
                             to_sql(l.token),
-                            to_sql(l.expires_at.as_millis())
+                            to_sql(l.expires_at.as_millis()),
+                            l.idempotency.as_ref().map(|d| d.as_bytes().as_slice())
                         ],
                     )?;
                 }
@@ -159,6 +181,7 @@ mod tests {
             owner: "A".into(),
             token: 4,
             expires_at: Timestamp(1234),
+            idempotency: Some(KeyDigest::of(b"client-secret-0123456789")),
         };
         {
             let mut s = Store::open(&path).expect("open");
@@ -170,5 +193,27 @@ mod tests {
         let (counter, leases) = s.load().expect("load");
         assert_eq!(counter, 4);
         assert_eq!(leases, vec![lease]);
+    }
+
+    #[test]
+    fn a_database_without_the_key_column_is_upgraded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.db");
+        {
+            let conn = Connection::open(&path).expect("open");
+            conn.execute_batch(
+                "CREATE TABLE counter (id INTEGER PRIMARY KEY CHECK (id = 1), last_token INTEGER NOT NULL);
+                 INSERT INTO counter VALUES (1, 9);
+                 CREATE TABLE leases (lock TEXT PRIMARY KEY, owner TEXT NOT NULL,
+                                      token INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL);
+                 INSERT INTO leases VALUES ('x', 'A', 9, 5000);",
+            )
+            .expect("old schema");
+        }
+        let s = Store::open(&path).expect("upgrades");
+        let (counter, leases) = s.load().expect("load");
+        assert_eq!(counter, 9);
+        assert_eq!(leases.len(), 1);
+        assert_eq!((leases[0].token, leases[0].idempotency), (9, None));
     }
 }

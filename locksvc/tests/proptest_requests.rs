@@ -6,6 +6,7 @@
 //! A few seconds in the normal `cargo test`; for a longer local run:
 //! `PROPTEST_CASES=20000 cargo test -p fencegate-locksvc --test proptest_requests`.
 
+use fencegate_core::FencingToken;
 use fencegate_locksvc::LocksvcConfig;
 use fencegate_locksvc::api::{DecodedRequest, MAX_OWNER_LEN, RequestKind, decode_request};
 use proptest::prelude::*;
@@ -37,7 +38,9 @@ fn kind() -> impl Strategy<Value = RequestKind> {
 /// Every error names an API error code the handlers answer with 400.
 fn check_error(e: &str) -> Result<(), TestCaseError> {
     prop_assert!(
-        e.starts_with("InvalidRequest: ") || e.starts_with("InvalidOwner: "),
+        e.starts_with("InvalidRequest: ")
+            || e.starts_with("InvalidOwner: ")
+            || e.starts_with("InvalidIdempotencyKey: "),
         "unexpected error {:?}",
         e
     );
@@ -73,6 +76,18 @@ fn valid_owner() -> impl Strategy<Value = String> {
         Just("x".repeat(MAX_OWNER_LEN)),
     ]
     .prop_filter("fits the owner limit", |o| o.len() <= MAX_OWNER_LEN)
+}
+
+/// An idempotency key the handlers accept: 16 to 256 bytes, no control
+/// characters.
+fn valid_key() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        Just(None),
+        "[a-zA-Z0-9-]{16,64}".prop_map(Some),
+        "[^\\p{Cc}]{16,40}"
+            .prop_filter("fits the key limit", |k| (16..=256).contains(&k.len()))
+            .prop_map(Some),
+    ]
 }
 
 fn opt_u64() -> impl Strategy<Value = Option<u64>> {
@@ -145,6 +160,7 @@ proptest! {
             (
                 prop_oneof![
                     Just("owner"), Just("ttl_ms"), Just("wait_ms"), Just("token"), Just("Owner"),
+                    Just("idempotency_key"),
                     Just("token "), Just("x"),
                 ],
                 prop_oneof![
@@ -170,32 +186,54 @@ proptest! {
     }
 
     #[test]
-    fn valid_acquires_decode(owner in valid_owner(), ttl_ms in opt_u64(), wait_ms in opt_u64(), nulls in any::<bool>()) {
+    fn valid_acquires_decode(
+        owner in valid_owner(), ttl_ms in opt_u64(), wait_ms in opt_u64(), idempotency_key in valid_key(),
+        nulls in any::<bool>(),
+    ) {
         let m = object(
             &[
                 ("owner", Some(json!(owner))),
                 ("ttl_ms", ttl_ms.map(|v| json!(v))),
                 ("wait_ms", wait_ms.map(|v| json!(v))),
+                ("idempotency_key", idempotency_key.as_ref().map(|v| json!(v))),
             ],
             nulls,
         );
         prop_assert_eq!(
             decode_request(RequestKind::Acquire, &body(m)),
-            Ok(DecodedRequest::Acquire { owner, ttl_ms, wait_ms })
+            Ok(DecodedRequest::Acquire { owner, ttl_ms, wait_ms, idempotency_key })
         );
     }
 
     #[test]
-    fn valid_renews_and_releases_decode(token in any::<u64>(), ttl_ms in opt_u64(), nulls in any::<bool>()) {
+    fn invalid_idempotency_keys_are_rejected(
+        owner in valid_owner(),
+        key in prop_oneof![
+            "[a-z]{0,15}",
+            "[a-z]{257,300}",
+            "[a-z]{8,20}[\\x00-\\x1f\\x7f][a-z]{8,20}",
+        ],
+    ) {
+        let m = object(&[("owner", Some(json!(owner))), ("idempotency_key", Some(json!(key)))], false);
+        let err = decode_request(RequestKind::Acquire, &body(m)).expect_err("key is invalid");
+        prop_assert!(err.starts_with("InvalidIdempotencyKey: "), "{}", err);
+        prop_assert!(key.len() < 16 || !err.contains(&key), "the key is never echoed: {}", err);
+    }
+
+    /// Renew and release decode a plain number too (JSON or string), so the
+    /// handler can refuse it with `SignedTokenRequired`; what they decode to
+    /// is `FencingToken::Plain`, which proves nothing.
+    #[test]
+    fn renews_and_releases_decode_plain_numbers_as_plain(token in any::<u64>(), ttl_ms in opt_u64(), nulls in any::<bool>()) {
         let m = object(&[("token", Some(json!(token))), ("ttl_ms", ttl_ms.map(|v| json!(v)))], nulls);
         prop_assert_eq!(
             decode_request(RequestKind::Renew, &body(m)),
-            Ok(DecodedRequest::Renew { token, ttl_ms })
+            Ok(DecodedRequest::Renew { token: FencingToken::Plain(token), ttl_ms })
         );
         let m = object(&[("token", Some(json!(token)))], nulls);
         prop_assert_eq!(
             decode_request(RequestKind::Release, &body(m)),
-            Ok(DecodedRequest::Release { token })
+            Ok(DecodedRequest::Release { token: FencingToken::Plain(token) })
         );
     }
 
@@ -207,10 +245,14 @@ proptest! {
             (
                 RequestKind::Acquire,
                 json!([owner, ttl_ms, wait_ms]),
-                DecodedRequest::Acquire { owner: owner.clone(), ttl_ms, wait_ms },
+                DecodedRequest::Acquire { owner: owner.clone(), ttl_ms, wait_ms, idempotency_key: None },
             ),
-            (RequestKind::Renew, json!([token, ttl_ms]), DecodedRequest::Renew { token, ttl_ms }),
-            (RequestKind::Release, json!([token]), DecodedRequest::Release { token }),
+            (
+                RequestKind::Renew,
+                json!([token, ttl_ms]),
+                DecodedRequest::Renew { token: FencingToken::Plain(token), ttl_ms },
+            ),
+            (RequestKind::Release, json!([token]), DecodedRequest::Release { token: FencingToken::Plain(token) }),
         ];
         for (k, array, _object_form) in cases {
             let got = decode_request(k, &serde_json::to_vec(&array).expect("serializes"));
@@ -227,7 +269,7 @@ proptest! {
         token in any::<u64>(),
     ) {
         let known: &[&str] = match k {
-            RequestKind::Acquire => &["owner", "ttl_ms", "wait_ms"],
+            RequestKind::Acquire => &["owner", "ttl_ms", "wait_ms", "idempotency_key"],
             RequestKind::Renew => &["token", "ttl_ms"],
             RequestKind::Release => &["token"],
         };
@@ -321,20 +363,27 @@ fn duplicate_and_missing_fields_are_rejected() {
 }
 
 #[test]
-fn a_token_can_be_sent_back_as_the_string_the_service_returned() {
+fn a_token_decodes_as_signed_only_from_the_fencing_token_string() {
     let keys =
         fencegate_core::TokenKeys::new(vec![b"0123456789abcdef-api".to_vec()]).expect("keys");
-    let signed = keys
-        .sign(&fencegate_core::LockName::new("nightly").expect("lock"), 42)
-        .to_string();
-    for text in [
-        format!(r#"{{"token":"{signed}"}}"#),
-        r#"{"token":"42"}"#.to_owned(),
-        r#"{"token":42}"#.to_owned(),
-    ] {
+    let signed = keys.sign(&fencegate_core::LockName::new("nightly").expect("lock"), 42);
+    assert_eq!(
+        decode_request(
+            RequestKind::Release,
+            format!(r#"{{"token":"{signed}"}}"#).as_bytes()
+        ),
+        Ok(DecodedRequest::Release {
+            token: FencingToken::Signed(signed)
+        })
+    );
+    // The number, either way it is written, decodes as plain (and the
+    // handler refuses it with SignedTokenRequired).
+    for text in [r#"{"token":"42"}"#, r#"{"token":42}"#] {
         assert_eq!(
             decode_request(RequestKind::Release, text.as_bytes()),
-            Ok(DecodedRequest::Release { token: 42 }),
+            Ok(DecodedRequest::Release {
+                token: FencingToken::Plain(42)
+            }),
             "{text}"
         );
     }

@@ -2,8 +2,10 @@
 //!
 //! Client credentials are checked by s3s (SigV4, every chunked variant)
 //! against [`ClientAuth`]; [`Access`] then refuses anonymous requests unless
-//! the config allows them, and every operation [`crate::ops::classify`] does
-//! not name, before any handler runs.
+//! the config allows them, every operation [`crate::ops::classify`] does
+//! not name, query parameters the proxy does not know
+//! ([`crate::query`]) and keys that could escape their bucket
+//! ([`crate::object_key`]), before any handler runs.
 
 use crate::config::ClientKey;
 use crate::errors;
@@ -83,7 +85,17 @@ impl S3Access for Access {
         if classify(op).is_none() {
             return Err(errors::not_forwarded(op));
         }
+        crate::query::require_known(op, cx.uri())?;
+        if let s3s::path::S3Path::Object { key, .. } = cx.s3_path() {
+            crate::object_key::require(key)?;
+        }
         if cx.credentials().is_none() {
+            if op == "CreateBucket" {
+                return Err(s3_error!(
+                    AccessDenied,
+                    "CreateBucket needs credentials: sign the request with a client key"
+                ));
+            }
             if !self.allow_anonymous {
                 return Err(s3_error!(
                     AccessDenied,

@@ -23,10 +23,52 @@ use std::time::Duration;
 pub const TOKEN_METADATA_KEY: &str = "fencing-token";
 
 /// The backend: an SDK client, and the s3s-aws adapter forwarding client
-/// requests through it.
+/// requests through it. Only the gate holds one; ops see [`Reads`].
 pub struct Backend {
     pub client: aws_sdk_s3::Client,
     pub forward: s3s_aws::Proxy,
+    pub reads: Reads,
+}
+
+/// The backend's read operations: what the ops forward untouched. It has
+/// no write method, so an op cannot send a write past the gate.
+pub struct Reads(s3s_aws::Proxy);
+
+impl std::fmt::Debug for Reads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reads").finish_non_exhaustive()
+    }
+}
+
+macro_rules! reads {
+    ($($name:ident: $input:ty => $output:ty;)*) => {
+        impl Reads {
+            $(
+                pub async fn $name(
+                    &self,
+                    req: s3s::S3Request<$input>,
+                ) -> s3s::S3Result<s3s::S3Response<$output>> {
+                    s3s::S3::$name(&self.0, req).await
+                }
+            )*
+        }
+    };
+}
+
+reads! {
+    get_object: s3s::dto::GetObjectInput => s3s::dto::GetObjectOutput;
+    head_object: s3s::dto::HeadObjectInput => s3s::dto::HeadObjectOutput;
+    list_objects: s3s::dto::ListObjectsInput => s3s::dto::ListObjectsOutput;
+    list_objects_v2: s3s::dto::ListObjectsV2Input => s3s::dto::ListObjectsV2Output;
+    list_object_versions: s3s::dto::ListObjectVersionsInput => s3s::dto::ListObjectVersionsOutput;
+    list_buckets: s3s::dto::ListBucketsInput => s3s::dto::ListBucketsOutput;
+    head_bucket: s3s::dto::HeadBucketInput => s3s::dto::HeadBucketOutput;
+    get_bucket_location: s3s::dto::GetBucketLocationInput => s3s::dto::GetBucketLocationOutput;
+    list_multipart_uploads: s3s::dto::ListMultipartUploadsInput => s3s::dto::ListMultipartUploadsOutput;
+    list_parts: s3s::dto::ListPartsInput => s3s::dto::ListPartsOutput;
+    get_object_tagging: s3s::dto::GetObjectTaggingInput => s3s::dto::GetObjectTaggingOutput;
+    get_object_attributes: s3s::dto::GetObjectAttributesInput => s3s::dto::GetObjectAttributesOutput;
+    get_bucket_versioning: s3s::dto::GetBucketVersioningInput => s3s::dto::GetBucketVersioningOutput;
 }
 
 impl std::fmt::Debug for Backend {
@@ -67,6 +109,7 @@ impl Backend {
         let client = aws_sdk_s3::Client::from_conf(sdk_config);
         Backend {
             forward: s3s_aws::Proxy::from(client.clone()),
+            reads: Reads(s3s_aws::Proxy::from(client.clone())),
             client,
         }
     }

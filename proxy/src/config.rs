@@ -29,16 +29,18 @@ pub struct ProxyConfig {
     /// list as the lease service's `signing_keys`). Override with
     /// `FENCEGATE_SIGNING_KEYS` (comma separated).
     pub signing_keys: Vec<String>,
-    /// Trust plain decimal tokens like signed ones. Default false: anyone
-    /// could raise a scope's max with a number no lease service issued and
-    /// lock every real holder out, so plain tokens are refused, or checked
-    /// with the lease service when `locksvc_url` is set. Without
-    /// `signing_keys` it must be set to true explicitly.
+    /// Accept plain decimal tokens (`Fencing-Token: 7`) from clients you
+    /// trust. Default false: a token's number is public (every refusal
+    /// sends `Fencing-Max-Token`), so a plain number proves nothing; it
+    /// protects against honest stale writers only, never against a client
+    /// that echoes `Fencing-Max-Token` or makes a number up (which locks
+    /// every real holder out). Without `signing_keys` it must be set to
+    /// true explicitly.
     pub accept_unsigned_tokens: Option<bool>,
-    /// The lease service that issues the tokens. When set, a token the
-    /// proxy cannot verify itself (a plain decimal, or any token when there
-    /// are no `signing_keys`) is accepted if the lease service confirms it
-    /// is the current token of the scope's lock (asked once per new token).
+    /// With `accept_unsigned_tokens = true`: the lease service, asked
+    /// whether a plain token is the lock's current token (once per new
+    /// number at or above the max), so made-up numbers are refused. Still
+    /// no protection against a client that echoes the current number.
     pub locksvc_url: Option<String>,
     /// API key for `locksvc_url`, if the lease service requires one.
     /// Override with `FENCEGATE_API_KEY`.
@@ -74,8 +76,14 @@ pub struct ProxyConfig {
     /// Most keys whose ETag and token the proxy remembers (a bounded cache;
     /// a miss costs one HEAD).
     pub etag_cache_entries: usize,
-    /// Largest XML request body (CompleteMultipartUpload, DeleteObjects).
+    /// Largest XML request body (CompleteMultipartUpload, DeleteObjects,
+    /// CreateBucket). These bodies are read whole before they are parsed.
     pub max_xml_body_bytes: usize,
+    /// Most bytes of XML request bodies held at once, over all requests:
+    /// a request that would go over waits for none of it and gets a
+    /// retryable 503 SlowDown, so concurrent large bodies cannot exhaust
+    /// memory. At least `max_xml_body_bytes`.
+    pub max_buffered_body_bytes: usize,
     /// A client that sends nothing for this long in the middle of a
     /// request body gets 400 RequestTimeout and its write is dropped, so a
     /// vanished client cannot hold its key. Seconds, at least 1.
@@ -185,6 +193,7 @@ impl Default for ProxyConfig {
             accept_weak_backend: false,
             etag_cache_entries: 100_000,
             max_xml_body_bytes: 8 * 1024 * 1024,
+            max_buffered_body_bytes: 16 * 1024 * 1024,
             client_idle_timeout_secs: 60,
             virtual_host_domains: vec!["localhost".into()],
             header_read_timeout_secs: 10,
@@ -335,17 +344,14 @@ impl ProxyConfig {
                 ));
             }
         }
-        if self.signing_keys.is_empty()
-            && self.accept_unsigned_tokens != Some(true)
-            && self.locksvc_url.is_none()
-        {
+        if self.signing_keys.is_empty() && self.accept_unsigned_tokens != Some(true) {
             p.push(format!(
-                "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so forged tokens are refused, or locksvc_url so tokens are checked with the lease service, or accept_unsigned_tokens = true to trust plain numbers"
+                "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so only tokens it signed are accepted, or accept_unsigned_tokens = true to accept plain numbers from clients you trust"
             ));
         }
-        if self.locksvc_url.is_some() && self.accept_unsigned_tokens == Some(true) {
+        if self.locksvc_url.is_some() && self.accept_unsigned_tokens != Some(true) {
             p.push(
-                "locksvc_url is set, but accept_unsigned_tokens = true trusts plain tokens without asking it: remove one of them".into(),
+                "locksvc_url only checks plain tokens, which are refused unless accept_unsigned_tokens = true: remove locksvc_url (signed tokens need no check), or accept plain tokens from trusted clients".into(),
             );
         }
         if let Some(url) = &self.locksvc_url
@@ -435,6 +441,9 @@ impl ProxyConfig {
         if self.max_xml_body_bytes < 64 * 1024 {
             p.push("max_xml_body_bytes must be at least 65536".into());
         }
+        if self.max_buffered_body_bytes < self.max_xml_body_bytes {
+            p.push("max_buffered_body_bytes must be at least max_xml_body_bytes".into());
+        }
         p
     }
 
@@ -522,14 +531,16 @@ mod tests {
             problems("accept_unsigned_tokens = true"),
             Vec::<String>::new()
         );
+        let alone = problems(r#"locksvc_url = "http://127.0.0.1:7070""#);
+        assert!(
+            alone.iter().any(|p| p.contains("only checks plain tokens")),
+            "{alone:?}"
+        );
         assert_eq!(
-            problems(r#"locksvc_url = "http://127.0.0.1:7070""#),
+            problems("locksvc_url = \"http://127.0.0.1:7070\"\naccept_unsigned_tokens = true"),
             Vec::<String>::new()
         );
-        let both =
-            problems("locksvc_url = \"http://127.0.0.1:7070\"\naccept_unsigned_tokens = true");
-        assert!(both.iter().any(|p| p.contains("remove one")), "{both:?}");
-        let bad_url = problems(r#"locksvc_url = "127.0.0.1:7070""#);
+        let bad_url = problems("locksvc_url = \"127.0.0.1:7070\"\naccept_unsigned_tokens = true");
         assert!(
             bad_url.iter().any(|p| p.contains("locksvc_url")),
             "{bad_url:?}"

@@ -18,6 +18,9 @@ pub struct UploadBinding {
     pub key: String,
     pub scope: String,
     pub token: u64,
+    /// Who created the upload (see `ops::multipart::Identity`); only they
+    /// may continue, complete or abort it.
+    pub owner: String,
 }
 
 /// Handle to the database; cheap to clone. Calls block: run them from
@@ -57,6 +60,14 @@ impl Db {
                  token INTEGER NOT NULL
              );",
         )?;
+        // Uploads bound before identities were recorded have owner '':
+        // only a request presenting the bound token may continue them.
+        let has_owner = conn
+            .prepare("SELECT 1 FROM pragma_table_info('uploads') WHERE name = 'owner'")?
+            .exists([])?;
+        if !has_owner {
+            conn.execute_batch("ALTER TABLE uploads ADD COLUMN owner TEXT NOT NULL DEFAULT ''")?;
+        }
         Ok(Db {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -93,8 +104,8 @@ impl Db {
     pub fn bind_upload(&self, b: &UploadBinding) -> rusqlite::Result<()> {
         self.with(|c| {
             c.execute(
-                "INSERT OR REPLACE INTO uploads (upload_id, bucket, key, scope, token) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![b.upload_id, b.bucket, b.key, b.scope, to_sql(b.token)],
+                "INSERT OR REPLACE INTO uploads (upload_id, bucket, key, scope, token, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![b.upload_id, b.bucket, b.key, b.scope, to_sql(b.token), b.owner],
             )
             .map(|_| ())
         })
@@ -103,7 +114,7 @@ impl Db {
     pub fn upload(&self, upload_id: &str) -> rusqlite::Result<Option<UploadBinding>> {
         self.with(|c| {
             c.query_row(
-                "SELECT upload_id, bucket, key, scope, token FROM uploads WHERE upload_id = ?1",
+                "SELECT upload_id, bucket, key, scope, token, owner FROM uploads WHERE upload_id = ?1",
                 params![upload_id],
                 |r| {
                     Ok(UploadBinding {
@@ -112,6 +123,7 @@ impl Db {
                         key: r.get(2)?,
                         scope: r.get(3)?,
                         token: from_sql(r.get(4)?),
+                        owner: r.get(5)?,
                     })
                 },
             )
@@ -148,6 +160,7 @@ mod tests {
                 key: "k".into(),
                 scope: "b".into(),
                 token: 5,
+                owner: "key:k".into(),
             })
             .expect("bind");
         }

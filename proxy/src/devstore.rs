@@ -13,6 +13,12 @@
 //!   s3s-fs commits anything. (Checksums sent as aws-chunked trailers are
 //!   still checked by s3s-fs alone, after the commit; the proxy sends none.)
 //!
+//! - s3s-fs resolves `.` and `..` in keys (`x/../../other/k` writes
+//!   another bucket, or its own metadata files) and lets an absolute key
+//!   escape its bucket. This wrapper refuses every key that
+//!   [`crate::object_key`] refuses, as the proxy does: defence in depth,
+//!   for a client that reaches the store directly or a proxy bug.
+//!
 //! Everything else is s3s-fs unchanged.
 
 use base64::Engine as _;
@@ -85,26 +91,59 @@ impl DevStore {
 impl S3 for DevStore {
     forward_s3! { fs => std::convert::identity;
         create_bucket: CreateBucketInput => CreateBucketOutput;
-        copy_object: CopyObjectInput => CopyObjectOutput;
         delete_bucket: DeleteBucketInput => DeleteBucketOutput;
-        delete_object: DeleteObjectInput => DeleteObjectOutput;
-        delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
         get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
         head_bucket: HeadBucketInput => HeadBucketOutput;
         list_buckets: ListBucketsInput => ListBucketsOutput;
         list_objects: ListObjectsInput => ListObjectsOutput;
         list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
+    }
+
+    forward_s3! { fs => std::convert::identity; check_key;
+        delete_object: DeleteObjectInput => DeleteObjectOutput;
         create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
-        upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
         list_parts: ListPartsInput => ListPartsOutput;
         complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
         abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        crate::object_key::require(&req.input.key)?;
+        if let CopySource::Bucket { key, .. } = &req.input.copy_source {
+            crate::object_key::require(key)?;
+        }
+        self.fs.copy_object(req).await
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        crate::object_key::require(&req.input.key)?;
+        if let CopySource::Bucket { key, .. } = &req.input.copy_source {
+            crate::object_key::require(key)?;
+        }
+        self.fs.upload_part_copy(req).await
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        for o in &req.input.delete.objects {
+            crate::object_key::require(&o.key)?;
+        }
+        self.fs.delete_objects(req).await
     }
 
     async fn put_object(
         &self,
         mut req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
+        crate::object_key::require(&req.input.key)?;
         let verdict = verify_body!(&mut req.input);
         verdict.overrule(self.fs.put_object(req).await)
     }
@@ -113,6 +152,7 @@ impl S3 for DevStore {
         &self,
         mut req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
+        crate::object_key::require(&req.input.key)?;
         let verdict = verify_body!(&mut req.input);
         verdict.overrule(self.fs.upload_part(req).await)
     }
@@ -121,6 +161,7 @@ impl S3 for DevStore {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
+        crate::object_key::require(&req.input.key)?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         self.fs
             .head_object(req)
@@ -132,6 +173,7 @@ impl S3 for DevStore {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
+        crate::object_key::require(&req.input.key)?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         self.fs
             .get_object(req)

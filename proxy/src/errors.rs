@@ -102,6 +102,20 @@ pub fn upload_token_mismatch(upload_id: &str, bound: u64, sent: u64) -> S3Error 
     )
 }
 
+/// 403: a request for an upload another client created.
+pub fn upload_not_yours(upload_id: &str, by_token: bool) -> S3Error {
+    let how = if by_token {
+        "it was created without credentials, so every request for it must carry the Fencing-Token it was created with"
+    } else {
+        "only the credentials that created it may send parts, complete or abort it"
+    };
+    custom(
+        "AccessDenied",
+        StatusCode::FORBIDDEN,
+        format!("upload {upload_id} belongs to another client: {how}"),
+    )
+}
+
 /// 409: an upload created in one fence scope, continued after a
 /// reconfiguration put its key in another.
 pub fn upload_scope_changed(upload_id: &str, was: &str, now: &str) -> S3Error {

@@ -36,6 +36,9 @@ struct ScopeFence {
     cancel: Mutex<CancellationToken>,
     /// Serializes raises so two higher tokens do not interleave.
     raising: AsyncMutex<()>,
+    /// The highest token that has started a raise (cut the epoch), even
+    /// if it is not admitted yet: what a cut write is told it lost to.
+    pending: AtomicU64,
 }
 
 impl ScopeFence {
@@ -45,6 +48,7 @@ impl ScopeFence {
             epoch: Arc::new(RwLock::new(())),
             cancel: Mutex::new(CancellationToken::new()),
             raising: AsyncMutex::new(()),
+            pending: AtomicU64::new(max),
         }
     }
 
@@ -105,9 +109,30 @@ impl Fences {
             .clone()
     }
 
-    /// The current max of `scope` (0 if it never admitted a write).
+    /// The current max of `scope` (0 if it never admitted a write). Asking
+    /// allocates nothing: refused requests naming made-up scopes leave no
+    /// trace.
     pub fn max(&self, scope: &str) -> u64 {
-        self.scope(scope).max.load(Ordering::Acquire)
+        let map = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(scope).map_or(0, |f| f.max.load(Ordering::Acquire))
+    }
+
+    /// Whether `scope` has a fence (it admitted a write, now or before a
+    /// restart).
+    pub fn known(&self, scope: &str) -> bool {
+        let map = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
+        map.contains_key(scope)
+    }
+
+    /// The token a write cut in `scope` lost to: the highest token that
+    /// started a raise there (at least the max).
+    pub fn cut_by(&self, scope: &str) -> u64 {
+        let map = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(scope).map_or(0, |f| {
+            f.pending
+                .load(Ordering::Acquire)
+                .max(f.max.load(Ordering::Acquire))
+        })
     }
 
     /// Every scope and its max, sorted by scope.
@@ -154,18 +179,24 @@ impl Fences {
                     }
                     // Cut every write of the old epoch, wait for them to let
                     // go, then make the new max durable before anyone sees it.
+                    fence.pending.fetch_max(token, Ordering::AcqRel);
                     fence.current_cancel().cancel();
                     let exclusive = fence.epoch.write().await;
                     let db = self.db.clone();
                     let id = scope.to_owned();
-                    tokio::task::spawn_blocking(move || db.raise(&id, token))
+                    let persisted = tokio::task::spawn_blocking(move || db.raise(&id, token))
                         .await
-                        .map_err(|e| FenceError::Storage(e.to_string()))?
-                        .map_err(|e| FenceError::Storage(e.to_string()))?;
-                    fence.max.store(token, Ordering::Release);
+                        .map_err(|e| FenceError::Storage(e.to_string()))
+                        .and_then(|r| r.map_err(|e| FenceError::Storage(e.to_string())));
+                    if persisted.is_ok() {
+                        fence.max.store(token, Ordering::Release);
+                    }
+                    // Either way the old epoch is over: writes admitted from
+                    // now on get a fresh cancellation.
                     *fence.cancel.lock().unwrap_or_else(|p| p.into_inner()) =
                         CancellationToken::new();
                     drop(exclusive);
+                    persisted?;
                     raised = true;
                 }
             }

@@ -34,6 +34,7 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod devstore;
+pub mod early;
 pub mod errors;
 pub mod fences;
 pub mod gate;
@@ -41,8 +42,10 @@ pub mod host;
 pub mod issuer;
 pub mod keys;
 pub mod metrics;
+pub mod object_key;
 pub mod ops;
 pub mod probe;
+pub mod query;
 pub mod scope;
 pub mod server;
 pub mod tokens;
@@ -58,7 +61,7 @@ use tokio::net::TcpListener;
 /// A built proxy, ready to serve.
 #[derive(Debug)]
 pub struct Proxy {
-    pub gate: Arc<gate::Gate>,
+    gate: Arc<gate::Gate>,
     service: S3Service,
     hosts: host::VirtualHosts,
     options: fencegate_net::ServerOptions,
@@ -104,7 +107,7 @@ impl Proxy {
         let mut builder = S3ServiceBuilder::new(ops::FencedS3::new(gate.clone()));
         builder.set_auth(access::ClientAuth::new(
             &config.clients,
-            gate.tokens.keys().cloned(),
+            gate.token_keys().cloned(),
         ));
         builder.set_access(access::Access {
             allow_anonymous: config.allow_anonymous,

@@ -10,14 +10,16 @@ use prometheus_client::registry::Registry;
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     pub op: &'static str,
-    pub scope: String,
+    /// The lock fencing the write, or `(none)` for a refusal naming no lock
+    /// the proxy knows (so made-up bucket names add no series).
+    pub lock: String,
     /// `accepted`, or the reason for a refusal (`stale`, `missing`, ...).
     pub outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ScopeLabels {
-    pub scope: String,
+pub struct LockLabels {
+    pub lock: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -36,7 +38,7 @@ pub struct ProbeLabels {
 pub struct Metrics {
     registry: Registry,
     pub writes: Family<WriteLabels, Counter>,
-    pub max_token: Family<ScopeLabels, Gauge>,
+    pub max_token: Family<LockLabels, Gauge>,
     pub backend_seconds: Family<OpLabels, Histogram>,
     pub probe_enforced: Family<ProbeLabels, Gauge>,
     pub inflight_writes: Gauge,
@@ -46,7 +48,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("fencegate_proxy");
         let writes = Family::<WriteLabels, Counter>::default();
-        let max_token = Family::<ScopeLabels, Gauge>::default();
+        let max_token = Family::<LockLabels, Gauge>::default();
         let backend_seconds = Family::<OpLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 16))
         });
@@ -87,11 +89,11 @@ impl Metrics {
         }
     }
 
-    pub fn write(&self, op: &'static str, scope: &str, outcome: &'static str) {
+    pub fn write(&self, op: &'static str, lock: &str, outcome: &'static str) {
         self.writes
             .get_or_create(&WriteLabels {
                 op,
-                scope: scope.to_owned(),
+                lock: lock.to_owned(),
                 outcome,
             })
             .inc();

@@ -84,6 +84,15 @@ impl ScopeMap {
     }
 }
 
+impl Scope {
+    /// The fence this scope's writes pass: its lock's. max_token is kept
+    /// per lock, not per scope, so a stale holder of a lock cannot write in
+    /// one scope of that lock after a newer holder wrote in another.
+    pub fn fence(&self) -> &str {
+        self.lock.as_str()
+    }
+}
+
 fn scope_id(bucket: &str, prefix: &str) -> String {
     if prefix.is_empty() {
         bucket.to_owned()

@@ -70,6 +70,10 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             if let Some(endpoint) = this.endpoint(&req) {
                 return Ok(this.ops(endpoint));
             }
+            let _held = match crate::early::check(&req, &this.hosts, this.gate.body_budget()) {
+                Ok(held) => held,
+                Err(refused) => return Ok(*refused),
+            };
             let expects_continue = req
                 .headers()
                 .get(http::header::EXPECT)
@@ -207,7 +211,7 @@ impl Router {
             "health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
             "status" => json(StatusCode::OK, self.status().to_string()),
             "metrics" => {
-                let mut r = Response::new(Body::from(self.gate.metrics.encode()));
+                let mut r = Response::new(Body::from(self.gate.metrics().encode()));
                 r.headers_mut().insert(
                     http::header::CONTENT_TYPE,
                     http::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -222,14 +226,7 @@ impl Router {
     }
 
     fn status(&self) -> serde_json::Value {
-        let g = &self.gate;
-        serde_json::json!({
-            "scopes": g.fences.snapshot().into_iter().map(|(scope, max)| serde_json::json!({"scope": scope, "max_token": max})).collect::<Vec<_>>(),
-            "configured_scopes": g.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
-            "probe": g.probe_reports().into_iter().map(|r| serde_json::json!({"report": r, "safe": r.safe(), "summary": r.summary()})).collect::<Vec<_>>(),
-            "accept_weak_backend": g.accept_weak_backend,
-            "etag_cache_entries": g.keys.cached(),
-        })
+        self.gate.status()
     }
 }
 

@@ -152,19 +152,38 @@ impl Api {
         )
     }
 
-    pub fn renew(&self, lock: &str, token: u64, ttl_ms: u64) -> (u16, Value) {
+    /// Acquire with an idempotency key (the proof that a retry comes from
+    /// the same client).
+    pub fn acquire_with_key(
+        &self,
+        lock: &str,
+        owner: &str,
+        ttl_ms: u64,
+        key: &str,
+    ) -> (u16, Value) {
         self.raw(
             "POST",
-            &format!("/v1/locks/{lock}/renew"),
-            Some(&json!({"token": token, "ttl_ms": ttl_ms}).to_string()),
+            &format!("/v1/locks/{lock}/acquire"),
+            Some(&json!({"owner": owner, "ttl_ms": ttl_ms, "idempotency_key": key}).to_string()),
         )
     }
 
-    pub fn release(&self, lock: &str, token: u64) -> (u16, Value) {
+    /// Renew, proven by `token`: the signed `fencing_token` of the lease
+    /// (see [`signed_of`]), or any JSON value an adversarial test sends.
+    pub fn renew(&self, lock: &str, token: impl Into<Value>, ttl_ms: u64) -> (u16, Value) {
+        self.raw(
+            "POST",
+            &format!("/v1/locks/{lock}/renew"),
+            Some(&json!({"token": token.into(), "ttl_ms": ttl_ms}).to_string()),
+        )
+    }
+
+    /// Release, proven by `token` (as for [`Api::renew`]).
+    pub fn release(&self, lock: &str, token: impl Into<Value>) -> (u16, Value) {
         self.raw(
             "POST",
             &format!("/v1/locks/{lock}/release"),
-            Some(&json!({"token": token}).to_string()),
+            Some(&json!({"token": token.into()}).to_string()),
         )
     }
 
@@ -179,8 +198,27 @@ pub fn token_of(v: &Value) -> u64 {
         .unwrap_or_else(|| panic!("no token in {v}"))
 }
 
+/// The signed `fencing_token` of a lease answer: what proves holding it.
+pub fn signed_of(v: &Value) -> String {
+    v["fencing_token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fencing_token in {v}"))
+        .to_owned()
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
+}
+
+/// Sleeps until the wall clock reaches `deadline` (Unix milliseconds).
+pub fn wait_until_ms(deadline: u64) {
+    loop {
+        let now = unix_ms();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(deadline - now));
+    }
 }
 
 /// The wall clock in Unix milliseconds (tests compare it with lease expiries).

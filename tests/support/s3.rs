@@ -365,14 +365,14 @@ impl Proxy {
             .expect("json")
     }
 
-    /// The max token the proxy holds for `scope` (0 if none).
-    pub async fn max_token(&self, scope: &str) -> u64 {
+    /// The max token the proxy holds for `lock` (0 if none).
+    pub async fn max_token(&self, lock: &str) -> u64 {
         let st = self.status().await;
-        st["scopes"]
+        st["locks"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|s| s["scope"] == scope)
+            .find(|s| s["lock"] == lock)
             .and_then(|s| s["max_token"].as_u64())
             .unwrap_or(0)
     }

@@ -8,18 +8,15 @@
 //! enforces it on copies; the proxy's per-key serialization is the wall
 //! there.
 
-use crate::gate::Gate;
-use crate::keys::Known;
-use aws_sdk_s3::types::MetadataDirective;
-use s3s::dto::{CopyObjectInput, CopyObjectOutput, CopyObjectResult, CopySource, ETag, Timestamp};
+use crate::gate::{CopySpec, Gate, RequestToken, WriteOp};
+use s3s::dto::{CopyObjectInput, CopyObjectOutput, CopySource};
 use s3s::{S3Request, S3Response, S3Result};
-
-const OP: &str = "CopyObject";
 
 pub async fn copy_object(
     gate: &Gate,
     req: S3Request<CopyObjectInput>,
 ) -> S3Result<S3Response<CopyObjectOutput>> {
+    let op = WriteOp::Copy;
     let input = &req.input;
     let (bucket, key) = (input.bucket.clone(), input.key.clone());
     let CopySource::Bucket {
@@ -32,57 +29,40 @@ pub async fn copy_object(
             "CopyObject from an access point or outpost",
         ));
     };
-    let scope = gate.scope(OP, &bucket, &key)?;
+    crate::object_key::require(src_key)?;
+    let scope = gate.scope(op.name(), &bucket, &key)?;
     let token = gate
-        .required_token(OP, crate::gate::RequestToken::of(&req), &scope)
+        .required_token(op.name(), RequestToken::of(&req), &scope)
         .await?;
-    let w = gate.begin(OP, &bucket, &key, scope, token).await?;
-    let (if_match, if_none_match) = super::conditions(&w.known, None, None)?;
+    let w = gate.begin(op, &bucket, &key, scope, token).await?;
 
     let mut source = format!("{}/{}", src_bucket, encode_key(src_key));
     if let Some(v) = src_version {
         source.push_str(&format!("?versionId={}", encode_key(v)));
     }
-    let mut b = gate
-        .backend
-        .client
-        .copy_object()
-        .bucket(&bucket)
-        .key(&key)
-        .copy_source(source)
-        .metadata_directive(MetadataDirective::Replace)
-        .set_storage_class(input.storage_class.as_ref().map(|s| s.as_str().into()))
-        .set_copy_source_if_match(input.copy_source_if_match.as_ref().map(etag_header))
-        .set_copy_source_if_none_match(input.copy_source_if_none_match.as_ref().map(etag_header));
+    let mut spec = CopySpec {
+        source,
+        storage_class: input.storage_class.as_ref().map(|s| s.as_str().to_owned()),
+        source_if_match: input.copy_source_if_match.as_ref().map(etag_header),
+        source_if_none_match: input.copy_source_if_none_match.as_ref().map(etag_header),
+        ..CopySpec::default()
+    };
     let replace = input
         .metadata_directive
         .as_ref()
         .is_some_and(|d| d.as_str().eq_ignore_ascii_case("REPLACE"));
-    let mut metadata = if replace {
-        b = b
-            .set_content_type(input.content_type.clone())
-            .set_cache_control(input.cache_control.clone())
-            .set_content_disposition(input.content_disposition.clone())
-            .set_content_encoding(input.content_encoding.clone())
-            .set_content_language(input.content_language.clone());
-        input.metadata.clone()
+    if replace {
+        spec.content_type = input.content_type.clone();
+        spec.cache_control = input.cache_control.clone();
+        spec.content_disposition = input.content_disposition.clone();
+        spec.content_encoding = input.content_encoding.clone();
+        spec.content_language = input.content_language.clone();
+        spec.metadata = input.metadata.clone();
     } else {
-        let mut head = gate
-            .backend
-            .client
-            .head_object()
-            .bucket(src_bucket.as_ref())
-            .key(src_key.as_ref());
-        if let Some(v) = src_version {
-            head = head.version_id(v.as_ref());
-        }
-        let src = gate
-            .call(
-                async { head.send().await.map_err(crate::backend::sdk_error) },
-                None,
-            )
-            .await;
-        let src = match src {
+        let src = match gate
+            .head_source(src_bucket, src_key, src_version.as_deref())
+            .await
+        {
             Ok(src) => src,
             Err(e) if e.status_code() == Some(http::StatusCode::NOT_FOUND) => {
                 return Err(
@@ -91,58 +71,14 @@ pub async fn copy_object(
             }
             Err(e) => return Err(e),
         };
-        b = b
-            .set_content_type(src.content_type().map(str::to_owned))
-            .set_cache_control(src.cache_control().map(str::to_owned))
-            .set_content_disposition(src.content_disposition().map(str::to_owned))
-            .set_content_encoding(src.content_encoding().map(str::to_owned))
-            .set_content_language(src.content_language().map(str::to_owned));
-        src.metadata().cloned()
-    };
-    super::tag(&mut metadata, token);
-    b = b.set_metadata(metadata);
-    if let Some(s3s::dto::ETagCondition::ETag(e)) = if_match {
-        b = b.if_match(format!("\"{}\"", e.value()));
+        spec.content_type = src.content_type().map(str::to_owned);
+        spec.cache_control = src.cache_control().map(str::to_owned);
+        spec.content_disposition = src.content_disposition().map(str::to_owned);
+        spec.content_encoding = src.content_encoding().map(str::to_owned);
+        spec.content_language = src.content_language().map(str::to_owned);
+        spec.metadata = src.metadata().cloned();
     }
-    if if_none_match.is_some() {
-        b = b.if_none_match("*");
-    }
-
-    let result = b
-        .send()
-        .await
-        .map_err(crate::backend::sdk_error)
-        .map(|out| {
-            let r = out.copy_object_result();
-            CopyObjectOutput {
-                copy_object_result: Some(CopyObjectResult {
-                    e_tag: r
-                        .and_then(|r| r.e_tag())
-                        .map(|e| ETag::Strong(crate::backend::strip_quotes(e))),
-                    last_modified: r
-                        .and_then(|r| r.last_modified())
-                        .and_then(|t| s3s_aws::conv::try_from_aws::<Timestamp>(*t).ok()),
-                    ..Default::default()
-                }),
-                version_id: out.version_id().map(str::to_owned),
-                copy_source_version_id: out.copy_source_version_id().map(str::to_owned),
-                ..Default::default()
-            }
-        });
-    gate.finish(w, result, |out| {
-        Some(Known::Present {
-            etag: out
-                .copy_object_result
-                .as_ref()?
-                .e_tag
-                .as_ref()?
-                .value()
-                .to_owned(),
-            token,
-        })
-    })
-    .await
-    .map(S3Response::new)
+    w.copy(gate, spec).await.map(S3Response::new)
 }
 
 /// The error for a copy source the backend does not have. A HEAD answer
@@ -153,15 +89,7 @@ async fn missing_source(
     key: &str,
     version: Option<&str>,
 ) -> s3s::S3Error {
-    let bucket_exists = gate
-        .backend
-        .client
-        .head_bucket()
-        .bucket(bucket)
-        .send()
-        .await
-        .map_err(|e| crate::backend::status_of(&e))
-        != Err(Some(404));
+    let bucket_exists = gate.bucket_exists(bucket).await;
     match version {
         _ if !bucket_exists => s3s::s3_error!(
             NoSuchBucket,

@@ -9,8 +9,11 @@
 //! - `copy`: CopyObject (the destination is fenced)
 //! - `delete`: DeleteObject, DeleteObjects
 //! - `multipart`: Create/UploadPart/UploadPartCopy/Complete/Abort
-//! - reads and CreateBucket are forwarded untouched (below).
+//! - `bucket`: CreateBucket, plain creates only;
+//! - reads are forwarded untouched (below), through a handle that has no
+//!   write method: every write goes through `gate::Write`.
 
+mod bucket;
 mod copy;
 mod delete;
 mod multipart;
@@ -79,14 +82,14 @@ impl FencedS3 {
     }
 
     /// Where reads are forwarded.
-    fn backend(&self) -> &s3s_aws::Proxy {
-        &self.gate.backend.forward
+    fn backend(&self) -> &crate::backend::Reads {
+        self.gate.reads()
     }
 }
 
 #[async_trait::async_trait]
 impl S3 for FencedS3 {
-    // Reads (and CreateBucket) go to the backend untouched.
+    // Reads go to the backend untouched.
     forward_s3! { backend => crate::errors::forwarded;
         get_object: GetObjectInput => GetObjectOutput;
         head_object: HeadObjectInput => HeadObjectOutput;
@@ -101,7 +104,13 @@ impl S3 for FencedS3 {
         get_object_tagging: GetObjectTaggingInput => GetObjectTaggingOutput;
         get_object_attributes: GetObjectAttributesInput => GetObjectAttributesOutput;
         get_bucket_versioning: GetBucketVersioningInput => GetBucketVersioningOutput;
-        create_bucket: CreateBucketInput => CreateBucketOutput;
+    }
+
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        bucket::create_bucket(&self.gate, req).await
     }
 
     async fn put_object(
@@ -168,66 +177,9 @@ impl S3 for FencedS3 {
     }
 }
 
-/// Replaces any client-supplied fencing-token metadata with `token`.
-pub(crate) fn tag(metadata: &mut Option<Metadata>, token: u64) {
-    let m = metadata.get_or_insert_with(Default::default);
-    m.retain(|k, _| !k.eq_ignore_ascii_case(crate::backend::TOKEN_METADATA_KEY));
-    m.insert(
-        crate::backend::TOKEN_METADATA_KEY.to_owned(),
-        token.to_string(),
-    );
-}
-
-/// Drops the `aws-chunked` content coding s3s already decoded; the SDK
-/// would otherwise send it twice and the backend reject the request.
-pub(crate) fn strip_aws_chunked(encoding: Option<String>) -> Option<String> {
-    let rest: Vec<&str> = encoding
-        .as_deref()?
-        .split(',')
-        .map(str::trim)
-        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("aws-chunked"))
-        .collect();
-    (!rest.is_empty()).then(|| rest.join(","))
-}
-
-/// The conditions to send to the store for a write over `known`, after
-/// checking the client's own conditions against it.
-pub(crate) fn conditions(
-    known: &crate::keys::Known,
-    client_if_match: Option<IfMatch>,
-    client_if_none_match: Option<IfNoneMatch>,
-) -> S3Result<(Option<IfMatch>, Option<IfNoneMatch>)> {
-    use crate::keys::Known;
-    let current = match known {
-        Known::Absent => None,
-        Known::Present { etag, .. } => Some(etag.as_str()),
-    };
-    let matches = |c: &ETagCondition| match (c, current) {
-        (ETagCondition::Any, cur) => cur.is_some(),
-        (ETagCondition::ETag(e), Some(cur)) => e.value() == cur,
-        (ETagCondition::ETag(_), None) => false,
-    };
-    if client_if_match.as_ref().is_some_and(|c| !matches(c))
-        || client_if_none_match.as_ref().is_some_and(matches)
-    {
-        return Err(s3s::s3_error!(
-            PreconditionFailed,
-            "the client's If-Match / If-None-Match condition does not hold"
-        ));
-    }
-    Ok(match current {
-        None => (None, Some(ETagCondition::Any)),
-        Some(etag) => (
-            Some(ETagCondition::ETag(ETag::Strong(etag.to_owned()))),
-            None,
-        ),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Known;
 
     #[test]
     fn every_write_is_fenced_and_unknown_ops_are_refused() {
@@ -259,52 +211,5 @@ mod tests {
         ] {
             assert_eq!(classify(op), None, "{op} must not be forwarded");
         }
-    }
-
-    #[test]
-    fn conditions_follow_what_the_store_holds() {
-        let present = Known::Present {
-            etag: "abc".into(),
-            token: 1,
-        };
-        let (m, n) = conditions(&Known::Absent, None, None).expect("ok");
-        assert_eq!((m, n), (None, Some(ETagCondition::Any)));
-        let (m, n) = conditions(&present, None, None).expect("ok");
-        assert_eq!(
-            (m, n),
-            (Some(ETagCondition::ETag(ETag::Strong("abc".into()))), None)
-        );
-        assert!(conditions(&present, None, Some(ETagCondition::Any)).is_err());
-        assert!(conditions(&Known::Absent, Some(ETagCondition::Any), None).is_err());
-        assert!(
-            conditions(
-                &present,
-                Some(ETagCondition::ETag(ETag::Strong("x".into()))),
-                None
-            )
-            .is_err()
-        );
-    }
-
-    #[test]
-    fn client_token_metadata_is_replaced() {
-        let mut m = Some(Metadata::from([(
-            "Fencing-Token".to_owned(),
-            "999".to_owned(),
-        )]));
-        tag(&mut m, 7);
-        let m = m.expect("metadata");
-        assert_eq!(m.len(), 1);
-        assert_eq!(m.get("fencing-token").map(String::as_str), Some("7"));
-    }
-
-    #[test]
-    fn aws_chunked_is_stripped() {
-        assert_eq!(strip_aws_chunked(Some("aws-chunked".into())), None);
-        assert_eq!(
-            strip_aws_chunked(Some("aws-chunked,gzip".into())),
-            Some("gzip".into())
-        );
-        assert_eq!(strip_aws_chunked(None), None);
     }
 }

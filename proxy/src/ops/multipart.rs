@@ -8,30 +8,58 @@
 //! upload's parts are cut and its Complete is refused: the object never
 //! appears. Complete, the commit point, is also checked against the key's
 //! stored token and sent conditionally.
+//!
+//! An upload also binds to the identity that created it ([`Identity`]):
+//! only that client may send parts, complete or abort it. An anonymous
+//! upload has no identity but its token, so each of its requests must
+//! present that token. Abort changes no object: the upload's own client
+//! may abort it even when its token went stale, to clean up its parts.
 
 use crate::db::UploadBinding;
 use crate::errors;
-use crate::gate::Gate;
-use crate::keys::Known;
+use crate::gate::{Gate, RequestToken, WriteOp};
 use crate::scope::Scope;
+use fencegate_core::credentials::{ACCESS_KEY_PREFIX, parse_access_key};
 use s3s::dto::*;
-use s3s::{S3, S3Request, S3Response, S3Result};
+use s3s::{S3Request, S3Response, S3Result};
+
+/// Who sent a request, as recorded on an upload: `key:<access key>` for a
+/// configured client key, `lease:<lock>:<token>` for lease-bound
+/// credentials (any credentials of the same lease; they change with the
+/// expiry), `anonymous` for an unsigned request.
+struct Identity(String);
+
+impl Identity {
+    fn of<T>(req: &S3Request<T>) -> Identity {
+        Identity(match &req.credentials {
+            None => ANONYMOUS.to_owned(),
+            Some(c) if c.access_key.starts_with(ACCESS_KEY_PREFIX) => {
+                match parse_access_key(&c.access_key) {
+                    Ok(k) => format!("lease:{}:{}", k.lock, k.token),
+                    Err(_) => format!("key:{}", c.access_key),
+                }
+            }
+            Some(c) => format!("key:{}", c.access_key),
+        })
+    }
+}
+
+const ANONYMOUS: &str = "anonymous";
 
 pub async fn create(
     gate: &Gate,
-    mut req: S3Request<CreateMultipartUploadInput>,
+    req: S3Request<CreateMultipartUploadInput>,
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
     const OP: &str = "CreateMultipartUpload";
     let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
     let scope = gate.scope(OP, &bucket, &key)?;
     let token = gate
-        .required_token(OP, crate::gate::RequestToken::of(&req), &scope)
+        .required_token(OP, RequestToken::of(&req), &scope)
         .await?;
+    let owner = Identity::of(&req).0;
     let admission = gate.admit(OP, &bucket, &scope, token).await?;
-    super::tag(&mut req.input.metadata, token);
-    req.input.content_encoding = super::strip_aws_chunked(req.input.content_encoding.take());
     let resp = gate
-        .call(gate.backend.forward.create_multipart_upload(req), None)
+        .create_upload(&admission, req, token)
         .await
         .map_err(errors::from_backend)?;
     let upload_id = resp
@@ -45,10 +73,11 @@ pub async fn create(
         key,
         scope: scope.id.clone(),
         token,
+        owner,
     })
     .await?;
     drop(admission);
-    gate.metrics.write(OP, &scope.id, "accepted");
+    gate.count(OP, &scope, "accepted");
     Ok(resp)
 }
 
@@ -83,7 +112,7 @@ async fn bound<T: UploadRequest>(
     req: &S3Request<T>,
 ) -> S3Result<(UploadBinding, Scope)> {
     let (upload_id, bucket, key) = req.input.upload();
-    let token = crate::gate::RequestToken::of(req);
+    let token = RequestToken::of(req);
     let binding = gate.upload(upload_id).await?;
     if binding.bucket != bucket || binding.key != key {
         return Err(errors::unknown_upload(upload_id));
@@ -98,37 +127,49 @@ async fn bound<T: UploadRequest>(
             &scope.id,
         ));
     }
-    if let Some(sent) = gate.token(op, token, &scope).await?
+    let sent = gate.token(op, token, &scope).await?;
+    if let Some(sent) = sent
         && sent != binding.token
     {
-        gate.metrics.write(op, &scope.id, "invalid_token");
+        gate.count(op, &scope, "invalid_token");
         return Err(errors::upload_token_mismatch(
             upload_id,
             binding.token,
             sent,
         ));
     }
+    // Only the upload's creator may touch it; an upload whose creator had
+    // no identity (anonymous, or bound before identities were recorded)
+    // answers only to its token.
+    let who = Identity::of(req).0;
+    let tokenless_owner = binding.owner.is_empty() || binding.owner == ANONYMOUS;
+    let allowed = if tokenless_owner {
+        sent == Some(binding.token)
+    } else {
+        who == binding.owner
+    };
+    if !allowed {
+        gate.count(op, &scope, "not_owner");
+        return Err(errors::upload_not_yours(upload_id, tokenless_owner));
+    }
     Ok((binding, scope))
 }
 
 pub async fn upload_part(
     gate: &Gate,
-    mut req: S3Request<UploadPartInput>,
+    req: S3Request<UploadPartInput>,
 ) -> S3Result<S3Response<UploadPartOutput>> {
     const OP: &str = "UploadPart";
     let (binding, scope) = bound(gate, OP, &req).await?;
     let admission = gate
         .admit(OP, &binding.bucket, &scope, binding.token)
         .await?;
-    let watch = gate.watch_body(&mut req.input.body, &admission.cancel);
-    let result = gate
-        .call_watched(gate.backend.forward.upload_part(req), watch)
-        .await;
+    let result = gate.upload_part(&admission, req).await;
     if admission.cancel.is_cancelled() {
-        return Err(gate.cut(OP, &scope, binding.token, admission).await);
+        return Err(gate.cut(OP, &scope, binding.token, admission));
     }
     let resp = result.map_err(errors::from_backend)?;
-    gate.metrics.write(OP, &scope.id, "accepted");
+    gate.count(OP, &scope, "accepted");
     Ok(resp)
 }
 
@@ -137,74 +178,36 @@ pub async fn upload_part_copy(
     req: S3Request<UploadPartCopyInput>,
 ) -> S3Result<S3Response<UploadPartCopyOutput>> {
     const OP: &str = "UploadPartCopy";
+    if let CopySource::Bucket { key, .. } = &req.input.copy_source {
+        crate::object_key::require(key)?;
+    }
     let (binding, scope) = bound(gate, OP, &req).await?;
-    under_bound_token(
-        gate,
-        OP,
-        &binding,
-        &scope,
-        gate.backend.forward.upload_part_copy(req),
-    )
-    .await
-}
-
-/// Forwards `call` while holding the scope's epoch with the upload's token
-/// (so a newer holder waits for it, and it cannot start after one).
-async fn under_bound_token<T>(
-    gate: &Gate,
-    op: &'static str,
-    binding: &UploadBinding,
-    scope: &Scope,
-    call: impl std::future::Future<Output = S3Result<T>>,
-) -> S3Result<T> {
+    // Hold the scope's epoch with the upload's token while the part is
+    // copied, so a newer holder waits for it and it cannot start after one.
     let admission = gate
-        .admit(op, &binding.bucket, scope, binding.token)
+        .admit(OP, &binding.bucket, &scope, binding.token)
         .await?;
-    let result = gate.call(call, None).await;
+    let result = gate.upload_part_copy(&admission, req).await;
+    if admission.cancel.is_cancelled() {
+        return Err(gate.cut(OP, &scope, binding.token, admission));
+    }
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
-    gate.metrics.write(op, &scope.id, "accepted");
+    gate.count(OP, &scope, "accepted");
     Ok(resp)
 }
 
 pub async fn complete(
     gate: &Gate,
-    mut req: S3Request<CompleteMultipartUploadInput>,
+    req: S3Request<CompleteMultipartUploadInput>,
 ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-    const OP: &str = "CompleteMultipartUpload";
-    let (binding, scope) = bound(gate, OP, &req).await?;
-    let token = binding.token;
+    let op = WriteOp::Complete;
+    let (binding, scope) = bound(gate, op.name(), &req).await?;
     let w = gate
-        .begin(OP, &binding.bucket, &binding.key, scope, token)
+        .begin(op, &binding.bucket, &binding.key, scope, binding.token)
         .await?;
-    let input = &mut req.input;
-    (input.if_match, input.if_none_match) =
-        super::conditions(&w.known, input.if_match.take(), input.if_none_match.take())?;
-    // Complete sends If-None-Match for a new key, If-Match otherwise.
-    let new_key = input.if_none_match.is_some();
-    let result = gate
-        .call_conditional(
-            &binding.bucket,
-            |r| {
-                if new_key {
-                    r.complete_if_none_match
-                } else {
-                    r.complete_if_match
-                }
-            },
-            gate.backend.forward.complete_multipart_upload(req),
-        )
-        .await;
-    let ok = result.is_ok();
-    let out = gate
-        .finish(w, result, |out| {
-            Some(Known::Present {
-                etag: out.output.e_tag.as_ref()?.value().to_owned(),
-                token,
-            })
-        })
-        .await;
-    if ok {
+    let out = w.complete(gate, req).await;
+    if out.is_ok() {
         gate.forget_upload(&binding.upload_id).await;
     }
     out
@@ -216,14 +219,11 @@ pub async fn abort(
 ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
     const OP: &str = "AbortMultipartUpload";
     let (binding, scope) = bound(gate, OP, &req).await?;
-    let resp = under_bound_token(
-        gate,
-        OP,
-        &binding,
-        &scope,
-        gate.backend.forward.abort_multipart_upload(req),
-    )
-    .await?;
+    let resp = gate
+        .abort_upload(&binding, req)
+        .await
+        .map_err(errors::from_backend)?;
     gate.forget_upload(&binding.upload_id).await;
+    gate.count(OP, &scope, "accepted");
     Ok(resp)
 }

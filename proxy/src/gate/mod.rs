@@ -12,6 +12,9 @@
 //! known state, and on the store's condition failure calls
 //! [`Gate::redecide`], which re-reads the key and answers stale or retry.
 
+mod write;
+pub use write::CopySpec;
+
 use crate::backend::Backend;
 use crate::body::{BodyWatch, Cancellable};
 use crate::config::ProxyConfig;
@@ -20,7 +23,7 @@ use crate::errors;
 use crate::fences::{Admission, FenceError, Fences};
 use crate::issuer::{Answer, Issuer};
 use crate::keys::{KeyGuard, Keys, Known};
-use crate::metrics::{Metrics, ProbeLabels, ScopeLabels};
+use crate::metrics::{LockLabels, Metrics, ProbeLabels};
 use crate::probe::{NoSuchBucket, ProbeReport, probe};
 use crate::scope::{Scope, ScopeMap};
 use crate::tokens::{Rejection, TokenPolicy};
@@ -35,25 +38,30 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+/// The metric label of writes refused before their lock was known.
+pub const UNKNOWN_LOCK: &str = "(none)";
+
 /// Shared state of the proxy.
 #[derive(Debug)]
 pub struct Gate {
-    pub backend: Backend,
-    pub scopes: ScopeMap,
-    pub fences: Fences,
-    pub keys: Keys,
-    pub db: Db,
-    pub tokens: TokenPolicy,
+    backend: Backend,
+    scopes: ScopeMap,
+    fences: Fences,
+    keys: Keys,
+    db: Db,
+    tokens: TokenPolicy,
     /// Checks plain tokens with the lease service, when configured.
-    pub issuer: Option<Issuer>,
-    pub metrics: Arc<Metrics>,
-    pub accept_weak_backend: bool,
+    issuer: Option<Issuer>,
+    metrics: Arc<Metrics>,
+    accept_weak_backend: bool,
     /// How long the backend has to answer once a request is fully sent.
-    pub backend_timeout: Duration,
+    backend_timeout: Duration,
     /// How long a client may send nothing in the middle of a body.
-    pub client_idle: Duration,
+    client_idle: Duration,
     probes: Mutex<HashMap<String, ProbeReport>>,
     probing: tokio::sync::Mutex<()>,
+    /// Bytes of whole-read request bodies held at once (see `early`).
+    body_budget: crate::early::BodyBudget,
 }
 
 /// Where a request's token can come from: its headers, and the access key
@@ -73,15 +81,52 @@ impl<'a> RequestToken<'a> {
     }
 }
 
-/// A write that passed every check and holds its key.
+/// The object writes, each sent only through a [`Write`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOp {
+    Put,
+    Copy,
+    Delete,
+    DeleteMany,
+    Complete,
+}
+
+impl WriteOp {
+    /// The S3 operation name (metrics, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteOp::Put => "PutObject",
+            WriteOp::Copy => "CopyObject",
+            WriteOp::Delete => "DeleteObject",
+            WriteOp::DeleteMany => "DeleteObjects",
+            WriteOp::Complete => "CompleteMultipartUpload",
+        }
+    }
+
+    /// Whether a cached state of the key may stand in for reading it: only
+    /// where the condition derived from it is enforced by the store, so a
+    /// stale cache (another replica wrote) fails at the store. A cached
+    /// "absent" never stands in for a delete, which cannot be made
+    /// conditional on absence.
+    fn trusts_cached(self, report: Option<&ProbeReport>, cached: &Known) -> bool {
+        let absent = matches!(cached, Known::Absent);
+        if absent && matches!(self, WriteOp::Delete | WriteOp::DeleteMany) {
+            return false;
+        }
+        report.is_some_and(|r| self.enforced_by(r, absent))
+    }
+}
+
+/// A write that passed every check and holds its key: the only thing that
+/// can send an object write (see [`write`]).
 #[derive(Debug)]
 pub struct Write {
-    pub op: &'static str,
-    pub scope: Scope,
-    pub token: u64,
-    pub admission: Admission,
-    pub key: KeyGuard,
-    pub known: Known,
+    op: WriteOp,
+    scope: Scope,
+    token: u64,
+    admission: Admission,
+    key: KeyGuard,
+    known: Known,
     started: Instant,
     _inflight: Inflight,
 }
@@ -121,22 +166,41 @@ impl Gate {
         };
         let fences = Fences::load(db.clone())?;
         let metrics = Arc::new(Metrics::new());
-        for (scope, max) in fences.snapshot() {
+        let scopes = ScopeMap::new(config)?;
+        // Fences were kept per scope before they were kept per lock: a
+        // scope's old max carries over to its lock, so no token goes back.
+        for s in scopes.configured() {
+            let old = fences.max(&s.id);
+            if s.id != s.fence() && old > fences.max(s.fence()) {
+                db.raise(s.fence(), old)?;
+            }
+        }
+        let fences = Fences::load(db.clone())?;
+        for (lock, max) in fences.snapshot() {
+            if lock.contains('/') {
+                continue; // a scope's row from before fences were per lock
+            }
             metrics
                 .max_token
-                .get_or_create(&ScopeLabels { scope })
+                .get_or_create(&LockLabels { lock })
                 .set(i64::try_from(max).unwrap_or(i64::MAX));
         }
         Ok(Gate {
             backend: Backend::new(&config.backend),
-            scopes: ScopeMap::new(config)?,
+            scopes,
             fences,
             keys: Keys::new(config.etag_cache_entries),
             db,
-            tokens: TokenPolicy::new(keys, config.unsigned_tokens_accepted()),
+            // With locksvc_url, plain tokens are accepted only once the lease
+            // service confirms them, so they are not trusted on sight.
+            tokens: TokenPolicy::new(
+                keys,
+                config.unsigned_tokens_accepted() && config.locksvc_url.is_none(),
+            ),
             issuer: config
                 .locksvc_url
                 .as_deref()
+                .filter(|_| config.unsigned_tokens_accepted())
                 .map(|url| {
                     Issuer::new(
                         url,
@@ -152,6 +216,10 @@ impl Gate {
             client_idle: Duration::from_secs(config.client_idle_timeout_secs),
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
+            body_budget: crate::early::BodyBudget::new(
+                config.max_buffered_body_bytes,
+                config.max_xml_body_bytes,
+            ),
         })
     }
 
@@ -160,7 +228,7 @@ impl Gate {
     /// notified). A backend that does not answer in time gets the client a
     /// retryable 503; the request itself is dropped, and whatever the store
     /// does with it later is still bound by its If-Match / If-None-Match.
-    pub async fn call<T>(
+    async fn call<T>(
         &self,
         fut: impl Future<Output = S3Result<T>>,
         body_sent: Option<Arc<Notify>>,
@@ -181,24 +249,29 @@ impl Gate {
         }
     }
 
-    /// [`Gate::call`] for a conditional write whose condition the bucket's
-    /// store may not enforce (`enforced` reads the probe report). Where it
-    /// does not, the proxy's hold on the key is the only wall, and it must
-    /// not let go while the request may still land: no answer timeout then.
-    pub async fn call_conditional<T>(
-        &self,
-        bucket: &str,
-        enforced: impl Fn(&ProbeReport) -> bool,
-        fut: impl Future<Output = S3Result<T>>,
-    ) -> S3Result<T> {
-        let store_enforces = self
-            .probes
+    /// Whether the store of `bucket` enforces what `enforced` reads from
+    /// its probe report (false when the bucket was not probed).
+    fn store_enforces(&self, bucket: &str, enforced: impl Fn(&ProbeReport) -> bool) -> bool {
+        self.probes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(bucket)
-            .is_some_and(enforced);
-        if store_enforces {
-            self.call(fut, None).await
+            .is_some_and(enforced)
+    }
+
+    /// The one policy for a backend call that mutates: [`Gate::call`]'s
+    /// answer timeout where the store enforces the request's condition
+    /// (`enforced`; calls without one pass true). Where it does not, the
+    /// proxy's hold on the key is the only wall, and it must not let go
+    /// while the request may still land: no answer timeout then.
+    async fn send<T>(
+        &self,
+        enforced: bool,
+        fut: impl Future<Output = S3Result<T>>,
+        body_sent: Option<Arc<Notify>>,
+    ) -> S3Result<T> {
+        if enforced {
+            self.call(fut, body_sent).await
         } else {
             fut.await
         }
@@ -206,7 +279,7 @@ impl Gate {
 
     /// Wraps a write's request body so that a newer epoch (`cancel`) or a
     /// silent client cuts it; `None` for a request without a body.
-    pub fn watch_body(
+    fn watch_body(
         &self,
         body: &mut Option<StreamingBlob>,
         cancel: &CancellationToken,
@@ -216,21 +289,143 @@ impl Gate {
         Some(watch)
     }
 
-    /// [`Gate::call`] for a write whose body [`Gate::watch_body`] wrapped:
+    /// [`Gate::send`] for a write whose body [`Gate::watch_body`] wrapped:
     /// the answer timeout counts from the body's last byte, and a body cut
     /// for a silent client answers 400 RequestTimeout.
-    pub async fn call_watched<T>(
+    async fn send_watched<T>(
         &self,
+        enforced: bool,
         fut: impl Future<Output = S3Result<T>>,
         watch: Option<BodyWatch>,
     ) -> S3Result<T> {
         let sent = watch.as_ref().map(|w| w.sent.clone());
-        self.call(fut, sent)
-            .await
-            .map_err(|e| match watch.as_ref().and_then(BodyWatch::stalled) {
+        self.send(enforced, fut, sent).await.map_err(|e| {
+            match watch.as_ref().and_then(BodyWatch::stalled) {
                 Some(idle) => errors::request_timeout(idle),
                 None => e,
-            })
+            }
+        })
+    }
+
+    /// The budget of whole-read request bodies.
+    pub fn body_budget(&self) -> &crate::early::BodyBudget {
+        &self.body_budget
+    }
+
+    /// The proxy's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Counts a write's outcome under its lock; a lock that is neither
+    /// configured nor has a fence counts as [`UNKNOWN_LOCK`], so refused
+    /// requests naming made-up buckets add no metric series.
+    pub fn count(&self, op: &'static str, scope: &Scope, outcome: &'static str) {
+        let known = self.fences.known(scope.fence())
+            || self
+                .scopes
+                .configured()
+                .iter()
+                .any(|s| s.lock == scope.lock);
+        let lock = if known { scope.fence() } else { UNKNOWN_LOCK };
+        self.metrics.write(op, lock, outcome);
+    }
+
+    /// The keys tokens and lease-bound credentials are verified with.
+    pub fn token_keys(&self) -> Option<&TokenKeys> {
+        self.tokens.keys()
+    }
+
+    /// The backend's read operations, the only part of it ops may call
+    /// directly.
+    pub fn reads(&self) -> &crate::backend::Reads {
+        &self.backend.reads
+    }
+
+    /// HEAD of a copy source (a read), with the answer timeout.
+    pub async fn head_source(
+        &self,
+        bucket: &str,
+        key: &str,
+        version: Option<&str>,
+    ) -> S3Result<aws_sdk_s3::operation::head_object::HeadObjectOutput> {
+        let head = self
+            .backend
+            .client
+            .head_object()
+            .bucket(bucket)
+            .key(key)
+            .set_version_id(version.map(str::to_owned));
+        self.call(
+            async { head.send().await.map_err(crate::backend::sdk_error) },
+            None,
+        )
+        .await
+    }
+
+    /// Whether `bucket` exists (false only when the backend says 404).
+    pub async fn bucket_exists(&self, bucket: &str) -> bool {
+        let head = self.backend.client.head_bucket().bucket(bucket);
+        let answer = self
+            .call(
+                async { Ok(head.send().await.map_err(|e| crate::backend::status_of(&e))) },
+                None,
+            )
+            .await;
+        !matches!(answer, Ok(Err(Some(404))))
+    }
+
+    /// Creates a bucket: only the bucket and its location go to the store
+    /// (see `ops::create_bucket` for what is refused before).
+    pub async fn create_bucket(
+        &self,
+        req: s3s::S3Request<s3s::dto::CreateBucketInput>,
+    ) -> S3Result<s3s::S3Response<s3s::dto::CreateBucketOutput>> {
+        use s3s::S3 as _;
+        let location = req
+            .input
+            .create_bucket_configuration
+            .as_ref()
+            .and_then(|c| c.location_constraint.clone());
+        let plain = s3s::dto::CreateBucketInput {
+            bucket: req.input.bucket.clone(),
+            create_bucket_configuration: location.map(|l| s3s::dto::CreateBucketConfiguration {
+                location_constraint: Some(l),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let req = req.map_input(|_| plain);
+        self.send(true, self.backend.forward.create_bucket(req), None)
+            .await
+            .map_err(errors::from_backend)
+    }
+
+    /// Refuses `token` if it is below the max of `scope` (a check before
+    /// any key of a many-key request is touched; each key is then admitted
+    /// on its own).
+    pub fn refuse_if_stale(&self, op: &'static str, scope: &Scope, token: u64) -> S3Result<()> {
+        let max = self.fences.max(scope.fence());
+        if token < max {
+            self.count(op, scope, "stale");
+            return Err(errors::stale(
+                token,
+                max,
+                &format!(" for lock {}", scope.lock),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What `/_fencegate/status` shows.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| serde_json::json!({"lock": lock, "max_token": max})).collect::<Vec<_>>(),
+            "configured_scopes": self.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
+            "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({"report": r, "safe": r.safe(), "summary": r.summary()})).collect::<Vec<_>>(),
+            "accept_weak_backend": self.accept_weak_backend,
+            "etag_cache_entries": self.keys.cached(),
+        })
     }
 
     /// Probe reports so far, by bucket.
@@ -318,7 +513,7 @@ impl Gate {
     /// The scope fencing `bucket/key`.
     pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scope> {
         self.scopes.resolve(bucket, key).map_err(|u| {
-            self.metrics.write(op, &format!("{bucket}/"), "unscoped");
+            self.metrics.write(op, UNKNOWN_LOCK, "unscoped");
             errors::unscoped(&u.bucket, &u.key, &u.configured)
         })
     }
@@ -334,7 +529,7 @@ impl Gate {
         scope: &Scope,
     ) -> S3Result<Option<u64>> {
         let refuse = |r: Rejection| {
-            self.metrics.write(op, &scope.id, "invalid_token");
+            self.count(op, scope, "invalid_token");
             errors::rejected(&r)
         };
         let Some(presented) = self
@@ -351,7 +546,7 @@ impl Gate {
         let Some(issuer) = &self.issuer else {
             return Err(refuse(Rejection::Unsigned));
         };
-        if token < self.fences.max(&scope.id) {
+        if token < self.fences.max(scope.fence()) {
             return Ok(Some(token));
         }
         match issuer.check(scope.lock.as_str(), token).await {
@@ -378,7 +573,7 @@ impl Gate {
         match self.token(op, req, scope).await? {
             Some(t) => Ok(t),
             None => {
-                self.metrics.write(op, &scope.id, "missing");
+                self.count(op, scope, "missing");
                 Err(errors::missing(op, &scope.id, scope.lock.as_str()))
             }
         }
@@ -393,25 +588,25 @@ impl Gate {
         token: u64,
     ) -> S3Result<Admission> {
         self.require_safe(bucket).await?;
-        match self.fences.admit(&scope.id, token).await {
+        match self.fences.admit(scope.fence(), token).await {
             Ok(a) => {
                 if a.raised {
-                    tracing::info!(scope = %scope.id, token, "fence raised");
+                    tracing::info!(lock = %scope.lock, scope = %scope.id, token, "fence raised");
                     self.metrics
                         .max_token
-                        .get_or_create(&ScopeLabels {
-                            scope: scope.id.clone(),
+                        .get_or_create(&LockLabels {
+                            lock: scope.fence().to_owned(),
                         })
                         .set(i64::try_from(token).unwrap_or(i64::MAX));
                 }
                 Ok(a)
             }
             Err(FenceError::Stale { token, max }) => {
-                self.metrics.write(op, &scope.id, "stale");
+                self.count(op, scope, "stale");
                 Err(errors::stale(
                     token,
                     max,
-                    &format!(" in fence scope {}", scope.id),
+                    &format!(" for lock {}", scope.lock),
                 ))
             }
             Err(FenceError::Storage(e)) => Err(errors::storage(format!(
@@ -423,28 +618,35 @@ impl Gate {
     /// Every step up to forwarding a write to `bucket/key` with `token`.
     pub async fn begin(
         &self,
-        op: &'static str,
+        write: WriteOp,
         bucket: &str,
         key: &str,
         scope: Scope,
         token: u64,
     ) -> S3Result<Write> {
+        let op = write.name();
         let admission = self.admit(op, bucket, &scope, token).await?;
         let cut = admission.cancel.clone();
         let guard = tokio::select! {
             g = self.keys.lock(bucket, key) => g,
-            () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission).await),
+            () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission)),
         };
+        let report = self
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bucket)
+            .cloned();
         let known = match guard.known() {
-            Some(k) => k,
-            None => {
+            Some(k) if write.trusts_cached(report.as_ref(), &k) => k,
+            _ => {
                 let k = self.call(self.backend.head(bucket, key), None).await?;
                 guard.remember(k.clone());
                 k
             }
         };
         if known.token() > token {
-            self.metrics.write(op, &scope.id, "stale");
+            self.count(op, &scope, "stale");
             return Err(errors::stale(
                 token,
                 known.token(),
@@ -452,7 +654,7 @@ impl Gate {
             ));
         }
         Ok(Write {
-            op,
+            op: write,
             scope,
             token,
             admission,
@@ -466,7 +668,12 @@ impl Gate {
     /// The answer for a write cut by a newer epoch: let go of the epoch (the
     /// raise is waiting for it), then ask the fence again, which waits for
     /// the raise to finish and reports the exact new max.
-    pub async fn cut(
+    ///
+    /// A cut write always learns it lost with the non-retryable 409
+    /// `FencingTokenStale`, whatever the write and however far it got: a
+    /// higher token exists for its lock, so no retry with its token can
+    /// succeed. The max reported is the token that cut it.
+    pub fn cut(
         &self,
         op: &'static str,
         scope: &Scope,
@@ -474,23 +681,20 @@ impl Gate {
         admission: Admission,
     ) -> S3Error {
         drop(admission);
-        self.metrics.write(op, &scope.id, "stale");
-        let detail = format!(
-            " in fence scope {} while this request was in flight",
-            scope.id
-        );
-        match self.fences.admit(&scope.id, token).await {
-            Err(FenceError::Stale { max, .. }) => errors::stale(token, max, &detail),
-            // The raise failed to persist and was not admitted: the write
-            // was cut all the same, and may be retried.
-            Ok(_) | Err(FenceError::Storage(_)) => errors::retry(format!(
-                "this write was cut for a newer token{detail}, which could not be admitted; retry"
-            )),
-        }
+        self.count(op, scope, "stale");
+        let by = self
+            .fences
+            .cut_by(scope.fence())
+            .max(token.saturating_add(1));
+        errors::stale(
+            token,
+            by,
+            &format!(" for lock {} while this request was in flight", scope.lock),
+        )
     }
 
     /// Ends a write: records the outcome and what the store now holds.
-    pub async fn finish<T>(
+    async fn finish<T>(
         &self,
         w: Write,
         result: S3Result<T>,
@@ -498,7 +702,7 @@ impl Gate {
     ) -> S3Result<T> {
         self.metrics
             .backend_seconds
-            .get_or_create(&crate::metrics::OpLabels { op: w.op })
+            .get_or_create(&crate::metrics::OpLabels { op: w.op.name() })
             .observe(w.started.elapsed().as_secs_f64());
         match result {
             Ok(out) => {
@@ -506,7 +710,7 @@ impl Gate {
                     Some(k) => w.key.remember(k),
                     None => w.key.forget(),
                 }
-                self.metrics.write(w.op, &w.scope.id, "accepted");
+                self.count(w.op.name(), &w.scope, "accepted");
                 Ok(out)
             }
             Err(e) => {
@@ -522,14 +726,16 @@ impl Gate {
                         ..
                     } = w;
                     drop(key);
-                    return Err(self.cut(op, &scope, token, admission).await);
+                    return Err(self.cut(op.name(), &scope, token, admission));
                 }
                 if errors::is_condition_failure(&e) {
-                    self.metrics.write(w.op, &w.scope.id, "conflict");
+                    self.count(w.op.name(), &w.scope, "conflict");
                     let (bucket, key) = (w.key.bucket().to_owned(), w.key.key().to_owned());
-                    return Err(self.redecide(w.op, &bucket, &key, &w.scope, w.token).await);
+                    return Err(self
+                        .redecide(w.op.name(), &bucket, &key, &w.scope, w.token)
+                        .await);
                 }
-                self.metrics.write(w.op, &w.scope.id, "backend_error");
+                self.count(w.op.name(), &w.scope, "backend_error");
                 Err(errors::from_backend(e))
             }
         }
@@ -537,7 +743,7 @@ impl Gate {
 
     /// Re-reads a key after the store refused a condition and decides
     /// again: stale if a higher token is stored now, retry otherwise.
-    pub async fn redecide(
+    async fn redecide(
         &self,
         op: &'static str,
         bucket: &str,
@@ -547,7 +753,7 @@ impl Gate {
     ) -> S3Error {
         match self.call(self.backend.head(bucket, key), None).await {
             Ok(k) if k.token() > token => {
-                self.metrics.write(op, &scope.id, "stale");
+                self.count(op, scope, "stale");
                 errors::stale(token, k.token(), &format!(" on s3://{bucket}/{key}"))
             }
             Ok(_) => errors::retry(format!(

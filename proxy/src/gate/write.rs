@@ -1,0 +1,425 @@
+//! The only way anything reaches the store's write API.
+//!
+//! An object write (Put, Copy, Delete, Complete) is a [`Write`], which only
+//! [`Gate::begin`] makes: it holds the scope's admission, the key's lock and
+//! what the proxy verified the store holds. The `Write` sets the conditions
+//! itself from that state (`If-None-Match: *` or `If-Match: <etag>`, the
+//! client's own conditions checked first), tags the object with the token,
+//! applies the one timeout policy ([`Gate::send`]) and, when the store
+//! refuses a condition, re-decides ([`Gate::redecide`]). The ops never see
+//! the SDK or the forwarder, so an unconditional write cannot be written
+//! in them.
+//!
+//! The other mutating calls (creating an upload, sending or copying a part,
+//! aborting) change no object and carry no condition; each needs a witness
+//! that the fence let it through: an [`Admission`] of the upload's scope,
+//! or for an abort the upload's verified binding.
+
+use super::{Gate, Write, WriteOp};
+use crate::db::UploadBinding;
+use crate::fences::Admission;
+use crate::keys::Known;
+use s3s::dto::*;
+use s3s::{S3, S3Request, S3Response, S3Result};
+
+/// What a CopyObject writes at its destination, besides the data.
+#[derive(Debug, Default)]
+pub struct CopySpec {
+    /// `x-amz-copy-source`: `bucket/encoded-key[?versionId=...]`.
+    pub source: String,
+    pub storage_class: Option<String>,
+    pub source_if_match: Option<String>,
+    pub source_if_none_match: Option<String>,
+    pub content_type: Option<String>,
+    pub cache_control: Option<String>,
+    pub content_disposition: Option<String>,
+    pub content_encoding: Option<String>,
+    pub content_language: Option<String>,
+    pub metadata: Option<Metadata>,
+}
+
+impl Write {
+    /// What the proxy verified the store holds at the key.
+    pub fn known(&self) -> &Known {
+        &self.known
+    }
+
+    /// The write's token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Sends a PutObject over the verified state.
+    pub async fn put(
+        self,
+        gate: &Gate,
+        mut req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let token = self.token;
+        let input = &mut req.input;
+        (input.if_match, input.if_none_match) = conditions(
+            &self.known,
+            input.if_match.take(),
+            input.if_none_match.take(),
+        )?;
+        tag(&mut input.metadata, token);
+        input.content_encoding = strip_aws_chunked(input.content_encoding.take());
+        let watch = gate.watch_body(&mut input.body, &self.admission.cancel);
+        let enforced = self.enforced(gate);
+        let result = gate
+            .send_watched(enforced, gate.backend.forward.put_object(req), watch)
+            .await;
+        gate.finish(self, result, |out| {
+            Some(Known::Present {
+                etag: out.output.e_tag.as_ref()?.value().to_owned(),
+                token,
+            })
+        })
+        .await
+    }
+
+    /// Deletes the key (the version `version_id`, if given) with
+    /// `If-Match` of the verified state. A key verified absent is not sent
+    /// at all: the store would answer 204 to it, and there is no condition
+    /// that could make a DELETE of an absent key safe.
+    pub async fn delete(
+        self,
+        gate: &Gate,
+        version_id: Option<String>,
+        client_if_match: Option<IfMatch>,
+    ) -> S3Result<DeleteObjectOutput> {
+        let (if_match, _) = conditions(&self.known, client_if_match, None)?;
+        let Some(ETagCondition::ETag(etag)) = if_match else {
+            let out = Ok(DeleteObjectOutput::default());
+            return gate.finish(self, out, |_| Some(Known::Absent)).await;
+        };
+        let call = gate
+            .backend
+            .client
+            .delete_object()
+            .bucket(self.key.bucket())
+            .key(self.key.key())
+            .set_version_id(version_id)
+            .if_match(format!("\"{}\"", etag.value()))
+            .send();
+        let enforced = self.enforced(gate);
+        let result = gate
+            .send(
+                enforced,
+                async { call.await.map_err(crate::backend::sdk_error) },
+                None,
+            )
+            .await
+            .map(|out| DeleteObjectOutput {
+                delete_marker: out.delete_marker(),
+                version_id: out.version_id().map(str::to_owned),
+                ..Default::default()
+            });
+        gate.finish(self, result, |_| Some(Known::Absent)).await
+    }
+
+    /// Copies `spec.source` to the key, replacing its metadata with
+    /// `spec.metadata` plus the token.
+    pub async fn copy(self, gate: &Gate, spec: CopySpec) -> S3Result<CopyObjectOutput> {
+        let token = self.token;
+        let (if_match, if_none_match) = conditions(&self.known, None, None)?;
+        let mut metadata = spec.metadata;
+        tag(&mut metadata, token);
+        let mut b = gate
+            .backend
+            .client
+            .copy_object()
+            .bucket(self.key.bucket())
+            .key(self.key.key())
+            .copy_source(spec.source)
+            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+            .set_storage_class(spec.storage_class.as_deref().map(Into::into))
+            .set_copy_source_if_match(spec.source_if_match)
+            .set_copy_source_if_none_match(spec.source_if_none_match)
+            .set_content_type(spec.content_type)
+            .set_cache_control(spec.cache_control)
+            .set_content_disposition(spec.content_disposition)
+            .set_content_encoding(spec.content_encoding)
+            .set_content_language(spec.content_language)
+            .set_metadata(metadata);
+        if let Some(ETagCondition::ETag(e)) = if_match {
+            b = b.if_match(format!("\"{}\"", e.value()));
+        }
+        if if_none_match.is_some() {
+            b = b.if_none_match("*");
+        }
+        let enforced = self.enforced(gate);
+        let result = gate
+            .send(
+                enforced,
+                async { b.send().await.map_err(crate::backend::sdk_error) },
+                None,
+            )
+            .await
+            .map(|out| {
+                let r = out.copy_object_result();
+                CopyObjectOutput {
+                    copy_object_result: Some(CopyObjectResult {
+                        e_tag: r
+                            .and_then(|r| r.e_tag())
+                            .map(|e| ETag::Strong(crate::backend::strip_quotes(e))),
+                        last_modified: r
+                            .and_then(|r| r.last_modified())
+                            .and_then(|t| s3s_aws::conv::try_from_aws::<Timestamp>(*t).ok()),
+                        ..Default::default()
+                    }),
+                    version_id: out.version_id().map(str::to_owned),
+                    copy_source_version_id: out.copy_source_version_id().map(str::to_owned),
+                    ..Default::default()
+                }
+            });
+        gate.finish(self, result, |out| {
+            Some(Known::Present {
+                etag: out
+                    .copy_object_result
+                    .as_ref()?
+                    .e_tag
+                    .as_ref()?
+                    .value()
+                    .to_owned(),
+                token,
+            })
+        })
+        .await
+    }
+
+    /// Completes a multipart upload over the verified state.
+    pub async fn complete(
+        self,
+        gate: &Gate,
+        mut req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let token = self.token;
+        let input = &mut req.input;
+        (input.if_match, input.if_none_match) = conditions(
+            &self.known,
+            input.if_match.take(),
+            input.if_none_match.take(),
+        )?;
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let enforced = self.enforced(gate);
+        let result = match gate
+            .send(
+                enforced,
+                gate.backend.forward.complete_multipart_upload(req),
+                None,
+            )
+            .await
+        {
+            // The store answered 200 with a body the SDK cannot read (moto
+            // names the root element of a conditional Complete's answer
+            // `CompleteMultipartUploadResponse`): a 200 means it committed,
+            // so read back what it holds rather than report a failure.
+            Err(e) if e.status_code() == Some(http::StatusCode::OK) => {
+                match gate.call(gate.backend.head(&bucket, &key), None).await {
+                    Ok(Known::Present { etag, token: t }) if t == token => {
+                        Ok(S3Response::new(CompleteMultipartUploadOutput {
+                            bucket: Some(bucket),
+                            key: Some(key),
+                            e_tag: Some(ETag::Strong(etag)),
+                            ..Default::default()
+                        }))
+                    }
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        };
+        gate.finish(self, result, |out| {
+            Some(Known::Present {
+                etag: out.output.e_tag.as_ref()?.value().to_owned(),
+                token,
+            })
+        })
+        .await
+    }
+
+    /// Whether the bucket's store enforces the condition this write sends.
+    fn enforced(&self, gate: &Gate) -> bool {
+        let new_key = matches!(self.known, Known::Absent);
+        gate.store_enforces(self.key.bucket(), |r| self.op.enforced_by(r, new_key))
+    }
+}
+
+impl WriteOp {
+    /// Whether a store with probe report `r` enforces this operation's
+    /// condition (`If-None-Match` for a new key, `If-Match` otherwise).
+    pub(super) fn enforced_by(self, r: &crate::probe::ProbeReport, new_key: bool) -> bool {
+        match (self, new_key) {
+            (WriteOp::Put, true) => r.put_if_none_match,
+            (WriteOp::Put, false) => r.put_if_match,
+            (WriteOp::Complete, true) => r.complete_if_none_match,
+            (WriteOp::Complete, false) => r.complete_if_match,
+            // A delete of a key verified absent sends nothing.
+            (WriteOp::Delete | WriteOp::DeleteMany, true) => true,
+            (WriteOp::Delete | WriteOp::DeleteMany, false) => r.delete_if_match,
+            // The probe has no copy check, and neither tested store
+            // enforces copy conditions: never assumed.
+            (WriteOp::Copy, _) => false,
+        }
+    }
+}
+
+impl Gate {
+    /// Creates a multipart upload in a scope that admitted it.
+    pub async fn create_upload(
+        &self,
+        _admitted: &Admission,
+        mut req: S3Request<CreateMultipartUploadInput>,
+        token: u64,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        tag(&mut req.input.metadata, token);
+        req.input.content_encoding = strip_aws_chunked(req.input.content_encoding.take());
+        self.send(
+            true,
+            self.backend.forward.create_multipart_upload(req),
+            None,
+        )
+        .await
+    }
+
+    /// Sends a part of an upload whose token the scope admitted.
+    pub async fn upload_part(
+        &self,
+        admitted: &Admission,
+        mut req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
+        self.send_watched(true, self.backend.forward.upload_part(req), watch)
+            .await
+    }
+
+    /// Copies a part of an upload whose token the scope admitted.
+    pub async fn upload_part_copy(
+        &self,
+        _admitted: &Admission,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        self.send(true, self.backend.forward.upload_part_copy(req), None)
+            .await
+    }
+
+    /// Aborts an upload. It changes no object, so the upload's own client
+    /// may abort it even after a newer token was admitted (a stale writer
+    /// cleaning up its parts); `_bound` is the verified binding.
+    pub async fn abort_upload(
+        &self,
+        _bound: &UploadBinding,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.send(true, self.backend.forward.abort_multipart_upload(req), None)
+            .await
+    }
+}
+
+/// Replaces any client-supplied fencing-token metadata with `token`.
+pub(crate) fn tag(metadata: &mut Option<Metadata>, token: u64) {
+    let m = metadata.get_or_insert_with(Default::default);
+    m.retain(|k, _| !k.eq_ignore_ascii_case(crate::backend::TOKEN_METADATA_KEY));
+    m.insert(
+        crate::backend::TOKEN_METADATA_KEY.to_owned(),
+        token.to_string(),
+    );
+}
+
+/// Drops the `aws-chunked` content coding s3s already decoded; the SDK
+/// would otherwise send it twice and the backend reject the request.
+pub(crate) fn strip_aws_chunked(encoding: Option<String>) -> Option<String> {
+    let rest: Vec<&str> = encoding
+        .as_deref()?
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("aws-chunked"))
+        .collect();
+    (!rest.is_empty()).then(|| rest.join(","))
+}
+
+/// The conditions to send to the store for a write over `known`, after
+/// checking the client's own conditions against it.
+pub(crate) fn conditions(
+    known: &Known,
+    client_if_match: Option<IfMatch>,
+    client_if_none_match: Option<IfNoneMatch>,
+) -> S3Result<(Option<IfMatch>, Option<IfNoneMatch>)> {
+    let current = match known {
+        Known::Absent => None,
+        Known::Present { etag, .. } => Some(etag.as_str()),
+    };
+    let matches = |c: &ETagCondition| match (c, current) {
+        (ETagCondition::Any, cur) => cur.is_some(),
+        (ETagCondition::ETag(e), Some(cur)) => e.value() == cur,
+        (ETagCondition::ETag(_), None) => false,
+    };
+    if client_if_match.as_ref().is_some_and(|c| !matches(c))
+        || client_if_none_match.as_ref().is_some_and(matches)
+    {
+        return Err(s3s::s3_error!(
+            PreconditionFailed,
+            "the client's If-Match / If-None-Match condition does not hold"
+        ));
+    }
+    Ok(match current {
+        None => (None, Some(ETagCondition::Any)),
+        Some(etag) => (
+            Some(ETagCondition::ETag(ETag::Strong(etag.to_owned()))),
+            None,
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_follow_what_the_store_holds() {
+        let present = Known::Present {
+            etag: "abc".into(),
+            token: 1,
+        };
+        let (m, n) = conditions(&Known::Absent, None, None).expect("ok");
+        assert_eq!((m, n), (None, Some(ETagCondition::Any)));
+        let (m, n) = conditions(&present, None, None).expect("ok");
+        assert_eq!(
+            (m, n),
+            (Some(ETagCondition::ETag(ETag::Strong("abc".into()))), None)
+        );
+        assert!(conditions(&present, None, Some(ETagCondition::Any)).is_err());
+        assert!(conditions(&Known::Absent, Some(ETagCondition::Any), None).is_err());
+        assert!(
+            conditions(
+                &present,
+                Some(ETagCondition::ETag(ETag::Strong("x".into()))),
+                None
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn client_token_metadata_is_replaced() {
+        let mut m = Some(Metadata::from([(
+            "Fencing-Token".to_owned(),
+            "999".to_owned(),
+        )]));
+        tag(&mut m, 7);
+        let m = m.expect("metadata");
+        assert_eq!(m.len(), 1);
+        assert_eq!(m.get("fencing-token").map(String::as_str), Some("7"));
+    }
+
+    #[test]
+    fn aws_chunked_is_stripped() {
+        assert_eq!(strip_aws_chunked(Some("aws-chunked".into())), None);
+        assert_eq!(
+            strip_aws_chunked(Some("aws-chunked,gzip".into())),
+            Some("gzip".into())
+        );
+        assert_eq!(strip_aws_chunked(None), None);
+    }
+}

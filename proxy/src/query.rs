@@ -1,0 +1,192 @@
+//! Which query parameters the proxy accepts, per operation.
+//!
+//! s3s routes a request by the query parameters it knows and ignores the
+//! rest, so `PUT /b/k?renameObject` arrives as a PutObject. A store that
+//! knows the parameter would do something else than what the proxy fenced
+//! (and a new S3 feature would slip past the fence the day the store learns
+//! it). The proxy therefore decides operations by an allowlist: each
+//! operation accepts exactly the parameters s3s parses into its input,
+//! plus the SDKs' `x-id` (which must name the operation) and the
+//! pre-signed-URL parameters; anything else is refused before a handler
+//! runs.
+
+use s3s::S3Result;
+
+/// Parameters every operation accepts: the signature of a pre-signed URL.
+const PRESIGNED: &[&str] = &[
+    "X-Amz-Algorithm",
+    "X-Amz-Credential",
+    "X-Amz-Date",
+    "X-Amz-Expires",
+    "X-Amz-SignedHeaders",
+    "X-Amz-Signature",
+    "X-Amz-Security-Token",
+    "AWSAccessKeyId",
+    "Signature",
+    "Expires",
+];
+
+const RESPONSE_OVERRIDES: &[&str] = &[
+    "response-cache-control",
+    "response-content-disposition",
+    "response-content-encoding",
+    "response-content-language",
+    "response-content-type",
+    "response-expires",
+];
+
+/// The parameters `op` accepts besides [`PRESIGNED`] and `x-id`.
+fn accepted(op: &str) -> &'static [&'static str] {
+    match op {
+        "PutObject" | "CopyObject" | "HeadBucket" | "CreateBucket" => &[],
+        "GetObject" | "HeadObject" => &["partNumber", "versionId"],
+        "DeleteObject" => &["versionId"],
+        "DeleteObjects" => &["delete"],
+        "CreateMultipartUpload" => &["uploads"],
+        "UploadPart" | "UploadPartCopy" => &["partNumber", "uploadId"],
+        "CompleteMultipartUpload" | "AbortMultipartUpload" => &["uploadId"],
+        "ListParts" => &["uploadId", "max-parts", "part-number-marker"],
+        "ListObjects" => &["delimiter", "encoding-type", "marker", "max-keys", "prefix"],
+        "ListObjectsV2" => &[
+            "list-type",
+            "continuation-token",
+            "delimiter",
+            "encoding-type",
+            "fetch-owner",
+            "max-keys",
+            "prefix",
+            "start-after",
+        ],
+        "ListObjectVersions" => &[
+            "versions",
+            "delimiter",
+            "encoding-type",
+            "key-marker",
+            "max-keys",
+            "prefix",
+            "version-id-marker",
+        ],
+        "ListMultipartUploads" => &[
+            "uploads",
+            "delimiter",
+            "encoding-type",
+            "key-marker",
+            "max-uploads",
+            "prefix",
+            "upload-id-marker",
+        ],
+        "ListBuckets" => &[
+            "max-buckets",
+            "continuation-token",
+            "prefix",
+            "bucket-region",
+        ],
+        "GetBucketLocation" => &["location"],
+        "GetBucketVersioning" => &["versioning"],
+        "GetObjectTagging" => &["tagging", "versionId"],
+        "GetObjectAttributes" => &["attributes", "versionId"],
+        _ => &[],
+    }
+}
+
+/// Refuses a request to `op` whose query names a parameter `op` does not
+/// accept (400 `InvalidArgument`, naming it).
+pub fn require_known(op: &str, uri: &http::Uri) -> S3Result<()> {
+    let Some(query) = uri.query() else {
+        return Ok(());
+    };
+    let response_overrides = matches!(op, "GetObject" | "HeadObject");
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = percent_decode(raw_name);
+        if name == "x-id" {
+            if percent_decode(raw_value) != op {
+                return Err(s3s::s3_error!(
+                    InvalidArgument,
+                    "query parameter x-id={} does not name this request's operation ({op})",
+                    percent_decode(raw_value)
+                ));
+            }
+            continue;
+        }
+        let known = PRESIGNED.contains(&name.as_str())
+            || accepted(op).contains(&name.as_str())
+            || (response_overrides && RESPONSE_OVERRIDES.contains(&name.as_str()));
+        if !known {
+            return Err(s3s::s3_error!(
+                InvalidArgument,
+                "query parameter {name:?} is not supported through the fencing proxy for {op}; \
+                 it forwards only the operations and parameters it fences"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(q: &str) -> http::Uri {
+        format!("http://h/b/k?{q}").parse().expect("uri")
+    }
+
+    #[test]
+    fn known_parameters_pass() {
+        assert!(require_known("PutObject", &uri("x-id=PutObject")).is_ok());
+        assert!(require_known("UploadPart", &uri("partNumber=1&uploadId=abc")).is_ok());
+        assert!(require_known("GetObject", &uri("response-content-type=text%2Fplain")).is_ok());
+        assert!(
+            require_known(
+                "PutObject",
+                &uri("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=00")
+            )
+            .is_ok()
+        );
+        assert!(require_known("ListObjectsV2", &uri("list-type=2&prefix=a%2F")).is_ok());
+    }
+
+    #[test]
+    fn unknown_parameters_are_refused() {
+        for (op, q) in [
+            ("PutObject", "renameObject"),
+            ("PutObject", "renameObject="),
+            ("PutObject", "x-id=RenameObject"),
+            ("DeleteObject", "tagging"),
+            ("PutObject", "response-content-type=x"),
+            ("CompleteMultipartUpload", "uploadId=1&append"),
+        ] {
+            let e = require_known(op, &uri(q)).expect_err(q);
+            assert_eq!(e.code(), &s3s::S3ErrorCode::InvalidArgument, "{op} {q}");
+        }
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%2Fb+c%"), "a/b c%");
+        assert_eq!(percent_decode("%4"), "%4");
+    }
+}

@@ -1,0 +1,861 @@
+//! The proxy against hostile and buggy clients: one test per class of hole
+//! an adversarial review found (see ARCHITECTURE.md, "Threat model"), on
+//! the dev store (s3s-fs behind `DevStore`) and on moto, through real
+//! proxy processes and raw sockets where an SDK or URL library would
+//! normalise the attack away.
+//!
+//! The threat-model roles: (1) honest stale writers are `tests/proxy.rs`'s
+//! core; (2) buggy clients that echo `Fencing-Max-Token` or retry with any
+//! token they saw; (3) clients with valid proxy credentials but no lease;
+//! (4) unauthenticated network clients, who must change nothing and
+//! exhaust nothing.
+
+mod support;
+
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+use std::time::Duration;
+use support::s3::*;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const BUCKET: &str = "bkt";
+const OTHER: &str = "other";
+
+/// A second client key: valid proxy credentials, no lease.
+const MALLORY_KEY: (&str, &str) = ("mallory-key", "mallory-secret-123");
+
+struct Env {
+    backend: Backend,
+    proxy: Proxy,
+    _dir: tempfile::TempDir,
+}
+
+async fn env_with(kind: BackendKind, extra: &str) -> Env {
+    let backend = Backend::start(kind).await;
+    backend.create_bucket(BUCKET).await;
+    backend.create_bucket(OTHER).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!(
+        "{extra}\n[[clients]]\naccess_key = \"{}\"\nsecret_key = \"{}\"\n",
+        MALLORY_KEY.0, MALLORY_KEY.1
+    );
+    let proxy = Proxy::start(
+        &proxy_toml(&backend, dir.path(), BUCKET, &extra),
+        dir.path(),
+    )
+    .await;
+    Env {
+        backend,
+        proxy,
+        _dir: dir,
+    }
+}
+
+impl Env {
+    fn addr(&self) -> String {
+        self.proxy.url.trim_start_matches("http://").to_owned()
+    }
+
+    /// One raw HTTP/1.1 request, sent byte for byte (no URL
+    /// normalisation); returns the status line's code, headers and body.
+    async fn raw(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &[(&str, String)],
+        body: &[u8],
+    ) -> (u16, String) {
+        let mut conn = tokio::net::TcpStream::connect(self.addr())
+            .await
+            .expect("connect");
+        let mut head = format!(
+            "{method} {target} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            self.addr(),
+            body.len()
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        conn.write_all(head.as_bytes()).await.expect("head");
+        let _ = conn.write_all(body).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out).to_string();
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, text)
+    }
+
+    async fn put_signed(
+        &self,
+        key: &str,
+        token: &str,
+        body: &str,
+    ) -> Result<(), (Option<u16>, String)> {
+        let req = self
+            .proxy
+            .client()
+            .put_object()
+            .bucket(BUCKET)
+            .key(key)
+            .body(ByteStream::from(body.as_bytes().to_vec()));
+        fenced!(req, token)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| error_of(&e))
+    }
+
+    fn proxy_pid(&self) -> i32 {
+        self.proxy.service.as_ref().expect("running").pid()
+    }
+}
+
+fn token_header(lock: &str, n: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("Fencing-Token", signed(lock, n)),
+        ("Content-Type", "application/octet-stream".into()),
+    ]
+}
+
+/// The proxy's resident memory, in MiB.
+fn rss_mib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        / 1024
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod s3s_fs {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(super::BackendKind::S3Fs).await })*
+        }
+        mod moto {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(super::BackendKind::Moto).await })*
+        }
+    };
+}
+
+both_backends!(
+    h1_keys_with_dot_or_empty_segments_are_refused_before_any_work,
+    h1_prefix_scopes_cannot_be_escaped,
+    h2_a_buggy_client_echoing_the_max_cannot_write,
+    h3_role_clients_with_proxy_credentials_but_no_lease_cannot_write,
+    h4_create_bucket_cannot_change_an_existing_bucket,
+    h8_delete_objects_takes_at_most_1000_keys,
+    unknown_query_parameters_are_refused,
+    uploads_answer_only_to_their_creator,
+    scopes_sharing_a_lock_share_its_fence,
+    a_cut_upload_always_learns_it_is_stale,
+);
+
+/// H1: every way of spelling a dot segment (raw, percent-encoded, in the
+/// middle, at the start), an empty segment, a backslash: 400 before any
+/// scope or backend work, for writes, deletes and reads; the object of
+/// another bucket and the other bucket itself are untouched.
+async fn h1_keys_with_dot_or_empty_segments_are_refused_before_any_work(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    e.backend
+        .direct()
+        .put_object()
+        .bucket(OTHER)
+        .key("victim.txt")
+        .body(ByteStream::from_static(b"victim"))
+        .send()
+        .await
+        .expect("victim");
+    let targets = [
+        "/bkt/..%2Fother%2Fvictim.txt",
+        "/bkt/%2E%2E%2Fother%2Fvictim.txt",
+        "/bkt/%2e%2e/other/victim.txt",
+        "/bkt/x/../../other/victim.txt",
+        "/bkt/../other/new.txt",
+        "/bkt/.%2F",
+        "/bkt/..%2Fother%2F",
+        "/bkt/a/./b",
+        "/bkt/a//b",
+        "/bkt/%2Fother%2Fvictim.txt",
+        "/bkt/a%5C..%5C..%5Cother%5Cvictim.txt",
+    ];
+    for target in targets {
+        for method in ["PUT", "DELETE", "GET"] {
+            let (code, text) = e
+                .raw(method, target, &token_header(BUCKET, 5), b"attacker")
+                .await;
+            assert_eq!(code, 400, "{method} {target}: {text}");
+            assert!(
+                text.contains("<Code>InvalidArgument</Code>"),
+                "{method} {target}: {text}"
+            );
+            assert!(
+                text.contains("is refused"),
+                "the error names the rule: {text}"
+            );
+        }
+    }
+    assert_eq!(
+        stored(&e.backend, OTHER, "victim.txt").await,
+        Some((b"victim".to_vec(), None)),
+        "the other bucket's object is untouched"
+    );
+    assert_eq!(stored(&e.backend, OTHER, "new.txt").await, None);
+    assert!(
+        e.backend.bucket_exists(OTHER).await,
+        "no bucket was removed"
+    );
+    assert_eq!(e.proxy.max_token(BUCKET).await, 0, "nothing was admitted");
+
+    // A copy whose source escapes, and a batch delete naming one such key.
+    let c = e.proxy.client();
+    let copy = c
+        .copy_object()
+        .bucket(BUCKET)
+        .key("copy")
+        .copy_source("bkt/../other/victim.txt");
+    let err = fenced!(copy, signed(BUCKET, 5))
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err), (Some(400), "InvalidArgument".into()));
+    e.put_signed("keep", &signed(BUCKET, 5), "keep")
+        .await
+        .expect("a normal write");
+    let batch = c.delete_objects().bucket(BUCKET).delete(
+        Delete::builder()
+            .objects(ObjectIdentifier::builder().key("keep").build().expect("id"))
+            .objects(
+                ObjectIdentifier::builder()
+                    .key("../other/victim.txt")
+                    .build()
+                    .expect("id"),
+            )
+            .build()
+            .expect("delete"),
+    );
+    let err = fenced!(batch, signed(BUCKET, 5))
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err), (Some(400), "InvalidArgument".into()));
+    assert!(
+        stored(&e.backend, BUCKET, "keep").await.is_some(),
+        "no key of the batch was deleted"
+    );
+    assert!(stored(&e.backend, OTHER, "victim.txt").await.is_some());
+
+    // Defence in depth: the dev store refuses the same keys on its own.
+    if kind == BackendKind::S3Fs {
+        let direct = e
+            .backend
+            .direct()
+            .put_object()
+            .bucket(BUCKET)
+            .key("x/../../other/victim.txt")
+            .body(ByteStream::from_static(b"direct attacker"))
+            .send()
+            .await
+            .expect_err("the dev store refuses it");
+        assert_eq!(error_of(&direct).0, Some(400), "{direct:?}");
+        assert_eq!(
+            stored(&e.backend, OTHER, "victim.txt")
+                .await
+                .map(|(b, _)| b),
+            Some(b"victim".to_vec())
+        );
+    }
+}
+
+/// H1 with prefix scopes: a `logs/` token cannot reach `db/` by any
+/// spelling, and an ordinary `db/` key needs the `db` lock.
+async fn h1_prefix_scopes_cannot_be_escaped(kind: BackendKind) {
+    let scopes = "[[scopes]]\nbucket = \"bkt\"\nprefix = \"logs/\"\nlock = \"logs\"\n\
+                  [[scopes]]\nbucket = \"bkt\"\nprefix = \"db/\"\nlock = \"db\"\n";
+    let e = env_with(kind, scopes).await;
+    let db = signed("db", 3);
+    e.put_signed("db/x", &db, "db data")
+        .await
+        .expect("db's holder writes");
+    for target in [
+        "/bkt/logs/..%2Fdb%2Fx",
+        "/bkt/logs/../db/x",
+        "/bkt/logs%2F..%2Fdb%2Fx",
+        "/bkt/logs/%2E%2E/db/x",
+    ] {
+        for method in ["PUT", "DELETE"] {
+            let (code, text) = e
+                .raw(method, target, &token_header("logs", 9), b"logs writer")
+                .await;
+            assert_eq!(code, 400, "{method} {target}: {text}");
+        }
+    }
+    let err = e
+        .put_signed("db/x", &signed("logs", 9), "wrong lock")
+        .await
+        .expect_err("refused");
+    assert_eq!(err, (Some(403), "FencingTokenWrongLock".into()));
+    assert_eq!(
+        stored(&e.backend, BUCKET, "db/x").await,
+        Some((b"db data".to_vec(), Some(3)))
+    );
+}
+
+/// Role 2, H2 at the proxy: a client that retries with the number the
+/// refusal published (`Fencing-Max-Token`), or with any plain number, gets
+/// 403: a number alone proves nothing. The object stays the holder's.
+async fn h2_a_buggy_client_echoing_the_max_cannot_write(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    e.put_signed("k", &signed(BUCKET, 2), "bob")
+        .await
+        .expect("bob writes");
+    let (code, text) = e
+        .raw("PUT", "/bkt/k", &token_header(BUCKET, 1), b"alice")
+        .await;
+    assert_eq!(code, 409, "{text}");
+    let max = text
+        .lines()
+        .find_map(|l| l.strip_prefix("fencing-max-token: "))
+        .expect("the refusal publishes the max")
+        .trim()
+        .to_owned();
+    assert_eq!(max, "2");
+    for token in [max.clone(), "3".into(), "9223372036854775807".into()] {
+        let (code, text) = e
+            .raw(
+                "PUT",
+                "/bkt/k",
+                &[
+                    ("Fencing-Token", token.clone()),
+                    ("Content-Type", "text/plain".into()),
+                ],
+                b"alice echoes",
+            )
+            .await;
+        assert_eq!(code, 403, "plain {token}: {text}");
+        assert!(text.contains("FencingTokenUnsigned"), "{text}");
+    }
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        Some((b"bob".to_vec(), Some(2)))
+    );
+    assert_eq!(
+        e.proxy.max_token(BUCKET).await,
+        2,
+        "no plain number raised the max"
+    );
+}
+
+/// Role 3: valid proxy credentials without the lease: no token (428), a
+/// plain number (403), another lock's signed token (403), a forged one
+/// (403) — and nothing changes.
+async fn h3_role_clients_with_proxy_credentials_but_no_lease_cannot_write(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    e.put_signed("k", &signed(BUCKET, 4), "holder")
+        .await
+        .expect("holder");
+    let mallory = sdk_client(&e.proxy.url, MALLORY_KEY);
+    let put = || {
+        mallory
+            .put_object()
+            .bucket(BUCKET)
+            .key("k")
+            .body(ByteStream::from_static(b"mallory"))
+    };
+    let err = put().send().await.expect_err("no token");
+    assert_eq!(error_of(&err), (Some(428), "FencingTokenRequired".into()));
+    for (token, code) in [
+        ("4".to_owned(), "FencingTokenUnsigned"),
+        (signed(OTHER, 99), "FencingTokenWrongLock"),
+        (
+            signed(BUCKET, 4).replacen(":4:", ":99:", 1),
+            "FencingTokenSignatureInvalid",
+        ),
+    ] {
+        let err = fenced!(put(), token).send().await.expect_err("refused");
+        assert_eq!(error_of(&err), (Some(403), code.into()), "{token}");
+    }
+    let del = mallory.delete_object().bucket(BUCKET).key("k");
+    let err = fenced!(del, "4".to_owned())
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err).0, Some(403));
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        Some((b"holder".to_vec(), Some(4)))
+    );
+}
+
+/// H4: CreateBucket forwards plain creates only; ACL, grant, ownership and
+/// object-lock headers are refused, and an existing bucket is unchanged.
+/// Anonymous clients create nothing.
+async fn h4_create_bucket_cannot_change_an_existing_bucket(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    let c = e.proxy.client();
+    let err = c
+        .create_bucket()
+        .bucket(BUCKET)
+        .acl(aws_sdk_s3::types::BucketCannedAcl::PublicRead)
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err), (Some(403), "AccessDenied".into()));
+    let err = c
+        .create_bucket()
+        .bucket(BUCKET)
+        .grant_read("uri=\"http://acs.amazonaws.com/groups/global/AllUsers\"")
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err).0, Some(403));
+    let err = c
+        .create_bucket()
+        .bucket(BUCKET)
+        .object_lock_enabled_for_bucket(true)
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err).0, Some(403));
+    if kind == BackendKind::Moto {
+        let acl = e
+            .backend
+            .direct()
+            .get_bucket_acl()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .expect("acl");
+        assert!(
+            !format!("{acl:?}").contains("AllUsers"),
+            "no public grant was added: {acl:?}"
+        );
+        let lock = e
+            .backend
+            .direct()
+            .get_object_lock_configuration()
+            .bucket(BUCKET)
+            .send()
+            .await;
+        assert!(lock.is_err(), "object lock was not turned on: {lock:?}");
+    }
+    let (code, text) = e.raw("PUT", "/anon-bucket", &[], b"").await;
+    assert_eq!(code, 403, "{text}");
+    assert!(!e.backend.bucket_exists("anon-bucket").await);
+    c.create_bucket()
+        .bucket("plain-bucket")
+        .send()
+        .await
+        .expect("a plain create works");
+    assert!(e.backend.bucket_exists("plain-bucket").await);
+}
+
+/// H8: DeleteObjects names at most 1000 keys, as on S3.
+async fn h8_delete_objects_takes_at_most_1000_keys(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    e.put_signed("k0", &signed(BUCKET, 1), "v")
+        .await
+        .expect("write");
+    let ids: Vec<ObjectIdentifier> = (0..1001)
+        .map(|i| {
+            ObjectIdentifier::builder()
+                .key(format!("k{i}"))
+                .build()
+                .expect("id")
+        })
+        .collect();
+    let batch = e.proxy.client().delete_objects().bucket(BUCKET).delete(
+        Delete::builder()
+            .set_objects(Some(ids))
+            .build()
+            .expect("delete"),
+    );
+    let err = fenced!(batch, signed(BUCKET, 1))
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err), (Some(400), "MalformedXML".into()));
+    assert!(
+        stored(&e.backend, BUCKET, "k0").await.is_some(),
+        "nothing deleted"
+    );
+}
+
+/// Operations are decided by an allowlist of query parameters:
+/// `PUT ?renameObject` is not a PutObject.
+async fn unknown_query_parameters_are_refused(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    e.put_signed("src", &signed(BUCKET, 1), "source")
+        .await
+        .expect("write");
+    for target in [
+        "/bkt/dst?renameObject",
+        "/bkt/dst?renameObject=&x-id=RenameObject",
+        "/bkt/dst?x-id=RenameObject",
+    ] {
+        let mut h = token_header(BUCKET, 1);
+        h.push(("x-amz-rename-source", "/bkt/src".into()));
+        let (code, text) = e.raw("PUT", target, &h, b"").await;
+        assert_eq!(code, 400, "{target}: {text}");
+        assert!(text.contains("InvalidArgument"), "{text}");
+    }
+    assert_eq!(stored(&e.backend, BUCKET, "dst").await, None);
+    assert!(stored(&e.backend, BUCKET, "src").await.is_some());
+}
+
+/// Multipart uploads bind to the identity that created them: another
+/// client key, or an anonymous client, cannot send parts, complete or
+/// abort; an anonymous upload answers only to its token.
+async fn uploads_answer_only_to_their_creator(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    let owner = e.proxy.client();
+    let mallory = sdk_client(&e.proxy.url, MALLORY_KEY);
+    let t = signed(BUCKET, 3);
+    let up = fenced!(
+        owner.create_multipart_upload().bucket(BUCKET).key("mpu"),
+        t.clone()
+    )
+    .send()
+    .await
+    .expect("create");
+    let id = up.upload_id().expect("id").to_owned();
+    let part = |c: &aws_sdk_s3::Client| {
+        c.upload_part()
+            .bucket(BUCKET)
+            .key("mpu")
+            .upload_id(&id)
+            .part_number(1)
+            .body(ByteStream::from(vec![b'm'; 1024]))
+    };
+    // Even with the right token, another key is not the creator.
+    let err = fenced!(part(&mallory), t.clone())
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err), (Some(403), "AccessDenied".into()));
+    let (code, text) = e
+        .raw(
+            "PUT",
+            &format!("/bkt/mpu?partNumber=1&uploadId={id}"),
+            &token_header(BUCKET, 3),
+            b"anonymous part",
+        )
+        .await;
+    assert_eq!(code, 403, "an anonymous part of a keyed upload: {text}");
+    let err = mallory
+        .abort_multipart_upload()
+        .bucket(BUCKET)
+        .key("mpu")
+        .upload_id(&id)
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&err).0, Some(403));
+    let p = part(&owner).send().await.expect("the creator's part");
+    let complete = |c: &aws_sdk_s3::Client| {
+        c.complete_multipart_upload()
+            .bucket(BUCKET)
+            .key("mpu")
+            .upload_id(&id)
+            .multipart_upload(
+                aws_sdk_s3::types::CompletedMultipartUpload::builder()
+                    .parts(
+                        aws_sdk_s3::types::CompletedPart::builder()
+                            .part_number(1)
+                            .set_e_tag(p.e_tag().map(str::to_owned))
+                            .build(),
+                    )
+                    .build(),
+            )
+    };
+    let err = complete(&mallory).send().await.expect_err("refused");
+    assert_eq!(error_of(&err).0, Some(403));
+    assert_eq!(
+        stored(&e.backend, BUCKET, "mpu").await,
+        None,
+        "mallory completed nothing"
+    );
+    complete(&owner)
+        .send()
+        .await
+        .expect("the creator completes");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "mpu")
+            .await
+            .map(|(b, t)| (b.len(), t)),
+        Some((1024, Some(3)))
+    );
+
+    // An anonymous upload: every request must carry its token.
+    let (code, text) = e
+        .raw("POST", "/bkt/anon?uploads", &token_header(BUCKET, 3), b"")
+        .await;
+    assert_eq!(code, 200, "{text}");
+    let anon_id = text
+        .split("<UploadId>")
+        .nth(1)
+        .and_then(|r| r.split("</UploadId>").next())
+        .expect("upload id")
+        .to_owned();
+    let target = format!("/bkt/anon?partNumber=1&uploadId={anon_id}");
+    let (code, text) = e
+        .raw(
+            "PUT",
+            &target,
+            &[("Content-Type", "application/octet-stream".into())],
+            b"tokenless",
+        )
+        .await;
+    assert_eq!(code, 403, "a tokenless part of an anonymous upload: {text}");
+    let (code, text) = e
+        .raw("PUT", &target, &token_header(BUCKET, 3), b"with token")
+        .await;
+    assert_eq!(code, 200, "{text}");
+}
+
+/// Scopes that share a lock share its fence: after a newer holder wrote in
+/// one scope, the stale holder cannot write in the other.
+async fn scopes_sharing_a_lock_share_its_fence(kind: BackendKind) {
+    let scopes = "[[scopes]]\nbucket = \"bkt\"\nprefix = \"a/\"\nlock = \"shared\"\n\
+                  [[scopes]]\nbucket = \"bkt\"\nprefix = \"b/\"\nlock = \"shared\"\n";
+    let e = env_with(kind, scopes).await;
+    e.put_signed("a/x", &signed("shared", 2), "new holder")
+        .await
+        .expect("write");
+    let err = e
+        .put_signed("b/y", &signed("shared", 1), "stale")
+        .await
+        .expect_err("stale");
+    assert_eq!(err, (Some(409), "FencingTokenStale".into()));
+    assert_eq!(stored(&e.backend, BUCKET, "b/y").await, None);
+    assert_eq!(e.proxy.max_token("shared").await, 2);
+}
+
+/// H3: a replica whose cache says a key is absent does not delete it
+/// unconditionally. Two proxies on one moto bucket, each with its own
+/// fence database: replica 1 saw only token 1 and last saw the key
+/// deleted; bob writes it with token 2 through replica 2; alice's stale
+/// DELETE through replica 1 must not remove bob's object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h3_a_replica_never_deletes_without_a_verified_condition() {
+    let backend = Backend::start(BackendKind::Moto).await;
+    backend.create_bucket(BUCKET).await;
+    let d1 = tempfile::tempdir().expect("tempdir");
+    let d2 = tempfile::tempdir().expect("tempdir");
+    let r1 = Proxy::start(&proxy_toml(&backend, d1.path(), BUCKET, ""), d1.path()).await;
+    let r2 = Proxy::start(&proxy_toml(&backend, d2.path(), BUCKET, ""), d2.path()).await;
+    let (c1, c2) = (r1.client(), r2.client());
+    let put = |c: &aws_sdk_s3::Client, body: &'static [u8]| {
+        c.put_object()
+            .bucket(BUCKET)
+            .key("k")
+            .body(ByteStream::from_static(body))
+    };
+    fenced!(put(&c1, b"alice"), signed(BUCKET, 1))
+        .send()
+        .await
+        .expect("alice");
+    fenced!(
+        c1.delete_object().bucket(BUCKET).key("k"),
+        signed(BUCKET, 1)
+    )
+    .send()
+    .await
+    .expect("alice deletes: replica 1 now believes k is absent");
+    fenced!(put(&c2, b"bob"), signed(BUCKET, 2))
+        .send()
+        .await
+        .expect("bob through replica 2");
+    let err = fenced!(
+        c1.delete_object().bucket(BUCKET).key("k"),
+        signed(BUCKET, 1)
+    )
+    .send()
+    .await
+    .expect_err("alice's stale delete through replica 1");
+    assert_eq!(error_of(&err), (Some(409), "FencingTokenStale".into()));
+    assert_eq!(
+        stored(&backend, BUCKET, "k").await,
+        Some((b"bob".to_vec(), Some(2)))
+    );
+    // The same through DeleteObjects.
+    let batch = c1.delete_objects().bucket(BUCKET).delete(
+        Delete::builder()
+            .objects(ObjectIdentifier::builder().key("k").build().expect("id"))
+            .build()
+            .expect("delete"),
+    );
+    let out = fenced!(batch, signed(BUCKET, 1))
+        .send()
+        .await
+        .expect("answered per key");
+    assert_eq!(out.errors().len(), 1, "{out:?}");
+    assert_eq!(out.errors()[0].code(), Some("FencingTokenStale"));
+    assert_eq!(
+        stored(&backend, BUCKET, "k").await,
+        Some((b"bob".to_vec(), Some(2)))
+    );
+}
+
+/// H5, role 4: POST form uploads are refused before their body is read,
+/// and bodies read whole share a bounded budget: the proxy stays under
+/// 64 MiB through a 1 GiB anonymous POST, 100 concurrent 8 MiB POSTs and
+/// 40 concurrent 8 MiB DeleteObjects bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h5_unauthenticated_bodies_do_not_grow_the_proxy() {
+    let e = env_with(BackendKind::S3Fs, "").await;
+    let pid = e.proxy_pid();
+    let before = rss_mib(pid);
+    let post = |size: u64, target: &'static str| {
+        let addr = e.addr();
+        async move {
+            let mut conn = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            let head = format!(
+                "POST {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: multipart/form-data; boundary=x\r\nContent-Length: {size}\r\n\r\n"
+            );
+            conn.write_all(head.as_bytes()).await.expect("head");
+            let chunk = vec![b'z'; 1 << 20];
+            let mut sent = 0u64;
+            while sent < size {
+                if conn.write_all(&chunk).await.is_err() {
+                    break; // the proxy answered and closed
+                }
+                sent += chunk.len() as u64;
+            }
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut out)).await;
+            String::from_utf8_lossy(&out).to_string()
+        }
+    };
+    let answer = post(1 << 30, "/bkt").await;
+    assert!(answer.starts_with("HTTP/1.1 501"), "{answer}");
+    let many: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(post(8 << 20, "/bkt")))
+        .collect();
+    for h in many {
+        let a = h.await.expect("joined");
+        assert!(a.starts_with("HTTP/1.1 501"), "{a}");
+    }
+    let xml: Vec<_> = (0..40)
+        .map(|_| tokio::spawn(post(8 << 20, "/bkt?delete")))
+        .collect();
+    for h in xml {
+        let a = h.await.expect("joined");
+        assert!(
+            a.starts_with("HTTP/1.1 503") || a.starts_with("HTTP/1.1 400"),
+            "a large XML body is refused or fails to parse: {}",
+            a.lines().next().unwrap_or("")
+        );
+    }
+    let after = rss_mib(pid);
+    assert!(after < 64, "proxy RSS {after} MiB (was {before} MiB)");
+    // And the proxy still serves.
+    e.put_signed("after", &signed(BUCKET, 1), "ok")
+        .await
+        .expect("still serving");
+}
+
+/// H7, role 4: refused requests naming made-up buckets allocate no fence
+/// and no metric series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h7_made_up_buckets_leave_no_trace() {
+    let e = env_with(BackendKind::S3Fs, "").await;
+    let metrics = || async {
+        reqwest::get(format!("{}/_fencegate/metrics", e.proxy.url))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    };
+    let before = metrics().await.len();
+    for i in 0..300 {
+        let (code, _) = e
+            .raw(
+                "PUT",
+                &format!("/made-up-{i}/k"),
+                &[("Content-Type", "text/plain".into())],
+                b"x",
+            )
+            .await;
+        assert_eq!(code, 428);
+    }
+    let text = metrics().await;
+    assert!(
+        !text.contains("made-up-"),
+        "a made-up bucket became a metric label"
+    );
+    assert!(
+        text.len() < before + 2048,
+        "metrics grew from {before} to {} bytes",
+        text.len()
+    );
+    let st = e.proxy.status().await;
+    assert!(!st.to_string().contains("made-up-"), "{st}");
+}
+
+/// A stale upload cut by the epoch barrier learns it lost its lease with
+/// the non-retryable 409 `FencingTokenStale` and the token that cut it,
+/// whether it was writing a new key or overwriting one (a retryable 503
+/// would make rclone and the SDKs retry a write that can never succeed).
+async fn a_cut_upload_always_learns_it_is_stale(kind: BackendKind) {
+    let e = env_with(kind, "").await;
+    e.put_signed("existing", &signed(BUCKET, 1), "old")
+        .await
+        .expect("token 1");
+    for (key, stale) in [("new-key", 1), ("existing", 2)] {
+        let mut slow = tokio::net::TcpStream::connect(e.addr())
+            .await
+            .expect("connect");
+        let total = 2 * 1024 * 1024;
+        let head = format!(
+            "PUT /{BUCKET}/{key} HTTP/1.1\r\nHost: {}\r\nFencing-Token: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\nContent-Length: {total}\r\n\r\n",
+            e.addr(),
+            signed(BUCKET, stale)
+        );
+        slow.write_all(head.as_bytes()).await.expect("head");
+        slow.write_all(&vec![b'1'; total / 2])
+            .await
+            .expect("first half");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let raise = stale + 1;
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            e.put_signed(
+                &format!("raise-{raise}"),
+                &signed(BUCKET, raise),
+                "newer holder",
+            ),
+        )
+        .await
+        .expect("the raise is not blocked by the stalled upload")
+        .expect("the newer holder writes");
+        let _ = slow.write_all(&vec![b'1'; total / 2]).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer).to_string();
+        assert!(answer.starts_with("HTTP/1.1 409"), "{key}: {answer}");
+        assert!(answer.contains("FencingTokenStale"), "{key}: {answer}");
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains(&format!("fencing-max-token: {raise}")),
+            "{key}: {answer}"
+        );
+    }
+    assert_eq!(stored(&e.backend, BUCKET, "new-key").await, None);
+    assert_eq!(
+        stored(&e.backend, BUCKET, "existing").await,
+        Some((b"old".to_vec(), Some(1)))
+    );
+}
