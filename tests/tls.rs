@@ -171,6 +171,33 @@ fn lease_commands_over_https_with_the_ca_file() {
         assert!(out.status.success(), "{sub}: {}", describe(&out));
     }
 
+    // `fencegate run` acquires, renews (TTL 1 s: renewals every ~330 ms
+    // while the command runs 1.5 s) and releases over https.
+    let out = run(cli(&[
+        "run",
+        "--lock",
+        "nightly",
+        "--ttl",
+        "1s",
+        "--locksvc",
+        url,
+        "--",
+        "sh",
+        "-c",
+        "sleep 1.5; echo \"$FENCING_TOKEN\"",
+    ])
+    .env("FENCEGATE_CA_FILE", ca));
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("fgt1:nightly:"),
+        "{}",
+        describe(&out)
+    );
+    let out =
+        run(cli(&["lease", "status", "nightly", "--locksvc", url]).env("FENCEGATE_CA_FILE", ca));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(status["held"], false, "run released its lease: {status}");
+
     // `fencegate health` speaks https with the CA.
     let health = format!("{url}/health");
     let out = run(&mut cli(&["health", &health, "--ca-file", ca]));
