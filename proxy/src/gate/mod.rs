@@ -116,11 +116,10 @@ impl WriteOp {
     /// the window, not close it: that needs a store that enforces them
     /// (the probe reports which do).
     fn trusts_cached(self, cached: &Known) -> bool {
-        match (self, cached) {
-            (WriteOp::Delete | WriteOp::DeleteMany, Known::Absent) => false,
-            (WriteOp::Copy, _) => false,
-            _ => true,
-        }
+        !matches!(
+            (self, cached),
+            (WriteOp::Delete | WriteOp::DeleteMany, Known::Absent) | (WriteOp::Copy, _)
+        )
     }
 }
 
