@@ -859,3 +859,41 @@ async fn a_cut_upload_always_learns_it_is_stale(kind: BackendKind) {
         Some((b"old".to_vec(), Some(1)))
     );
 }
+
+/// Role 4 with `allow_anonymous = false`: an unsigned request changes
+/// nothing, even carrying the holder's signed token, and reads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_clients_change_nothing_when_anonymous_is_off() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "")
+        .replace("allow_anonymous = true", "allow_anonymous = false");
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let e = Env {
+        backend,
+        proxy,
+        _dir: dir,
+    };
+    e.put_signed("k", &signed(BUCKET, 1), "holder")
+        .await
+        .expect("a signed client writes");
+    for (method, target) in [
+        ("PUT", "/bkt/k"),
+        ("DELETE", "/bkt/k"),
+        ("POST", "/bkt/k?uploads"),
+        ("GET", "/bkt/k"),
+        ("PUT", "/new-bucket"),
+    ] {
+        let (code, text) = e
+            .raw(method, target, &token_header(BUCKET, 1), b"anonymous")
+            .await;
+        assert_eq!(code, 403, "{method} {target}: {text}");
+        assert!(text.contains("AccessDenied"), "{method} {target}: {text}");
+    }
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        Some((b"holder".to_vec(), Some(1)))
+    );
+    assert!(!e.backend.bucket_exists("new-bucket").await);
+}

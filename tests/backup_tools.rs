@@ -401,7 +401,11 @@ async fn forged_lease_credentials_are_refused_and_write_nothing() {
         None,
         "nothing written"
     );
-    assert_eq!(e.proxy.max_token("bkt").await, token, "max unchanged");
+    assert_eq!(
+        e.proxy.max_token("nightly").await,
+        token,
+        "max of the scope's lock unchanged"
+    );
 
     // A header that disagrees with the credentials is refused too.
     let c = sdk(&key, &secret);

@@ -212,7 +212,8 @@ async fn curl_every_write_is_fenced(kind: BackendKind) {
     );
     assert_eq!(stored(&e.backend, BUCKET, "c/copy").await, None);
 
-    // Multipart: token on Create only.
+    // Multipart, anonymous: an anonymous upload has no identity but its
+    // token, so every request for it carries the token.
     let (s, body) = go(vec![
         "-X".into(),
         "POST".into(),
@@ -228,9 +229,21 @@ async fn curl_every_write_is_fenced(kind: BackendKind) {
         .and_then(|r| r.split("</UploadId>").next())
         .expect("upload id")
         .to_owned();
+    let (s, body) = go(vec![
+        "-X".into(),
+        "PUT".into(),
+        "--data-binary".into(),
+        "tokenless part".into(),
+        format!("{}?partNumber=1&uploadId={id}", url("c/mpu")),
+    ])
+    .await;
+    assert_eq!(s, 403, "a tokenless part of an anonymous upload: {body}");
+    assert!(body.contains("AccessDenied"), "{body}");
     let (s, _) = go(vec![
         "-X".into(),
         "PUT".into(),
+        "-H".into(),
+        current.clone(),
         "--data-binary".into(),
         "part one".into(),
         format!("{}?partNumber=1&uploadId={id}", url("c/mpu")),
@@ -240,6 +253,8 @@ async fn curl_every_write_is_fenced(kind: BackendKind) {
     let etag_of = dump_headers(&[
         "-X",
         "PUT",
+        "-H",
+        &current,
         "--data-binary",
         "part one",
         &format!("{}?partNumber=1&uploadId={id}", url("c/mpu")),
@@ -251,6 +266,8 @@ async fn curl_every_write_is_fenced(kind: BackendKind) {
     let (s, body) = go(vec![
         "-X".into(),
         "POST".into(),
+        "-H".into(),
+        current.clone(),
         "--data-binary".into(),
         xml,
         format!("{}?uploadId={id}", url("c/mpu")),

@@ -103,17 +103,23 @@ impl WriteOp {
         }
     }
 
-    /// Whether a cached state of the key may stand in for reading it: only
-    /// where the condition derived from it is enforced by the store, so a
-    /// stale cache (another replica wrote) fails at the store. A cached
-    /// "absent" never stands in for a delete, which cannot be made
-    /// conditional on absence.
-    fn trusts_cached(self, report: Option<&ProbeReport>, cached: &Known) -> bool {
-        let absent = matches!(cached, Known::Absent);
-        if absent && matches!(self, WriteOp::Delete | WriteOp::DeleteMany) {
-            return false;
-        }
-        report.is_some_and(|r| self.enforced_by(r, absent))
+    /// Whether a cached state of the key may stand in for reading it.
+    ///
+    /// The cache holds what the store answered to this proxy's own writes.
+    /// Where the store enforces the condition derived from it, a stale
+    /// cache (another replica wrote since) fails at the store. Two cases
+    /// read afresh instead: a delete of a key cached absent (a DELETE
+    /// cannot be made conditional on absence, so it would go out with no
+    /// condition at all), and a copy (no store probed enforces copy
+    /// conditions, and a copy is rare enough to afford the read). Where
+    /// the store ignores other conditions, a fresh read would only narrow
+    /// the window, not close it: that needs a store that enforces them
+    /// (the probe reports which do).
+    fn trusts_cached(self, cached: &Known) -> bool {
+        !matches!(
+            (self, cached),
+            (WriteOp::Delete | WriteOp::DeleteMany, Known::Absent) | (WriteOp::Copy, _)
+        )
     }
 }
 
@@ -631,14 +637,8 @@ impl Gate {
             g = self.keys.lock(bucket, key) => g,
             () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission)),
         };
-        let report = self
-            .probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(bucket)
-            .cloned();
         let known = match guard.known() {
-            Some(k) if write.trusts_cached(report.as_ref(), &k) => k,
+            Some(k) if write.trusts_cached(&k) => k,
             _ => {
                 let k = self.call(self.backend.head(bucket, key), None).await?;
                 guard.remember(k.clone());
