@@ -566,6 +566,39 @@ mod tests {
     }
 
     #[test]
+    fn lease_service_tls_needs_an_https_url_and_connection_limits_are_checked() {
+        let mut c = ProxyConfig {
+            accept_unsigned_tokens: Some(true),
+            locksvc_ca_file: Some("/nonexistent/ca.crt".into()),
+            header_read_timeout_secs: 0,
+            max_connections: 0,
+            ..ProxyConfig::default()
+        };
+        let p = c.problems();
+        for needle in [
+            "but locksvc_url is not",
+            "header_read_timeout_secs",
+            "max_connections",
+        ] {
+            assert!(p.iter().any(|s| s.contains(needle)), "{needle:?}: {p:?}");
+        }
+        c.locksvc_url = Some("http://127.0.0.1:7070".into());
+        let p = c.problems();
+        assert!(p.iter().any(|s| s.contains("is plain http")), "{p:?}");
+        c.locksvc_url = Some("https://127.0.0.1:7070".into());
+        let p = c.problems();
+        assert!(
+            p.iter().any(|s| s.contains("ca.crt: cannot read it")),
+            "{p:?}"
+        );
+        // "" is unset, as the example configs show it.
+        let c: ProxyConfig =
+            toml::from_str("locksvc_ca_file = \"\"\n[tls]\ncert_file = \"\"").expect("parses");
+        assert_eq!(c.locksvc_ca_file, None);
+        assert!(!c.tls.enabled());
+    }
+
+    #[test]
     fn env_overrides_secrets() {
         let mut c = ProxyConfig::default();
         c.apply_env(|k| match k {
