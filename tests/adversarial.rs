@@ -897,3 +897,50 @@ async fn unauthenticated_clients_change_nothing_when_anonymous_is_off() {
     );
     assert!(!e.backend.bucket_exists("new-bucket").await);
 }
+
+/// A client that asked for `100 Continue`, was answered 409 instead, and
+/// sends its body anyway (botocore does when the answer takes over a
+/// second): those bytes must not be read as a next request on the same
+/// connection. Here the "body" is a request of its own; it gets no answer,
+/// because the connection is closed after the 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_sent_after_a_final_answer_is_never_read_as_a_request() {
+    let e = env_with(BackendKind::S3Fs, "").await;
+    e.put_signed("k", &signed(BUCKET, 2), "holder")
+        .await
+        .expect("holder");
+    let smuggled = "GET /_fencegate/health HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut conn = tokio::net::TcpStream::connect(e.addr())
+        .await
+        .expect("connect");
+    let head = format!(
+        "PUT /{BUCKET}/k HTTP/1.1\r\nHost: {}\r\nFencing-Token: {}\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        e.addr(),
+        signed(BUCKET, 1),
+        smuggled.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("head");
+    let mut first = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut first))
+        .await
+        .expect("an answer")
+        .expect("read");
+    let first = String::from_utf8_lossy(&first[..n]).to_string();
+    assert!(first.starts_with("HTTP/1.1 409"), "{first}");
+    assert!(
+        first.to_ascii_lowercase().contains("connection: close"),
+        "{first}"
+    );
+    let _ = conn.write_all(smuggled.as_bytes()).await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest)).await;
+    let rest = String::from_utf8_lossy(&rest).to_string();
+    assert!(
+        !rest.contains("HTTP/1.1"),
+        "the late body was answered as a request: {rest}"
+    );
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        Some((b"holder".to_vec(), Some(2)))
+    );
+}

@@ -80,10 +80,16 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
             // The connection stays busy (no idle or header timer) until the
             // body is read, here or by the drain below.
-            let req = fencegate_net::track_request_body(req)
-                .map(|body| s3s::Body::http_body_unsync(DrainOnDrop::new(body, expects_continue)));
+            let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let req = fencegate_net::track_request_body(req).map(|body| {
+                s3s::Body::http_body_unsync(DrainOnDrop::new(
+                    body,
+                    expects_continue,
+                    polled.clone(),
+                ))
+            });
             let call = this.s3.call(req);
-            let resp = match AssertUnwindSafe(call).catch_unwind().await {
+            let mut resp = match AssertUnwindSafe(call).catch_unwind().await {
                 Ok(r) => r?,
                 Err(_) => {
                     tracing::error!(%method, %path, "request handler panicked");
@@ -93,6 +99,16 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                     )
                 }
             };
+            // A client that asked for `100 Continue` and got a final answer
+            // instead may still send its body (botocore does, when the
+            // answer took over a second): on a reused connection those
+            // bytes would be read as the next request (a 400). Close it.
+            if expects_continue && !polled.load(std::sync::atomic::Ordering::Acquire) {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             let status = resp.status();
             if status.is_server_error() {
                 tracing::warn!(%method, %path, %status, elapsed = ?started.elapsed(), "request failed");
@@ -124,15 +140,21 @@ const DRAIN_TIME: Duration = Duration::from_secs(30);
 struct DrainOnDrop {
     inner: Option<fencegate_net::RequestBody>,
     expects_continue: bool,
-    polled: bool,
+    /// Set once the handler reads the body (shared with the router, which
+    /// closes the connection of an unread `100-continue` body).
+    polled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl DrainOnDrop {
-    fn new(body: fencegate_net::RequestBody, expects_continue: bool) -> DrainOnDrop {
+    fn new(
+        body: fencegate_net::RequestBody,
+        expects_continue: bool,
+        polled: Arc<std::sync::atomic::AtomicBool>,
+    ) -> DrainOnDrop {
         DrainOnDrop {
             inner: Some(body),
             expects_continue,
-            polled: false,
+            polled,
         }
     }
 }
@@ -145,7 +167,8 @@ impl http_body::Body for DrainOnDrop {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
-        self.polled = true;
+        self.polled
+            .store(true, std::sync::atomic::Ordering::Release);
         match self.inner.as_mut() {
             Some(body) => Pin::new(body).poll_frame(cx),
             None => std::task::Poll::Ready(None),
@@ -171,7 +194,9 @@ impl Drop for DrainOnDrop {
         let Some(mut body) = self.inner.take() else {
             return;
         };
-        if http_body::Body::is_end_stream(&body) || (self.expects_continue && !self.polled) {
+        if http_body::Body::is_end_stream(&body)
+            || (self.expects_continue && !self.polled.load(std::sync::atomic::Ordering::Acquire))
+        {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
