@@ -1,6 +1,8 @@
-//! Per-scope fences with an epoch barrier.
+//! Fences with an epoch barrier, one per lock (the gate keys them by the
+//! scope's lock, so scopes sharing a lock share a fence; the code below
+//! calls the key a "scope").
 //!
-//! Each scope has a max_token and an *epoch*: the set of writes admitted
+//! Each fence has a max_token and an *epoch*: the set of writes admitted
 //! under the current max. A write carrying token `t`:
 //!
 //! - `t < max`: refused as stale, with the max;

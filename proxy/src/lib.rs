@@ -6,13 +6,17 @@
 //! - [`server`]: HTTP, operations endpoints, graceful shutdown (connection
 //!   limits, timeouts and TLS: `fencegate_net`);
 //! - [`host`]: virtual-hosted-style addressing (bucket in the `Host`);
-//! - [`access`]: client SigV4 keys, anonymous policy, operation allowlist;
+//! - [`early`]: refusals on the request head (POST forms, the budget of
+//!   bodies read whole);
+//! - [`access`]: client SigV4 keys, anonymous policy, operation allowlist,
+//!   with [`query`] (query parameters) and [`object_key`] (the key rule);
 //! - [`ops`]: one module per S3 operation family, fenced or forwarded;
-//! - [`gate`]: the steps every fenced write shares;
+//! - [`gate`]: the steps every fenced write shares, and `gate::Write`, the
+//!   only sender of object writes;
 //! - [`scope`]: which lock fences a bucket/key;
 //! - [`tokens`]: the `Fencing-Token` header and its verification;
 //!   [`issuer`]: plain tokens checked with the lease service;
-//! - [`fences`]: max_token per scope and the epoch barrier;
+//! - [`fences`]: max_token per lock and the epoch barrier;
 //! - [`keys`]: per-key serialization and the ETag cache;
 //! - [`body`]: request bodies a newer epoch can cut;
 //! - [`backend`]: the backend SDK client; [`probe`]: does it enforce CAS?;
@@ -20,8 +24,8 @@
 //!   [`metrics`]; [`config`].
 //!
 //! **Architecture invariant:** no request reaches the backend's write API
-//! without passing [`gate::Gate::admit`] for its scope, and every object
-//! write goes through [`gate::Gate::begin`] (key lock, known state, per-key
+//! without passing [`gate::Gate::admit`] for its lock, and every object
+//! write is sent by a [`gate::Write`] from [`gate::Gate::begin`] (key lock, known state, per-key
 //! token) and is sent with `If-Match` or `If-None-Match`.
 
 #[macro_use]
