@@ -40,7 +40,14 @@ impl BodyBudget {
 
 /// A request's share of the budget; released when dropped.
 #[derive(Debug)]
-pub struct Held(#[allow(dead_code, reason = "held for its Drop")] Option<OwnedSemaphorePermit>);
+pub struct Held(Option<OwnedSemaphorePermit>);
+
+impl Held {
+    /// Whether the request's body is read whole under the budget.
+    pub fn is_budgeted(&self) -> bool {
+        self.0.is_some()
+    }
+}
 
 /// Refuses `req` on its head alone, or lets it pass with its share of the
 /// body budget.
@@ -57,18 +64,46 @@ pub fn check<B>(
         .map(|p| p.split_once('=').map_or(p, |(n, _)| n))
         .collect();
     let names_any = |wanted: &[&str]| names.iter().any(|n| wanted.contains(n));
+    let form = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("multipart/form-data")
+        });
+    let post_refused = || {
+        refuse(
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            "the fencing proxy does not forward POST object (browser form uploads) or other POST operations; use PUT with a Fencing-Token",
+        )
+    };
     let whole_body = match *req.method() {
         Method::POST => {
-            if !names_any(&["delete", "uploads", "uploadId"]) {
-                return Err(refuse(
-                    StatusCode::NOT_IMPLEMENTED,
-                    "NotImplemented",
-                    "the fencing proxy does not forward POST object (browser form uploads) or other POST operations; use PUT with a Fencing-Token",
-                ));
+            // s3s routes every multipart/form-data POST to a bucket to
+            // PostObject, whatever its query, and reads the form first.
+            if form || !names_any(&["delete", "uploads", "uploadId"]) {
+                return Err(post_refused());
             }
-            !names_any(&["uploads"])
+            if names_any(&["uploads"]) {
+                // CreateMultipartUpload has no body.
+                if has_body(req) {
+                    return Err(refuse(
+                        StatusCode::BAD_REQUEST,
+                        "InvalidRequest",
+                        "CreateMultipartUpload takes no request body",
+                    ));
+                }
+                false
+            } else {
+                true
+            }
         }
-        Method::PUT => names.iter().all(|n| n.is_empty()) && is_bucket_path(req, hosts),
+        // Any PUT to a bucket is CreateBucket or a bucket configuration
+        // write (refused later, after s3s read its body): count it.
+        Method::PUT => is_bucket_path(req, hosts),
         _ => false,
     };
     if !whole_body {
@@ -116,6 +151,16 @@ pub fn check<B>(
             "too many large XML request bodies at once (max_buffered_body_bytes); retry",
         )),
     }
+}
+
+/// Whether `req` announces a body.
+fn has_body<B>(req: &Request<B>) -> bool {
+    req.headers().contains_key(http::header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0")
 }
 
 /// Whether `req` addresses a bucket rather than an object.
@@ -182,6 +227,15 @@ mod tests {
         let r = check(&req("POST", "/b/k?restore", &[]), &hosts(), &budget).expect_err("restore");
         assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
         assert!(check(&req("POST", "/b/k?uploads", &[]), &hosts(), &budget).is_ok());
+        // A form POST is refused whatever its query (s3s would route it to
+        // PostObject and read it whole), and Create takes no body.
+        let form = [("content-type", "multipart/form-data; boundary=x")];
+        let r = check(&req("POST", "/b?uploads", &form), &hosts(), &budget).expect_err("form");
+        assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
+        let chunked = [("transfer-encoding", "chunked")];
+        let r = check(&req("POST", "/b/k?uploads", &chunked), &hosts(), &budget)
+            .expect_err("a Create with a body");
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
         assert!(
             check(
                 &req("POST", "/b?delete", &[("content-length", "50")]),
@@ -222,6 +276,11 @@ mod tests {
         // CreateBucket's body counts; an object PUT streams and does not.
         let create = req("PUT", "/b", &[("content-length", "101")]);
         assert!(check(&create, &hosts(), &budget).is_err());
+        let create = req("PUT", "/b?x-id=CreateBucket", &[("content-length", "101")]);
+        assert!(
+            check(&create, &hosts(), &budget).is_err(),
+            "a query does not escape the budget"
+        );
         let put = req("PUT", "/b/k", &[("content-length", "1000000")]);
         assert!(check(&put, &hosts(), &budget).is_ok());
     }

@@ -192,6 +192,11 @@ impl Fences {
                         .and_then(|r| r.map_err(|e| FenceError::Storage(e.to_string())));
                     if persisted.is_ok() {
                         fence.max.store(token, Ordering::Release);
+                    } else {
+                        // Not admitted: a later cut must not name it.
+                        fence
+                            .pending
+                            .store(fence.max.load(Ordering::Acquire), Ordering::Release);
                     }
                     // Either way the old epoch is over: writes admitted from
                     // now on get a fresh cancellation.

@@ -120,6 +120,12 @@ impl Proxy {
         builder.set_host(hosts.clone());
         let mut s3_config = s3s::config::S3Config::default();
         s3_config.xml_max_body_size = config.max_xml_body_bytes;
+        // POST object is refused before s3s sees it (`early`); should one
+        // get through anyway, s3s reads as little of the form as it can.
+        s3_config.post_object_max_file_size = 0;
+        s3_config.form_max_field_size = 64 * 1024;
+        s3_config.form_max_fields_size = 256 * 1024;
+        s3_config.form_max_parts = 32;
         builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
             s3_config,
         ))));

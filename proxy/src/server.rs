@@ -81,12 +81,16 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             // The connection stays busy (no idle or header timer) until the
             // body is read, here or by the drain below.
             let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            // A body read whole holds its share of the budget until the
+            // answer: it gets `client_idle_timeout_secs` in all, so a client
+            // trickling it cannot pin the budget.
+            let deadline = _held
+                .is_budgeted()
+                .then(|| Box::pin(tokio::time::sleep(this.gate.client_idle())));
             let req = fencegate_net::track_request_body(req).map(|body| {
-                s3s::Body::http_body_unsync(DrainOnDrop::new(
-                    body,
-                    expects_continue,
-                    polled.clone(),
-                ))
+                let mut body = DrainOnDrop::new(body, expects_continue, polled.clone());
+                body.deadline = deadline;
+                s3s::Body::http_body_unsync(body)
             });
             let call = this.s3.call(req);
             let mut resp = match AssertUnwindSafe(call).catch_unwind().await {
@@ -143,6 +147,9 @@ struct DrainOnDrop {
     /// Set once the handler reads the body (shared with the router, which
     /// closes the connection of an unread `100-continue` body).
     polled: Arc<std::sync::atomic::AtomicBool>,
+    /// For a body read whole: when it passes, the body ends where it is
+    /// (the request fails to parse) and is dropped unread.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl DrainOnDrop {
@@ -155,6 +162,7 @@ impl DrainOnDrop {
             inner: Some(body),
             expects_continue,
             polled,
+            deadline: None,
         }
     }
 }
@@ -169,6 +177,13 @@ impl http_body::Body for DrainOnDrop {
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
         self.polled
             .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(deadline) = self.deadline.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            // Dropped, not drained: the connection closes.
+            self.inner = None;
+            return std::task::Poll::Ready(None);
+        }
         match self.inner.as_mut() {
             Some(body) => Pin::new(body).poll_frame(cx),
             None => std::task::Poll::Ready(None),

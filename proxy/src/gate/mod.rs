@@ -313,6 +313,11 @@ impl Gate {
         })
     }
 
+    /// How long a client may take over a body the proxy waits for.
+    pub fn client_idle(&self) -> Duration {
+        self.client_idle
+    }
+
     /// The budget of whole-read request bodies.
     pub fn body_budget(&self) -> &crate::early::BodyBudget {
         &self.body_budget

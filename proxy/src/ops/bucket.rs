@@ -3,8 +3,8 @@
 //! request can change an *existing* bucket on some stores (moto adds an
 //! AllUsers grant for `x-amz-acl: public-read`, and turns on object lock
 //! and versioning for `x-amz-bucket-object-lock-enabled`), so everything
-//! beyond the bucket's name and location is refused, and only those two
-//! are sent.
+//! beyond the bucket's name and location is refused (except `x-amz-acl:
+//! private`, the default), and only those two are sent.
 
 use crate::gate::Gate;
 use s3s::dto::{CreateBucketInput, CreateBucketOutput};
@@ -16,7 +16,12 @@ pub async fn create_bucket(
 ) -> S3Result<S3Response<CreateBucketOutput>> {
     let i = &req.input;
     let refused: Vec<&str> = [
-        ("x-amz-acl", i.acl.is_some()),
+        // `private` is every bucket's default (rclone sends it when
+        // configured so); any other canned ACL would open the bucket.
+        (
+            "x-amz-acl",
+            i.acl.as_ref().is_some_and(|a| a.as_str() != "private"),
+        ),
         ("x-amz-grant-full-control", i.grant_full_control.is_some()),
         ("x-amz-grant-read", i.grant_read.is_some()),
         ("x-amz-grant-read-acp", i.grant_read_acp.is_some()),
