@@ -709,6 +709,199 @@ async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
     format!("http://{addr}")
 }
 
+/// A TCP relay in front of a store that holds back the request whose head
+/// contains `marker` for `hold` before passing it on, as a store does that
+/// has received a request and not yet committed it. The store still gets
+/// (and commits) the request if the client closes its connection meanwhile;
+/// `closed` is set when the client closed a connection that carried the
+/// marker.
+async fn holding_relay(
+    target: String,
+    marker: &'static str,
+    hold: Duration,
+    closed: Arc<std::sync::atomic::AtomicBool>,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let target = target.clone();
+            let closed = closed.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let (seen_tx, seen_rx) = tokio::sync::watch::channel(false);
+                // Client → store: every byte is delivered, after the hold
+                // when the marker passes, even once the client is gone.
+                let (to_store, mut queue) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+                tokio::spawn(async move {
+                    while let Some(chunk) = queue.recv().await {
+                        if String::from_utf8_lossy(&chunk).contains(marker) {
+                            tokio::time::sleep(hold).await;
+                        }
+                        if sw.write_all(&chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if String::from_utf8_lossy(&buf[..n]).contains(marker) {
+                                    let _ = seen_tx.send(true);
+                                }
+                                if to_store.send(buf[..n].to_vec()).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    if *seen_tx.borrow() {
+                        closed.store(true, Ordering::Release);
+                    }
+                });
+                // Store → client: answers pass through; the store's side is
+                // read to the end even when the client is gone.
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut client_gone = false;
+                while let Ok(n) = sr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if !client_gone && cw.write_all(&buf[..n]).await.is_err() {
+                        client_gone = true;
+                    }
+                }
+                drop(seen_rx);
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// The value of the series `series` (name and labels, exactly as exported)
+/// in the proxy's metrics, or None if it is not exported.
+async fn proxy_metric(proxy: &Proxy, series: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{}/_fencegate/metrics", proxy.url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().expect("a number"))
+    })
+}
+
+/// Guarantee 3 under a backend timeout: a new-key PUT the store holds past
+/// `timeout_secs` may still land, so the raise that comes next waits until
+/// it no longer can (its connection closed and `store_decision_secs`
+/// passed); the stale object never appears after the raise was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land() {
+    const HOLD: Duration = Duration::from_secs(3);
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay = holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        "PUT /bkt/late-new-key",
+        HOLD,
+        closed.clone(),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!("endpoint = \"{relay}\"\ntimeout_secs = 1\nstore_decision_secs = 5"),
+    );
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let http = http();
+    assert_eq!(
+        put(&http, &proxy.url, "warm", &signed(BUCKET, 1), "w").await,
+        Some(200)
+    );
+
+    let started = Instant::now();
+    let late = http
+        .put(format!("{}/{BUCKET}/late-new-key", proxy.url))
+        .header("fencing-token", signed(BUCKET, 1))
+        .body("stale")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(
+        late.status().as_u16(),
+        503,
+        "the timeout answers a retryable 503"
+    );
+    let text = late.text().await.expect("body");
+    assert!(
+        text.contains("<Code>ServiceUnavailable</Code>") && text.contains("may still land"),
+        "{text}"
+    );
+    assert!(started.elapsed() < HOLD, "answered by the proxy's timeout");
+    assert_eq!(
+        proxy_metric(&proxy, "fencegate_proxy_lingering_writes").await,
+        Some(1.0),
+        "the timed-out write is still held"
+    );
+
+    let raise_sent = Instant::now();
+    let raise = put(&http, &proxy.url, "other-key", &signed(BUCKET, 2), "new").await;
+    let raise_waited = raise_sent.elapsed();
+    let late_at_answer = stored(&backend, BUCKET, "late-new-key").await;
+    assert_eq!(raise, Some(200), "the raise is admitted in the end");
+    // Long after the hold, the store holds what it held when the raise was
+    // answered: the stale object did not appear after it.
+    tokio::time::sleep_until((started + HOLD + Duration::from_secs(2)).into()).await;
+    let late_after = stored(&backend, BUCKET, "late-new-key").await;
+    assert_eq!(
+        late_after, late_at_answer,
+        "the store changed after the raise was answered"
+    );
+    assert_eq!(
+        late_at_answer,
+        Some((b"stale".to_vec(), Some(1))),
+        "the held request landed (before the raise, as the store decided)"
+    );
+    assert!(
+        closed.load(Ordering::Acquire),
+        "the proxy closed the timed-out write's connection (when the raise cut it)"
+    );
+    assert!(
+        raise_waited >= Duration::from_secs(4),
+        "the raise waited for the store decision time after the cut: {raise_waited:?}"
+    );
+    assert_eq!(
+        proxy_metric(&proxy, "fencegate_proxy_lingering_writes").await,
+        Some(0.0)
+    );
+    assert_eq!(
+        proxy_metric(
+            &proxy,
+            "fencegate_proxy_raise_wait_seconds_count{lock=\"bkt\"}"
+        )
+        .await,
+        Some(2.0),
+        "both raises (token 1, token 2) are measured"
+    );
+    assert_eq!(
+        put(&http, &proxy.url, "late-new-key", &signed(BUCKET, 1), "x").await,
+        Some(409)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
     let backend = Backend::start(BackendKind::S3Fs).await;
@@ -764,9 +957,9 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
         Some((b"newer".to_vec(), Some(2)))
     );
 
-    // s3s-fs ignores DELETE If-Match (the probe says so): the proxy's hold
-    // on the key is the only wall, so a slow DELETE is waited for, not cut
-    // loose by the timeout while it may still land.
+    // A slow DELETE times out like any write, and keeps the key until its
+    // answer arrives: the next write of the key decides on what the store
+    // holds after the delete, not before.
     delay.store(1500, Ordering::Release);
     let started = Instant::now();
     let status = http
@@ -776,14 +969,22 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
         .await
         .map(|r| r.status().as_u16())
         .ok();
-    assert_eq!(status, Some(204), "the slow DELETE completes");
+    assert_eq!(status, Some(503), "the slow DELETE times out");
+    assert!(started.elapsed() < Duration::from_millis(1450));
+    delay.store(0, Ordering::Release);
+    assert_eq!(
+        put(&http, &proxy.url, "slow", &signed(BUCKET, 2), "again").await,
+        Some(200)
+    );
     assert!(
-        started.elapsed() >= Duration::from_millis(1400),
-        "the DELETE was waited for, past the 1 s timeout: {:?}",
+        started.elapsed() >= Duration::from_millis(1450),
+        "the next write of the key waited for the DELETE's answer: {:?}",
         started.elapsed()
     );
-    delay.store(0, Ordering::Release);
-    assert_eq!(stored(&backend, BUCKET, "slow").await, None);
+    assert_eq!(
+        stored(&backend, BUCKET, "slow").await,
+        Some((b"again".to_vec(), Some(2)))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -114,6 +114,12 @@ impl Backend {
         }
     }
 
+    /// A forwarder of its own, for a call that may outlive the request
+    /// that made it (a write the store has not answered yet).
+    pub fn forwarder(&self) -> s3s_aws::Proxy {
+        s3s_aws::Proxy::from(self.client.clone())
+    }
+
     /// What the store holds at `bucket/key`: absent, or its ETag and token.
     pub async fn head(&self, bucket: &str, key: &str) -> Result<Known, S3Error> {
         match self

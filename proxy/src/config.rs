@@ -128,9 +128,17 @@ pub struct BackendConfig {
     pub secret_key: String,
     /// Path-style addressing (MinIO and most S3-compatible servers need it).
     pub path_style: bool,
-    /// Per-request timeout towards the backend for requests without a body
-    /// stream (HEAD, DELETE, Complete), in seconds.
+    /// How long the backend has to answer a request once it is fully sent
+    /// (for an upload: from its last byte), in seconds. A write not
+    /// answered in time gets the client a retryable 503, but it may still
+    /// land, so it keeps holding back newer tokens of its lock (see
+    /// `store_decision_secs`).
     pub timeout_secs: u64,
+    /// How long the store may still commit a request after the proxy closed
+    /// its connection, in seconds. A write that timed out holds back a raise
+    /// of its lock until the store answers, or until its connection is
+    /// closed (at once when a raise wants in) and this much time has passed.
+    pub store_decision_secs: u64,
 }
 
 /// A client credential pair for SigV4.
@@ -213,6 +221,7 @@ impl Default for BackendConfig {
             secret_key: String::new(),
             path_style: true,
             timeout_secs: 60,
+            store_decision_secs: 10,
         }
     }
 }
@@ -372,6 +381,12 @@ impl ProxyConfig {
                     fencegate_core::credentials::ACCESS_KEY_PREFIX
                 ));
             }
+        }
+        if self.backend.timeout_secs == 0 {
+            p.push("backend.timeout_secs must be at least 1".into());
+        }
+        if self.backend.store_decision_secs == 0 {
+            p.push("backend.store_decision_secs must be at least 1: a store needs some time to commit a request it has received".into());
         }
         if self.client_idle_timeout_secs == 0 {
             p.push("client_idle_timeout_secs must be at least 1".into());

@@ -153,6 +153,25 @@ pub fn unscoped(bucket: &str, key: &str, configured: &[String]) -> S3Error {
 }
 
 /// 503: the store changed under the proxy; the client should retry.
+/// 503 for a backend that did not answer in `timeout`; `write` says the
+/// request was an object write, which may still land.
+pub fn backend_timeout(timeout: std::time::Duration, write: bool) -> S3Error {
+    let mut msg = format!(
+        "the backend did not answer within {}s",
+        timeout.as_secs_f64()
+    );
+    if write {
+        msg.push_str(
+            "; the write may still land, and no newer token is admitted until it no longer can; retry",
+        );
+    } else {
+        msg.push_str("; retry");
+    }
+    let mut e = S3Error::with_message(S3ErrorCode::ServiceUnavailable, msg);
+    e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
+    e
+}
+
 pub fn retry(msg: impl Into<String>) -> S3Error {
     let mut e = S3Error::with_message(S3ErrorCode::SlowDown, msg.into());
     e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);

@@ -72,6 +72,8 @@ pub struct Admission {
     pub token: u64,
     /// True when this admission raised the scope's max.
     pub raised: bool,
+    /// For a raise: how long it waited for the older epoch to let go.
+    pub waited: std::time::Duration,
 }
 
 /// Why a write was not admitted.
@@ -153,6 +155,7 @@ impl Fences {
     pub async fn admit(&self, scope: &str, token: u64) -> Result<Admission, FenceError> {
         let fence = self.scope(scope);
         let mut raised = false;
+        let mut waited = std::time::Duration::ZERO;
         loop {
             match decide(fence.max.load(Ordering::Acquire), token) {
                 Verdict::Stale { max } => return Err(FenceError::Stale { token, max }),
@@ -172,6 +175,7 @@ impl Fences {
                         cancel: fence.current_cancel(),
                         token,
                         raised,
+                        waited,
                     });
                 }
                 Verdict::Admit { raises: true } => {
@@ -183,7 +187,9 @@ impl Fences {
                     // go, then make the new max durable before anyone sees it.
                     fence.pending.fetch_max(token, Ordering::AcqRel);
                     fence.current_cancel().cancel();
+                    let cut_at = std::time::Instant::now();
                     let exclusive = fence.epoch.write().await;
+                    waited = cut_at.elapsed();
                     let db = self.db.clone();
                     let id = scope.to_owned();
                     let persisted = tokio::task::spawn_blocking(move || db.raise(&id, token))

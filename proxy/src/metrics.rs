@@ -42,6 +42,11 @@ pub struct Metrics {
     pub backend_seconds: Family<OpLabels, Histogram>,
     pub probe_enforced: Family<ProbeLabels, Gauge>,
     pub inflight_writes: Gauge,
+    /// Writes the store did not answer in time that may still commit (see
+    /// `gate::linger`): each holds back a raise of its lock.
+    pub lingering_writes: Gauge,
+    /// How long a raise waited for the older epoch to let go.
+    pub raise_wait_seconds: Family<LockLabels, Histogram>,
 }
 
 impl Metrics {
@@ -54,6 +59,10 @@ impl Metrics {
         });
         let probe_enforced = Family::<ProbeLabels, Gauge>::default();
         let inflight_writes = Gauge::default();
+        let lingering_writes = Gauge::default();
+        let raise_wait_seconds = Family::<LockLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+        });
         registry.register(
             "writes",
             "Fenced writes by operation, scope and outcome",
@@ -79,6 +88,16 @@ impl Metrics {
             "Fenced writes in progress",
             inflight_writes.clone(),
         );
+        registry.register(
+            "lingering_writes",
+            "Writes the backend did not answer in time that may still commit; each holds back raises of its lock",
+            lingering_writes.clone(),
+        );
+        registry.register(
+            "raise_wait_seconds",
+            "How long a raise of the max waited for the older token's writes to finish or become unable to commit",
+            raise_wait_seconds.clone(),
+        );
         Metrics {
             registry,
             writes,
@@ -86,6 +105,8 @@ impl Metrics {
             backend_seconds,
             probe_enforced,
             inflight_writes,
+            lingering_writes,
+            raise_wait_seconds,
         }
     }
 

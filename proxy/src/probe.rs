@@ -10,11 +10,16 @@
 //! | `put_if_match`           | PUT with a wrong `If-Match`               | 412         |
 //! | `complete_if_none_match` | Complete onto an existing key, `If-None-Match: *` | 412 |
 //! | `complete_if_match`      | Complete with a wrong `If-Match`          | 412         |
+//! | `copy_if_none_match`     | CopyObject onto an existing key, `If-None-Match: *` | 412 |
+//! | `copy_if_match`          | CopyObject with a wrong destination `If-Match` | 412    |
 //! | `delete_if_match`        | DELETE with a wrong `If-Match`            | 412         |
 //!
 //! The two PUT checks are required (unless the operator accepts the weaker
-//! mode); the others are reported, and where missing the proxy's own per-key
-//! serialization is the only wall for that operation.
+//! mode). The others are reported (status, metrics, the start-up log line):
+//! where one is missing, that operation is fenced by the proxy alone (its
+//! epoch and per-key lock), which holds for writers going through one
+//! proxy, not across replicas; README "What the store must enforce" has the
+//! table per operation.
 
 use crate::backend::{status_of, strip_quotes};
 use aws_sdk_s3::primitives::ByteStream;
@@ -29,6 +34,8 @@ pub struct ProbeReport {
     pub put_if_match: bool,
     pub complete_if_none_match: bool,
     pub complete_if_match: bool,
+    pub copy_if_none_match: bool,
+    pub copy_if_match: bool,
     pub delete_if_match: bool,
 }
 
@@ -42,22 +49,26 @@ impl ProbeReport {
     pub fn summary(&self) -> String {
         let flag = |b: bool| if b { "enforced" } else { "IGNORED" };
         format!(
-            "bucket {}: PUT If-None-Match {}, PUT If-Match {}, Complete If-None-Match {}, Complete If-Match {}, DELETE If-Match {}",
+            "bucket {}: PUT If-None-Match {}, PUT If-Match {}, Complete If-None-Match {}, Complete If-Match {}, Copy If-None-Match {}, Copy If-Match {}, DELETE If-Match {}",
             self.bucket,
             flag(self.put_if_none_match),
             flag(self.put_if_match),
             flag(self.complete_if_none_match),
             flag(self.complete_if_match),
+            flag(self.copy_if_none_match),
+            flag(self.copy_if_match),
             flag(self.delete_if_match)
         )
     }
 
-    pub fn checks(&self) -> [(&'static str, bool); 5] {
+    pub fn checks(&self) -> [(&'static str, bool); 7] {
         [
             ("put_if_none_match", self.put_if_none_match),
             ("put_if_match", self.put_if_match),
             ("complete_if_none_match", self.complete_if_none_match),
             ("complete_if_match", self.complete_if_match),
+            ("copy_if_none_match", self.copy_if_none_match),
+            ("copy_if_match", self.copy_if_match),
             ("delete_if_match", self.delete_if_match),
         ]
     }
@@ -161,8 +172,27 @@ async fn run_checks(
         complete_refused(client, bucket, key, None, Some(WRONG_ETAG)).await,
     );
 
-    // The key must exist for the DELETE check.
+    // The key must exist for the copy and DELETE checks.
     put(None).await.map_err(crate::backend::sdk_error)?;
+    let copy = |if_none_match: Option<&'static str>, if_match: Option<&'static str>| {
+        client
+            .copy_object()
+            .bucket(bucket)
+            .key(key)
+            .copy_source(format!("{bucket}/{key}"))
+            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+            .set_if_none_match(if_none_match.map(str::to_owned))
+            .set_if_match(if_match.map(str::to_owned))
+            .send()
+    };
+    let copy_if_none_match = match copy(Some("*"), None).await {
+        Ok(_) => false,
+        Err(e) => refused(status_of(&e)),
+    };
+    let copy_if_match = match copy(None, Some(WRONG_ETAG)).await {
+        Ok(_) => false,
+        Err(e) => refused(status_of(&e)),
+    };
     let delete_if_match = match client
         .delete_object()
         .bucket(bucket)
@@ -180,6 +210,8 @@ async fn run_checks(
         put_if_match,
         complete_if_none_match,
         complete_if_match,
+        copy_if_none_match,
+        copy_if_match,
         delete_if_match,
     })
 }

@@ -56,6 +56,9 @@ pub struct Gate {
     accept_weak_backend: bool,
     /// How long the backend has to answer once a request is fully sent.
     backend_timeout: Duration,
+    /// How long the store may still commit a write after its connection
+    /// closed (`backend.store_decision_secs`).
+    store_decision: Duration,
     /// How long a client may send nothing in the middle of a body.
     client_idle: Duration,
     probes: Mutex<HashMap<String, ProbeReport>>,
@@ -134,7 +137,7 @@ pub struct Write {
     key: KeyGuard,
     known: Known,
     started: Instant,
-    _inflight: Inflight,
+    inflight: Inflight,
 }
 
 /// Counts a write in `inflight_writes` for as long as it lives.
@@ -152,6 +155,49 @@ impl Drop for Inflight {
     fn drop(&mut self) {
         self.0.inflight_writes.dec();
     }
+}
+
+/// A write's backend call, boxed so that it can outlive the request.
+type Pending<T> = std::pin::Pin<Box<dyn Future<Output = S3Result<T>> + Send>>;
+
+/// What a write's backend call came to within the answer timeout.
+enum Sent<T> {
+    Answered(S3Result<T>),
+    /// No answer in time: the request is still out, and the store may
+    /// still commit it.
+    Unanswered(Pending<T>),
+}
+
+/// Keeps a write that timed out from letting go of its admission and key
+/// while the store may still commit it; runs on its own task, after the
+/// client got its 503.
+///
+/// It lets go when the store answers, or else once the request's backend
+/// connection is closed (dropping the call closes it) and `decision` has
+/// passed: a store that has not committed a request by then, with its
+/// client gone, is assumed never to. The connection is closed as soon as a
+/// raise wants in (the epoch is cut), or after waiting `decision` for an
+/// answer, so a raise waits at most about `decision` for a write that
+/// timed out, and about twice that in all.
+async fn linger<T>(
+    mut pending: Pending<T>,
+    hold: (Admission, KeyGuard, Inflight),
+    decision: Duration,
+    metrics: Arc<Metrics>,
+) {
+    let cut = hold.0.cancel.clone();
+    metrics.lingering_writes.inc();
+    let answered = tokio::select! {
+        _ = &mut pending => true,
+        () = cut.cancelled() => false,
+        () = tokio::time::sleep(decision) => false,
+    };
+    if !answered {
+        drop(pending);
+        tokio::time::sleep(decision).await;
+    }
+    drop(hold);
+    metrics.lingering_writes.dec();
 }
 
 impl Gate {
@@ -219,6 +265,7 @@ impl Gate {
             metrics,
             accept_weak_backend: config.accept_weak_backend,
             backend_timeout: Duration::from_secs(config.backend.timeout_secs),
+            store_decision: Duration::from_secs(config.backend.store_decision_secs),
             client_idle: Duration::from_secs(config.client_idle_timeout_secs),
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
@@ -229,11 +276,13 @@ impl Gate {
         })
     }
 
-    /// Awaits a backend call, giving the backend `backend_timeout` to answer
-    /// once the request is sent (for a streamed body: once `body_sent` is
+    /// Awaits a backend call that changes no object (a read, creating an
+    /// upload, a part), giving the backend `backend_timeout` to answer once
+    /// the request is sent (for a streamed body: once `body_sent` is
     /// notified). A backend that does not answer in time gets the client a
-    /// retryable 503; the request itself is dropped, and whatever the store
-    /// does with it later is still bound by its If-Match / If-None-Match.
+    /// retryable 503 and the request is dropped: whatever the store does
+    /// with it later changes no object. Object writes use
+    /// [`Gate::call_write`] instead, which does not let go of them.
     async fn call<T>(
         &self,
         fut: impl Future<Output = S3Result<T>>,
@@ -248,38 +297,38 @@ impl Gate {
         };
         tokio::select! {
             r = fut => r,
-            () = deadline => Err(errors::retry(format!(
-                "the backend did not answer within {}s; retry",
-                timeout.as_secs_f64()
-            ))),
+            () = deadline => Err(errors::backend_timeout(timeout, false)),
         }
     }
 
-    /// Whether the store of `bucket` enforces what `enforced` reads from
-    /// its probe report (false when the bucket was not probed).
-    fn store_enforces(&self, bucket: &str, enforced: impl Fn(&ProbeReport) -> bool) -> bool {
-        self.probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(bucket)
-            .is_some_and(enforced)
-    }
-
-    /// The one policy for a backend call that mutates: [`Gate::call`]'s
-    /// answer timeout where the store enforces the request's condition
-    /// (`enforced`; calls without one pass true). Where it does not, the
-    /// proxy's hold on the key is the only wall, and it must not let go
-    /// while the request may still land: no answer timeout then.
-    async fn send<T>(
+    /// Awaits an object write's backend call with the same answer timeout
+    /// as [`Gate::call`], counted from the body's last byte (a body cut for
+    /// a silent client answers 400 RequestTimeout). A call not answered in
+    /// time is handed back [`Sent::Unanswered`], still running: the store
+    /// may yet commit it, so [`Gate::finish`] keeps its admission and key
+    /// until it can no longer commit (see [`linger`]).
+    async fn call_write<T>(
         &self,
-        enforced: bool,
-        fut: impl Future<Output = S3Result<T>>,
-        body_sent: Option<Arc<Notify>>,
-    ) -> S3Result<T> {
-        if enforced {
-            self.call(fut, body_sent).await
-        } else {
-            fut.await
+        fut: impl Future<Output = S3Result<T>> + Send + 'static,
+        watch: Option<BodyWatch>,
+    ) -> Sent<T> {
+        let mut fut: Pending<T> = Box::pin(fut);
+        let timeout = self.backend_timeout;
+        let sent = watch.as_ref().map(|w| w.sent.clone());
+        let deadline = async {
+            if let Some(sent) = sent {
+                sent.notified().await;
+            }
+            tokio::time::sleep(timeout).await;
+        };
+        tokio::select! {
+            r = &mut fut => Sent::Answered(r.map_err(|e| {
+                match watch.as_ref().and_then(BodyWatch::stalled) {
+                    Some(idle) => errors::request_timeout(idle),
+                    None => e,
+                }
+            })),
+            () = deadline => Sent::Unanswered(fut),
         }
     }
 
@@ -295,22 +344,21 @@ impl Gate {
         Some(watch)
     }
 
-    /// [`Gate::send`] for a write whose body [`Gate::watch_body`] wrapped:
+    /// [`Gate::call`] for a call whose body [`Gate::watch_body`] wrapped:
     /// the answer timeout counts from the body's last byte, and a body cut
     /// for a silent client answers 400 RequestTimeout.
-    async fn send_watched<T>(
+    async fn call_watched<T>(
         &self,
-        enforced: bool,
         fut: impl Future<Output = S3Result<T>>,
         watch: Option<BodyWatch>,
     ) -> S3Result<T> {
         let sent = watch.as_ref().map(|w| w.sent.clone());
-        self.send(enforced, fut, sent).await.map_err(|e| {
-            match watch.as_ref().and_then(BodyWatch::stalled) {
+        self.call(fut, sent)
+            .await
+            .map_err(|e| match watch.as_ref().and_then(BodyWatch::stalled) {
                 Some(idle) => errors::request_timeout(idle),
                 None => e,
-            }
-        })
+            })
     }
 
     /// How long a client may take over a body the proxy waits for.
@@ -407,7 +455,7 @@ impl Gate {
             ..Default::default()
         };
         let req = req.map_input(|_| plain);
-        self.send(true, self.backend.forward.create_bucket(req), None)
+        self.call(self.backend.forward.create_bucket(req), None)
             .await
             .map_err(errors::from_backend)
     }
@@ -602,7 +650,13 @@ impl Gate {
         match self.fences.admit(scope.fence(), token).await {
             Ok(a) => {
                 if a.raised {
-                    tracing::info!(lock = %scope.lock, scope = %scope.id, token, "fence raised");
+                    tracing::info!(lock = %scope.lock, scope = %scope.id, token, waited_ms = a.waited.as_millis(), "fence raised");
+                    self.metrics
+                        .raise_wait_seconds
+                        .get_or_create(&LockLabels {
+                            lock: scope.fence().to_owned(),
+                        })
+                        .observe(a.waited.as_secs_f64());
                     self.metrics
                         .max_token
                         .get_or_create(&LockLabels {
@@ -666,7 +720,7 @@ impl Gate {
             key: guard,
             known,
             started: Instant::now(),
-            _inflight: Inflight::new(&self.metrics),
+            inflight: Inflight::new(&self.metrics),
         })
     }
 
@@ -699,16 +753,43 @@ impl Gate {
     }
 
     /// Ends a write: records the outcome and what the store now holds.
-    async fn finish<T>(
+    ///
+    /// A write the store did not answer in time is not over: it may still
+    /// commit. It keeps its admission (so no raise is admitted over it) and
+    /// its key (so no write of this proxy decides on a state it may still
+    /// change) in [`linger`], and the client gets a retryable 503.
+    async fn finish<T: 'static>(
         &self,
         w: Write,
-        result: S3Result<T>,
+        sent: Sent<T>,
         now_holds: impl FnOnce(&T) -> Option<Known>,
     ) -> S3Result<T> {
         self.metrics
             .backend_seconds
             .get_or_create(&crate::metrics::OpLabels { op: w.op.name() })
             .observe(w.started.elapsed().as_secs_f64());
+        let result = match sent {
+            Sent::Answered(r) => r,
+            Sent::Unanswered(pending) => {
+                w.key.forget();
+                self.count(w.op.name(), &w.scope, "timeout");
+                tracing::warn!(
+                    op = w.op.name(),
+                    bucket = w.key.bucket(),
+                    key = w.key.key(),
+                    token = w.token,
+                    "the backend did not answer a write in time; holding its key and epoch until it can no longer commit"
+                );
+                let hold = (w.admission, w.key, w.inflight);
+                tokio::spawn(linger(
+                    pending,
+                    hold,
+                    self.store_decision,
+                    self.metrics.clone(),
+                ));
+                return Err(errors::backend_timeout(self.backend_timeout, true));
+            }
+        };
         match result {
             Ok(out) => {
                 match now_holds(&out) {

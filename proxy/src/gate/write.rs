@@ -15,7 +15,7 @@
 //! that the fence let it through: an [`Admission`] of the upload's scope,
 //! or for an abort the upload's verified binding.
 
-use super::{Gate, Write, WriteOp};
+use super::{Gate, Sent, Write};
 use crate::db::UploadBinding;
 use crate::fences::Admission;
 use crate::keys::Known;
@@ -65,11 +65,11 @@ impl Write {
         tag(&mut input.metadata, token);
         input.content_encoding = strip_aws_chunked(input.content_encoding.take());
         let watch = gate.watch_body(&mut input.body, &self.admission.cancel);
-        let enforced = self.enforced(gate);
-        let result = gate
-            .send_watched(enforced, gate.backend.forward.put_object(req), watch)
+        let forward = gate.backend.forwarder();
+        let sent = gate
+            .call_write(async move { forward.put_object(req).await }, watch)
             .await;
-        gate.finish(self, result, |out| {
+        gate.finish(self, sent, |out| {
             Some(Known::Present {
                 etag: out.output.e_tag.as_ref()?.value().to_owned(),
                 token,
@@ -90,7 +90,7 @@ impl Write {
     ) -> S3Result<DeleteObjectOutput> {
         let (if_match, _) = conditions(&self.known, client_if_match, None)?;
         let Some(ETagCondition::ETag(etag)) = if_match else {
-            let out = Ok(DeleteObjectOutput::default());
+            let out = Sent::Answered(Ok(DeleteObjectOutput::default()));
             return gate.finish(self, out, |_| Some(Known::Absent)).await;
         };
         let call = gate
@@ -102,20 +102,21 @@ impl Write {
             .set_version_id(version_id)
             .if_match(format!("\"{}\"", etag.value()))
             .send();
-        let enforced = self.enforced(gate);
-        let result = gate
-            .send(
-                enforced,
-                async { call.await.map_err(crate::backend::sdk_error) },
+        let sent = gate
+            .call_write(
+                async move {
+                    call.await
+                        .map_err(crate::backend::sdk_error)
+                        .map(|out| DeleteObjectOutput {
+                            delete_marker: out.delete_marker(),
+                            version_id: out.version_id().map(str::to_owned),
+                            ..Default::default()
+                        })
+                },
                 None,
             )
-            .await
-            .map(|out| DeleteObjectOutput {
-                delete_marker: out.delete_marker(),
-                version_id: out.version_id().map(str::to_owned),
-                ..Default::default()
-            });
-        gate.finish(self, result, |_| Some(Known::Absent)).await
+            .await;
+        gate.finish(self, sent, |_| Some(Known::Absent)).await
     }
 
     /// Copies `spec.source` to the key, replacing its metadata with
@@ -148,32 +149,18 @@ impl Write {
         if if_none_match.is_some() {
             b = b.if_none_match("*");
         }
-        let enforced = self.enforced(gate);
-        let result = gate
-            .send(
-                enforced,
-                async { b.send().await.map_err(crate::backend::sdk_error) },
+        let sent = gate
+            .call_write(
+                async move {
+                    b.send()
+                        .await
+                        .map_err(crate::backend::sdk_error)
+                        .map(copied)
+                },
                 None,
             )
-            .await
-            .map(|out| {
-                let r = out.copy_object_result();
-                CopyObjectOutput {
-                    copy_object_result: Some(CopyObjectResult {
-                        e_tag: r
-                            .and_then(|r| r.e_tag())
-                            .map(|e| ETag::Strong(crate::backend::strip_quotes(e))),
-                        last_modified: r
-                            .and_then(|r| r.last_modified())
-                            .and_then(|t| s3s_aws::conv::try_from_aws::<Timestamp>(*t).ok()),
-                        ..Default::default()
-                    }),
-                    version_id: out.version_id().map(str::to_owned),
-                    copy_source_version_id: out.copy_source_version_id().map(str::to_owned),
-                    ..Default::default()
-                }
-            });
-        gate.finish(self, result, |out| {
+            .await;
+        gate.finish(self, sent, |out| {
             Some(Known::Present {
                 etag: out
                     .copy_object_result
@@ -202,66 +189,37 @@ impl Write {
             input.if_none_match.take(),
         )?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        let enforced = self.enforced(gate);
-        let result = match gate
-            .send(
-                enforced,
-                gate.backend.forward.complete_multipart_upload(req),
-                None,
-            )
-            .await
-        {
+        let forward = gate.backend.forwarder();
+        let call = async move { forward.complete_multipart_upload(req).await };
+        let sent = match gate.call_write(call, None).await {
             // The store answered 200 with a body the SDK cannot read (moto
             // names the root element of a conditional Complete's answer
             // `CompleteMultipartUploadResponse`): a 200 means it committed,
             // so read back what it holds rather than report a failure.
-            Err(e) if e.status_code() == Some(http::StatusCode::OK) => {
-                match gate.call(gate.backend.head(&bucket, &key), None).await {
-                    Ok(Known::Present { etag, token: t }) if t == token => {
-                        Ok(S3Response::new(CompleteMultipartUploadOutput {
-                            bucket: Some(bucket),
-                            key: Some(key),
-                            e_tag: Some(ETag::Strong(etag)),
-                            ..Default::default()
-                        }))
-                    }
-                    _ => Err(e),
-                }
+            Sent::Answered(Err(e)) if e.status_code() == Some(http::StatusCode::OK) => {
+                Sent::Answered(
+                    match gate.call(gate.backend.head(&bucket, &key), None).await {
+                        Ok(Known::Present { etag, token: t }) if t == token => {
+                            Ok(S3Response::new(CompleteMultipartUploadOutput {
+                                bucket: Some(bucket),
+                                key: Some(key),
+                                e_tag: Some(ETag::Strong(etag)),
+                                ..Default::default()
+                            }))
+                        }
+                        _ => Err(e),
+                    },
+                )
             }
             other => other,
         };
-        gate.finish(self, result, |out| {
+        gate.finish(self, sent, |out| {
             Some(Known::Present {
                 etag: out.output.e_tag.as_ref()?.value().to_owned(),
                 token,
             })
         })
         .await
-    }
-
-    /// Whether the bucket's store enforces the condition this write sends.
-    fn enforced(&self, gate: &Gate) -> bool {
-        let new_key = matches!(self.known, Known::Absent);
-        gate.store_enforces(self.key.bucket(), |r| self.op.enforced_by(r, new_key))
-    }
-}
-
-impl WriteOp {
-    /// Whether a store with probe report `r` enforces this operation's
-    /// condition (`If-None-Match` for a new key, `If-Match` otherwise).
-    pub(super) fn enforced_by(self, r: &crate::probe::ProbeReport, new_key: bool) -> bool {
-        match (self, new_key) {
-            (WriteOp::Put, true) => r.put_if_none_match,
-            (WriteOp::Put, false) => r.put_if_match,
-            (WriteOp::Complete, true) => r.complete_if_none_match,
-            (WriteOp::Complete, false) => r.complete_if_match,
-            // A delete of a key verified absent sends nothing.
-            (WriteOp::Delete | WriteOp::DeleteMany, true) => true,
-            (WriteOp::Delete | WriteOp::DeleteMany, false) => r.delete_if_match,
-            // The probe has no copy check, and neither tested store
-            // enforces copy conditions: never assumed.
-            (WriteOp::Copy, _) => false,
-        }
     }
 }
 
@@ -275,12 +233,8 @@ impl Gate {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         tag(&mut req.input.metadata, token);
         req.input.content_encoding = strip_aws_chunked(req.input.content_encoding.take());
-        self.send(
-            true,
-            self.backend.forward.create_multipart_upload(req),
-            None,
-        )
-        .await
+        self.call(self.backend.forward.create_multipart_upload(req), None)
+            .await
     }
 
     /// Sends a part of an upload whose token the scope admitted.
@@ -290,7 +244,7 @@ impl Gate {
         mut req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
-        self.send_watched(true, self.backend.forward.upload_part(req), watch)
+        self.call_watched(self.backend.forward.upload_part(req), watch)
             .await
     }
 
@@ -300,7 +254,7 @@ impl Gate {
         _admitted: &Admission,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        self.send(true, self.backend.forward.upload_part_copy(req), None)
+        self.call(self.backend.forward.upload_part_copy(req), None)
             .await
     }
 
@@ -312,8 +266,27 @@ impl Gate {
         _bound: &UploadBinding,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.send(true, self.backend.forward.abort_multipart_upload(req), None)
+        self.call(self.backend.forward.abort_multipart_upload(req), None)
             .await
+    }
+}
+
+/// The client's answer to a CopyObject the store answered.
+fn copied(out: aws_sdk_s3::operation::copy_object::CopyObjectOutput) -> CopyObjectOutput {
+    let r = out.copy_object_result();
+    CopyObjectOutput {
+        copy_object_result: Some(CopyObjectResult {
+            e_tag: r
+                .and_then(|r| r.e_tag())
+                .map(|e| ETag::Strong(crate::backend::strip_quotes(e))),
+            last_modified: r
+                .and_then(|r| r.last_modified())
+                .and_then(|t| s3s_aws::conv::try_from_aws::<Timestamp>(*t).ok()),
+            ..Default::default()
+        }),
+        version_id: out.version_id().map(str::to_owned),
+        copy_source_version_id: out.copy_source_version_id().map(str::to_owned),
+        ..Default::default()
     }
 }
 
