@@ -381,7 +381,7 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
         .spawn()
         .expect("curl");
     let pid = Pid::from_raw(i32::try_from(curl.id()).expect("pid"));
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    s.proxy.wait_for_inflight_writes(1).await;
     kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
 
     // A's lease runs out while it is stopped; B takes over and writes.
@@ -413,9 +413,9 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
         .await
         .expect("joined");
     let code = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        !(out.status.success() && code == "200"),
-        "the stale upload must not succeed (curl {:?}, HTTP {code})",
+    assert_eq!(
+        code, "409",
+        "the stale upload is answered FencingTokenStale (curl {:?})",
         out.status
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -709,100 +709,6 @@ async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
     format!("http://{addr}")
 }
 
-/// A TCP relay in front of a store that holds back the request whose head
-/// contains `marker` for `hold` before passing it on, as a store does that
-/// has received a request and not yet committed it. The store still gets
-/// (and commits) the request if the client closes its connection meanwhile;
-/// `closed` is set when the client closed a connection that carried the
-/// marker.
-async fn holding_relay(
-    target: String,
-    marker: &'static str,
-    hold: Duration,
-    closed: Arc<std::sync::atomic::AtomicBool>,
-) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let target = target.clone();
-            let closed = closed.clone();
-            tokio::spawn(async move {
-                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
-                    return;
-                };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let (seen_tx, seen_rx) = tokio::sync::watch::channel(false);
-                // Client → store: every byte is delivered, after the hold
-                // when the marker passes, even once the client is gone.
-                let (to_store, mut queue) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-                tokio::spawn(async move {
-                    while let Some(chunk) = queue.recv().await {
-                        if String::from_utf8_lossy(&chunk).contains(marker) {
-                            tokio::time::sleep(hold).await;
-                        }
-                        if sw.write_all(&chunk).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        match cr.read(&mut buf).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                if String::from_utf8_lossy(&buf[..n]).contains(marker) {
-                                    let _ = seen_tx.send(true);
-                                }
-                                if to_store.send(buf[..n].to_vec()).is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                    if *seen_tx.borrow() {
-                        closed.store(true, Ordering::Release);
-                    }
-                });
-                // Store → client: answers pass through; the store's side is
-                // read to the end even when the client is gone.
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut client_gone = false;
-                while let Ok(n) = sr.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    if !client_gone && cw.write_all(&buf[..n]).await.is_err() {
-                        client_gone = true;
-                    }
-                }
-                drop(seen_rx);
-            });
-        }
-    });
-    format!("http://{addr}")
-}
-
-/// The value of the series `series` (name and labels, exactly as exported)
-/// in the proxy's metrics, or None if it is not exported.
-async fn proxy_metric(proxy: &Proxy, series: &str) -> Option<f64> {
-    let text = reqwest::get(format!("{}/_fencegate/metrics", proxy.url))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines().find_map(|l| {
-        let (name, value) = l.rsplit_once(' ')?;
-        (name == series).then(|| value.parse().expect("a number"))
-    })
-}
-
 /// Guarantee 3 under a backend timeout: a new-key PUT the store holds past
 /// `timeout_secs` may still land, so the raise that comes next waits until
 /// it no longer can (its connection closed and `store_decision_secs`
@@ -813,7 +719,7 @@ async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land()
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let relay = holding_relay(
+    let relay = support::relay::holding_relay(
         backend.endpoint.trim_start_matches("http://").to_owned(),
         "PUT /bkt/late-new-key",
         HOLD,
@@ -852,7 +758,7 @@ async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land()
     );
     assert!(started.elapsed() < HOLD, "answered by the proxy's timeout");
     assert_eq!(
-        proxy_metric(&proxy, "fencegate_proxy_lingering_writes").await,
+        proxy.metric("fencegate_proxy_lingering_writes").await,
         Some(1.0),
         "the timed-out write is still held"
     );
@@ -884,15 +790,13 @@ async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land()
         "the raise waited for the store decision time after the cut: {raise_waited:?}"
     );
     assert_eq!(
-        proxy_metric(&proxy, "fencegate_proxy_lingering_writes").await,
+        proxy.metric("fencegate_proxy_lingering_writes").await,
         Some(0.0)
     );
     assert_eq!(
-        proxy_metric(
-            &proxy,
-            "fencegate_proxy_raise_wait_seconds_count{lock=\"bkt\"}"
-        )
-        .await,
+        proxy
+            .metric("fencegate_proxy_raise_wait_seconds_count{lock=\"bkt\"}")
+            .await,
         Some(2.0),
         "both raises (token 1, token 2) are measured"
     );
@@ -956,34 +860,57 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
         stored(&backend, BUCKET, "slow").await,
         Some((b"newer".to_vec(), Some(2)))
     );
+}
 
-    // A slow DELETE times out like any write, and keeps the key until its
-    // answer arrives: the next write of the key decides on what the store
-    // holds after the delete, not before.
-    delay.store(1500, Ordering::Release);
+/// A DELETE the store holds past the timeout keeps its key until the store
+/// answers: the next write of the key decides on what the store holds after
+/// the delete, not before (s3s-fs ignores DELETE If-Match, so a write
+/// decided before would be deleted by the late DELETE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_that_timed_out_keeps_its_key_until_the_store_answers() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        "DELETE /bkt/gone",
+        Duration::from_millis(1500),
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!("endpoint = \"{relay}\"\ntimeout_secs = 1\nstore_decision_secs = 5"),
+    );
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let http = http();
+    let t = signed(BUCKET, 1);
+    assert_eq!(
+        put(&http, &proxy.url, "gone", &t, "before").await,
+        Some(200)
+    );
+
     let started = Instant::now();
     let status = http
-        .delete(format!("{}/{BUCKET}/slow", proxy.url))
-        .header("fencing-token", signed(BUCKET, 2))
+        .delete(format!("{}/{BUCKET}/gone", proxy.url))
+        .header("fencing-token", &t)
         .send()
         .await
         .map(|r| r.status().as_u16())
         .ok();
-    assert_eq!(status, Some(503), "the slow DELETE times out");
+    assert_eq!(status, Some(503), "the held DELETE times out");
     assert!(started.elapsed() < Duration::from_millis(1450));
-    delay.store(0, Ordering::Release);
-    assert_eq!(
-        put(&http, &proxy.url, "slow", &signed(BUCKET, 2), "again").await,
-        Some(200)
-    );
+    assert_eq!(put(&http, &proxy.url, "gone", &t, "again").await, Some(200));
     assert!(
         started.elapsed() >= Duration::from_millis(1450),
         "the next write of the key waited for the DELETE's answer: {:?}",
         started.elapsed()
     );
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        stored(&backend, BUCKET, "slow").await,
-        Some((b"again".to_vec(), Some(2)))
+        stored(&backend, BUCKET, "gone").await,
+        Some((b"again".to_vec(), Some(1))),
+        "the write after the delete stands"
     );
 }
 

@@ -11,6 +11,7 @@
 
 #[macro_use]
 pub mod s3;
+pub mod relay;
 
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};

@@ -365,6 +365,39 @@ impl Proxy {
             .expect("json")
     }
 
+    /// The value of the series `series` (name and labels exactly as
+    /// exported, e.g. `fencegate_proxy_inflight_writes`) in the proxy's
+    /// metrics, or None if it is not exported.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = reqwest::get(format!("{}/_fencegate/metrics", self.url))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        text.lines().find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().expect("a number"))
+        })
+    }
+
+    /// Waits (up to 30 s) until `n` fenced writes are in flight: the
+    /// proxy admitted them and holds their keys.
+    pub async fn wait_for_inflight_writes(&self, n: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let now = self.metric("fencegate_proxy_inflight_writes").await;
+            if now == Some(n as f64) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} writes never got in flight (inflight_writes {now:?})"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// The max token the proxy holds for `lock` (0 if none).
     pub async fn max_token(&self, lock: &str) -> u64 {
         let st = self.status().await;

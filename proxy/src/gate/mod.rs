@@ -2,15 +2,21 @@
 //! share, in the order a write goes through them:
 //!
 //! ```text
-//!  scope ──► probe ok? ──► token ──► admit (epoch) ──► lock key ──► known state
-//!    │          │            │          │                 │             │
-//!   403        503        428/400/403  409 stale      409 if cut    409 if the object's
-//!  unscoped   unsafe                                                token is higher
+//!  scope ──► token ──────► probe ok? ──► admit (epoch) ──► lock key ──► known state
+//!    │          │              │             │                 │             │
+//!   403    428/400/403        503        409 stale        409 if cut    409 if the object's
+//!  unscoped                  unsafe                                     token is higher
+//! ```
+//!
+//! (The token is checked before the probe so that a request without a
+//! valid token never makes the proxy probe a bucket.)
 //! ```
 //!
 //! After these, the operation forwards a conditional request built from the
 //! known state, and on the store's condition failure calls
 //! [`Gate::redecide`], which re-reads the key and answers stale or retry.
+//! A write the store does not answer in time is answered 503 but keeps its
+//! admission and key until it can no longer commit ([`linger`]).
 
 mod write;
 pub use write::CopySpec;
@@ -106,23 +112,42 @@ impl WriteOp {
         }
     }
 
-    /// Whether a cached state of the key may stand in for reading it.
+    /// Whether a cached state of the key may stand in for reading it, on
+    /// a store with probe report `store` (None: not probed).
     ///
     /// The cache holds what the store answered to this proxy's own writes.
     /// Where the store enforces the condition derived from it, a stale
-    /// cache (another replica wrote since) fails at the store. Two cases
-    /// read afresh instead: a delete of a key cached absent (a DELETE
+    /// cache (another replica wrote since) fails at the store, and the
+    /// write is re-decided. Where it does not, the cache is not trusted and
+    /// the key is read afresh: that catches every write another replica
+    /// finished before this one was decided, though not one racing it (only
+    /// the store's CAS can close that window; README "Several proxies").
+    /// A delete of a key cached absent is always read afresh: a DELETE
     /// cannot be made conditional on absence, so it would go out with no
-    /// condition at all), and a copy (no store probed enforces copy
-    /// conditions, and a copy is rare enough to afford the read). Where
-    /// the store ignores other conditions, a fresh read would only narrow
-    /// the window, not close it: that needs a store that enforces them
-    /// (the probe reports which do).
-    fn trusts_cached(self, cached: &Known) -> bool {
-        !matches!(
-            (self, cached),
-            (WriteOp::Delete | WriteOp::DeleteMany, Known::Absent) | (WriteOp::Copy, _)
-        )
+    /// condition at all.
+    fn trusts_cached(self, cached: &Known, store: Option<&ProbeReport>) -> bool {
+        let new_key = matches!(cached, Known::Absent);
+        if new_key && matches!(self, WriteOp::Delete | WriteOp::DeleteMany) {
+            return false;
+        }
+        store.is_some_and(|r| self.enforced_by(r, new_key))
+    }
+
+    /// Whether a store with probe report `r` enforces the condition this
+    /// operation sends (`If-None-Match: *` for a new key, `If-Match`
+    /// otherwise).
+    pub fn enforced_by(self, r: &ProbeReport, new_key: bool) -> bool {
+        match (self, new_key) {
+            (WriteOp::Put, true) => r.put_if_none_match,
+            (WriteOp::Put, false) => r.put_if_match,
+            (WriteOp::Complete, true) => r.complete_if_none_match,
+            (WriteOp::Complete, false) => r.complete_if_match,
+            (WriteOp::Copy, true) => r.copy_if_none_match,
+            (WriteOp::Copy, false) => r.copy_if_match,
+            // A delete of a key verified absent sends nothing.
+            (WriteOp::Delete | WriteOp::DeleteMany, true) => true,
+            (WriteOp::Delete | WriteOp::DeleteMany, false) => r.delete_if_match,
+        }
     }
 }
 
@@ -696,8 +721,12 @@ impl Gate {
             g = self.keys.lock(bucket, key) => g,
             () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission)),
         };
+        let trusted = |k: &Known| {
+            let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+            write.trusts_cached(k, probes.get(bucket))
+        };
         let known = match guard.known() {
-            Some(k) if write.trusts_cached(&k) => k,
+            Some(k) if trusted(&k) => k,
             _ => {
                 let k = self.call(self.backend.head(bucket, key), None).await?;
                 guard.remember(k.clone());

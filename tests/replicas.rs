@@ -1,0 +1,335 @@
+//! Two proxy replicas on one store, each with its own fence database, on
+//! s3s-fs and on moto: what holds across replicas today, and what does not
+//! (until replicas share their fences, issue 13).
+//!
+//! In every test replica 1 saw only token 1 (its max stays 1) while bob
+//! wrote with token 2 through replica 2, so replica 1's own fence cannot
+//! refuse alice's stale token: only the object's stored token, the store's
+//! compare-and-set, or replica 1's fresh read of the key can.
+
+mod support;
+
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+use support::s3::*;
+
+const BUCKET: &str = "bkt";
+
+/// A backend with the test bucket and two proxies in front of it.
+struct Replicas {
+    backend: Backend,
+    r1: Proxy,
+    r2: Proxy,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+/// Two replicas; replica 1 reaches the store at `r1_endpoint` if given (a
+/// relay), else directly.
+async fn replicas_via(backend: Backend, r1_endpoint: Option<&str>) -> Replicas {
+    let (d1, d2) = (support::tempdir(), support::tempdir());
+    let mut t1 = proxy_toml(&backend, d1.path(), BUCKET, "");
+    if let Some(relay) = r1_endpoint {
+        t1 = t1.replace(
+            &format!("endpoint = \"{}\"", backend.endpoint),
+            &format!("endpoint = \"{relay}\""),
+        );
+    }
+    let r1 = Proxy::start(&t1, d1.path()).await;
+    let r2 = Proxy::start(&proxy_toml(&backend, d2.path(), BUCKET, ""), d2.path()).await;
+    Replicas {
+        backend,
+        r1,
+        r2,
+        _dirs: (d1, d2),
+    }
+}
+
+async fn replicas(kind: BackendKind) -> Replicas {
+    let backend = Backend::start(kind).await;
+    backend.create_bucket(BUCKET).await;
+    replicas_via(backend, None).await
+}
+
+async fn put(p: &Proxy, key: &str, token: u64, body: &str) -> Result<(), (Option<u16>, String)> {
+    let req = p
+        .client()
+        .put_object()
+        .bucket(BUCKET)
+        .key(key)
+        .body(ByteStream::from(body.as_bytes().to_vec()));
+    fenced!(req, signed(BUCKET, token))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| error_of(&e))
+}
+
+/// The count of `fencegate_proxy_writes_total` for `op` and `outcome`.
+async fn writes(p: &Proxy, op: &str, outcome: &str) -> f64 {
+    p.metric(&format!(
+        "fencegate_proxy_writes_total{{op=\"{op}\",lock=\"{BUCKET}\",outcome=\"{outcome}\"}}"
+    ))
+    .await
+    .unwrap_or(0.0)
+}
+
+const STALE: (Option<u16>, &str) = (Some(409), "FencingTokenStale");
+
+fn stale(r: Result<(), (Option<u16>, String)>, what: &str) {
+    let e = r.expect_err(what);
+    assert_eq!((e.0, e.1.as_str()), STALE, "{what}");
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod s3s_fs {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::BackendKind::S3Fs).await
+                }
+            )*
+        }
+        mod moto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::BackendKind::Moto).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    a_stale_put_through_the_other_replica_fails_at_the_store_and_is_redecided,
+    a_replica_that_never_saw_the_key_refuses_by_the_stored_token,
+    a_stale_copy_through_the_other_replica_is_refused,
+    a_stale_delete_through_the_other_replica_is_refused,
+    a_stale_complete_through_the_other_replica_is_refused,
+    a_delayed_write_over_identical_bytes_lands_through_the_other_replica,
+);
+
+/// PUT over a cached ETag: the store refuses the condition (412), and
+/// replica 1 re-reads the key and answers stale (the re-decide path).
+async fn a_stale_put_through_the_other_replica_fails_at_the_store_and_is_redecided(
+    kind: BackendKind,
+) {
+    let r = replicas(kind).await;
+    put(&r.r1, "k", 1, "alice").await.expect("alice via r1");
+    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
+    stale(put(&r.r1, "k", 1, "alice again").await, "alice's stale PUT");
+    assert_eq!(
+        writes(&r.r1, "PutObject", "conflict").await,
+        1.0,
+        "the store refused replica 1's condition, which then re-decided"
+    );
+    assert_eq!(
+        stored(&r.backend, BUCKET, "k").await,
+        Some((b"bob".to_vec(), Some(2)))
+    );
+}
+
+/// Object-level refusal: replica 1 has no state for the key, reads it, and
+/// refuses a token below the one stored on the object.
+async fn a_replica_that_never_saw_the_key_refuses_by_the_stored_token(kind: BackendKind) {
+    let r = replicas(kind).await;
+    put(&r.r1, "warm", 1, "alice").await.expect("alice via r1");
+    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
+    stale(put(&r.r1, "k", 1, "alice").await, "alice's stale PUT");
+    assert_eq!(
+        writes(&r.r1, "PutObject", "conflict").await,
+        0.0,
+        "refused before anything was sent"
+    );
+    assert_eq!(
+        r.r1.max_token(BUCKET).await,
+        1,
+        "replica 1 never saw token 2"
+    );
+    assert_eq!(
+        stored(&r.backend, BUCKET, "k").await,
+        Some((b"bob".to_vec(), Some(2)))
+    );
+}
+
+async fn a_stale_copy_through_the_other_replica_is_refused(kind: BackendKind) {
+    let r = replicas(kind).await;
+    put(&r.r1, "src", 1, "source").await.expect("alice via r1");
+    put(&r.r1, "k", 1, "alice").await.expect("alice via r1");
+    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
+    let copy =
+        r.r1.client()
+            .copy_object()
+            .bucket(BUCKET)
+            .key("k")
+            .copy_source(format!("{BUCKET}/src"));
+    let e = fenced!(copy, signed(BUCKET, 1))
+        .send()
+        .await
+        .expect_err("alice's stale copy");
+    assert_eq!(error_of(&e), (Some(409), "FencingTokenStale".to_owned()));
+    assert_eq!(
+        stored(&r.backend, BUCKET, "k").await,
+        Some((b"bob".to_vec(), Some(2)))
+    );
+}
+
+async fn a_stale_delete_through_the_other_replica_is_refused(kind: BackendKind) {
+    let r = replicas(kind).await;
+    put(&r.r1, "k", 1, "alice").await.expect("alice via r1");
+    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
+    let delete = r.r1.client().delete_object().bucket(BUCKET).key("k");
+    let e = fenced!(delete, signed(BUCKET, 1))
+        .send()
+        .await
+        .expect_err("alice's stale delete");
+    assert_eq!(error_of(&e), (Some(409), "FencingTokenStale".to_owned()));
+    assert_eq!(
+        stored(&r.backend, BUCKET, "k").await,
+        Some((b"bob".to_vec(), Some(2)))
+    );
+}
+
+/// An upload alice created before bob's write, completed after it through
+/// replica 1 (which still admits token 1).
+async fn a_stale_complete_through_the_other_replica_is_refused(kind: BackendKind) {
+    let r = replicas(kind).await;
+    put(&r.r1, "k", 1, "alice").await.expect("alice via r1");
+    let c = r.r1.client();
+    let up = fenced!(
+        c.create_multipart_upload().bucket(BUCKET).key("k"),
+        signed(BUCKET, 1)
+    )
+    .send()
+    .await
+    .expect("create");
+    let id = up.upload_id().expect("id").to_owned();
+    let part = fenced!(
+        c.upload_part()
+            .bucket(BUCKET)
+            .key("k")
+            .upload_id(&id)
+            .part_number(1)
+            .body(ByteStream::from_static(b"alice's part")),
+        signed(BUCKET, 1)
+    )
+    .send()
+    .await
+    .expect("part");
+    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
+    let done = CompletedMultipartUpload::builder()
+        .parts(
+            CompletedPart::builder()
+                .part_number(1)
+                .set_e_tag(part.e_tag().map(str::to_owned))
+                .build(),
+        )
+        .build();
+    let e = fenced!(
+        c.complete_multipart_upload()
+            .bucket(BUCKET)
+            .key("k")
+            .upload_id(&id)
+            .multipart_upload(done),
+        signed(BUCKET, 1)
+    )
+    .send()
+    .await
+    .expect_err("alice's stale complete");
+    assert_eq!(error_of(&e), (Some(409), "FencingTokenStale".to_owned()));
+    assert_eq!(
+        stored(&r.backend, BUCKET, "k").await,
+        Some((b"bob".to_vec(), Some(2)))
+    );
+}
+
+/// What an ETag condition cannot see. An ETag is a hash of the content, not
+/// a version: bob's write of the same bytes keeps the ETag alice's delayed
+/// write is conditioned on, so the store lets hers replace his (content,
+/// token and all). With different bytes the ETag changes and the store
+/// refuses her. One proxy prevents both (its epoch holds bob's raise until
+/// alice's write is decided: tests/faults.rs); across replicas this is what
+/// fails today, and what issue 13 (shared fences) fixes.
+async fn a_delayed_write_over_identical_bytes_lands_through_the_other_replica(kind: BackendKind) {
+    const HOLD: Duration = Duration::from_secs(3);
+    let backend = Backend::start(kind).await;
+    backend.create_bucket(BUCKET).await;
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        "PUT /bkt/pack",
+        HOLD,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .await;
+    let r = replicas_via(backend, Some(&relay)).await;
+    for key in ["pack-same", "pack-diff"] {
+        put(&r.r2, key, 1, "pack v1").await.expect("the first pack");
+    }
+    let (r1, r2) = (&r.r1, &r.r2);
+    let alice = |key: &'static str| async move { put(r1, key, 1, "alice, late").await };
+    let bob = |key: &'static str, body: &'static str| async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        put(r2, key, 2, body).await
+    };
+
+    // Different bytes: bob's write changes the ETag; alice's is refused.
+    let (a, b) = tokio::join!(alice("pack-diff"), bob("pack-diff", "pack v2"));
+    b.expect("bob via r2");
+    stale(a, "alice's delayed write over different bytes");
+    assert_eq!(
+        stored(&r.backend, BUCKET, "pack-diff").await,
+        Some((b"pack v2".to_vec(), Some(2)))
+    );
+
+    // Identical bytes: the ETag alice's write is conditioned on still
+    // matches, and her stale write replaces bob's.
+    let (a, b) = tokio::join!(alice("pack-same"), bob("pack-same", "pack v1"));
+    b.expect("bob via r2");
+    a.expect("alice's delayed write is accepted by the store");
+    assert_eq!(
+        stored(&r.backend, BUCKET, "pack-same").await,
+        Some((b"alice, late".to_vec(), Some(1))),
+        "documents the cross-replica gap (issue 13): if this fails, update README \"Several proxies\""
+    );
+}
+
+/// The probe's findings on each store, which README "Several proxies"
+/// turns into what holds per operation: a check that changes here changes
+/// that table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_probe_finds_what_each_store_enforces() {
+    let expected = [
+        // put_if_none_match, put_if_match, complete_if_none_match,
+        // complete_if_match, copy_if_none_match, copy_if_match, delete_if_match
+        (
+            BackendKind::S3Fs,
+            [true, true, true, true, false, false, false],
+        ),
+        (
+            BackendKind::Moto,
+            [true, true, true, false, false, false, true],
+        ),
+    ];
+    for (kind, flags) in expected {
+        let r = replicas(kind).await;
+        let st = r.r1.status().await;
+        let report = &st["probe"][0]["report"];
+        let found: Vec<bool> = [
+            "put_if_none_match",
+            "put_if_match",
+            "complete_if_none_match",
+            "complete_if_match",
+            "copy_if_none_match",
+            "copy_if_match",
+            "delete_if_match",
+        ]
+        .iter()
+        .map(|c| report[c].as_bool().expect("a flag"))
+        .collect();
+        assert_eq!(found, flags, "{kind:?}: {st}");
+    }
+}
