@@ -10,7 +10,6 @@
 //!
 //! (The token is checked before the probe so that a request without a
 //! valid token never makes the proxy probe a bucket.)
-//! ```
 //!
 //! After these, the operation forwards a conditional request built from the
 //! known state, and on the store's condition failure calls
