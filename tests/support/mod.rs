@@ -20,6 +20,11 @@ use std::time::Duration;
 
 pub const SIGNING_KEY: &str = "test-signing-key-0123456789";
 
+/// The key list every service under test signs and verifies with.
+pub fn test_keys() -> fencegate_core::TokenKeys {
+    fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key")
+}
+
 pub fn fencegate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fencegate"))
 }

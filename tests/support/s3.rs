@@ -380,8 +380,7 @@ impl Proxy {
 
 /// Signs `token` for `lock` with the test key, as the lease service would.
 pub fn signed(lock: &str, token: u64) -> String {
-    let keys = fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key");
-    keys.sign(&fencegate_core::LockName::new(lock).expect("lock"), token)
+    super::test_keys().sign(&fencegate_core::LockName::new(lock).expect("lock"), token)
         .to_string()
 }
 
