@@ -408,7 +408,7 @@ async fn forged_lease_credentials_are_refused_and_write_nothing() {
     );
     assert_eq!(
         e.proxy.max_token("nightly").await,
-        token,
+        Some(token),
         "max of the scope's lock unchanged"
     );
 
