@@ -94,6 +94,107 @@ impl DevArgs {
     }
 }
 
+impl DevConfig {
+    /// Every problem with these settings, at once: addresses shared by two
+    /// services, an empty data directory, and whatever the lease service
+    /// and the proxy built from them would refuse.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        let services = [
+            ("locksvc_listen", self.locksvc_listen),
+            ("proxy_listen", self.proxy_listen),
+            ("backend_listen", self.backend_listen),
+        ];
+        for (i, (_, a)) in services.iter().enumerate() {
+            // Port 0 picks a free port for each; report an address once,
+            // at its first service.
+            if a.port() == 0 || services[..i].iter().any(|(_, b)| b == a) {
+                continue;
+            }
+            let names: Vec<&str> = services
+                .iter()
+                .filter(|(_, b)| b == a)
+                .map(|(n, _)| *n)
+                .collect();
+            if names.len() > 1 {
+                p.push(format!(
+                    "{a} is used for {} services ({}): give each service its own address",
+                    if names.len() == 2 { "two" } else { "three" },
+                    names.join(", ")
+                ));
+            }
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            p.push(
+                "data_dir is empty: set the directory for the objects, the databases and the signing key".into(),
+            );
+        }
+        // A key of the generated shape: its own value cannot be a problem.
+        let key = "0".repeat(48);
+        let backend = SocketAddr::from(([127, 0, 0, 1], 1));
+        p.extend(
+            self.locksvc_config(self.locksvc_listen, key.clone())
+                .problems()
+                .into_iter()
+                .map(|e| format!("lease service: {e}")),
+        );
+        p.extend(
+            self.proxy_config(self.proxy_listen, backend, key)
+                .problems()
+                .into_iter()
+                .map(|e| format!("proxy: {e}")),
+        );
+        p
+    }
+
+    /// The settings, or one error listing every problem.
+    pub fn validated(self) -> anyhow::Result<DevConfig> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(self)
+        } else {
+            anyhow::bail!(
+                "invalid dev configuration:\n  - {}",
+                problems.join("\n  - ")
+            )
+        }
+    }
+
+    /// The embedded lease service's config.
+    fn locksvc_config(&self, listen: SocketAddr, key: String) -> LocksvcConfig {
+        LocksvcConfig {
+            listen,
+            db: self.data_dir.join("locksvc.db"),
+            signing_keys: vec![key],
+            ..LocksvcConfig::default()
+        }
+    }
+
+    /// The proxy's config, in front of the embedded backend at `backend`.
+    fn proxy_config(&self, listen: SocketAddr, backend: SocketAddr, key: String) -> ProxyConfig {
+        ProxyConfig {
+            listen,
+            db: self.data_dir.join("proxy.db"),
+            backend: BackendConfig {
+                endpoint: format!("http://{backend}"),
+                access_key: DEV_BACKEND_KEY.0.into(),
+                secret_key: DEV_BACKEND_KEY.1.into(),
+                ..BackendConfig::default()
+            },
+            clients: vec![ClientKey {
+                access_key: DEV_CLIENT_KEY.0.into(),
+                secret_key: DEV_CLIENT_KEY.1.into(),
+            }],
+            allow_anonymous: true,
+            signing_keys: vec![key],
+            // Signed tokens only, unless the dev config trusts plain numbers.
+            accept_unsigned_tokens: Some(self.accept_unsigned_tokens),
+            probe_bucket: Some(DEV_BUCKET.into()),
+            ..ProxyConfig::default()
+        }
+    }
+}
+
 /// The dev signing key: made once per data directory and kept there, so
 /// tokens stay verifiable across restarts.
 fn signing_key(dir: &std::path::Path) -> anyhow::Result<String> {
@@ -113,13 +214,7 @@ fn signing_key(dir: &std::path::Path) -> anyhow::Result<String> {
 
 pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let check = args.check;
-    let args = args.resolve()?;
-    let ports = [args.locksvc_listen, args.proxy_listen, args.backend_listen];
-    for (i, a) in ports.iter().enumerate() {
-        if a.port() != 0 && ports[i + 1..].contains(a) {
-            anyhow::bail!("invalid dev configuration: {a} is used for two services");
-        }
-    }
+    let args = args.resolve()?.validated()?;
     if check {
         println!("configuration is valid");
         return Ok(());
@@ -153,38 +248,14 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.locksvc_listen))?;
     let locksvc_addr = locksvc_listener.local_addr()?;
-    let locksvc_config = LocksvcConfig {
-        listen: locksvc_addr,
-        db: data.join("locksvc.db"),
-        signing_keys: vec![key.clone()],
-        ..LocksvcConfig::default()
-    };
+    let locksvc_config = args.locksvc_config(locksvc_addr, key.clone());
 
     // 3. The proxy, in front of the backend.
     let proxy_listener = TcpListener::bind(args.proxy_listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.proxy_listen))?;
     let proxy_addr = proxy_listener.local_addr()?;
-    let proxy_config = ProxyConfig {
-        listen: proxy_addr,
-        db: data.join("proxy.db"),
-        backend: BackendConfig {
-            endpoint: format!("http://{backend_addr}"),
-            access_key: DEV_BACKEND_KEY.0.into(),
-            secret_key: DEV_BACKEND_KEY.1.into(),
-            ..BackendConfig::default()
-        },
-        clients: vec![ClientKey {
-            access_key: DEV_CLIENT_KEY.0.into(),
-            secret_key: DEV_CLIENT_KEY.1.into(),
-        }],
-        allow_anonymous: true,
-        signing_keys: vec![key],
-        // Signed tokens only, unless the dev config trusts plain numbers.
-        accept_unsigned_tokens: Some(args.accept_unsigned_tokens),
-        probe_bucket: Some(DEV_BUCKET.into()),
-        ..ProxyConfig::default()
-    };
+    let proxy_config = args.proxy_config(proxy_addr, backend_addr, key);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -14,7 +14,7 @@ mod lease_cmd;
 mod run_cmd;
 mod services;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
@@ -96,7 +96,17 @@ fn init_tracing() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Some(msg) = matches
+        .subcommand_matches("run")
+        .and_then(run_cmd::usage_error)
+    {
+        let mut cmd = Cli::command();
+        let run = cmd.find_subcommand_mut("run").expect("run is a subcommand");
+        run.error(clap::error::ErrorKind::MissingRequiredArgument, msg)
+            .exit();
+    }
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

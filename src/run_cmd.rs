@@ -52,8 +52,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub s3_credentials: bool,
     /// With --s3-credentials: the proxy's S3 endpoint, exported as
-    /// AWS_ENDPOINT_URL (read by the aws CLI and the AWS SDKs).
-    #[arg(long, env = "FENCEGATE_S3_ENDPOINT", requires = "s3_credentials")]
+    /// AWS_ENDPOINT_URL (read by the aws CLI and the AWS SDKs). Without
+    /// --s3-credentials, FENCEGATE_S3_ENDPOINT is ignored.
+    // Not `requires = "s3_credentials"`: clap counts a value from the
+    // environment as given, so a FENCEGATE_S3_ENDPOINT exported for the
+    // runs that use credentials made every other run a usage error (exit
+    // 2). `usage_error` checks the command line alone.
+    #[arg(long, env = "FENCEGATE_S3_ENDPOINT")]
     pub s3_endpoint: Option<String>,
     /// After SIGTERM, how long CMD has to exit before SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -63,6 +68,17 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
+}
+
+/// The usage rule clap cannot state: `--s3-endpoint` typed on the command
+/// line needs `--s3-credentials` (without them nothing uses the endpoint,
+/// so the user meant something else), while `FENCEGATE_S3_ENDPOINT` in
+/// the environment is a default for the runs that want credentials.
+pub fn usage_error(run: &clap::ArgMatches) -> Option<&'static str> {
+    let typed = run.value_source("s3_endpoint") == Some(clap::parser::ValueSource::CommandLine);
+    (typed && !run.get_flag("s3_credentials")).then_some(
+        "--s3-endpoint is exported only with the lease's credentials: add --s3-credentials, or drop --s3-endpoint",
+    )
 }
 
 /// Shortest pause between renewal retries after a failure.

@@ -29,7 +29,9 @@ fn assert_no_capability(body: &Value, lease: &Value, lock: &str) {
         );
     }
     assert!(
-        !text.contains(&format!("fgt1:{lock}:")) && !text.contains("fgk1."),
+        !text.contains(&format!("fgt1:{lock}:"))
+            && !text.contains("fgk2.")
+            && !text.contains("fgk1."),
         "a refusal carries a proof: {text}"
     );
 }
@@ -417,8 +419,12 @@ fn every_answer_tells_the_truth_about_the_lease() {
     );
     assert_eq!(
         a["s3_access_key_id"],
-        format!("fgk1.{t}.{}.ttl", cred_expiry / 1000),
-        "the access key names the token, expiry and lock it is bound to"
+        format!(
+            "fgk2.{}.{t}.{}.ttl",
+            support::test_keys().key_id(),
+            cred_expiry / 1000
+        ),
+        "the access key names the signing key, token, expiry and lock it is bound to"
     );
 
     // A renewal with a shorter, then a longer TTL: the answer is the lease

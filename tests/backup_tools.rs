@@ -251,7 +251,7 @@ async fn aws_cli_with_lease_bound_credentials() {
     let out = run(e.shell(&a_job)).await;
     assert!(out.status.success(), "A: {}", text(&out));
     let (a_key, a_secret) = saved_credentials(&e);
-    assert!(a_key.starts_with("fgk1."), "{a_key}");
+    assert!(a_key.starts_with("fgk2."), "{a_key}");
     assert_eq!(
         stored(&e.backend, BUCKET, "aws/file.txt")
             .await
@@ -358,23 +358,28 @@ async fn forged_lease_credentials_are_refused_and_write_nothing() {
         Some(token)
     );
 
-    let keys = fencegate_core::TokenKeys::new(vec![support::SIGNING_KEY.as_bytes().to_vec()])
-        .expect("keys");
+    let keys = support::test_keys();
     let wrong =
         fencegate_core::TokenKeys::new(vec![b"not-the-signing-key-at-all".to_vec()]).expect("keys");
     let lock = |l: &str| fencegate_core::LockName::new(l).expect("lock");
     let far = support::unix_ms() / 1000 + 3600;
     let wrong_hmac = wrong.credentials(&lock("nightly"), token + 5, far);
+    // The same wrong secret under an access key naming the proxy's key.
+    let wrong_hmac_our_id = wrong_hmac
+        .access_key
+        .replacen(wrong.key_id(), keys.key_id(), 1);
     let other_lock = keys.credentials(&lock("other"), token + 5, far);
     let expired = keys.credentials(&lock("nightly"), token + 5, support::unix_ms() / 1000 - 10);
-    let tampered_key = key.replacen(
-        &format!("fgk1.{token}."),
-        &format!("fgk1.{}.", token + 5),
-        1,
-    );
+    let tampered_key = key.replacen(&format!(".{token}."), &format!(".{}.", token + 5), 1);
     let cases: Vec<(String, String, u16, &str)> = vec![
         (
             wrong_hmac.access_key,
+            wrong_hmac.secret_key.clone(),
+            403,
+            "InvalidAccessKeyId",
+        ),
+        (
+            wrong_hmac_our_id,
             wrong_hmac.secret_key,
             403,
             "SignatureDoesNotMatch",
@@ -403,7 +408,7 @@ async fn forged_lease_credentials_are_refused_and_write_nothing() {
     );
     assert_eq!(
         e.proxy.max_token("nightly").await,
-        token,
+        Some(token),
         "max of the scope's lock unchanged"
     );
 

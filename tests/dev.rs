@@ -177,6 +177,38 @@ fn dev_refuses_two_services_on_one_port() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("used for two services"));
 }
 
+/// Like every service, `fencegate dev` lists every problem of its
+/// configuration in one error, not just the first it meets.
+#[test]
+fn dev_lists_every_config_problem_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("dev.toml");
+    std::fs::write(
+        &config,
+        "data_dir = \"\"\nlocksvc_listen = \"127.0.0.1:7171\"\nproxy_listen = \"127.0.0.1:9100\"\nbackend_listen = \"127.0.0.1:9100\"\n",
+    )
+    .expect("write config");
+    let out = support::fencegate()
+        .args(["dev", "--check", "--config"])
+        .arg(&config)
+        .args(["--locksvc-listen", "127.0.0.1:9100"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for problem in [
+        "127.0.0.1:9100 is used for three services (locksvc_listen, proxy_listen, backend_listen)",
+        "data_dir is empty",
+    ] {
+        assert!(stderr.contains(problem), "missing {problem:?} in {stderr}");
+    }
+    assert_eq!(
+        stderr.matches("\n  - ").count(),
+        2,
+        "one line per problem: {stderr}"
+    );
+}
+
 /// `accept_unsigned_tokens = true` in the dev config trusts every plain
 /// number without asking the lease service (and the dev proxy starts: it
 /// does not also set `locksvc_url`, which would contradict it).

@@ -493,18 +493,15 @@ fn metrics_count_grants_refusals_and_fsyncs() {
     api.acquire("m", "B", 5000);
     assert_eq!(api.renew("m", signed_of(&a), 5000).0, 200);
     assert_eq!(api.release("m", signed_of(&a)).0, 200);
-    let text = reqwest::blocking::get(format!("{}/metrics", svc.url))
-        .expect("metrics")
-        .text()
-        .expect("text");
-    for line in [
-        "fencegate_locksvc_grants_total 1",
-        "fencegate_locksvc_renewals_total 1",
-        "fencegate_locksvc_releases_total 1",
-        "fencegate_locksvc_refusals_total{reason=\"held\"} 1",
-        "fencegate_locksvc_fsync_seconds_count 1",
+    let m = Metrics::fetch(&format!("{}/metrics", svc.url));
+    for (name, labels) in [
+        ("fencegate_locksvc_grants_total", &[][..]),
+        ("fencegate_locksvc_renewals_total", &[]),
+        ("fencegate_locksvc_releases_total", &[]),
+        ("fencegate_locksvc_refusals_total", &[("reason", "held")]),
+        ("fencegate_locksvc_fsync_seconds_count", &[]),
     ] {
-        assert!(text.contains(line), "missing {line:?} in\n{text}");
+        assert_eq!(m.count(name, labels), 1, "{name}{labels:?}");
     }
 }
 

@@ -69,9 +69,10 @@ async fn put(p: &Proxy, key: &str, token: u64, body: &str) -> Result<(), (Option
 
 /// The count of `fencegate_proxy_writes_total` for `op` and `outcome`.
 async fn writes(p: &Proxy, op: &str, outcome: &str) -> f64 {
-    p.metric(&format!(
-        "fencegate_proxy_writes_total{{op=\"{op}\",lock=\"{BUCKET}\",outcome=\"{outcome}\"}}"
-    ))
+    p.metric(
+        "fencegate_proxy_writes_total",
+        &[("op", op), ("lock", BUCKET), ("outcome", outcome)],
+    )
     .await
     .unwrap_or(0.0)
 }
@@ -147,7 +148,7 @@ async fn a_replica_that_never_saw_the_key_refuses_by_the_stored_token(kind: Back
     );
     assert_eq!(
         r.r1.max_token(BUCKET).await,
-        1,
+        Some(1),
         "replica 1 never saw token 2"
     );
     assert_eq!(

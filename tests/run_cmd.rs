@@ -62,6 +62,59 @@ fn exports_the_token_passes_the_exit_status_and_releases() {
     assert_eq!(st["held"], false, "the lease is released after CMD: {st}");
 }
 
+/// `FENCEGATE_S3_ENDPOINT` is a default for the runs that take
+/// `--s3-credentials`; it must not make every other run a usage error (it
+/// did: clap's `requires` counted the variable as a typed `--s3-endpoint`,
+/// and `run` exited 2 without running anything).
+#[test]
+fn an_s3_endpoint_in_the_environment_needs_no_credentials_flag() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let out = dir.path().join("env.txt");
+    let script = format!(
+        "echo \"[$AWS_ENDPOINT_URL] [$AWS_ACCESS_KEY_ID]\" > {}",
+        out.display()
+    );
+    let endpoint = "http://127.0.0.1:9";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--lock", "env"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let _ = std::fs::remove_file(&out);
+        let o = run_cmd(&svc.url, &args)
+            .env("FENCEGATE_S3_ENDPOINT", endpoint)
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {stderr}");
+        std::fs::read_to_string(&out).expect("CMD ran")
+    };
+    assert_eq!(
+        run(&[]),
+        "[] []\n",
+        "without --s3-credentials nothing S3 is exported"
+    );
+    let with = run(&["--s3-credentials"]);
+    assert!(
+        with.starts_with(&format!("[{endpoint}] [fgk2.")),
+        "with --s3-credentials the variable is the endpoint: {with}"
+    );
+
+    // Typed on the command line, --s3-endpoint without --s3-credentials is
+    // still refused as usage (it would do nothing), naming the fix.
+    let o = run_cmd(
+        &svc.url,
+        &["--lock", "env", "--s3-endpoint", endpoint, "--", "true"],
+    )
+    .output()
+    .expect("runs");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("add --s3-credentials"), "{stderr}");
+}
+
 #[test]
 fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
     let dir = tempdir();
@@ -168,17 +221,6 @@ fn the_command_is_stopped_when_the_lease_is_taken_after_a_pause() {
     assert_eq!(st["owner"], "B", "the new holder keeps the lock: {st}");
 }
 
-/// The counter `name` from the lease service's /metrics (0 if absent).
-fn metric(url: &str, name: &str) -> u64 {
-    let text = reqwest::blocking::get(format!("{url}/metrics"))
-        .expect("metrics")
-        .text()
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn renews_with_its_signed_token_past_the_ttl_and_releases_at_the_end() {
     let dir = tempdir();
@@ -214,17 +256,19 @@ fn renews_with_its_signed_token_past_the_ttl_and_releases_at_the_end() {
     assert_eq!(status.code(), Some(0));
     let (_, st) = api.status("long");
     assert_eq!(st["held"], false, "released after CMD: {st}");
+    let m = Metrics::fetch(&format!("{}/metrics", svc.url));
     assert!(
-        metric(&svc.url, "fencegate_locksvc_renewals_total") >= 3,
+        m.count("fencegate_locksvc_renewals_total", &[]) >= 3,
         "renewals were accepted"
     );
-    assert_eq!(metric(&svc.url, "fencegate_locksvc_releases_total"), 1);
+    assert_eq!(m.count("fencegate_locksvc_releases_total", &[]), 1);
+    // A labelled counter's series appears at its first increment.
     assert_eq!(
-        metric(
-            &svc.url,
-            "fencegate_locksvc_refusals_total{reason=\"plain_token\"}"
+        m.get(
+            "fencegate_locksvc_refusals_total",
+            &[("reason", "plain_token")]
         ),
-        0,
+        None,
         "run never sends a bare number"
     );
 }

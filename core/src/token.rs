@@ -169,9 +169,15 @@ pub enum VerifyError {
 /// The first key signs; every key verifies. Rotation: add the new key second
 /// everywhere, then move it first on the lease service, then drop the old one
 /// once no lease signed with it can still be live.
+///
+/// Each key has a public id (see [`TokenKeys::key_id`]), which lease-bound
+/// credentials carry so that a proxy knows which of its keys derives their
+/// secret (`crate::credentials`).
 #[derive(Clone)]
 pub struct TokenKeys {
     keys: Vec<Vec<u8>>,
+    /// `ids[i]` is the id of `keys[i]`.
+    ids: Vec<String>,
 }
 
 impl fmt::Debug for TokenKeys {
@@ -187,11 +193,48 @@ pub const MIN_KEY_LEN: usize = 16;
 impl TokenKeys {
     /// Keys in order of preference; `None` if the list is empty or a key is
     /// shorter than [`MIN_KEY_LEN`] bytes.
+    ///
+    /// Two different keys with the same id are refused too (a chance of
+    /// 2^-48 per pair), so an id always names exactly one key; the same key
+    /// listed twice is harmless.
     pub fn new(keys: Vec<Vec<u8>>) -> Option<TokenKeys> {
         if keys.is_empty() || keys.iter().any(|k| k.len() < MIN_KEY_LEN) {
             return None;
         }
-        Some(TokenKeys { keys })
+        let ids: Vec<String> = keys.iter().map(|k| TokenKeys::id_of(k)).collect();
+        for (i, id) in ids.iter().enumerate() {
+            if ids[..i]
+                .iter()
+                .zip(&keys)
+                .any(|(other, key)| other == id && key != &keys[i])
+            {
+                return None;
+            }
+        }
+        Some(TokenKeys { keys, ids })
+    }
+
+    /// The public id of `key`: 12 hex digits of HMAC-SHA256(key,
+    /// `"fencegate-key-id"`). It names a key without revealing it (the
+    /// secrets derived from a key are HMACs of known strings already), and
+    /// it is what an operator compares to see which key a credential needs.
+    fn id_of(key: &[u8]) -> String {
+        let mut mac = HmacSha256::new_from_slice(key).expect("HMAC accepts keys of any length");
+        mac.update(b"fencegate-key-id");
+        mac.finalize().into_bytes()[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The id of the signing (first) key.
+    pub fn key_id(&self) -> &str {
+        &self.ids[0]
+    }
+
+    /// The index of the key with id `id`, if this list has it.
+    pub(crate) fn index_of(&self, id: &str) -> Option<usize> {
+        self.ids.iter().position(|k| k == id)
     }
 
     fn mac(key: &[u8], lock: &LockName, token: u64) -> HmacSha256 {
@@ -200,10 +243,10 @@ impl TokenKeys {
         mac
     }
 
-    /// HMAC-SHA256 of `msg` under the signing (first) key.
-    pub(crate) fn mac_bytes(&self, msg: &[u8]) -> Vec<u8> {
+    /// HMAC-SHA256 of `msg` under key `index` (0 is the signing key).
+    pub(crate) fn mac_bytes(&self, index: usize, msg: &[u8]) -> Vec<u8> {
         let mut mac =
-            HmacSha256::new_from_slice(&self.keys[0]).expect("HMAC accepts keys of any length");
+            HmacSha256::new_from_slice(&self.keys[index]).expect("HMAC accepts keys of any length");
         mac.update(msg);
         mac.finalize().into_bytes().to_vec()
     }

@@ -327,6 +327,10 @@ proptest! {
                 prop_assert_eq!(at, p.expires_at_secs);
             }
             Err(CredentialError::Shape) => prop_assert_eq!(parsed, Err(CredentialError::Shape)),
+            Err(CredentialError::UnknownKey(id)) => {
+                prop_assert_ne!(&id, keys.key_id());
+                prop_assert_eq!(parsed.expect("parsed").key_id, Some(id));
+            }
         }
     }
 
@@ -382,6 +386,8 @@ proptest! {
             Err(CredentialError::Shape) => prop_assert!(parse_access_key(&mutated).is_err()),
             // Only an expiry edited down to 0 is already past at `now` = 0.
             Err(CredentialError::Expired(at)) => prop_assert_eq!(at, 0),
+            // An edited key id names no key here.
+            Err(CredentialError::UnknownKey(id)) => prop_assert_ne!(&id, keys.key_id()),
         }
     }
 }

@@ -109,5 +109,10 @@ fn raw(access_key: &str, now: u64) {
             assert_eq!(at, p.expires_at_secs);
         }
         Err(CredentialError::Shape) => assert_eq!(parsed, Err(CredentialError::Shape)),
+        Err(CredentialError::UnknownKey(id)) => {
+            let p = parsed.expect("a key naming an unknown key id parsed");
+            assert_eq!(p.key_id.as_deref(), Some(id.as_str()));
+            assert_ne!(id, KEYS.key_id());
+        }
     }
 }

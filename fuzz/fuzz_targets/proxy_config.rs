@@ -27,8 +27,18 @@ fuzz_target!(|data: &[u8]| {
         0 => proxy_toml(&String::from_utf8_lossy(rest)),
         1 => {
             if let Ok(c) = toml::from_str::<LocksvcConfig>(&String::from_utf8_lossy(rest)) {
+                // Every problem is listed at once, in the one error.
                 let problems = c.problems();
-                assert_eq!(problems.is_empty(), c.validated().is_ok());
+                match c.validated() {
+                    Ok(_) => assert!(problems.is_empty(), "accepted with {problems:?}"),
+                    Err(e) => {
+                        let e = e.to_string();
+                        assert!(!problems.is_empty(), "refused without a problem: {e}");
+                        for p in &problems {
+                            assert!(e.contains(p.as_str()), "{p:?} not listed in {e}");
+                        }
+                    }
+                }
             }
         }
         _ => {

@@ -453,6 +453,61 @@ fn locksvc_line() -> impl Strategy<Value = String> {
     ]
 }
 
+/// The start of every problem `c` must have, from the rules the README and
+/// the config docs state, for the fields `locksvc_line` sets (the others
+/// keep their valid defaults).
+fn expected_problems(c: &LocksvcConfig) -> Vec<String> {
+    let mut e = Vec::new();
+    if c.signing_keys.is_empty() {
+        e.push("signing_keys is empty".to_owned());
+    }
+    for (i, k) in c.signing_keys.iter().enumerate() {
+        if k.len() < 16 {
+            e.push(format!("signing_keys[{i}] is {} bytes", k.len()));
+        }
+    }
+    if c.min_ttl.is_zero() {
+        e.push("min_ttl must be above zero".to_owned());
+    }
+    if c.min_ttl > c.max_ttl {
+        e.push("min_ttl (".to_owned());
+    }
+    if !(c.min_ttl..=c.max_ttl).contains(&c.default_ttl) {
+        e.push("default_ttl must lie between".to_owned());
+    }
+    if c.max_body_bytes < 256 {
+        e.push("max_body_bytes must be at least 256".to_owned());
+    }
+    if c.max_waiters_per_lock == 0 {
+        e.push("max_waiters_per_lock must be at least 1".to_owned());
+    }
+    if c.credential_ttl < std::time::Duration::from_secs(60) {
+        e.push("credential_ttl must be at least 1m".to_owned());
+    }
+    for (i, k) in c.api_keys.iter().enumerate() {
+        if k.key.chars().count() < 8 {
+            e.push(format!("api_keys[{i}] is shorter than 8 characters"));
+        }
+        if k.key.trim() != k.key {
+            e.push(format!("api_keys[{i}] starts or ends with whitespace"));
+        }
+        if let Some(j) = c.api_keys[..i].iter().position(|o| o.key == k.key) {
+            e.push(format!("api_keys[{i}] is the same key as api_keys[{j}]"));
+        }
+    }
+    let ms100 = std::time::Duration::from_millis(100);
+    if c.header_read_timeout < ms100 {
+        e.push("header_read_timeout must be at least 100ms".to_owned());
+    }
+    if c.idle_timeout < ms100 {
+        e.push("idle_timeout must be at least 100ms".to_owned());
+    }
+    if c.max_connections == 0 {
+        e.push("max_connections must be at least 1".to_owned());
+    }
+    e
+}
+
 fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_owned()).to_string()
 }
@@ -467,8 +522,26 @@ proptest! {
     ) {
         let text = lines.join("\n");
         if let Ok(c) = toml::from_str::<LocksvcConfig>(&text) {
+            // Each field the lines can set, judged here on its own: every
+            // fault yields its own problem, and nothing else is reported.
+            let expected = expected_problems(&c);
             let problems = c.problems();
-            prop_assert_eq!(problems.is_empty(), c.clone().validated().is_ok());
+            for want in &expected {
+                prop_assert!(
+                    problems.iter().any(|p| p.starts_with(want.as_str())),
+                    "{}: expected {:?} in {:?}", text, want, problems
+                );
+            }
+            prop_assert_eq!(problems.len(), expected.len(), "{}: {:?} vs {:?}", text, problems, expected);
+            match c.clone().validated() {
+                Ok(_) => prop_assert!(expected.is_empty(), "{}: accepted with {:?}", text, expected),
+                Err(e) => {
+                    let e = e.to_string();
+                    for p in &problems {
+                        prop_assert!(e.contains(p.as_str()), "{} not listed in {}", p, e);
+                    }
+                }
+            }
         }
         if let Ok(c) = toml::from_str::<LocksvcConfig>(&raw) {
             let _ = c.problems();

@@ -11,7 +11,7 @@ use crate::config::ClientKey;
 use crate::errors;
 use crate::ops::classify;
 use fencegate_core::TokenKeys;
-use fencegate_core::credentials::{ACCESS_KEY_PREFIX, CredentialError};
+use fencegate_core::credentials::{CredentialError, is_lease_access_key};
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{S3Auth, SecretKey};
 use s3s::{S3Result, s3_error};
@@ -43,22 +43,27 @@ impl S3Auth for ClientAuth {
         if let Some(k) = self.keys.get(access_key) {
             return Ok(k.clone());
         }
-        if access_key.starts_with(ACCESS_KEY_PREFIX) {
+        if is_lease_access_key(access_key) {
             let Some(keys) = &self.lease_keys else {
                 return Err(s3_error!(
                     InvalidAccessKeyId,
                     "lease-bound credentials need the proxy to have signing_keys"
                 ));
             };
-            // The secret is re-derived from the access key; if the client
-            // signed with anything else (forged or tampered key), the
-            // signature check that follows fails.
+            // The secret is re-derived from the access key, with the
+            // configured key its key id names (any of them, so credentials
+            // keep working through a key rotation); if the client signed
+            // with anything else (forged or tampered key), the signature
+            // check that follows fails.
             return match keys.secret_for(access_key, crate::clock::unix_secs()) {
                 Ok((_, secret)) => Ok(SecretKey::from(secret)),
                 Err(CredentialError::Expired(at)) => Err(s3_error!(
                     AccessDenied,
                     "lease credentials expired at unix time {at}; take a new lease"
                 )),
+                Err(e @ CredentialError::UnknownKey(_)) => {
+                    Err(s3_error!(InvalidAccessKeyId, "{e}"))
+                }
                 Err(CredentialError::Shape) => Err(s3_error!(
                     InvalidAccessKeyId,
                     "malformed lease access key; use the s3_access_key_id the lease service returned"

@@ -25,8 +25,9 @@ pub struct ProxyConfig {
     /// Accept unsigned (anonymous) requests. Writes still need a fencing
     /// token; reads are open to anyone who can reach the port.
     pub allow_anonymous: bool,
-    /// Keys shared with the lease service to verify signed tokens (the same
-    /// list as the lease service's `signing_keys`). Override with
+    /// Keys shared with the lease service to verify signed tokens and
+    /// lease-bound credentials, every key in any order (during a rotation
+    /// the lease service may sign with any of them). Override with
     /// `FENCEGATE_SIGNING_KEYS` (comma separated).
     pub signing_keys: Vec<String>,
     /// Accept plain decimal tokens (`Fencing-Token: 7`) from clients you
@@ -373,11 +374,9 @@ impl ProxyConfig {
         for (i, c) in self.clients.iter().enumerate() {
             // Such a key would be read as lease-bound credentials: a token
             // with no lease behind it.
-            if c.access_key
-                .starts_with(fencegate_core::credentials::ACCESS_KEY_PREFIX)
-            {
+            if fencegate_core::credentials::is_lease_access_key(&c.access_key) {
                 p.push(format!(
-                    "clients[{i}].access_key starts with {:?}, which is reserved for lease-bound credentials",
+                    "clients[{i}].access_key starts with \"fgk<digits>.\" (like {:?}), which is reserved for lease-bound credentials",
                     fencegate_core::credentials::ACCESS_KEY_PREFIX
                 ));
             }

@@ -199,7 +199,8 @@ pub fn not_forwarded(op: &str) -> S3Error {
     e
 }
 
-/// 500 for our own storage failing; the write was not forwarded.
+/// 503 for our own storage (the proxy database) failing: the write was not
+/// forwarded, and the client should retry.
 pub fn storage(msg: impl Into<String>) -> S3Error {
     let mut e = S3Error::with_message(S3ErrorCode::ServiceUnavailable, msg.into());
     e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
@@ -242,4 +243,17 @@ pub fn is_condition_failure(e: &S3Error) -> bool {
         e.code(),
         S3ErrorCode::PreconditionFailed | S3ErrorCode::NoSuchKey
     ) || e.code().as_str() == "ConditionalRequestConflict"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the comment on [`storage`] says: a retryable 503, not a 500.
+    #[test]
+    fn own_storage_failure_is_a_retryable_503() {
+        let e = storage("disk full");
+        assert_eq!(e.status_code(), Some(StatusCode::SERVICE_UNAVAILABLE));
+        assert_eq!(e.code(), &S3ErrorCode::ServiceUnavailable);
+    }
 }

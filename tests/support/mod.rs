@@ -21,6 +21,11 @@ use std::time::Duration;
 
 pub const SIGNING_KEY: &str = "test-signing-key-0123456789";
 
+/// The key list every service under test signs and verifies with.
+pub fn test_keys() -> fencegate_core::TokenKeys {
+    fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key")
+}
+
 pub fn fencegate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fencegate"))
 }
@@ -229,4 +234,161 @@ pub fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after epoch")
         .as_millis() as u64
+}
+
+/// One sample: name, labels (sorted), value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// A Prometheus text exposition, parsed so that a test reads the exact
+/// value of one series (a substring such as `_total 1` would also match
+/// 10 to 19, and a misspelt name would read as absent).
+#[derive(Debug)]
+pub struct Metrics {
+    text: String,
+    /// Metric family names declared by `# TYPE` lines.
+    families: Vec<String>,
+    samples: Vec<Sample>,
+}
+
+impl Metrics {
+    /// Fetches `url` (a `/metrics` endpoint) with a blocking client.
+    pub fn fetch(url: &str) -> Metrics {
+        let text = reqwest::blocking::get(url)
+            .and_then(|r| r.error_for_status())
+            .and_then(|r| r.text())
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        Metrics::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Metrics {
+        let mut families = Vec::new();
+        let mut samples = Vec::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest
+                    .split_whitespace()
+                    .next()
+                    .expect("a TYPE line names a family");
+                families.push(name.to_owned());
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
+            samples.push(parse_sample(line));
+        }
+        Metrics {
+            text: text.to_owned(),
+            families,
+            samples,
+        }
+    }
+
+    /// The value of exactly the series `name{labels}` (labels in any order,
+    /// no others), `None` if the family exists but has no such series yet
+    /// (a labelled counter appears at its first increment). Panics if no
+    /// family declares `name`, or if the series appears twice.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let declared = self.families.iter().any(|f| {
+            name.strip_prefix(f.as_str()).is_some_and(|suffix| {
+                [
+                    "", "_total", "_count", "_sum", "_bucket", "_created", "_info",
+                ]
+                .contains(&suffix)
+            })
+        });
+        assert!(declared, "no metric family declares {name}:\n{}", self.text);
+        let mut want: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        want.sort();
+        let mut found = self
+            .samples
+            .iter()
+            .filter(|(n, l, _)| n == name && *l == want)
+            .map(|(_, _, v)| *v);
+        let value = found.next();
+        assert!(
+            found.next().is_none(),
+            "series {name}{labels:?} appears twice:\n{}",
+            self.text
+        );
+        value
+    }
+
+    /// [`Metrics::get`] of a counter or gauge that must exist, as an integer.
+    pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let v = self
+            .get(name, labels)
+            .unwrap_or_else(|| panic!("no series {name}{labels:?} in:\n{}", self.text));
+        assert!(
+            v >= 0.0 && v.fract() == 0.0,
+            "{name}{labels:?} = {v} is not a count"
+        );
+        v as u64
+    }
+}
+
+/// One sample line: `name{a="x",b="y"} value [timestamp]`.
+fn parse_sample(line: &str) -> Sample {
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    let name = line[..name_end].to_owned();
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(body) = rest.strip_prefix('{') {
+        let mut chars = body.char_indices().peekable();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            if c == '}' {
+                end = Some(i);
+                break;
+            }
+            if c == ',' || c == ' ' {
+                continue;
+            }
+            // A label: key="value" with \\, \" and \n escapes.
+            let mut key = String::from(c);
+            for (_, c) in chars.by_ref() {
+                if c == '=' {
+                    break;
+                }
+                key.push(c);
+            }
+            assert_eq!(
+                chars.next().map(|(_, c)| c),
+                Some('"'),
+                "bad label in {line:?}"
+            );
+            let mut value = String::new();
+            loop {
+                match chars.next().map(|(_, c)| c) {
+                    Some('"') => break,
+                    Some('\\') => match chars.next().map(|(_, c)| c) {
+                        Some('n') => value.push('\n'),
+                        Some(c) => value.push(c),
+                        None => panic!("bad escape in {line:?}"),
+                    },
+                    Some(c) => value.push(c),
+                    None => panic!("unterminated label value in {line:?}"),
+                }
+            }
+            labels.push((key.trim().to_owned(), value));
+        }
+        let end = end.unwrap_or_else(|| panic!("unterminated labels in {line:?}"));
+        rest = &body[end + 1..];
+    }
+    let value = rest
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("no value in {line:?}"));
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value {v:?} in {line:?}")),
+    };
+    labels.sort();
+    (name, labels, value)
 }

@@ -365,20 +365,21 @@ impl Proxy {
             .expect("json")
     }
 
-    /// The value of the series `series` (name and labels exactly as
-    /// exported, e.g. `fencegate_proxy_inflight_writes`) in the proxy's
-    /// metrics, or None if it is not exported.
-    pub async fn metric(&self, series: &str) -> Option<f64> {
+    /// The proxy's metrics.
+    pub async fn metrics(&self) -> super::Metrics {
         let text = reqwest::get(format!("{}/_fencegate/metrics", self.url))
             .await
             .expect("metrics")
             .text()
             .await
             .expect("text");
-        text.lines().find_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().expect("a number"))
-        })
+        super::Metrics::parse(&text)
+    }
+
+    /// The value of exactly the series `name{labels}` in the proxy's
+    /// metrics (see [`super::Metrics::get`]).
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.metrics().await.get(name, labels)
     }
 
     /// Waits (up to 30 s) until `n` fenced writes are in flight: the
@@ -386,7 +387,7 @@ impl Proxy {
     pub async fn wait_for_inflight_writes(&self, n: u64) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
-            let now = self.metric("fencegate_proxy_inflight_writes").await;
+            let now = self.metric("fencegate_proxy_inflight_writes", &[]).await;
             if now == Some(n as f64) {
                 return;
             }
@@ -398,23 +399,28 @@ impl Proxy {
         }
     }
 
-    /// The max token the proxy holds for `lock` (0 if none).
-    pub async fn max_token(&self, lock: &str) -> u64 {
+    /// The max token the proxy holds for `lock`: `None` when the status
+    /// does not list the lock (no write in its scopes reached the fence),
+    /// `Some(0)` when it is listed without an admitted token.
+    pub async fn max_token(&self, lock: &str) -> Option<u64> {
         let st = self.status().await;
-        st["locks"]
+        let listed = st["locks"]
             .as_array()
-            .into_iter()
-            .flatten()
-            .find(|s| s["lock"] == lock)
-            .and_then(|s| s["max_token"].as_u64())
-            .unwrap_or(0)
+            .unwrap_or_else(|| panic!("status has no locks list: {st}"))
+            .iter()
+            .find(|s| s["lock"] == lock)?;
+        Some(
+            listed["max_token"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("lock {lock} without a numeric max_token: {st}")),
+        )
     }
 }
 
 /// Signs `token` for `lock` with the test key, as the lease service would.
 pub fn signed(lock: &str, token: u64) -> String {
-    let keys = fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key");
-    keys.sign(&fencegate_core::LockName::new(lock).expect("lock"), token)
+    super::test_keys()
+        .sign(&fencegate_core::LockName::new(lock).expect("lock"), token)
         .to_string()
 }
 
@@ -486,26 +492,60 @@ pub async fn stored(backend: &Backend, bucket: &str, key: &str) -> Option<(Vec<u
 
 /// The token metadata of an object (HEAD straight to the backend).
 pub async fn stored_token(backend: &Backend, bucket: &str, key: &str) -> Option<u64> {
-    token_via(&backend.direct(), bucket, key).await
+    match read_token(&backend.direct(), bucket, key).await {
+        Ok(Read::Token(t)) => Some(t),
+        Ok(Read::Missing | Read::NoToken) => None,
+        Err(e) => panic!("HEAD {bucket}/{key} on the backend: {e}"),
+    }
 }
 
-async fn token_via(direct: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Option<u64> {
-    let out = direct
-        .head_object()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await
-        .ok()?;
-    out.metadata()?.get("fencing-token")?.parse().ok()
+/// What a HEAD straight to the backend found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    Token(u64),
+    /// 404: not written yet.
+    Missing,
+    /// An object without token metadata.
+    NoToken,
+}
+
+async fn read_token(direct: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Read, String> {
+    match direct.head_object().bucket(bucket).key(key).send().await {
+        Ok(out) => match out.metadata().and_then(|m| m.get("fencing-token")) {
+            None => Ok(Read::NoToken),
+            Some(t) => t
+                .parse()
+                .map(Read::Token)
+                .map_err(|_| format!("token metadata {t:?} is not a number")),
+        },
+        Err(e) => match error_of(&e) {
+            (Some(404), _) => Ok(Read::Missing),
+            other => Err(format!("{other:?}: {e:?}")),
+        },
+    }
 }
 
 /// Reads the stored tokens of `keys` straight from the backend, over and
-/// over, while a test runs.
+/// over, while a test runs; [`TokenMonitor::stop`] says what it saw.
 #[derive(Debug)]
 pub struct TokenMonitor {
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<std::collections::HashMap<String, Vec<u64>>>,
+    task: tokio::task::JoinHandle<Observed>,
+}
+
+/// What a [`TokenMonitor`] saw.
+#[derive(Debug, Default)]
+pub struct Observed {
+    /// Per key, every token read, in order.
+    pub tokens: std::collections::HashMap<String, Vec<u64>>,
+    /// Reads that no test run should produce: failed HEADs, unparsable
+    /// tokens, and an object that vanished or lost its token after a token
+    /// was seen (the tests using the monitor delete nothing). A missing or
+    /// token-less object before its first token is expected: s3s-fs renames
+    /// the data into place before it writes the metadata.
+    pub errors: Vec<String>,
+    /// Full rounds over every key.
+    pub rounds: usize,
 }
 
 impl TokenMonitor {
@@ -518,32 +558,96 @@ impl TokenMonitor {
             done.clone(),
         );
         let task = tokio::spawn(async move {
-            let mut seen: std::collections::HashMap<String, Vec<u64>> = Default::default();
-            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            let mut seen = Observed::default();
+            // One more full round after the stop, so the final state of
+            // every key is read.
+            loop {
+                let last = stop.load(std::sync::atomic::Ordering::Acquire);
                 for k in &keys {
-                    if let Some(t) = token_via(&direct, &bucket, k).await {
-                        seen.entry(k.clone()).or_default().push(t);
+                    let had_token = seen.tokens.contains_key(k);
+                    match read_token(&direct, &bucket, k).await {
+                        Ok(Read::Token(t)) => seen.tokens.entry(k.clone()).or_default().push(t),
+                        Ok(Read::Missing | Read::NoToken) if !had_token => {}
+                        Ok(r) => seen.errors.push(format!("{k}: {r:?} after it had a token")),
+                        Err(e) => seen.errors.push(format!("{k}: {e}")),
                     }
                 }
+                seen.rounds += 1;
+                if last {
+                    return seen;
+                }
             }
-            seen
         });
         TokenMonitor { done, task }
     }
 
-    /// Stops, and asserts that no key's stored token ever went down.
-    pub async fn assert_never_decreased(self, context: &str) {
+    /// Stops after one more round, and returns what was seen.
+    pub async fn stop(self) -> Observed {
         self.done.store(true, std::sync::atomic::Ordering::Release);
-        let seen = self.task.await.expect("monitor");
+        self.task.await.expect("monitor")
+    }
+
+    /// Stops; asserts that the monitor watched (see
+    /// [`Observed::assert_watched`]) and that no key's stored token ever
+    /// went down.
+    pub async fn assert_never_decreased(
+        self,
+        context: &str,
+        written: &[String],
+        min_samples: usize,
+    ) {
+        let seen = self.stop().await;
+        seen.assert_watched(context, written, min_samples);
+        let down = seen.decreases();
         assert!(
-            !seen.is_empty(),
-            "{context}: the monitor never saw a stored token"
+            down.is_empty(),
+            "{context}: stored tokens went down: {down:?}"
         );
-        for (k, tokens) in &seen {
+    }
+}
+
+impl Observed {
+    /// Fails on any unexpected read, unless every key of `written` was read
+    /// with a token at least `min_samples` times, and unless some stored
+    /// token was seen to change (else the monitor did not watch the run,
+    /// and "never decreased" would hold trivially).
+    pub fn assert_watched(&self, context: &str, written: &[String], min_samples: usize) {
+        assert!(
+            self.errors.is_empty(),
+            "{context}: the monitor read {} unexpected answers: {:?}",
+            self.errors.len(),
+            &self.errors[..self.errors.len().min(10)]
+        );
+        for k in written {
+            let n = self.tokens.get(k).map_or(0, Vec::len);
             assert!(
-                tokens.windows(2).all(|w| w[0] <= w[1]),
-                "{context}: stored token of {k} went down: {tokens:?}"
+                n >= min_samples,
+                "{context}: the monitor read {k}'s token {n} times in {} rounds; at least {min_samples} needed",
+                self.rounds
             );
         }
+        assert!(
+            self.tokens
+                .values()
+                .any(|t| t.windows(2).any(|w| w[0] != w[1])),
+            "{context}: the monitor never saw a stored token change ({} rounds): it did not watch the writes",
+            self.rounds
+        );
+    }
+
+    /// Every (key, before, after) where a stored token was seen to go down.
+    pub fn decreases(&self) -> Vec<(String, u64, u64)> {
+        let mut down: Vec<(String, u64, u64)> = self
+            .tokens
+            .iter()
+            .flat_map(|(k, t)| {
+                t.windows(2)
+                    .filter(|w| w[1] < w[0])
+                    .map(|w| (k.clone(), w[0], w[1]))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        down.sort();
+        down
     }
 }

@@ -19,7 +19,7 @@ use crate::db::UploadBinding;
 use crate::errors;
 use crate::gate::{Gate, RequestToken, WriteOp};
 use crate::scope::Scope;
-use fencegate_core::credentials::{ACCESS_KEY_PREFIX, parse_access_key};
+use fencegate_core::credentials::{is_lease_access_key, parse_access_key};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result};
 
@@ -33,7 +33,7 @@ impl Identity {
     fn of<T>(req: &S3Request<T>) -> Identity {
         Identity(match &req.credentials {
             None => ANONYMOUS.to_owned(),
-            Some(c) if c.access_key.starts_with(ACCESS_KEY_PREFIX) => {
+            Some(c) if is_lease_access_key(&c.access_key) => {
                 match parse_access_key(&c.access_key) {
                     Ok(k) => format!("lease:{}:{}", k.lock, k.token),
                     Err(_) => format!("key:{}", c.access_key),
