@@ -814,6 +814,20 @@ async fn h7_made_up_buckets_leave_no_trace() {
         "metrics grew from {before} to {} bytes",
         text.len()
     );
+    assert_eq!(
+        e.proxy
+            .metric(
+                "fencegate_proxy_writes_total",
+                &[
+                    ("op", "PutObject"),
+                    ("lock", "(none)"),
+                    ("outcome", "missing")
+                ],
+            )
+            .await,
+        Some(300.0),
+        "every refusal is counted, in the one series for unknown locks"
+    );
     let st = e.proxy.status().await;
     assert!(!st.to_string().contains("made-up-"), "{st}");
 }
