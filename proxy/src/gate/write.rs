@@ -5,7 +5,7 @@
 //! what the proxy verified the store holds. The `Write` sets the conditions
 //! itself from that state (`If-None-Match: *` or `If-Match: <etag>`, the
 //! client's own conditions checked first), tags the object with the token,
-//! applies the one timeout policy ([`Gate::send`]) and, when the store
+//! applies the one timeout policy ([`Gate::call_write`]) and, when the store
 //! refuses a condition, re-decides ([`Gate::redecide`]). The ops never see
 //! the SDK or the forwarder, so an unconditional write cannot be written
 //! in them.
