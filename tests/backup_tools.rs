@@ -58,6 +58,7 @@ impl Env {
     fn shell(&self, script: &str) -> Command {
         let mut cmd = Command::new("sh");
         cmd.arg("-c").arg(script);
+        support::without_fencegate_env(&mut cmd);
         self.environment(&mut cmd);
         cmd
     }

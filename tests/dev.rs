@@ -24,27 +24,36 @@ fn walkthrough() -> String {
 #[test]
 fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
     let data = tempfile::tempdir().expect("tempdir");
-    // The README's first command, on its documented default ports.
+    // The README's first command, on ports the OS chooses (the documented
+    // defaults may be taken on a test machine); the walkthrough's default
+    // addresses are pointed at them below.
     let mut cmd = support::fencegate();
     cmd.args(["dev", "--data-dir"])
         .arg(data.path().join("dev"))
-        .env("FENCEGATE_LOG", "warn")
-        .env_remove("FENCEGATE_LOCKSVC");
+        .args(["--proxy-listen", "127.0.0.1:0"])
+        .args(["--locksvc-listen", "127.0.0.1:0"])
+        .args(["--backend-listen", "127.0.0.1:0"])
+        .env("FENCEGATE_LOG", "warn");
     let dev = Service::start(cmd);
-    assert_eq!(
-        dev.url, "http://127.0.0.1:9000",
-        "the documented proxy address"
+    let locksvc = dev.banner_url("locksvc");
+    let script = walkthrough();
+    assert!(
+        script.contains("http://127.0.0.1:9000/"),
+        "the walkthrough uses the documented proxy address: {script}"
     );
+    let script = script.replace("http://127.0.0.1:9000/", &format!("{}/", dev.url));
 
     let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_fencegate"))
         .parent()
         .expect("dir")
         .to_owned();
-    let out = Command::new("bash")
+    let mut bash = Command::new("bash");
+    support::without_fencegate_env(&mut bash);
+    let out = bash
         .arg("-euo")
         .arg("pipefail")
         .arg("-c")
-        .arg(walkthrough())
+        .arg(&script)
         // `$PWD/target/release` does not exist in the temp dir: the debug
         // build on PATH answers as `fencegate`.
         .current_dir(data.path())
@@ -56,7 +65,9 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
                 std::env::var("PATH").unwrap_or_default()
             ),
         )
-        .env_remove("FENCEGATE_LOCKSVC")
+        // The lease CLI's default (the dev lease service's documented
+        // address) is where this run's lease service listens.
+        .env("FENCEGATE_LOCKSVC", &locksvc)
         .output()
         .expect("bash runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -129,7 +140,7 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
                 "--ttl",
                 "60s",
             ])
-            .args(["--format", "json", "--locksvc", "http://127.0.0.1:7070"])
+            .args(["--format", "json", "--locksvc", &locksvc])
             .output()
             .expect("lease acquire runs");
         assert!(out.status.success(), "{out:?}");
@@ -162,15 +173,13 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
 
 #[test]
 fn dev_refuses_two_services_on_one_port() {
+    // A port this test holds: nobody else can be on it, whatever `--check`
+    // does with it.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = held.local_addr().expect("addr").to_string();
     let out = support::fencegate()
-        .args([
-            "dev",
-            "--check",
-            "--proxy-listen",
-            "127.0.0.1:9100",
-            "--backend-listen",
-            "127.0.0.1:9100",
-        ])
+        .args(["dev", "--check", "--proxy-listen", &addr])
+        .args(["--backend-listen", &addr])
         .output()
         .expect("runs");
     assert!(!out.status.success());

@@ -956,14 +956,12 @@ async fn a_delete_that_timed_out_keeps_its_key_until_the_store_answers() {
 async fn a_backend_restart_gives_retryable_errors_and_the_proxy_recovers() {
     use fencegate_dev_keys::*;
     // The backend is the s3s-fs of a `fencegate dev` process: it can be
-    // killed and restarted on the same port and data directory.
+    // killed and restarted on the same port and data directory. The first
+    // start takes a port the OS chooses; the restart binds that port again
+    // (the proxy is configured with it).
     let data = tempfile::tempdir().expect("tempdir");
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
     let data_path = data.path().to_owned();
-    let start_backend = move || {
+    let start_backend = move |port: u16| {
         let mut cmd = support::fencegate();
         cmd.args([
             "dev",
@@ -981,9 +979,18 @@ async fn a_backend_restart_gives_retryable_errors_and_the_proxy_recovers() {
         .env("FENCEGATE_LOG", "warn");
         support::Service::start(cmd)
     };
-    let mut dev = tokio::task::spawn_blocking(start_backend.clone())
-        .await
-        .expect("dev");
+    let mut dev = tokio::task::spawn_blocking({
+        let start_backend = start_backend.clone();
+        move || start_backend(0)
+    })
+    .await
+    .expect("dev");
+    let port: u16 = dev
+        .banner_url("backend")
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("backend port");
     let dir = tempfile::tempdir().expect("tempdir");
     let toml = format!(
         r#"
@@ -1028,7 +1035,7 @@ timeout_secs = 2
         "a retryable error while the backend is down"
     );
 
-    let _dev = tokio::task::spawn_blocking(start_backend)
+    let _dev = tokio::task::spawn_blocking(move || start_backend(port))
         .await
         .expect("dev again");
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -1007,9 +1007,18 @@ async fn plain_tokens_wait_for_a_reachable_lease_service() {
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let unreachable = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", unreachable.local_addr().expect("addr"));
-    drop(unreachable);
+    // A lease service that cannot be asked: this test holds its address and
+    // closes every connection unanswered (the number of a dropped listener
+    // could be taken by anything meanwhile).
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            drop(conn);
+        }
+    });
     let proxy = Proxy::start(
         &proxy_toml(
             &backend,

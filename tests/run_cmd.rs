@@ -187,38 +187,104 @@ fn the_command_is_stopped_when_the_lease_service_is_gone() {
 fn the_command_is_stopped_when_the_lease_is_taken_after_a_pause() {
     let dir = tempdir();
     let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
     let pidfile = dir.path().join("child.pid");
-    // The child ignores SIGTERM, so only the SIGKILL after the grace stops it.
+    let termfile = dir.path().join("got-term");
+    // The child survives SIGTERM (its trap only records it), so only the
+    // SIGKILL after the grace stops it.
+    let grace = Duration::from_secs(2);
     let script = format!(
-        "trap '' TERM; echo $$ > {}; while true; do sleep 0.1; done",
+        "trap 'echo term > {}' TERM; echo $$ > {}; while true; do sleep 0.1; done",
+        termfile.display(),
         pidfile.display()
     );
     let mut run = run_cmd(
         &svc.url,
         &[
-            "--lock", "stolen", "--ttl", "1s", "--grace", "500ms", "--", "sh", "-c", &script,
+            "--lock", "stolen", "--ttl", "1s", "--grace", "2s", "--", "sh", "-c", &script,
         ],
     )
+    .stderr(Stdio::piped())
     .spawn()
     .expect("runs");
     let child_pid = read_pid(&pidfile);
     let run_pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid"));
+    let _reap = KillIfPanicking(vec![run_pid, nix::unistd::Pid::from_raw(child_pid)]);
 
     // The runner stalls past its lease; someone else takes the lock.
     nix::sys::signal::kill(run_pid, Signal::SIGSTOP).expect("stop");
-    std::thread::sleep(Duration::from_millis(1500));
-    let (s, b) = Api::new(&svc.url).acquire("stolen", "B", 30_000);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api.status("stolen").1["held"] == true {
+        assert!(Instant::now() < deadline, "the stalled lease never expired");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (s, b) = api.acquire("stolen", "B", 30_000);
     assert_eq!(s, 200, "{b}");
     nix::sys::signal::kill(run_pid, Signal::SIGCONT).expect("cont");
 
-    let started = Instant::now();
-    let status = run.wait().expect("run exits");
+    // SIGTERM first, and the child is still running through the grace...
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !termfile.exists() {
+        assert!(Instant::now() < deadline, "the child never got SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let termed = Instant::now();
+    // ...then SIGKILL once the grace is over, not before and not much later.
+    while process_alive(child_pid) {
+        assert!(
+            termed.elapsed() < grace + Duration::from_secs(5),
+            "the child ignoring SIGTERM was not killed {:?} after SIGTERM",
+            termed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let killed_after = termed.elapsed();
+    // The trap's write lags the SIGTERM a little, never the other way round.
+    assert!(
+        killed_after >= grace - Duration::from_millis(300),
+        "killed {killed_after:?} after SIGTERM, before the {grace:?} grace"
+    );
+    let status = wait_with_deadline(&mut run, Duration::from_secs(10));
     assert_eq!(status.code(), Some(4));
-    assert!(started.elapsed() < Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(!process_alive(child_pid), "the command was killed");
-    let (_, st) = Api::new(&svc.url).status("stolen");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().expect("piped"), &mut stderr)
+        .expect("stderr");
+    assert!(stderr.contains("sending SIGKILL"), "{stderr}");
+    let (_, st) = api.status("stolen");
     assert_eq!(st["owner"], "B", "the new holder keeps the lock: {st}");
+}
+
+/// SIGKILLs the processes when a failing test unwinds, so a `run` that
+/// never stops its command does not leave both running.
+struct KillIfPanicking(Vec<nix::unistd::Pid>);
+
+impl Drop for KillIfPanicking {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for pid in &self.0 {
+                let _ = nix::sys::signal::kill(*pid, Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Waits for `child` to exit, failing the test after `limit` (a hung
+/// `run` must fail the test, not hang it).
+fn wait_with_deadline(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("run did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -107,21 +107,24 @@ enum Pending {
 }
 
 impl Pending {
-    /// Sends the answer; if the commit failed, a success becomes a storage
-    /// error (refusals stay as they are: they did not depend on the commit).
+    /// Sends the answer; if the commit failed, every answer becomes a
+    /// storage error. Refusals too: they were decided on the batch's state,
+    /// which the failed commit rolled back, so "held by X with token N" may
+    /// name a grant that never happened, and "lease lost" may follow a
+    /// release that never happened.
     fn send(self, commit: &Result<(), String>) {
         let fail = |e: &String| EngineError::Storage(e.clone());
         match self {
             Pending::Lease(tx, r) => {
-                let _ = tx.send(match (r, commit) {
-                    (Ok(_), Err(e)) => Err(fail(e)),
-                    (r, _) => r,
+                let _ = tx.send(match commit {
+                    Ok(()) => r,
+                    Err(e) => Err(fail(e)),
                 });
             }
             Pending::Unit(tx, r) => {
-                let _ = tx.send(match (r, commit) {
-                    (Ok(_), Err(e)) => Err(fail(e)),
-                    (r, _) => r,
+                let _ = tx.send(match commit {
+                    Ok(()) => r,
+                    Err(e) => Err(fail(e)),
                 });
             }
             Pending::Status(tx, s) => {
@@ -285,21 +288,26 @@ impl EngineState {
                 }
             }
             let stop = batch_cmds.iter().any(|c| matches!(c, Command::Stop));
-            let now = clock::now();
-            let mut batch = Batch::default();
-            self.expire(now, &mut batch);
-            let n = batch_cmds.len();
-            for cmd in batch_cmds.drain(..) {
-                self.apply(cmd, now, &mut batch);
-            }
-            if n > 0 {
-                self.metrics.batch_size.observe(n as f64);
-            }
-            self.commit(batch);
+            self.step(batch_cmds.drain(..), clock::now());
             if stop {
                 return;
             }
         }
+    }
+
+    /// One group commit at `now`: serves the lines of leases that ended,
+    /// applies `cmds` in arrival order, commits, then answers.
+    fn step(&mut self, cmds: impl ExactSizeIterator<Item = Command>, now: Timestamp) {
+        let mut batch = Batch::default();
+        self.expire(now, &mut batch);
+        let n = cmds.len();
+        for cmd in cmds {
+            self.apply(cmd, now, &mut batch);
+        }
+        if n > 0 {
+            self.metrics.batch_size.observe(n as f64);
+        }
+        self.commit(batch);
     }
 
     /// When the engine must wake even if no request arrives: the next purge,
@@ -409,35 +417,30 @@ impl EngineState {
                 reply,
             } => {
                 // Someone already in line goes first: a newcomer must queue
-                // behind them (or be refused) even if the lock looks free.
-                // Only the live holder itself, proven by its idempotency key,
-                // is not a newcomer.
+                // behind them (or be refused). Serving the line first means
+                // a lock with a line is never free when a newcomer is
+                // decided: its first waiter holds it. So "free" below means
+                // "free and nobody waiting", and every refusal names the
+                // lease that is really live. Only the live holder itself,
+                // proven by its idempotency key, is not a newcomer.
+                self.serve_waiters(&lock, now, batch);
                 let line_len = self.waiters.get(&lock).map_or(0, VecDeque::len);
-                let own_live = self
-                    .table
-                    .live(&lock, now)
-                    .is_some_and(|l| l.granted_to(&owner, key.as_ref()));
-                if line_len == 0 || own_live {
-                    match self.grant(&lock, &owner, key, ttl, now, batch) {
-                        Ok(lease) => {
-                            batch.replies.push(Pending::Lease(reply, Ok(lease)));
-                            return;
-                        }
-                        Err(e) if wait.is_zero() => {
+                match self.table.live(&lock, now) {
+                    Some(holder) if !holder.granted_to(&owner, key.as_ref()) => {
+                        if wait.is_zero() {
                             self.metrics.refused("held");
-                            batch.replies.push(Pending::Lease(reply, Err(e)));
+                            batch
+                                .replies
+                                .push(Pending::Lease(reply, Err(EngineError::Held { holder })));
                             return;
                         }
-                        Err(_) => {}
                     }
-                } else if wait.is_zero() {
-                    self.metrics.refused("held");
-                    let err = match self.table.live(&lock, now) {
-                        Some(holder) => EngineError::Held { holder },
-                        None => EngineError::TooManyWaiters,
-                    };
-                    batch.replies.push(Pending::Lease(reply, Err(err)));
-                    return;
+                    // Free (so the line is empty), or the holder's own retry.
+                    _ => {
+                        let result = self.grant(&lock, &owner, key, ttl, now, batch);
+                        batch.replies.push(Pending::Lease(reply, result));
+                        return;
+                    }
                 }
                 if line_len >= self.max_waiters {
                     self.metrics.refused("too_many_waiters");
@@ -501,7 +504,7 @@ impl EngineState {
     }
 
     /// Writes the batch, then sends its answers. On a failed commit every
-    /// success in the batch is answered with a storage error and the
+    /// answer in the batch is a storage error and the
     /// in-memory state is reloaded from disk, so memory never runs ahead of
     /// what a restart would see.
     fn commit(&mut self, batch: Batch) {
@@ -538,5 +541,115 @@ impl EngineState {
         for reply in batch.replies {
             reply.send(&result);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type LeaseReply = oneshot::Receiver<Result<Lease, EngineError>>;
+
+    const T0: Timestamp = Timestamp(1_000_000);
+
+    fn engine(dir: &std::path::Path) -> EngineState {
+        EngineState {
+            table: LockTable::new(),
+            store: Store::open(&dir.join("locksvc.db")).expect("store"),
+            waiters: HashMap::new(),
+            metrics: Arc::new(Metrics::new()),
+            last_purge: T0,
+            max_waiters: 16,
+        }
+    }
+
+    fn acquire(owner: &str, ttl_ms: u64, wait_ms: u64) -> (Command, LeaseReply) {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::Acquire {
+            lock: LockName::new("l").expect("lock name"),
+            owner: owner.to_owned(),
+            key: None,
+            ttl: Duration::from_millis(ttl_ms),
+            wait: Duration::from_millis(wait_ms),
+            reply,
+        };
+        (cmd, rx)
+    }
+
+    fn answer(rx: &mut LeaseReply) -> Result<Lease, EngineError> {
+        rx.try_recv().expect("answered")
+    }
+
+    #[test]
+    fn a_newcomer_is_decided_after_the_line_of_an_ended_lease_is_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut st = engine(dir.path());
+        let (a, mut a_rx) = acquire("A", 1000, 0);
+        st.step([a].into_iter(), T0);
+        let a = answer(&mut a_rx).expect("A granted");
+        let (b, mut b_rx) = acquire("B", 1000, 60_000);
+        st.step([b].into_iter(), T0);
+        assert!(b_rx.try_recv().is_err(), "B waits in line");
+
+        // A's lease has ended and B is still in line when C arrives (the
+        // engine had not woken for the expiry yet): B goes first, and C is
+        // refused naming B, the lease that is really live.
+        let later = T0.saturating_add(Duration::from_millis(1500));
+        let (c, mut c_rx) = acquire("C", 1000, 0);
+        let mut batch = Batch::default();
+        st.apply(c, later, &mut batch);
+        st.commit(batch);
+        let b = answer(&mut b_rx).expect("B granted");
+        assert!(b.token > a.token);
+        match answer(&mut c_rx) {
+            Err(EngineError::Held { holder }) => assert_eq!(holder, b),
+            other => panic!("C must be refused naming B: {other:?}"),
+        }
+        assert!(
+            st.metrics
+                .encode()
+                .lines()
+                .any(|l| l == "fencegate_locksvc_refusals_total{reason=\"held\"} 1"),
+            "{}",
+            st.metrics.encode()
+        );
+    }
+
+    #[test]
+    fn a_failed_commit_names_none_of_its_rolled_back_grants() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut st = engine(dir.path());
+        // A real SQLite failure: every commit writes the counter.
+        let other = rusqlite::Connection::open(dir.path().join("locksvc.db")).expect("open");
+        other
+            .execute_batch(
+                "CREATE TRIGGER fail_commit BEFORE UPDATE ON counter
+                 BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+            )
+            .expect("trigger");
+
+        let (b, mut b_rx) = acquire("B", 1000, 0);
+        let (c, mut c_rx) = acquire("C", 1000, 0);
+        st.step([b, c].into_iter(), T0);
+        assert!(
+            matches!(answer(&mut b_rx), Err(EngineError::Storage(_))),
+            "B's grant was rolled back"
+        );
+        // C was refused in the same batch because of B's grant: that
+        // refusal must not go out naming a lease that never existed.
+        let c = answer(&mut c_rx);
+        assert!(
+            matches!(c, Err(EngineError::Storage(_))),
+            "C must get a storage error, not {c:?}"
+        );
+
+        // Indeed token 1 was never granted: once commits work, it goes to C.
+        other
+            .execute_batch("DROP TRIGGER fail_commit")
+            .expect("drop trigger");
+        let (c, mut c_rx) = acquire("C", 1000, 0);
+        st.step([c].into_iter(), T0);
+        let c = answer(&mut c_rx).expect("C granted");
+        assert_eq!((c.owner.as_str(), c.token), ("C", 1));
     }
 }

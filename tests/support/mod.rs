@@ -26,8 +26,25 @@ pub fn test_keys() -> fencegate_core::TokenKeys {
     fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key")
 }
 
+/// The `fencegate` binary, with none of the caller's `FENCEGATE_*`
+/// variables: a service or CLI under test sees only what the test sets.
 pub fn fencegate() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fencegate"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencegate"));
+    without_fencegate_env(&mut cmd);
+    cmd
+}
+
+/// Removes from `cmd` every `FENCEGATE_*` variable of whoever runs the tests
+/// (set them on `cmd` afterwards to pass one on). The harness's own settings
+/// (`FENCEGATE_MOTO_SERVER`, replay seeds) are read in this process, never
+/// by what it starts.
+pub fn without_fencegate_env(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("FENCEGATE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
 }
 
 /// A running service process.
@@ -35,6 +52,9 @@ pub fn fencegate() -> Command {
 pub struct Service {
     pub child: Child,
     pub url: String,
+    /// The whole "listening on" line (`fencegate dev` also names its lease
+    /// service and backend there).
+    pub banner: String,
 }
 
 impl Service {
@@ -59,7 +79,22 @@ impl Service {
             .to_owned();
         // Keep draining stdout so the service never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Service { child, url }
+        Service {
+            child,
+            url,
+            banner: first,
+        }
+    }
+
+    /// The `http://host:port` that follows `label` in the banner, as
+    /// `fencegate dev` prints them: `(locksvc http://..., backend http://...)`.
+    pub fn banner_url(&self, label: &str) -> String {
+        self.banner
+            .split(&format!("{label} http://"))
+            .nth(1)
+            .and_then(|rest| rest.split([',', ')', ' ']).next())
+            .map(|addr| format!("http://{addr}"))
+            .unwrap_or_else(|| panic!("no {label} address in {:?}", self.banner))
     }
 
     pub fn pid(&self) -> i32 {

@@ -6,7 +6,7 @@
 //! - [`Backend::start_ignoring_conditions`]: s3s-fs behind a layer that drops
 //!   `If-Match` / `If-None-Match`, like stores that accept and ignore them.
 
-use super::{SIGNING_KEY, Service, fencegate};
+use super::{SIGNING_KEY, Service, fencegate, without_fencegate_env};
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::ProvideErrorMetadata as _;
 use s3s::dto::*;
@@ -14,7 +14,6 @@ use s3s::service::S3ServiceBuilder;
 use s3s::{S3, S3Request, S3Response, S3Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 pub const BACKEND_KEY: (&str, &str) = ("backend-key", "backend-secret-123");
 pub const CLIENT_KEY: (&str, &str) = ("client-key", "client-secret-123");
@@ -76,20 +75,39 @@ pub fn venv_bin(name: &str) -> PathBuf {
     p
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-fn wait_for_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "server on port {port} never came up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Starts moto_server on port 0 and reads back the port it bound: werkzeug
+/// logs ` * Running on http://127.0.0.1:PORT` on stderr once it listens. No
+/// port number is ever guessed free and then bound by someone else.
+fn start_moto() -> (Child, u16) {
+    use std::io::{BufRead as _, BufReader};
+    let mut cmd = Command::new(moto_server());
+    without_fencegate_env(&mut cmd);
+    let mut child = cmd
+        .args(["-H", "127.0.0.1", "-p", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("moto_server starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
+    let mut seen = Vec::new();
+    let port = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("moto_server stopped before listening: {seen:?}");
+        };
+        let port = line
+            .split(" * Running on http://127.0.0.1:")
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok());
+        if let Some(port) = port {
+            break port;
+        }
+        seen.push(line);
+    };
+    // moto logs every request: keep draining so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, port)
 }
 
 /// s3s-fs that answers every multipart call 501 (the S3 trait's default).
@@ -161,24 +179,16 @@ impl Backend {
                 Backend::serve(kind, dir, S3ServiceBuilder::new(fs)).await
             }
             BackendKind::Moto => {
-                let port = free_port();
-                let process = Command::new(moto_server())
-                    .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("moto_server starts");
-                let b = Backend {
+                let (process, port) = tokio::task::spawn_blocking(start_moto)
+                    .await
+                    .expect("moto_server started");
+                Backend {
                     kind,
                     endpoint: format!("http://127.0.0.1:{port}"),
                     _dir: None,
                     process: Some(process),
                     task: None,
-                };
-                tokio::task::spawn_blocking(move || wait_for_port(port))
-                    .await
-                    .expect("waited");
-                b
+                }
             }
         }
     }
