@@ -28,6 +28,9 @@ pub struct Backend {
     pub client: aws_sdk_s3::Client,
     pub forward: s3s_aws::Proxy,
     pub reads: Reads,
+    /// The lean forwarder of PutObject (see `lean`), when the endpoint
+    /// allows one.
+    pub lean: Option<std::sync::Arc<crate::lean::Lean>>,
 }
 
 /// The backend's read operations: what the ops forward untouched. It has
@@ -107,7 +110,15 @@ impl Backend {
             .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
             .build();
         let client = aws_sdk_s3::Client::from_conf(sdk_config);
+        let lean = match crate::lean::Lean::new(config) {
+            Ok(l) => Some(std::sync::Arc::new(l)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no lean forwarder for this backend; every write goes through the SDK");
+                None
+            }
+        };
         Backend {
+            lean,
             forward: s3s_aws::Proxy::from(client.clone()),
             reads: Reads(s3s_aws::Proxy::from(client.clone())),
             client,

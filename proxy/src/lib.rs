@@ -45,6 +45,7 @@ pub mod gate;
 pub mod host;
 pub mod issuer;
 pub mod keys;
+pub mod lean;
 pub mod metrics;
 pub mod object_key;
 pub mod ops;

@@ -45,6 +45,8 @@ pub struct Metrics {
     /// Writes the store did not answer in time that may still commit (see
     /// `gate::linger`): each holds back a raise of its lock.
     pub lingering_writes: Gauge,
+    /// PutObjects sent by the lean forwarder rather than the SDK.
+    pub lean_forwards: Counter,
     /// How long a raise waited for the older epoch to let go.
     pub raise_wait_seconds: Family<LockLabels, Histogram>,
 }
@@ -60,6 +62,7 @@ impl Metrics {
         let probe_enforced = Family::<ProbeLabels, Gauge>::default();
         let inflight_writes = Gauge::default();
         let lingering_writes = Gauge::default();
+        let lean_forwards = Counter::default();
         let raise_wait_seconds = Family::<LockLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 18))
         });
@@ -98,6 +101,11 @@ impl Metrics {
             "How long a raise of the max waited for the older token's writes to finish or become unable to commit",
             raise_wait_seconds.clone(),
         );
+        registry.register(
+            "lean_forwards",
+            "PutObjects sent by the lean forwarder (the others went through the SDK)",
+            lean_forwards.clone(),
+        );
         Metrics {
             registry,
             writes,
@@ -106,6 +114,7 @@ impl Metrics {
             probe_enforced,
             inflight_writes,
             lingering_writes,
+            lean_forwards,
             raise_wait_seconds,
         }
     }

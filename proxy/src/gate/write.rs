@@ -65,10 +65,18 @@ impl Write {
         tag(&mut input.metadata, token);
         input.content_encoding = strip_aws_chunked(input.content_encoding.take());
         let watch = gate.watch_body(&mut input.body, &self.admission.cancel);
-        let forward = gate.backend.forwarder();
-        let sent = gate
-            .call_write(async move { forward.put_object(req).await }, watch)
-            .await;
+        let sent = match gate.backend.lean.clone() {
+            Some(lean) if crate::lean::eligible(&req) => {
+                gate.metrics.lean_forwards.inc();
+                let call = async move { lean.put_object(req, token).await };
+                gate.call_write(call, watch).await
+            }
+            _ => {
+                let forward = gate.backend.forwarder();
+                let call = async move { forward.put_object(req).await };
+                gate.call_write(call, watch).await
+            }
+        };
         gate.finish(self, sent, |out| {
             Some(Known::Present {
                 etag: out.output.e_tag.as_ref()?.value().to_owned(),

@@ -1,0 +1,445 @@
+//! The lean forwarder: the hot object upload (PutObject) sent to the store
+//! with a pooled hyper client and signed with `aws-sigv4`, instead of
+//! through the SDK's pipeline, which is most of the proxy's CPU per small
+//! PUT (BENCHMARKS.md).
+//!
+//! It forwards what the SDK path forwards, from the client's own headers:
+//! an allowlist of the headers that describe the object (content headers,
+//! user metadata, storage class, tagging, encryption, object lock,
+//! checksums). Everything else is dropped: the client's signature and
+//! conditions, hop-by-hop headers, and any client `x-amz-meta-fencing-token`.
+//! The `Write` adds the conditions and the token.
+//!
+//! Only requests it reproduces exactly take this path ([`eligible`]): a body
+//! of known length sent as is. An `aws-chunked` body (s3s decoded it, and
+//! its trailing checksum would need re-encoding) goes through the SDK.
+
+use crate::backend::TOKEN_METADATA_KEY;
+use crate::config::BackendConfig;
+use crate::errors;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, StatusCode, Uri};
+use http_body_util::BodyExt;
+use http_body_util::combinators::BoxBody;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use s3s::dto::{ETag, PutObjectInput, PutObjectOutput, StreamingBlob};
+use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use std::time::{Duration, SystemTime};
+
+type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The pooled client and what it signs with.
+pub struct Lean {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>,
+    /// `scheme://authority`, and the base path (without a trailing `/`).
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    base_path: String,
+    path_style: bool,
+    region: String,
+    identity: aws_smithy_runtime_api::client::identity::Identity,
+}
+
+impl std::fmt::Debug for Lean {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lean")
+            .field("authority", &self.authority)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Headers of the client's request that describe the object, forwarded as
+/// they came (besides `x-amz-meta-*`, checked apart).
+const FORWARDED: &[&str] = &[
+    "content-type",
+    "content-md5",
+    "content-encoding",
+    "content-language",
+    "content-disposition",
+    "cache-control",
+    "expires",
+    "x-amz-storage-class",
+    "x-amz-tagging",
+    "x-amz-website-redirect-location",
+    "x-amz-acl",
+    "x-amz-grant-full-control",
+    "x-amz-grant-read",
+    "x-amz-grant-read-acp",
+    "x-amz-grant-write-acp",
+    "x-amz-server-side-encryption",
+    "x-amz-server-side-encryption-aws-kms-key-id",
+    "x-amz-server-side-encryption-context",
+    "x-amz-server-side-encryption-bucket-key-enabled",
+    "x-amz-server-side-encryption-customer-algorithm",
+    "x-amz-server-side-encryption-customer-key",
+    "x-amz-server-side-encryption-customer-key-md5",
+    "x-amz-object-lock-mode",
+    "x-amz-object-lock-retain-until-date",
+    "x-amz-object-lock-legal-hold",
+    "x-amz-checksum-crc32",
+    "x-amz-checksum-crc32c",
+    "x-amz-checksum-crc64nvme",
+    "x-amz-checksum-sha1",
+    "x-amz-checksum-sha256",
+    "x-amz-sdk-checksum-algorithm",
+    "x-amz-request-payer",
+    "x-amz-expected-bucket-owner",
+];
+
+/// Whether the lean path forwards `req` exactly: its body is sent as is
+/// (not `aws-chunked`, no trailer), with a known length, and every header
+/// it would forward is plain text (the signer needs it as a string).
+pub fn eligible(req: &S3Request<PutObjectInput>) -> bool {
+    let h = &req.headers;
+    let streaming = h
+        .get("x-amz-content-sha256")
+        .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
+    let chunked = h
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| String::from_utf8_lossy(v.as_bytes()).contains("aws-chunked"));
+    let text = h
+        .iter()
+        .filter(|(n, _)| forwarded(n))
+        .all(|(_, v)| v.to_str().is_ok());
+    !streaming
+        && !chunked
+        && !h.contains_key("x-amz-trailer")
+        && !h.contains_key("x-amz-decoded-content-length")
+        && req.input.content_length.is_some()
+        && text
+}
+
+fn forwarded(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    FORWARDED.contains(&n)
+        || n.strip_prefix("x-amz-meta-")
+            .is_some_and(|m| !m.eq_ignore_ascii_case(TOKEN_METADATA_KEY))
+}
+
+impl Lean {
+    /// A client for the backend of `config`, or an error if its endpoint is
+    /// not an `http(s)://host[:port][/path]` URL.
+    pub fn new(config: &BackendConfig) -> anyhow::Result<Lean> {
+        let uri: Uri = config.endpoint.parse()?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("the backend endpoint has no scheme"))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("the backend endpoint has no host"))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let tls = hyper_rustls::HttpsConnectorBuilder::new();
+        let tls = if scheme == http::uri::Scheme::HTTPS {
+            tls.with_provider_and_native_roots(provider)?
+        } else {
+            // Plain http: no certificate is ever checked, so none is loaded.
+            tls.with_tls_config(
+                rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            )
+        };
+        let https = tls.https_or_http().enable_http1().build();
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(https);
+        let creds = aws_credential_types::Credentials::new(
+            config.access_key.clone(),
+            config.secret_key.clone(),
+            None,
+            None,
+            "fencegate-config",
+        );
+        Ok(Lean {
+            client,
+            scheme,
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+            path_style: config.path_style,
+            region: config.region.clone(),
+            identity: creds.into(),
+        })
+    }
+
+    /// The URI of `bucket/key` on the store.
+    fn object_uri(&self, bucket: &str, key: &str) -> Result<Uri, http::Error> {
+        let key = encode_key(key);
+        let (authority, path) = if self.path_style {
+            (
+                self.authority.to_string(),
+                format!("{}/{bucket}/{key}", self.base_path),
+            )
+        } else {
+            (
+                format!("{bucket}.{}", self.authority),
+                format!("{}/{key}", self.base_path),
+            )
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(authority)
+            .path_and_query(path)
+            .build()
+    }
+
+    /// Sends a PutObject built by the gate's `Write` (conditions and token
+    /// set in `req.input`) and the client's object headers.
+    pub async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+        token: u64,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let S3Request {
+            input, headers: h, ..
+        } = req;
+        let uri = self
+            .object_uri(&input.bucket, &input.key)
+            .map_err(|e| s3s::s3_error!(InvalidArgument, "cannot address the key: {e}"))?;
+        let mut headers = HeaderMap::with_capacity(h.len() + 4);
+        for (name, value) in h.iter().filter(|(n, _)| forwarded(n)) {
+            headers.append(name.clone(), value.clone());
+        }
+        let meta = format!("x-amz-meta-{TOKEN_METADATA_KEY}");
+        headers.insert(
+            HeaderName::from_bytes(meta.as_bytes()).map_err(internal)?,
+            HeaderValue::from(token),
+        );
+        if let Some(c) = &input.if_match {
+            headers.insert(http::header::IF_MATCH, condition(c)?);
+        }
+        if let Some(c) = &input.if_none_match {
+            headers.insert(http::header::IF_NONE_MATCH, condition(c)?);
+        }
+        let length = input.content_length.unwrap_or(0);
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
+        let body = body_of(input.body);
+        let mut request = Request::builder()
+            .method(Method::PUT)
+            .uri(uri)
+            .body(body)
+            .map_err(internal)?;
+        *request.headers_mut() = headers;
+        self.sign(&mut request)?;
+        let response = self.client.request(request).await.map_err(|e| {
+            errors::from_backend(S3Error::with_message(
+                S3ErrorCode::InternalError,
+                format!("the backend cannot be reached: {e}"),
+            ))
+        })?;
+        let (parts, body) = response.into_parts();
+        if !parts.status.is_success() {
+            return Err(store_error(parts.status, body).await);
+        }
+        let header = |name: &str| {
+            parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let output = PutObjectOutput {
+            e_tag: parts
+                .headers
+                .get(http::header::ETAG)
+                .and_then(|v| ETag::parse_http_header(v.as_bytes()).ok()),
+            version_id: header("x-amz-version-id"),
+            checksum_crc32: header("x-amz-checksum-crc32"),
+            checksum_crc32c: header("x-amz-checksum-crc32c"),
+            checksum_crc64nvme: header("x-amz-checksum-crc64nvme"),
+            checksum_sha1: header("x-amz-checksum-sha1"),
+            checksum_sha256: header("x-amz-checksum-sha256"),
+            server_side_encryption: header("x-amz-server-side-encryption").map(Into::into),
+            ssekms_key_id: header("x-amz-server-side-encryption-aws-kms-key-id"),
+            expiration: header("x-amz-expiration"),
+            ..Default::default()
+        };
+        // Drain what is left so the connection goes back to the pool.
+        let _ = body.collect().await;
+        Ok(S3Response::new(output))
+    }
+
+    /// Signs `request` (SigV4, unsigned payload) with the backend's key.
+    fn sign(&self, request: &mut Request<Body>) -> S3Result<()> {
+        use aws_sigv4::http_request::{
+            PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest,
+            SigningSettings, UriPathNormalizationMode, sign,
+        };
+        let mut settings = SigningSettings::default();
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "SigV4 signs with the wall clock; no decision rests on it"
+        )]
+        let now = SystemTime::now();
+        let params = aws_sigv4::sign::v4::SigningParams::builder()
+            .identity(&self.identity)
+            .region(&self.region)
+            .name("s3")
+            .time(now)
+            .settings(settings)
+            .build()
+            .map_err(internal)?
+            .into();
+        let uri = request.uri().to_string();
+        let headers: Vec<(&str, &str)> = request
+            .headers()
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?)))
+            .collect();
+        let signable = SignableRequest::new(
+            request.method().as_str(),
+            uri.as_str(),
+            headers.into_iter(),
+            SignableBody::UnsignedPayload,
+        )
+        .map_err(internal)?;
+        let (instructions, _) = sign(signable, &params).map_err(internal)?.into_parts();
+        instructions.apply_to_request_http1x(request);
+        Ok(())
+    }
+}
+
+fn condition(c: &s3s::dto::ETagCondition) -> S3Result<HeaderValue> {
+    let v = match c {
+        s3s::dto::ETagCondition::Any => "*".to_owned(),
+        s3s::dto::ETagCondition::ETag(e) => format!("\"{}\"", e.value()),
+    };
+    HeaderValue::from_str(&v).map_err(internal)
+}
+
+fn body_of(blob: Option<StreamingBlob>) -> Body {
+    match blob {
+        Some(b) => http_body_util::StreamBody::new(
+            b.map_ok(http_body::Frame::data)
+                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { e }),
+        )
+        .boxed(),
+        None => http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed(),
+    }
+}
+
+/// The store's error answer as an S3 error: its code and message when the
+/// body is S3's XML, else the status alone.
+async fn store_error(status: StatusCode, body: hyper::body::Incoming) -> S3Error {
+    const MAX: usize = 64 * 1024;
+    let limited = http_body_util::Limited::new(body, MAX);
+    let text = match limited.collect().await {
+        Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
+        Err(_) => String::new(),
+    };
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let start = text.find(&open)? + open.len();
+        let end = text[start..].find(&format!("</{name}>"))? + start;
+        Some(text[start..end].to_owned())
+    };
+    let code = tag("Code")
+        .and_then(|c| S3ErrorCode::from_bytes(c.as_bytes()))
+        .unwrap_or(match status {
+            StatusCode::PRECONDITION_FAILED => S3ErrorCode::PreconditionFailed,
+            _ => S3ErrorCode::InternalError,
+        });
+    let message = tag("Message").unwrap_or_else(|| format!("the backend answered {status}"));
+    let mut e = S3Error::with_message(code, message);
+    e.set_status_code(status);
+    errors::from_backend(e)
+}
+
+fn internal(e: impl std::fmt::Display) -> S3Error {
+    S3Error::with_message(S3ErrorCode::InternalError, e.to_string())
+}
+
+/// A key as S3 wants it in a path: every byte but the unreserved ones and
+/// `/` percent-encoded (the encoding SigV4 signs, once).
+pub fn encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 8);
+    for &b in key.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_encoded_once_with_slashes_kept() {
+        assert_eq!(encode_key("a/b c+d%e"), "a/b%20c%2Bd%25e");
+        assert_eq!(encode_key("ü~x"), "%C3%BC~x");
+    }
+
+    fn put(headers: &[(&str, &str)], length: Option<i64>) -> S3Request<PutObjectInput> {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.append(
+                HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        S3Request {
+            input: PutObjectInput {
+                content_length: length,
+                ..Default::default()
+            },
+            method: Method::PUT,
+            uri: Uri::from_static("/b/k"),
+            headers: map,
+            extensions: Default::default(),
+            credentials: None,
+            region: None,
+            service: None,
+            trailing_headers: None,
+        }
+    }
+
+    #[test]
+    fn only_bodies_sent_as_is_take_the_lean_path() {
+        assert!(eligible(&put(&[("content-type", "text/plain")], Some(3))));
+        assert!(eligible(&put(
+            &[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")],
+            Some(3)
+        )));
+        assert!(!eligible(&put(&[], None)), "unknown length");
+        assert!(!eligible(&put(
+            &[("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER")],
+            Some(3)
+        )));
+        assert!(!eligible(&put(
+            &[("content-encoding", "aws-chunked")],
+            Some(3)
+        )));
+        assert!(!eligible(&put(
+            &[("x-amz-trailer", "x-amz-checksum-crc32")],
+            Some(3)
+        )));
+    }
+
+    #[test]
+    fn the_token_header_of_the_client_is_never_forwarded() {
+        assert!(!forwarded(&HeaderName::from_static(
+            "x-amz-meta-fencing-token"
+        )));
+        assert!(forwarded(&HeaderName::from_static("x-amz-meta-owner")));
+        assert!(!forwarded(&HeaderName::from_static("authorization")));
+        assert!(!forwarded(&HeaderName::from_static("if-match")));
+        assert!(!forwarded(&HeaderName::from_static("fencing-token")));
+        assert!(forwarded(&HeaderName::from_static("content-type")));
+    }
+}
