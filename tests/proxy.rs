@@ -95,7 +95,92 @@ on_both_backends!(
     client_errors_get_clear_s3_errors_and_write_nothing,
     writes_the_store_refuses_leave_the_object_as_it_was,
     the_lean_put_forwards_what_describes_the_object_and_nothing_else,
+    a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_after_the_store_refuses,
 );
+
+/// A small PUT to a key the proxy knows nothing of is sent with
+/// `If-None-Match: *` and no read first. When the key exists after all,
+/// the store refuses, the proxy reads the key and decides as it would have:
+/// the same body goes again with `If-Match` when the stored token allows,
+/// and the write is stale when it does not.
+async fn a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_after_the_store_refuses(
+    kind: BackendKind,
+) {
+    let backend = Backend::start(kind).await;
+    backend.create_bucket(BUCKET).await;
+    let (relay, seen) =
+        support::relay::recording_relay(backend.endpoint.trim_start_matches("http://").to_owned())
+            .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!("endpoint = \"{relay}\""),
+    );
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let e = Env {
+        backend,
+        proxy,
+        dir,
+    };
+    let direct_put = |key: &'static str, token: &'static str| {
+        e.backend
+            .direct()
+            .put_object()
+            .bucket(BUCKET)
+            .key(key)
+            .metadata("fencing-token", token)
+            .body(ByteStream::from_static(b"written behind the proxy"))
+            .send()
+    };
+    direct_put("behind", "1").await.expect("direct");
+    direct_put("newer", "5").await.expect("direct");
+    let requests = || std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
+    requests();
+
+    e.put("fresh", &signed(BUCKET, 1), "new key")
+        .await
+        .expect("new key");
+    assert_eq!(requests(), ["PUT /bkt/fresh"], "one round trip");
+    e.put("fresh", &signed(BUCKET, 1), "again")
+        .await
+        .expect("known key");
+    assert_eq!(
+        requests(),
+        ["PUT /bkt/fresh"],
+        "one round trip (If-Match from the cache)"
+    );
+
+    e.put("behind", &signed(BUCKET, 1), "over it")
+        .await
+        .expect("existing key");
+    assert_eq!(
+        requests(),
+        ["PUT /bkt/behind", "HEAD /bkt/behind", "PUT /bkt/behind"],
+        "refused, read, sent again"
+    );
+    assert_eq!(
+        stored(&e.backend, BUCKET, "behind").await,
+        Some((b"over it".to_vec(), Some(1)))
+    );
+
+    let err = e
+        .put("newer", &signed(BUCKET, 2), "stale")
+        .await
+        .expect_err("the stored token is higher");
+    assert_eq!(
+        err,
+        (
+            Some(409),
+            "FencingTokenStale".to_owned(),
+            Some("5".to_owned())
+        )
+    );
+    assert_eq!(requests(), ["PUT /bkt/newer", "HEAD /bkt/newer"]);
+    assert_eq!(
+        stored(&e.backend, BUCKET, "newer").await,
+        Some((b"written behind the proxy".to_vec(), Some(5)))
+    );
+}
 
 /// PutObject goes through the lean forwarder (not the SDK): the object's
 /// headers and metadata arrive as the client sent them, keys with spaces,

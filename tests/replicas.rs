@@ -134,17 +134,18 @@ async fn a_stale_put_through_the_other_replica_fails_at_the_store_and_is_redecid
     );
 }
 
-/// Object-level refusal: replica 1 has no state for the key, reads it, and
-/// refuses a token below the one stored on the object.
+/// Object-level refusal: replica 1 has no state for the key; it sends the
+/// PUT as for a new key, the store refuses (the key exists), and replica 1
+/// reads it and refuses a token below the one stored on the object.
 async fn a_replica_that_never_saw_the_key_refuses_by_the_stored_token(kind: BackendKind) {
     let r = replicas(kind).await;
     put(&r.r1, "warm", 1, "alice").await.expect("alice via r1");
     put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
     stale(put(&r.r1, "k", 1, "alice").await, "alice's stale PUT");
     assert_eq!(
-        writes(&r.r1, "PutObject", "conflict").await,
-        0.0,
-        "refused before anything was sent"
+        writes(&r.r1, "PutObject", "stale").await,
+        1.0,
+        "refused as stale by the stored token"
     );
     assert_eq!(
         r.r1.max_token(BUCKET).await,
@@ -261,14 +262,16 @@ async fn a_delayed_write_over_identical_bytes_lands_through_the_other_replica(ki
     backend.create_bucket(BUCKET).await;
     let relay = support::relay::holding_relay(
         backend.endpoint.trim_start_matches("http://").to_owned(),
-        "PUT /bkt/pack",
+        "alice, late",
         HOLD,
         Arc::new(AtomicBool::new(false)),
     )
     .await;
     let r = replicas_via(backend, Some(&relay)).await;
+    // Replica 1 writes the first pack, so it knows its ETag: alice's later
+    // write through it is conditioned on that ETag.
     for key in ["pack-same", "pack-diff"] {
-        put(&r.r2, key, 1, "pack v1").await.expect("the first pack");
+        put(&r.r1, key, 1, "pack v1").await.expect("the first pack");
     }
     let (r1, r2) = (&r.r1, &r.r2);
     let alice = |key: &'static str| async move { put(r1, key, 1, "alice, late").await };

@@ -36,6 +36,17 @@ impl BodyBudget {
             max_one,
         }
     }
+
+    /// A share of `bytes` for a body the proxy chooses to hold (it has a
+    /// way on without: nothing waits), or None when the budget has no room.
+    pub fn try_hold(&self, bytes: usize) -> Option<Held> {
+        let n = u32::try_from(bytes).ok()?;
+        self.available
+            .clone()
+            .try_acquire_many_owned(n)
+            .ok()
+            .map(|p| Held(Some(p)))
+    }
 }
 
 /// A request's share of the budget; released when dropped.

@@ -8,7 +8,9 @@
 //! absent, or its ETag and fencing token. That is what makes the
 //! steady state cost one backend round trip per write: a write to a known
 //! key goes straight out with `If-Match: <etag>` (or `If-None-Match: *`),
-//! with no HEAD first. The cache is bounded (LRU); a miss costs one HEAD.
+//! with no HEAD first. The cache is bounded (LRU); a miss costs one HEAD,
+//! except for a small PutObject, which is sent as for a new key and reads
+//! the key only if the store refuses (`Gate::begin_put`).
 
 use lru::LruCache;
 use std::collections::HashMap;

@@ -26,11 +26,19 @@ use http_body_util::combinators::BoxBody;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use s3s::dto::{ETag, PutObjectInput, PutObjectOutput, StreamingBlob};
+use s3s::dto::{ETag, ETagCondition, PutObjectInput, PutObjectOutput, StreamingBlob};
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use std::time::{Duration, SystemTime};
 
-type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+/// A request body the lean client sends.
+pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A PutObject prepared for the store, without its conditions and body.
+#[derive(Debug, Clone)]
+pub struct LeanPut {
+    uri: Uri,
+    headers: HeaderMap,
+}
 
 /// The pooled client and what it signs with.
 pub struct Lean {
@@ -190,21 +198,14 @@ impl Lean {
             .build()
     }
 
-    /// Sends a PutObject built by the gate's `Write` (conditions and token
-    /// set in `req.input`) and the client's object headers.
-    pub async fn put_object(
-        &self,
-        req: S3Request<PutObjectInput>,
-        token: u64,
-    ) -> S3Result<S3Response<PutObjectOutput>> {
-        let S3Request {
-            input, headers: h, ..
-        } = req;
+    /// The parts of a PutObject that do not change between two sends of
+    /// it: the object's URI, the client's object headers, the token.
+    pub fn prepare(&self, req: &S3Request<PutObjectInput>, token: u64) -> S3Result<LeanPut> {
         let uri = self
-            .object_uri(&input.bucket, &input.key)
+            .object_uri(&req.input.bucket, &req.input.key)
             .map_err(|e| s3s::s3_error!(InvalidArgument, "cannot address the key: {e}"))?;
-        let mut headers = HeaderMap::with_capacity(h.len() + 4);
-        for (name, value) in h.iter().filter(|(n, _)| forwarded(n)) {
+        let mut headers = HeaderMap::with_capacity(req.headers.len() + 4);
+        for (name, value) in req.headers.iter().filter(|(n, _)| forwarded(n)) {
             headers.append(name.clone(), value.clone());
         }
         let meta = format!("x-amz-meta-{TOKEN_METADATA_KEY}");
@@ -212,15 +213,26 @@ impl Lean {
             HeaderName::from_bytes(meta.as_bytes()).map_err(internal)?,
             HeaderValue::from(token),
         );
-        if let Some(c) = &input.if_match {
+        let length = req.input.content_length.unwrap_or(0);
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
+        Ok(LeanPut { uri, headers })
+    }
+
+    /// Sends `put` with the conditions the gate's `Write` chose and `body`.
+    pub async fn send(
+        &self,
+        put: LeanPut,
+        if_match: Option<ETagCondition>,
+        if_none_match: Option<ETagCondition>,
+        body: Body,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let LeanPut { uri, mut headers } = put;
+        if let Some(c) = &if_match {
             headers.insert(http::header::IF_MATCH, condition(c)?);
         }
-        if let Some(c) = &input.if_none_match {
+        if let Some(c) = &if_none_match {
             headers.insert(http::header::IF_NONE_MATCH, condition(c)?);
         }
-        let length = input.content_length.unwrap_or(0);
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
-        let body = body_of(input.body);
         let mut request = Request::builder()
             .method(Method::PUT)
             .uri(uri)
@@ -309,15 +321,16 @@ impl Lean {
     }
 }
 
-fn condition(c: &s3s::dto::ETagCondition) -> S3Result<HeaderValue> {
+fn condition(c: &ETagCondition) -> S3Result<HeaderValue> {
     let v = match c {
-        s3s::dto::ETagCondition::Any => "*".to_owned(),
-        s3s::dto::ETagCondition::ETag(e) => format!("\"{}\"", e.value()),
+        ETagCondition::Any => "*".to_owned(),
+        ETagCondition::ETag(e) => format!("\"{}\"", e.value()),
     };
     HeaderValue::from_str(&v).map_err(internal)
 }
 
-fn body_of(blob: Option<StreamingBlob>) -> Body {
+/// A streamed request body.
+pub fn body_of(blob: Option<StreamingBlob>) -> Body {
     match blob {
         Some(b) => http_body_util::StreamBody::new(
             b.map_ok(http_body::Frame::data)
@@ -328,6 +341,13 @@ fn body_of(blob: Option<StreamingBlob>) -> Body {
             .map_err(|never| match never {})
             .boxed(),
     }
+}
+
+/// A request body held in memory (it can be sent again).
+pub fn full(bytes: Bytes) -> Body {
+    http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// The store's error answer as an S3 error: its code and message when the

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// A TCP relay in front of a store that holds back the request whose head
-/// contains `marker` for `hold` before passing it on, as a store does that
+/// A TCP relay in front of a store that holds back the request whose bytes
+/// (head or body) contain `marker` for `hold` before passing them on, as a store does that
 /// has received a request and not yet committed it. The store still gets
 /// (and commits) the request if the client closes its connection meanwhile;
 /// `closed` is set when the client closed a connection that carried the
@@ -82,4 +82,78 @@ pub async fn holding_relay(
         }
     });
     format!("http://{addr}")
+}
+
+/// A TCP relay that records the request line of every request it passes
+/// (`"PUT /bkt/key"`), in order. It reads request heads only where a new
+/// request can start, so it serves clients that send one request at a time
+/// per connection and a `Content-Length` body (the proxy's backend client).
+pub async fn recording_relay(target: String) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let target = target.clone();
+            let log = log.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                // Bytes of the current request's body still to pass.
+                let mut body_left = 0usize;
+                let mut head = Vec::new();
+                loop {
+                    let n = match cr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let mut chunk = &buf[..n];
+                    while !chunk.is_empty() {
+                        if body_left > 0 {
+                            let k = body_left.min(chunk.len());
+                            body_left -= k;
+                            chunk = &chunk[k..];
+                            continue;
+                        }
+                        head.push(chunk[0]);
+                        chunk = &chunk[1..];
+                        if head.ends_with(b"\r\n\r\n") {
+                            let text = String::from_utf8_lossy(&head).to_string();
+                            let line = text.lines().next().unwrap_or("");
+                            let mut parts = line.split(' ');
+                            let method = parts.next().unwrap_or("");
+                            let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
+                            log.lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(format!("{method} {path}"));
+                            body_left = text
+                                .lines()
+                                .find_map(|l| {
+                                    let (k, v) = l.split_once(':')?;
+                                    k.eq_ignore_ascii_case("content-length")
+                                        .then(|| v.trim().parse().ok())?
+                                })
+                                .unwrap_or(0);
+                            head.clear();
+                        }
+                    }
+                    if sw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), seen)
 }

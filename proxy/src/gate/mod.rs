@@ -160,6 +160,9 @@ pub struct Write {
     admission: Admission,
     key: KeyGuard,
     known: Known,
+    /// `known` is `Absent` by presumption, not by a read (see
+    /// [`Gate::begin_put`]).
+    presumed: bool,
     started: Instant,
     inflight: Inflight,
 }
@@ -713,6 +716,38 @@ impl Gate {
         scope: Scope,
         token: u64,
     ) -> S3Result<Write> {
+        self.begin_with(write, bucket, key, scope, token, false)
+            .await
+    }
+
+    /// [`Gate::begin`] for a PutObject whose body the `Write` can send
+    /// twice (`resendable`): a key the proxy knows nothing of is then
+    /// presumed absent instead of read, where the store enforces
+    /// `If-None-Match: *`, so a new key costs one backend round trip; if
+    /// the key exists after all, the store refuses and [`Write::put`] reads
+    /// it and sends again.
+    pub async fn begin_put(
+        &self,
+        bucket: &str,
+        key: &str,
+        scope: Scope,
+        token: u64,
+        resendable: bool,
+    ) -> S3Result<Write> {
+        let presume = resendable && self.backend.lean.is_some();
+        self.begin_with(WriteOp::Put, bucket, key, scope, token, presume)
+            .await
+    }
+
+    async fn begin_with(
+        &self,
+        write: WriteOp,
+        bucket: &str,
+        key: &str,
+        scope: Scope,
+        token: u64,
+        presume_absent: bool,
+    ) -> S3Result<Write> {
         let op = write.name();
         let admission = self.admit(op, bucket, &scope, token).await?;
         let cut = admission.cancel.clone();
@@ -724,8 +759,17 @@ impl Gate {
             let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
             write.trusts_cached(k, probes.get(bucket))
         };
+        let presumable = || {
+            let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+            presume_absent && probes.get(bucket).is_some_and(|r| r.put_if_none_match)
+        };
+        let mut presumed = false;
         let known = match guard.known() {
             Some(k) if trusted(&k) => k,
+            None if presumable() => {
+                presumed = true;
+                Known::Absent
+            }
             _ => {
                 let k = self.call(self.backend.head(bucket, key), None).await?;
                 guard.remember(k.clone());
@@ -747,6 +791,7 @@ impl Gate {
             admission,
             key: guard,
             known,
+            presumed,
             started: Instant::now(),
             inflight: Inflight::new(&self.metrics),
         })

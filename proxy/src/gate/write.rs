@@ -49,11 +49,14 @@ impl Write {
         self.token
     }
 
-    /// Sends a PutObject over the verified state.
+    /// Sends a PutObject over the verified state. `held` is the body's
+    /// share of the body budget when the write may hold the body in memory
+    /// (see [`Gate::begin_put`]).
     pub async fn put(
-        self,
+        mut self,
         gate: &Gate,
         mut req: S3Request<PutObjectInput>,
+        held: Option<crate::early::Held>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let token = self.token;
         let input = &mut req.input;
@@ -65,25 +68,84 @@ impl Write {
         tag(&mut input.metadata, token);
         input.content_encoding = strip_aws_chunked(input.content_encoding.take());
         let watch = gate.watch_body(&mut input.body, &self.admission.cancel);
-        let sent = match gate.backend.lean.clone() {
-            Some(lean) if crate::lean::eligible(&req) => {
-                gate.metrics.lean_forwards.inc();
-                let call = async move { lean.put_object(req, token).await };
-                gate.call_write(call, watch).await
-            }
-            _ => {
-                let forward = gate.backend.forwarder();
-                let call = async move { forward.put_object(req).await };
-                gate.call_write(call, watch).await
+        let Some(lean) = gate
+            .backend
+            .lean
+            .clone()
+            .filter(|_| crate::lean::eligible(&req))
+        else {
+            let forward = gate.backend.forwarder();
+            let call = async move { forward.put_object(req).await };
+            let sent = gate.call_write(call, watch).await;
+            return gate.finish(self, sent, put_holds(token)).await;
+        };
+        gate.metrics.lean_forwards.inc();
+        let put = lean.prepare(&req, token)?;
+        let (if_match, if_none_match) = (req.input.if_match.take(), req.input.if_none_match.take());
+        let body = req.input.body.take();
+        let (true, Some(held)) = (self.presumed, held) else {
+            let body = crate::lean::body_of(body);
+            let call = async move { lean.send(put, if_match, if_none_match, body).await };
+            let sent = gate.call_write(call, watch).await;
+            return gate.finish(self, sent, put_holds(token)).await;
+        };
+
+        // Presumed absent: the body is held in memory, so that if the key
+        // exists after all (the store refuses `If-None-Match: *`), it can
+        // be read and the body sent again over what it holds.
+        let bytes = match collect(body).await {
+            Ok(b) => b,
+            Err(e) => {
+                let e = match watch.as_ref().and_then(crate::body::BodyWatch::stalled) {
+                    Some(idle) => crate::errors::request_timeout(idle),
+                    None => s3s::s3_error!(IncompleteBody, "the request body ended early: {e}"),
+                };
+                return gate
+                    .finish(self, Sent::Answered(Err(e)), put_holds(token))
+                    .await;
             }
         };
-        gate.finish(self, sent, |out| {
-            Some(Known::Present {
-                etag: out.output.e_tag.as_ref()?.value().to_owned(),
+        let first = {
+            let (lean, put, bytes) = (lean.clone(), put.clone(), bytes.clone());
+            let call = async move {
+                let body = crate::lean::full(bytes);
+                lean.send(put, if_match, if_none_match, body).await
+            };
+            gate.call_write(call, None).await
+        };
+        match &first {
+            Sent::Answered(Err(e))
+                if crate::errors::is_condition_failure(e)
+                    && !self.admission.cancel.is_cancelled() => {}
+            _ => return gate.finish(self, first, put_holds(token)).await,
+        }
+        let (bucket, key) = (self.key.bucket().to_owned(), self.key.key().to_owned());
+        let stored = match gate.call(gate.backend.head(&bucket, &key), None).await {
+            Ok(k) => k,
+            Err(e) => {
+                return gate
+                    .finish(self, Sent::Answered(Err(e)), put_holds(token))
+                    .await;
+            }
+        };
+        self.key.remember(stored.clone());
+        if stored.token() > token {
+            gate.count(self.op.name(), &self.scope, "stale");
+            return Err(crate::errors::stale(
                 token,
-            })
-        })
-        .await
+                stored.token(),
+                &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
+            ));
+        }
+        self.known = stored;
+        let (if_match, if_none_match) = conditions(&self.known, None, None)?;
+        let call = async move {
+            let _held = held;
+            let body = crate::lean::full(bytes);
+            lean.send(put, if_match, if_none_match, body).await
+        };
+        let second = gate.call_write(call, None).await;
+        gate.finish(self, second, put_holds(token)).await
     }
 
     /// Deletes the key (the version `version_id`, if given) with
@@ -277,6 +339,26 @@ impl Gate {
         self.call(self.backend.forward.abort_multipart_upload(req), None)
             .await
     }
+}
+
+/// What the store holds after a PutObject with `token` it answered.
+fn put_holds(token: u64) -> impl FnOnce(&S3Response<PutObjectOutput>) -> Option<Known> {
+    move |out| {
+        Some(Known::Present {
+            etag: out.output.e_tag.as_ref()?.value().to_owned(),
+            token,
+        })
+    }
+}
+
+/// A request body read whole (the caller bounded its length).
+async fn collect(body: Option<StreamingBlob>) -> Result<bytes::Bytes, s3s::StdError> {
+    use futures::TryStreamExt as _;
+    let Some(body) = body else {
+        return Ok(bytes::Bytes::new());
+    };
+    let parts: Vec<bytes::Bytes> = body.try_collect().await?;
+    Ok(parts.concat().into())
 }
 
 /// The client's answer to a CopyObject the store answered.
