@@ -69,6 +69,11 @@ fn short(v: f64) -> String {
     }
 }
 
+/// The line under the chart's title: the machine, its load, the binary.
+pub fn note(nproc: &dyn std::fmt::Display, cpu_model: &str, load: &str, fencegate: &str) -> String {
+    format!("{nproc} x {cpu_model}, load {load} at the start; fencegate = {fencegate}")
+}
+
 /// Writes the chart of `r` to `path`; `note` goes under the title (the
 /// machine, the load, the date).
 pub fn draw(r: &SmallReport, path: &Path, note: &str) -> anyhow::Result<()> {

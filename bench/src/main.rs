@@ -338,12 +338,11 @@ fn redraw_chart(from: &Path, to: Option<&Path>) -> anyhow::Result<()> {
             .with_context(|| format!("{} has no results.small", from.display()))?,
     )?;
     let machine = &json["machine"];
-    let note = format!(
-        "{} x {}, load {} at the start; fencegate = {}",
-        machine["nproc"],
+    let note = chart::note(
+        &machine["nproc"],
         machine["cpu_model"].as_str().unwrap_or("?"),
         machine["loadavg_start"].as_str().unwrap_or("?"),
-        json["fencegate_binary"].as_str().unwrap_or("?")
+        json["fencegate_binary"].as_str().unwrap_or("?"),
     );
     let to = to.map_or_else(|| from.with_extension("svg"), Path::to_owned);
     chart::draw(&small, &to, &note)?;
@@ -521,12 +520,11 @@ async fn main() -> anyhow::Result<()> {
         match small::run(&ctx, &small_opts).await {
             Ok(r) => {
                 small::print(&r);
-                let note = format!(
-                    "{} x {}, load {} at the start; fencegate = {}",
-                    report.machine.nproc,
-                    report.machine.cpu_model,
-                    report.machine.loadavg_start,
-                    fencegate.display()
+                let note = chart::note(
+                    &report.machine.nproc,
+                    &report.machine.cpu_model,
+                    &report.machine.loadavg_start,
+                    &fencegate.display().to_string(),
                 );
                 match chart::draw(&r, &chart_path, &note) {
                     Ok(()) => {
