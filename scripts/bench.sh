@@ -4,30 +4,92 @@
 #   scripts/bench.sh                 # everything, full sizes (~10 min on 2 cores)
 #   scripts/bench.sh --quick         # smoke test: small counts, no 1 GiB object
 #   scripts/bench.sh --out my.json   # any fencegate-bench option is passed on
+#   scripts/bench.sh small           # one section: small | large | roundtrips | locksvc | etcd | growth | all
+#   scripts/bench.sh small --baseline-rev 4c198a5
+#                                    # before/after: the fencegate of commit 4c198a5 runs as
+#                                    # a fourth variant in the same rounds as direct, nginx
+#                                    # and the working tree's fencegate
 #
-# Installs etcd-server (Debian) if it is missing, builds the release
-# `fencegate` binary under test and the release bench, then runs
-# `fencegate-bench all "$@"`, which prints tables and writes the JSON
-# results (bench-results.json unless --out says otherwise).
+# Installs etcd-server and nginx-light (Debian) if they are missing, builds
+# the release `fencegate` binary under test and the release bench, then
+# runs `fencegate-bench SECTION "$@"` (SECTION defaults to all), which
+# prints tables, writes the JSON results (bench-results.json unless --out
+# says otherwise) and the small section's SVG chart (next to the JSON).
+#
+# --baseline-rev REV builds REV's `fencegate` once, in a git worktree under
+# target/bench-baseline/ with its own target dir (a full release build, about
+# 15 minutes on 2 cores the first time; reused after), and passes it on as
+# `--baseline PATH --baseline-label REV`.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
+missing=()
 if ! command -v etcd >/dev/null 2>&1 && [ ! -x /usr/bin/etcd ]; then
+    missing+=(etcd-server)
+fi
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    missing+=(nginx-light)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "bench.sh: installing etcd-server (Debian) for the lease service comparison" >&2
+        echo "bench.sh: installing ${missing[*]} (Debian): etcd for the lease service comparison," \
+             "nginx as the plain reverse proxy anchor of the small section" >&2
         apt-get update
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
     else
-        echo "bench.sh: etcd is missing and cannot be installed here (needs root and apt-get);" \
-             "the etcd comparison will be reported as not measured" >&2
+        echo "bench.sh: ${missing[*]} missing and cannot be installed here (needs root and apt-get);" \
+             "what needs them will be reported as not measured" >&2
     fi
 fi
-# The Debian package may start a system etcd on the default ports; the bench
-# starts its own on ephemeral ports and does not use it.
+# The Debian packages may start a system etcd or nginx on their default
+# ports; the bench starts its own, with its own configuration, on ephemeral
+# ports and does not use them.
+
+section=all
+case "${1:-}" in
+    small | large | roundtrips | locksvc | etcd | growth | all)
+        section=$1
+        shift
+        ;;
+esac
+
+args=()
+baseline_rev=
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --baseline-rev)
+            baseline_rev=${2:?--baseline-rev needs a commit}
+            shift 2
+            ;;
+        --baseline-rev=*)
+            baseline_rev=${1#--baseline-rev=}
+            shift
+            ;;
+        *)
+            args+=("$1")
+            shift
+            ;;
+    esac
+done
+
+if [ -n "$baseline_rev" ]; then
+    sha=$(git rev-parse --verify "$baseline_rev^{commit}")
+    short=$(git rev-parse --short "$sha")
+    dir="$PWD/target/bench-baseline/$short"
+    if [ ! -x "$dir/target/release/fencegate" ]; then
+        if [ ! -e "$dir/.git" ]; then
+            git worktree prune
+            git worktree add --detach "$dir" "$sha"
+        fi
+        echo "bench.sh: building the baseline fencegate of $short in $dir" >&2
+        (cd "$dir" && env -u CARGO_TARGET_DIR cargo build --release --locked -p fencegate --bin fencegate)
+    fi
+    args+=(--baseline "$dir/target/release/fencegate" --baseline-label "$baseline_rev")
+fi
 
 cargo build --release -p fencegate --bin fencegate
 cargo build --release -p fencegate-bench
 
 bin="${CARGO_TARGET_DIR:-target}/release"
-exec "$bin/fencegate-bench" all --fencegate "$bin/fencegate" "$@"
+exec "$bin/fencegate-bench" "$section" --fencegate "$bin/fencegate" "${args[@]}"

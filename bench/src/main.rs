@@ -8,9 +8,11 @@
 //! its own runtime. See BENCHMARKS.md for results and method.
 
 mod backend;
+mod chart;
 mod growth;
 mod large;
 mod leases;
+mod nginx;
 mod roundtrips;
 mod small;
 mod util;
@@ -69,11 +71,29 @@ struct Global {
     /// Client concurrency levels for small and locksvc/etcd.
     #[arg(long, global = true, value_delimiter = ',', default_value = "1,8,64")]
     concurrency: Vec<usize>,
+    /// small: the nginx binary run as the plain reverse proxy anchor
+    /// (Debian `nginx-light`; scripts/bench.sh installs it).
+    #[arg(long, global = true, default_value = nginx::DEFAULT_NGINX)]
+    nginx: PathBuf,
+    /// small: leave nginx out.
+    #[arg(long, global = true)]
+    no_nginx: bool,
+    /// small: a second fencegate binary (e.g. an older commit's) run as a
+    /// fourth variant in the same rotated rounds, for before/after.
+    #[arg(long, global = true)]
+    baseline: Option<PathBuf>,
+    /// small: the baseline's name in tables and the chart.
+    #[arg(long, global = true, default_value = "baseline")]
+    baseline_label: String,
+    /// small: where to draw the SVG chart (default: --out with .svg).
+    #[arg(long, global = true)]
+    chart: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// 4 KiB PUTs, direct vs through the proxy, at each concurrency.
+    /// 4 KiB PUTs, direct vs nginx vs the proxy (vs --baseline), at each
+    /// concurrency; draws the SVG chart.
     Small,
     /// 256 MiB and 1 GiB streamed PUTs, direct vs proxy; proxy RSS.
     Large,
@@ -91,6 +111,12 @@ enum Command {
     Growth,
     /// Everything above (the lease service with etcd side by side).
     All,
+    /// Redraws the small section's chart from a results file (to --chart,
+    /// default: FROM with .svg); runs nothing.
+    Chart {
+        /// A JSON file written by `small` or `all`.
+        from: PathBuf,
+    },
 }
 
 /// Where things run.
@@ -139,6 +165,9 @@ struct Report {
     loadavg_end: String,
     machine: util::Machine,
     fencegate_binary: String,
+    /// The SVG chart of the small section, if drawn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chart: Option<String>,
     results: Results,
     targets: Vec<Target>,
     /// Sections that failed (the others still ran).
@@ -148,23 +177,59 @@ struct Report {
 fn targets(r: &Results) -> Vec<Target> {
     let mut t = Vec::new();
     if let Some(s) = &r.small {
+        use small::Kind;
         for l in &s.levels {
+            let (Some(d), Some(p)) = (l.get(Kind::Direct), l.get(Kind::Fencegate)) else {
+                continue;
+            };
             t.push(Target {
                 target: format!("small c={}: proxy ops/s >= 0.97 x direct", l.concurrency),
                 measured: format!(
                     "{:.4} ({:.1} vs {:.1} ops/s)",
-                    l.ratio_ops, l.proxy.median_ops_per_sec, l.direct.median_ops_per_sec
+                    p.ratio_ops, p.series.median_ops_per_sec, d.series.median_ops_per_sec
                 ),
-                met: Some(l.ratio_ops >= 0.97),
+                met: Some(p.ratio_ops >= 0.97),
             });
             t.push(Target {
                 target: format!("small c={}: p50 overhead <= 0.2 ms", l.concurrency),
                 measured: format!(
                     "{:.4} ms ({:.4} vs {:.4} ms)",
-                    l.p50_overhead_ms, l.proxy.latency.p50_ms, l.direct.latency.p50_ms
+                    p.p50_overhead_ms, p.series.latency.p50_ms, d.series.latency.p50_ms
                 ),
-                met: Some(l.p50_overhead_ms <= 0.2),
+                met: Some(p.p50_overhead_ms <= 0.2),
             });
+            // Issue 11: as lean as a plain reverse proxy, in the same run.
+            let Some(n) = l.get(Kind::Nginx) else {
+                continue;
+            };
+            t.push(Target {
+                target: format!("small c={}: proxy CPU/PUT <= 1.5 x nginx's", l.concurrency),
+                measured: format!(
+                    "{:.2} x ({:.1} vs {:.1} us)",
+                    util::ratio(p.server_cpu_us_per_put, n.server_cpu_us_per_put),
+                    p.server_cpu_us_per_put,
+                    n.server_cpu_us_per_put
+                ),
+                met: Some(p.server_cpu_us_per_put <= 1.5 * n.server_cpu_us_per_put),
+            });
+            t.push(Target {
+                target: format!(
+                    "small c={}: proxy ratio within 0.03 of nginx's",
+                    l.concurrency
+                ),
+                measured: format!("{:.4} vs {:.4}", p.ratio_ops, n.ratio_ops),
+                met: Some(p.ratio_ops >= n.ratio_ops - 0.03),
+            });
+            if l.concurrency == 1 {
+                t.push(Target {
+                    target: "small c=1: p50 overhead <= nginx's + 0.1 ms".into(),
+                    measured: format!(
+                        "{:+.3} ms vs nginx {:+.3} ms",
+                        p.p50_overhead_ms, n.p50_overhead_ms
+                    ),
+                    met: Some(p.p50_overhead_ms <= n.p50_overhead_ms + 0.1),
+                });
+            }
         }
     }
     if let Some(l) = &r.large {
@@ -262,10 +327,36 @@ fn write_json(path: &Path, report: &Report) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// `fencegate-bench chart FROM`: the small section's chart from a JSON file.
+fn redraw_chart(from: &Path, to: Option<&Path>) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(from).with_context(|| format!("cannot read {}", from.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)?;
+    let small: small::SmallReport = serde_json::from_value(
+        json.pointer("/results/small")
+            .cloned()
+            .with_context(|| format!("{} has no results.small", from.display()))?,
+    )?;
+    let machine = &json["machine"];
+    let note = chart::note(
+        &machine["nproc"],
+        machine["cpu_model"].as_str().unwrap_or("?"),
+        machine["loadavg_start"].as_str().unwrap_or("?"),
+        json["fencegate_binary"].as_str().unwrap_or("?"),
+    );
+    let to = to.map_or_else(|| from.with_extension("svg"), Path::to_owned);
+    chart::draw(&small, &to, &note)?;
+    println!("chart: {}", to.display());
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let g = &cli.global;
+    if let Command::Chart { from } = &cli.command {
+        return redraw_chart(from, g.chart.as_deref());
+    }
     let quick = g.quick;
     let fencegate = g.fencegate.clone().unwrap_or_else(util::default_fencegate);
     anyhow::ensure!(
@@ -301,14 +392,28 @@ async fn main() -> anyhow::Result<()> {
     };
     let round = Duration::from_secs_f64(g.round_secs.unwrap_or(if quick { 0.5 } else { 2.0 }));
 
+    let baseline = match &g.baseline {
+        Some(p) => {
+            anyhow::ensure!(p.exists(), "--baseline {} does not exist", p.display());
+            Some((p.canonicalize()?, g.baseline_label.clone()))
+        }
+        None => None,
+    };
     let small_opts = small::SmallOpts {
         concurrency: g.concurrency.clone(),
-        rounds: g.rounds.unwrap_or(if quick { 2 } else { 6 }),
+        rounds: g.rounds,
+        quick,
         round,
         warmup: round / 2,
         object_bytes: 4096,
         keys_per_worker: 8,
+        nginx: (!g.no_nginx).then(|| g.nginx.clone()),
+        baseline,
     };
+    let chart_path = g
+        .chart
+        .clone()
+        .unwrap_or_else(|| g.out.with_extension("svg"));
     let large_opts = large::LargeOpts {
         sizes: if quick {
             vec![(256 * large::MIB, 1)]
@@ -383,6 +488,7 @@ async fn main() -> anyhow::Result<()> {
         loadavg_end: String::new(),
         machine,
         fencegate_binary: fencegate.display().to_string(),
+        chart: None,
         results: Results::default(),
         targets: Vec::new(),
         failures: Vec::new(),
@@ -395,6 +501,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Etcd => (false, false, false, true, false, true),
         Command::Growth => (false, false, false, false, true, false),
         Command::All => (true, true, true, true, true, true),
+        Command::Chart { .. } => unreachable!("handled above"),
     };
     let rt_puts = match &cli.command {
         Command::Roundtrips { puts: Some(n) } => *n,
@@ -413,6 +520,19 @@ async fn main() -> anyhow::Result<()> {
         match small::run(&ctx, &small_opts).await {
             Ok(r) => {
                 small::print(&r);
+                let note = chart::note(
+                    &report.machine.nproc,
+                    &report.machine.cpu_model,
+                    &report.machine.loadavg_start,
+                    &fencegate.display().to_string(),
+                );
+                match chart::draw(&r, &chart_path, &note) {
+                    Ok(()) => {
+                        println!("chart: {}", chart_path.display());
+                        report.chart = Some(chart_path.display().to_string());
+                    }
+                    Err(e) => report.failures.push(format!("small chart: {e:#}")),
+                }
                 report.results.small = Some(r);
             }
             Err(e) => report.failures.push(format!("small: {e:#}")),

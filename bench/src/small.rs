@@ -1,61 +1,161 @@
-//! `small`: 4 KiB PUTs, direct to the backend vs through the fenced proxy,
-//! with the same SDK client configuration, interleaved rounds.
+//! `small`: 4 KiB PUTs to the same backend, in interleaved rounds, by up to
+//! four ways: direct to the store, through nginx (a plain reverse proxy, the
+//! cost anchor), through the fencegate proxy under test, and optionally
+//! through a second fencegate binary (the baseline, e.g. an older commit),
+//! so before and after are measured in the same minutes.
+//!
+//! Every variant uses the same SDK client configuration; direct and nginx
+//! sign with the backend's key (nginx passes the request on untouched), the
+//! proxies with a client key of theirs.
 
-use crate::backend::{BUCKET, Backend, ProxyProc, token};
+use crate::backend::{BACKEND_KEY, BUCKET, Backend, ProxyProc, sdk_client, token};
 use crate::fenced;
-use crate::util::{Cpu, CpuPerOp, Series, SeriesSummary, ratio, timed_round};
+use crate::nginx::NginxProc;
+use crate::util::{Cpu, Series, SeriesSummary, ratio, timed_round};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct SmallOpts {
     pub concurrency: Vec<usize>,
-    pub rounds: usize,
+    /// Rounds per variant; None: the smallest multiple of the number of
+    /// variants that is at least 6 (with `quick`: one full rotation).
+    pub rounds: Option<usize>,
+    pub quick: bool,
     pub round: Duration,
     pub warmup: Duration,
     pub object_bytes: usize,
     /// Keys each worker cycles through (overwrites, so the proxy's ETag
     /// cache is warm after the warm-up).
     pub keys_per_worker: usize,
+    /// The nginx binary; None: no nginx variant.
+    pub nginx: Option<PathBuf>,
+    /// A second fencegate binary and its label (e.g. the commit).
+    pub baseline: Option<(PathBuf, String)>,
 }
 
-#[derive(Debug, Serialize)]
-pub struct SmallLevel {
-    pub concurrency: usize,
-    pub direct: SeriesSummary,
-    pub proxy: SeriesSummary,
-    /// Median proxy ops/s over median direct ops/s.
+/// The ways a PUT can reach the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Straight to the store.
+    Direct,
+    /// Through nginx, a plain reverse proxy.
+    Nginx,
+    /// Through the fencegate proxy under test (`--fencegate`).
+    Fencegate,
+    /// Through the second fencegate binary (`--baseline`).
+    Baseline,
+}
+
+impl Kind {
+    fn key_prefix(self) -> &'static str {
+        match self {
+            Kind::Direct => "small-direct",
+            Kind::Nginx => "small-nginx",
+            Kind::Fencegate => "small-proxy",
+            Kind::Baseline => "small-baseline",
+        }
+    }
+}
+
+/// What ran as one variant.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VariantInfo {
+    pub kind: Kind,
+    /// Name in tables and the chart.
+    pub label: String,
+    /// The binary (nginx, fencegate) and its version where known.
+    pub binary: Option<String>,
+    /// What `server_cpu_us_per_put` is the CPU of.
+    pub server_cpu_of: String,
+}
+
+/// One variant at one concurrency.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VariantLevel {
+    pub kind: Kind,
+    pub label: String,
+    pub series: SeriesSummary,
+    /// Median ops/s over direct's median (1 for direct).
     pub ratio_ops: f64,
-    /// Per round pair (same position in the interleaving): proxy / direct.
+    /// Per round (the same round of the rotation): this / direct.
     pub ratio_ops_per_round: Vec<f64>,
+    /// p50 and p99 minus direct's (0 for direct).
     pub p50_overhead_ms: f64,
     pub p99_overhead_ms: f64,
-    /// CPU microseconds per PUT: proxy process, client, backend.
-    pub cpu_us_per_put_direct: CpuPerOp,
-    pub cpu_us_per_put_proxy: CpuPerOp,
+    /// CPU microseconds per PUT of this variant's own server side, during
+    /// its rounds: for direct the store (the backend's threads); for nginx
+    /// its master and workers; for fencegate and the baseline the proxy
+    /// process. The store behind a proxy is NOT included here.
+    pub server_cpu_us_per_put: f64,
+    /// The store's CPU per PUT during this variant's rounds (for direct the
+    /// same as `server_cpu_us_per_put`).
+    pub store_cpu_us_per_put: f64,
+    /// The bench client's CPU per PUT (this process, less the store).
+    pub client_cpu_us_per_put: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SmallLevel {
+    pub concurrency: usize,
+    /// In the order of [`SmallReport::variants`]; direct first.
+    pub variants: Vec<VariantLevel>,
+}
+
+impl SmallLevel {
+    pub fn get(&self, kind: Kind) -> Option<&VariantLevel> {
+        self.variants.iter().find(|v| v.kind == kind)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SmallReport {
     pub object_bytes: usize,
     pub rounds: usize,
     pub round_secs: f64,
     pub warmup_secs: f64,
     pub keys_per_worker: usize,
+    /// Round r runs the variants in this order rotated by r.
+    pub variants: Vec<VariantInfo>,
+    /// Why nginx is not among the variants, if it is not.
+    pub nginx_unavailable: Option<String>,
     pub levels: Vec<SmallLevel>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Variant {
-    Direct,
-    Proxy,
+/// One variant while it runs: its client and what serves it.
+#[derive(Debug)]
+struct Running {
+    info: VariantInfo,
+    client: aws_sdk_s3::Client,
+    server: Server,
+}
+
+#[derive(Debug)]
+enum Server {
+    Store,
+    Nginx(NginxProc),
+    Proxy(ProxyProc),
+}
+
+impl Running {
+    /// The processes whose CPU is this variant's own (none for direct: the
+    /// store runs in this process and is measured by thread name).
+    fn pids(&self) -> Vec<u32> {
+        match &self.server {
+            Server::Store => Vec::new(),
+            Server::Nginx(n) => n.pids(),
+            Server::Proxy(p) => vec![p.proc.pid()],
+        }
+    }
 }
 
 async fn round(
     client: &aws_sdk_s3::Client,
-    variant: Variant,
+    kind: Kind,
     concurrency: usize,
     dur: Duration,
     body: &Bytes,
@@ -65,10 +165,7 @@ async fn round(
     let client = client.clone();
     let body = body.clone();
     let tok = tok.clone();
-    let prefix = match variant {
-        Variant::Direct => "small-direct",
-        Variant::Proxy => "small-proxy",
-    };
+    let prefix = kind.key_prefix();
     timed_round(concurrency, dur, move |w, i| {
         let client = client.clone();
         let body = body.clone();
@@ -78,8 +175,8 @@ async fn round(
                 "{prefix}/c{concurrency}/w{w}/k{}",
                 i as usize % keys_per_worker
             );
-            // The same request both ways, Fencing-Token included (the
-            // backend ignores the header).
+            // The same request every way, Fencing-Token included (the
+            // backend ignores the header, nginx passes it on).
             fenced!(
                 client
                     .put_object()
@@ -99,9 +196,86 @@ async fn round(
 
 pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallReport> {
     let backend = Backend::start(&ctx.backend_dir, ctx.backend_threads).await?;
+    let mut variants = vec![Running {
+        info: VariantInfo {
+            kind: Kind::Direct,
+            label: "direct".into(),
+            binary: None,
+            server_cpu_of: "the store (s3s-fs, the backend's threads in the bench process)".into(),
+        },
+        client: backend.direct(),
+        server: Server::Store,
+    }];
+    let mut nginx_unavailable = None;
+    match &opts.nginx {
+        None => nginx_unavailable = Some("not requested (--no-nginx)".to_owned()),
+        Some(bin) if !bin.exists() => {
+            nginx_unavailable = Some(format!(
+                "{} not found (Debian: apt-get install nginx-light; scripts/bench.sh installs it)",
+                bin.display()
+            ));
+        }
+        Some(bin) => {
+            let (bin, endpoint, tmp) = (bin.clone(), backend.endpoint.clone(), ctx.tmp.clone());
+            match tokio::task::spawn_blocking(move || NginxProc::start(&bin, &endpoint, &tmp))
+                .await?
+            {
+                Ok(n) => variants.push(Running {
+                    info: VariantInfo {
+                        kind: Kind::Nginx,
+                        label: "nginx".into(),
+                        binary: Some(format!(
+                            "{} ({}, {} workers)",
+                            opts.nginx
+                                .as_ref()
+                                .map_or(String::new(), |p| p.display().to_string()),
+                            n.version,
+                            n.workers().len()
+                        )),
+                        server_cpu_of: "nginx master and workers (the store not included)".into(),
+                    },
+                    client: sdk_client(&n.url, BACKEND_KEY),
+                    server: Server::Nginx(n),
+                }),
+                Err(e) => nginx_unavailable = Some(format!("nginx did not start: {e:#}")),
+            }
+        }
+    }
+    if let Some(why) = &nginx_unavailable {
+        eprintln!("small: no nginx variant: {why}");
+    }
     let proxy = ProxyProc::start(&ctx.fencegate, &backend, &ctx.tmp).await?;
-    let direct = backend.direct();
-    let through = proxy.client();
+    variants.push(Running {
+        info: VariantInfo {
+            kind: Kind::Fencegate,
+            label: "fencegate".into(),
+            binary: Some(ctx.fencegate.display().to_string()),
+            server_cpu_of: "the fencegate proxy process (the store not included)".into(),
+        },
+        client: proxy.client(),
+        server: Server::Proxy(proxy),
+    });
+    if let Some((bin, label)) = &opts.baseline {
+        let proxy = ProxyProc::start(bin, &backend, &ctx.tmp).await?;
+        variants.push(Running {
+            info: VariantInfo {
+                kind: Kind::Baseline,
+                label: label.clone(),
+                binary: Some(bin.display().to_string()),
+                server_cpu_of: "the baseline fencegate proxy process (the store not included)"
+                    .into(),
+            },
+            client: proxy.client(),
+            server: Server::Proxy(proxy),
+        });
+    }
+
+    let k = variants.len();
+    let rounds = opts.rounds.unwrap_or(if opts.quick {
+        k
+    } else {
+        6usize.div_ceil(k) * k
+    });
     let tok = token(1)?;
     let mut payload = vec![0u8; opts.object_bytes];
     crate::util::Rng::new(42).fill(&mut payload);
@@ -110,120 +284,159 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
     let mut levels = Vec::new();
     for &c in &opts.concurrency {
         eprintln!("small: concurrency {c}");
-        // Warm-up: connections, the proxy's fence raise, key creation (the
-        // first write of each key costs the proxy a HEAD).
-        for v in [Variant::Direct, Variant::Proxy] {
-            let client = if v == Variant::Direct {
-                &direct
-            } else {
-                &through
-            };
-            let r = round(client, v, c, opts.warmup, &body, &tok, opts.keys_per_worker).await;
+        // Warm-up: connections, the proxies' fence raise, key creation (the
+        // first write of each key costs a proxy a HEAD).
+        for v in &variants {
+            let r = round(
+                &v.client,
+                v.info.kind,
+                c,
+                opts.warmup,
+                &body,
+                &tok,
+                opts.keys_per_worker,
+            )
+            .await;
             if r.errors > 0 {
                 anyhow::bail!(
-                    "small warm-up {v:?} c={c}: {} errors, first: {}",
+                    "small warm-up {} c={c}: {} errors, first: {}",
+                    v.info.label,
                     r.errors,
                     r.first_error.unwrap_or_default()
                 );
             }
         }
-        let (mut d, mut p) = (Series::default(), Series::default());
-        let (mut cpu_d, mut cpu_p) = (Cpu::default(), Cpu::default());
-        let pid = Some(proxy.proc.pid());
-        for r in 0..opts.rounds {
-            let order = if r % 2 == 0 {
-                [Variant::Direct, Variant::Proxy]
-            } else {
-                [Variant::Proxy, Variant::Direct]
-            };
-            for v in order {
-                let (client, series) = match v {
-                    Variant::Direct => (&direct, &mut d),
-                    Variant::Proxy => (&through, &mut p),
-                };
-                let before = Cpu::read(pid);
-                let res = round(client, v, c, opts.round, &body, &tok, opts.keys_per_worker).await;
-                let after = Cpu::read(pid);
-                series.add(res);
-                match v {
-                    Variant::Direct => cpu_d.add_delta(before, after),
-                    Variant::Proxy => cpu_p.add_delta(before, after),
-                }
+        let mut series: Vec<Series> = (0..k).map(|_| Series::default()).collect();
+        let mut cpu: Vec<Cpu> = vec![Cpu::default(); k];
+        for r in 0..rounds {
+            // Rotate the order each round (A B C, B C A, C A B, ...): each
+            // variant runs in each position equally often, so drift and the
+            // machine's other load fall on all of them.
+            for j in 0..k {
+                let i = (r + j) % k;
+                let v = &variants[i];
+                let pids = v.pids();
+                let before = Cpu::read_pids(&pids);
+                let res = round(
+                    &v.client,
+                    v.info.kind,
+                    c,
+                    opts.round,
+                    &body,
+                    &tok,
+                    opts.keys_per_worker,
+                )
+                .await;
+                let after = Cpu::read_pids(&pids);
+                series[i].add(res);
+                cpu[i].add_delta(before, after);
             }
         }
-        let per_round: Vec<f64> = p
-            .rounds_ops_per_sec
-            .iter()
-            .zip(&d.rounds_ops_per_sec)
-            .map(|(p, d)| ratio(*p, *d))
-            .collect();
-        let (d, p) = (d.summary(), p.summary());
+        let direct_rounds = series[0].rounds_ops_per_sec.clone();
+        let summaries: Vec<SeriesSummary> = series.into_iter().map(Series::summary).collect();
+        let d = summaries[0].clone();
+        let mut out = Vec::with_capacity(k);
+        for ((v, s), cpu) in variants.iter().zip(summaries).zip(cpu) {
+            let per = cpu.per_op_us(s.latency.samples as f64);
+            out.push(VariantLevel {
+                kind: v.info.kind,
+                label: v.info.label.clone(),
+                ratio_ops: ratio(s.median_ops_per_sec, d.median_ops_per_sec),
+                ratio_ops_per_round: s
+                    .rounds_ops_per_sec
+                    .iter()
+                    .zip(&direct_rounds)
+                    .map(|(a, b)| ratio(*a, *b))
+                    .collect(),
+                p50_overhead_ms: s.latency.p50_ms - d.latency.p50_ms,
+                p99_overhead_ms: s.latency.p99_ms - d.latency.p99_ms,
+                server_cpu_us_per_put: if v.info.kind == Kind::Direct {
+                    per.backend
+                } else {
+                    per.proxy
+                },
+                store_cpu_us_per_put: per.backend,
+                client_cpu_us_per_put: per.client,
+                series: s,
+            });
+        }
         levels.push(SmallLevel {
             concurrency: c,
-            ratio_ops: ratio(p.median_ops_per_sec, d.median_ops_per_sec),
-            ratio_ops_per_round: per_round,
-            p50_overhead_ms: p.latency.p50_ms - d.latency.p50_ms,
-            p99_overhead_ms: p.latency.p99_ms - d.latency.p99_ms,
-            cpu_us_per_put_direct: cpu_d.per_op_us(d.latency.samples as f64),
-            cpu_us_per_put_proxy: cpu_p.per_op_us(p.latency.samples as f64),
-            direct: d,
-            proxy: p,
+            variants: out,
         });
     }
     Ok(SmallReport {
         object_bytes: opts.object_bytes,
-        rounds: opts.rounds,
+        rounds,
         round_secs: opts.round.as_secs_f64(),
         warmup_secs: opts.warmup.as_secs_f64(),
         keys_per_worker: opts.keys_per_worker,
+        variants: variants.iter().map(|v| v.info.clone()).collect(),
+        nginx_unavailable,
         levels,
     })
 }
 
 pub fn print(r: &SmallReport) {
     println!(
-        "\n== small: {} B PUTs, {} interleaved rounds of {:.1}s per variant ==",
+        "\n== small: {} B PUTs, {} rotated rounds of {:.1}s per variant ==",
         r.object_bytes, r.rounds, r.round_secs
     );
+    for v in &r.variants {
+        println!(
+            "  {:<12} {}; own CPU = {}",
+            v.label,
+            v.binary.as_deref().unwrap_or("-"),
+            v.server_cpu_of
+        );
+    }
+    if let Some(why) = &r.nginx_unavailable {
+        println!("  nginx: NOT MEASURED: {why}");
+    }
     println!(
-        "CPU us/PUT: proxy process; client and backend (this process) for direct (d) and proxied (p) PUTs"
+        "CPU us/PUT: 'own' = the variant's server side (direct: the store; a proxy: its own process(es), store excluded); 'store' and 'client' during that variant's rounds"
     );
     println!(
-        "{:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>7} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>5}",
+        "{:>5} {:<12} | {:>9} {:>7} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>5}",
         "conc",
-        "direct/s",
-        "p50 ms",
-        "p99 ms",
-        "proxy/s",
-        "p50 ms",
-        "p99 ms",
+        "variant",
+        "ops/s",
         "ratio",
+        "p50 ms",
+        "p99 ms",
         "p50 +ms",
-        "proxy",
-        "client d",
-        "client p",
-        "backnd d",
-        "backnd p",
+        "own",
+        "store",
+        "client",
         "errs"
     );
     for l in &r.levels {
-        println!(
-            "{:>5} | {:>10.1} {:>8.3} {:>8.3} | {:>10.1} {:>8.3} {:>8.3} | {:>7.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} | {:>5}",
-            l.concurrency,
-            l.direct.median_ops_per_sec,
-            l.direct.latency.p50_ms,
-            l.direct.latency.p99_ms,
-            l.proxy.median_ops_per_sec,
-            l.proxy.latency.p50_ms,
-            l.proxy.latency.p99_ms,
-            l.ratio_ops,
-            l.p50_overhead_ms,
-            l.cpu_us_per_put_proxy.proxy,
-            l.cpu_us_per_put_direct.client,
-            l.cpu_us_per_put_proxy.client,
-            l.cpu_us_per_put_direct.backend,
-            l.cpu_us_per_put_proxy.backend,
-            l.direct.errors + l.proxy.errors
-        );
+        for v in &l.variants {
+            println!(
+                "{:>5} {:<12} | {:>9.1} {:>7.4} | {:>8.3} {:>8.3} {:>8.3} | {:>8.1} {:>8.1} {:>8.1} | {:>5}",
+                l.concurrency,
+                v.label,
+                v.series.median_ops_per_sec,
+                v.ratio_ops,
+                v.series.latency.p50_ms,
+                v.series.latency.p99_ms,
+                v.p50_overhead_ms,
+                v.server_cpu_us_per_put,
+                v.store_cpu_us_per_put,
+                v.client_cpu_us_per_put,
+                v.series.errors
+            );
+        }
+    }
+    println!("per-round ratios to direct:");
+    for l in &r.levels {
+        for v in l.variants.iter().filter(|v| v.kind != Kind::Direct) {
+            let rs: Vec<String> = v
+                .ratio_ops_per_round
+                .iter()
+                .map(|x| format!("{x:.3}"))
+                .collect();
+            println!("  c={:<3} {:<12} {}", l.concurrency, v.label, rs.join(" "));
+        }
     }
 }

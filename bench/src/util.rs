@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 pub const SIGNING_KEY: &str = "bench-signing-key-0123456789abcdef";
 
 /// Latency summary of a set of samples, in milliseconds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Latency {
     pub samples: usize,
     pub p50_ms: f64,
@@ -377,7 +377,7 @@ impl Series {
 }
 
 /// What a [`Series`] reports.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct SeriesSummary {
     pub median_ops_per_sec: f64,
     pub rounds_ops_per_sec: Vec<f64>,
@@ -471,6 +471,12 @@ pub struct Cpu {
 
 impl Cpu {
     pub fn read(proxy_pid: Option<u32>) -> Cpu {
+        Cpu::read_pids(proxy_pid.as_slice())
+    }
+
+    /// As [`Cpu::read`], with `proxy` summed over several processes (nginx:
+    /// the master and its workers).
+    pub fn read_pids(proxy_pids: &[u32]) -> Cpu {
         let (mut client, mut backend) = (0, 0);
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", std::process::id())) {
             for t in tasks.flatten() {
@@ -487,7 +493,7 @@ impl Cpu {
             }
         }
         Cpu {
-            proxy: proxy_pid.map_or(0, cpu_ns),
+            proxy: proxy_pids.iter().map(|p| cpu_ns(*p)).sum(),
             client,
             backend,
         }
