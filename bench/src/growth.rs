@@ -406,7 +406,7 @@ pub fn print(r: &GrowthReport) {
         r.raise.db_raise_only.p50_ms,
         r.raise.db_raise_only.p99_ms
     );
-    println!("\nKeys: lock + known + remember (ETag cache, LRU)");
+    println!("\nKeys: lock + known + remember (ETag cache)");
     println!(
         "{:>9} | {:>8} | {:>9} | {:>9} {:>6} | {:>9} {:>6} | {:>8} | {:>6} | {:>10}",
         "keys",

@@ -27,7 +27,7 @@
 use crate::name::LockName;
 use crate::time::Timestamp;
 use sha2::{Digest as _, Sha256};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use subtle::ConstantTimeEq as _;
 
@@ -132,6 +132,13 @@ pub struct LockTable {
     counter: u64,
     /// The latest lease per lock; it may have expired (then the lock is free).
     leases: HashMap<LockName, Lease>,
+    /// Every lease in `leases`, ordered by expiry: what makes the periodic
+    /// purge cost O(expired · log n) instead of a scan of every lease.
+    /// Keyed by `(expires_at, token)`: a token names one grant (the counter
+    /// issues each once), so the key is unique per lease and is found again
+    /// from the lease alone. Kept exactly in step with `leases`: every
+    /// change of a lease's expiry removes its old key and inserts the new.
+    deadlines: BTreeMap<(Timestamp, u64), LockName>,
 }
 
 impl LockTable {
@@ -149,7 +156,20 @@ impl LockTable {
         // damaged store said so, trusting the larger number keeps tokens
         // monotonic.
         let counter = leases.values().map(|l| l.token).fold(counter, u64::max);
-        LockTable { counter, leases }
+        // A store written by this service never holds two leases with one
+        // token; if a damaged one did (with the same expiry too), the index
+        // would know only one of them, and the other would not be purged
+        // until its lock is taken again: a cost in memory, never in safety,
+        // since `live` reads the lease's own expiry, not the index.
+        let deadlines = leases
+            .values()
+            .map(|l| ((l.expires_at, l.token), l.lock.clone()))
+            .collect();
+        LockTable {
+            counter,
+            leases,
+            deadlines,
+        }
     }
 
     /// The last token issued (0 if none).
@@ -177,7 +197,7 @@ impl LockTable {
                     holder: lease.clone(),
                 });
             }
-            lease.expires_at = expires_at;
+            Self::reschedule(&mut self.deadlines, lease, expires_at);
             return Ok(Grant {
                 lease: lease.clone(),
                 new_token: false,
@@ -193,7 +213,11 @@ impl LockTable {
             expires_at,
             idempotency: key,
         };
-        self.leases.insert(lock.clone(), lease.clone());
+        if let Some(old) = self.leases.insert(lock.clone(), lease.clone()) {
+            Self::unindex(&mut self.deadlines, &old);
+        }
+        self.deadlines
+            .insert((lease.expires_at, lease.token), lock.clone());
         Ok(Grant {
             lease,
             new_token: true,
@@ -214,7 +238,7 @@ impl LockTable {
     ) -> Result<Lease, NotHolder> {
         match self.leases.get_mut(lock) {
             Some(lease) if lease.token == token && lease.is_live(now) => {
-                lease.expires_at = now.saturating_add(ttl);
+                Self::reschedule(&mut self.deadlines, lease, now.saturating_add(ttl));
                 Ok(lease.clone())
             }
             _ => Err(NotHolder {
@@ -234,6 +258,7 @@ impl LockTable {
     ) -> Result<(), NotHolder> {
         match self.leases.get(lock) {
             Some(lease) if lease.token == token => {
+                Self::unindex(&mut self.deadlines, lease);
                 self.leases.remove(lock);
                 Ok(())
             }
@@ -259,29 +284,67 @@ impl LockTable {
         self.leases.get(lock)
     }
 
-    /// Forgets leases that expired before `now`; returns how many. Expired
-    /// leases carry no meaning (the counter alone keeps tokens monotonic), so
-    /// dropping them only bounds memory.
+    /// Forgets leases that expired by `now` and returns their locks, in
+    /// expiry order (earliest first; ties by token, i.e. grant order).
+    /// Expired leases carry no meaning (the counter alone keeps tokens
+    /// monotonic), so dropping them only bounds memory.
+    ///
+    /// Costs O(expired · log n): the deadline index is read from its
+    /// earliest end and stops at the first live lease.
     pub fn purge_expired(&mut self, now: Timestamp) -> Vec<LockName> {
-        let expired: Vec<LockName> = self
-            .leases
-            .values()
-            .filter(|l| !l.is_live(now))
-            .map(|l| l.lock.clone())
-            .collect();
-        for lock in &expired {
-            self.leases.remove(lock);
+        let mut expired = Vec::new();
+        while let Some(entry) = self.deadlines.first_entry() {
+            let (expires_at, _) = *entry.key();
+            // Live while `now < expires_at` (`Lease::is_live`).
+            if now < expires_at {
+                break;
+            }
+            let lock = entry.remove();
+            self.leases.remove(&lock);
+            expired.push(lock);
         }
         expired
     }
 
     /// The earliest expiry among recorded leases that are still live.
+    /// O(log n).
     pub fn next_expiry(&self, now: Timestamp) -> Option<Timestamp> {
-        self.leases
-            .values()
-            .filter(|l| l.is_live(now))
-            .map(|l| l.expires_at)
-            .min()
+        let after = Timestamp(now.0.checked_add(1)?);
+        self.deadlines
+            .range((after, 0)..)
+            .next()
+            .map(|(&(expires_at, _), _)| expires_at)
+    }
+
+    /// Moves `lease` to expire at `expires_at`, keeping the index in step.
+    fn reschedule(
+        deadlines: &mut BTreeMap<(Timestamp, u64), LockName>,
+        lease: &mut Lease,
+        expires_at: Timestamp,
+    ) {
+        Self::unindex(deadlines, lease);
+        lease.expires_at = expires_at;
+        deadlines.insert((expires_at, lease.token), lease.lock.clone());
+    }
+
+    /// Removes `lease`'s index entry, if the entry is its own (see
+    /// `restore` for the one way it might not be).
+    fn unindex(deadlines: &mut BTreeMap<(Timestamp, u64), LockName>, lease: &Lease) {
+        let key = (lease.expires_at, lease.token);
+        if deadlines.get(&key) == Some(&lease.lock) {
+            deadlines.remove(&key);
+        }
+    }
+
+    /// The index agrees with the leases, entry for entry (for tests).
+    #[cfg(test)]
+    fn index_consistent(&self) -> bool {
+        self.deadlines.len() == self.leases.len()
+            && self.deadlines.iter().all(|(&(at, token), lock)| {
+                self.leases
+                    .get(lock)
+                    .is_some_and(|l| l.expires_at == at && l.token == token)
+            })
     }
 }
 
@@ -470,5 +533,89 @@ mod tests {
             .acquire(&lock("b"), "B", None, TTL, Timestamp(0))
             .expect("free");
         assert_eq!((a.lease.token, b.lease.token), (1, 2));
+    }
+
+    #[test]
+    fn purge_returns_exactly_the_expired_leases_in_expiry_order() {
+        let mut t = LockTable::new();
+        let ms = Duration::from_millis;
+        // Granted in an order unlike their expiries.
+        for (name, ttl) in [("c", 300), ("a", 100), ("d", 400), ("b", 200), ("e", 200)] {
+            t.acquire(&lock(name), "o", None, ms(ttl), Timestamp(0))
+                .expect("free");
+        }
+        // "d" is renewed to expire first, "c" is released: neither may
+        // come back from the old expiry.
+        t.renew(&lock("d"), 3, ms(50), Timestamp(0)).expect("live");
+        t.release(&lock("c"), 1, Timestamp(0)).expect("holder");
+        assert!(t.index_consistent());
+        assert_eq!(t.next_expiry(Timestamp(0)), Some(Timestamp(50)));
+
+        assert_eq!(t.purge_expired(Timestamp(49)), Vec::<LockName>::new());
+        // Live while now < expires_at: a lease expires at its expiry.
+        assert_eq!(t.purge_expired(Timestamp(100)), vec![lock("d"), lock("a")]);
+        // Equal expiries come out in grant order (b was granted before e).
+        assert_eq!(t.next_expiry(Timestamp(100)), Some(Timestamp(200)));
+        assert_eq!(
+            t.purge_expired(Timestamp(10_000)),
+            vec![lock("b"), lock("e")]
+        );
+        assert!(t.index_consistent());
+        assert_eq!(t.next_expiry(Timestamp(10_000)), None);
+        assert_eq!(t.recorded(&lock("a")), None);
+        assert_eq!(t.counter(), 5, "purging never touches the counter");
+    }
+
+    #[test]
+    fn the_deadline_index_follows_every_change_of_expiry() {
+        let mut t = LockTable::new();
+        let k = KeyDigest::of(b"alice-secret-0123456789");
+        let l = lock("x");
+        t.acquire(&l, "A", Some(k), TTL, Timestamp(0))
+            .expect("free");
+        // Re-acquire shortens, renew lengthens, expiry then re-grant.
+        t.acquire(&l, "A", Some(k), Duration::from_secs(1), Timestamp(500))
+            .expect("own lease");
+        assert!(t.index_consistent());
+        t.renew(&l, 1, Duration::from_secs(2), Timestamp(1_000))
+            .expect("live");
+        assert!(t.index_consistent());
+        assert_eq!(t.next_expiry(Timestamp(1_000)), Some(Timestamp(3_000)));
+        assert!(t.purge_expired(Timestamp(2_999)).is_empty());
+        t.acquire(&l, "B", None, TTL, Timestamp(3_000))
+            .expect("expired, not yet purged");
+        assert!(t.index_consistent());
+        // The old lease's deadline left with it: nothing expires at 3 000.
+        assert!(t.purge_expired(Timestamp(12_999)).is_empty());
+        assert_eq!(t.purge_expired(Timestamp(13_000)), vec![l.clone()]);
+        // A restored table is indexed too.
+        let r = LockTable::restore(
+            9,
+            [Lease {
+                lock: l.clone(),
+                owner: "A".into(),
+                token: 9,
+                expires_at: Timestamp(100),
+                idempotency: None,
+            }],
+        );
+        assert!(r.index_consistent());
+        assert_eq!(r.next_expiry(Timestamp(0)), Some(Timestamp(100)));
+    }
+
+    #[test]
+    fn purging_many_leases_costs_only_the_expired_ones() {
+        // Not a timing test: the purge must stop at the first live lease,
+        // so a table of mostly live leases gives back only the expired.
+        let mut t = LockTable::new();
+        for i in 0..10_000u64 {
+            let ttl = Duration::from_millis(if i % 1000 == 0 { 10 } else { 60_000 });
+            t.acquire(&lock(&format!("l{i}")), "o", None, ttl, Timestamp(i))
+                .expect("free");
+        }
+        let gone = t.purge_expired(Timestamp(20_000));
+        let want: Vec<LockName> = (0..10).map(|i| lock(&format!("l{}", i * 1000))).collect();
+        assert_eq!(gone, want);
+        assert!(t.index_consistent());
     }
 }

@@ -597,7 +597,15 @@ proptest! {
                 }
                 Op::Advance { ms } => now += ms,
                 Op::Purge => {
-                    table.purge_expired(ts);
+                    // Exactly the expired leases, earliest expiry first
+                    // (ties in grant order, i.e. by token).
+                    let mut want: Vec<_> = model.leases.iter()
+                        .filter(|(_, l)| now >= l.2)
+                        .map(|(&i, l)| (l.2, l.1, i))
+                        .collect();
+                    want.sort();
+                    let want: Vec<_> = want.into_iter().map(|(_, _, i)| locks[i].clone()).collect();
+                    prop_assert_eq!(table.purge_expired(ts), want);
                     model.leases.retain(|_, l| now < l.2);
                 }
             }
