@@ -1,5 +1,5 @@
 //! The lean forwarder: the hot object upload (PutObject) sent to the store
-//! with a pooled hyper client and signed with `aws-sigv4`, instead of
+//! with a pooled hyper client and signed by [`sign`], instead of
 //! through the SDK's pipeline, which is most of the proxy's CPU per small
 //! PUT (BENCHMARKS.md).
 //!
@@ -13,6 +13,8 @@
 //! Only requests it reproduces exactly take this path ([`eligible`]): a body
 //! of known length sent as is. An `aws-chunked` body (s3s decoded it, and
 //! its trailing checksum would need re-encoding) goes through the SDK.
+
+mod sign;
 
 use crate::backend::TOKEN_METADATA_KEY;
 use crate::config::BackendConfig;
@@ -48,8 +50,7 @@ pub struct Lean {
     authority: http::uri::Authority,
     base_path: String,
     path_style: bool,
-    region: String,
-    identity: aws_smithy_runtime_api::client::identity::Identity,
+    signer: sign::Signer,
 }
 
 impl std::fmt::Debug for Lean {
@@ -60,43 +61,46 @@ impl std::fmt::Debug for Lean {
     }
 }
 
-/// Headers of the client's request that describe the object, forwarded as
-/// they came (besides `x-amz-meta-*`, checked apart).
-const FORWARDED: &[&str] = &[
-    "content-type",
-    "content-md5",
-    "content-encoding",
-    "content-language",
-    "content-disposition",
-    "cache-control",
-    "expires",
-    "x-amz-storage-class",
-    "x-amz-tagging",
-    "x-amz-website-redirect-location",
-    "x-amz-acl",
-    "x-amz-grant-full-control",
-    "x-amz-grant-read",
-    "x-amz-grant-read-acp",
-    "x-amz-grant-write-acp",
-    "x-amz-server-side-encryption",
-    "x-amz-server-side-encryption-aws-kms-key-id",
-    "x-amz-server-side-encryption-context",
-    "x-amz-server-side-encryption-bucket-key-enabled",
-    "x-amz-server-side-encryption-customer-algorithm",
-    "x-amz-server-side-encryption-customer-key",
-    "x-amz-server-side-encryption-customer-key-md5",
-    "x-amz-object-lock-mode",
-    "x-amz-object-lock-retain-until-date",
-    "x-amz-object-lock-legal-hold",
-    "x-amz-checksum-crc32",
-    "x-amz-checksum-crc32c",
-    "x-amz-checksum-crc64nvme",
-    "x-amz-checksum-sha1",
-    "x-amz-checksum-sha256",
-    "x-amz-sdk-checksum-algorithm",
-    "x-amz-request-payer",
-    "x-amz-expected-bucket-owner",
-];
+/// Whether a header of the client's request describes the object, and is
+/// forwarded as it came (besides `x-amz-meta-*`, checked apart).
+fn describes_object(name: &str) -> bool {
+    matches!(
+        name,
+        "content-type"
+            | "content-md5"
+            | "content-encoding"
+            | "content-language"
+            | "content-disposition"
+            | "cache-control"
+            | "expires"
+            | "x-amz-storage-class"
+            | "x-amz-tagging"
+            | "x-amz-website-redirect-location"
+            | "x-amz-acl"
+            | "x-amz-grant-full-control"
+            | "x-amz-grant-read"
+            | "x-amz-grant-read-acp"
+            | "x-amz-grant-write-acp"
+            | "x-amz-server-side-encryption"
+            | "x-amz-server-side-encryption-aws-kms-key-id"
+            | "x-amz-server-side-encryption-context"
+            | "x-amz-server-side-encryption-bucket-key-enabled"
+            | "x-amz-server-side-encryption-customer-algorithm"
+            | "x-amz-server-side-encryption-customer-key"
+            | "x-amz-server-side-encryption-customer-key-md5"
+            | "x-amz-object-lock-mode"
+            | "x-amz-object-lock-retain-until-date"
+            | "x-amz-object-lock-legal-hold"
+            | "x-amz-checksum-crc32"
+            | "x-amz-checksum-crc32c"
+            | "x-amz-checksum-crc64nvme"
+            | "x-amz-checksum-sha1"
+            | "x-amz-checksum-sha256"
+            | "x-amz-sdk-checksum-algorithm"
+            | "x-amz-request-payer"
+            | "x-amz-expected-bucket-owner"
+    )
+}
 
 /// Whether the lean path forwards `req` exactly: its body is sent as is
 /// (not `aws-chunked`, no trailer), with a known length, and every header
@@ -124,7 +128,7 @@ pub fn eligible(req: &S3Request<PutObjectInput>) -> bool {
 
 fn forwarded(name: &HeaderName) -> bool {
     let n = name.as_str();
-    FORWARDED.contains(&n)
+    describes_object(n)
         || n.strip_prefix("x-amz-meta-")
             .is_some_and(|m| !m.eq_ignore_ascii_case(TOKEN_METADATA_KEY))
 }
@@ -159,21 +163,22 @@ impl Lean {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(https);
-        let creds = aws_credential_types::Credentials::new(
-            config.access_key.clone(),
-            config.secret_key.clone(),
-            None,
-            None,
-            "fencegate-config",
-        );
+        for (what, text) in [
+            ("access key", &config.access_key),
+            ("region", &config.region),
+        ] {
+            anyhow::ensure!(
+                HeaderValue::from_str(text).is_ok(),
+                "the backend {what} is not header text"
+            );
+        }
         Ok(Lean {
             client,
             scheme,
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
             path_style: config.path_style,
-            region: config.region.clone(),
-            identity: creds.into(),
+            signer: sign::Signer::new(&config.access_key, &config.secret_key, &config.region),
         })
     }
 
@@ -280,44 +285,24 @@ impl Lean {
 
     /// Signs `request` (SigV4, unsigned payload) with the backend's key.
     fn sign(&self, request: &mut Request<Body>) -> S3Result<()> {
-        use aws_sigv4::http_request::{
-            PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest,
-            SigningSettings, UriPathNormalizationMode, sign,
-        };
-        let mut settings = SigningSettings::default();
-        settings.percent_encoding_mode = PercentEncodingMode::Single;
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        let host = request
+            .uri()
+            .authority()
+            .map(|a| HeaderValue::from_str(a.as_str()))
+            .transpose()
+            .map_err(internal)?
+            .ok_or_else(|| internal("the store's URI has no host"))?;
+        let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+        let headers = request.headers_mut();
+        headers.insert(http::header::HOST, host);
         #[allow(
             clippy::disallowed_methods,
             reason = "SigV4 signs with the wall clock; no decision rests on it"
         )]
         let now = SystemTime::now();
-        let params = aws_sigv4::sign::v4::SigningParams::builder()
-            .identity(&self.identity)
-            .region(&self.region)
-            .name("s3")
-            .time(now)
-            .settings(settings)
-            .build()
-            .map_err(internal)?
-            .into();
-        let uri = request.uri().to_string();
-        let headers: Vec<(&str, &str)> = request
-            .headers()
-            .iter()
-            .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?)))
-            .collect();
-        let signable = SignableRequest::new(
-            request.method().as_str(),
-            uri.as_str(),
-            headers.into_iter(),
-            SignableBody::UnsignedPayload,
-        )
-        .map_err(internal)?;
-        let (instructions, _) = sign(signable, &params).map_err(internal)?.into_parts();
-        instructions.apply_to_request_http1x(request);
-        Ok(())
+        self.signer
+            .sign(&method, &path, headers, now)
+            .map_err(internal)
     }
 }
 

@@ -1,0 +1,307 @@
+//! SigV4 for the lean forwarder's requests to the store, with the signing
+//! key kept for the day it is valid (AWS derives it from the secret, the
+//! date, the region and the service: four HMACs that are the same for every
+//! request of a day).
+//!
+//! It signs what the lean forwarder sends and nothing else: a request with
+//! an empty query, a path already percent-encoded once (S3 signs the path
+//! as sent, without normalising it), every header but the ones a hop may
+//! change (`content-length` aside, which is fixed here and signed too), and
+//! `UNSIGNED-PAYLOAD`. The tests check it against `aws-sigv4`, which it
+//! replaces on this path because it costs a sixth of the forward's CPU
+//! (BENCHMARKS.md, "Where the time goes").
+
+use hmac::{Hmac, Mac};
+use http::{HeaderMap, HeaderValue, Method};
+use sha2::{Digest, Sha256};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// What every request is signed as.
+const SERVICE: &str = "s3";
+/// The payload hash sent and signed: the body is not hashed.
+pub const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
+
+/// A backend key pair and region, with the current day's signing key.
+pub struct Signer {
+    access_key: String,
+    secret_key: String,
+    region: String,
+    /// The date (`YYYYMMDD`) and the signing key derived for it.
+    day: Mutex<Option<(String, [u8; 32])>>,
+}
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signer")
+            .field("access_key", &self.access_key)
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a request cannot be signed.
+#[derive(Debug, thiserror::Error)]
+pub enum SignError {
+    #[error("header {0} is not text and cannot be signed")]
+    NotText(String),
+}
+
+impl Signer {
+    pub fn new(access_key: &str, secret_key: &str, region: &str) -> Signer {
+        Signer {
+            access_key: access_key.to_owned(),
+            secret_key: secret_key.to_owned(),
+            region: region.to_owned(),
+            day: Mutex::new(None),
+        }
+    }
+
+    /// Adds `x-amz-date`, `x-amz-content-sha256` and `authorization` to
+    /// `headers` (which must already hold `host`), for `method` on `path`
+    /// (percent-encoded once, no query) at `now`.
+    pub fn sign(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &mut HeaderMap,
+        now: SystemTime,
+    ) -> Result<(), SignError> {
+        let stamp = amz_date(now);
+        let date = &stamp[..8];
+        headers.insert("x-amz-date", header_value(&stamp));
+        headers.insert(
+            "x-amz-content-sha256",
+            HeaderValue::from_static(UNSIGNED_PAYLOAD),
+        );
+        headers.remove(http::header::AUTHORIZATION);
+
+        // Canonical headers: lower-case names (HeaderMap's already are),
+        // sorted, values trimmed with inner runs of spaces collapsed, the
+        // values of a repeated header joined by commas.
+        let mut names: Vec<&str> = headers.keys().map(http::HeaderName::as_str).collect();
+        names.sort_unstable();
+        let mut canonical = String::with_capacity(512);
+        canonical.push_str(method.as_str());
+        canonical.push('\n');
+        canonical.push_str(path);
+        canonical.push_str("\n\n");
+        for name in &names {
+            canonical.push_str(name);
+            canonical.push(':');
+            for (i, value) in headers.get_all(*name).iter().enumerate() {
+                let text = value
+                    .to_str()
+                    .map_err(|_| SignError::NotText((*name).to_owned()))?;
+                if i > 0 {
+                    canonical.push(',');
+                }
+                push_trimmed(&mut canonical, text);
+            }
+            canonical.push('\n');
+        }
+        canonical.push('\n');
+        let signed_headers = names.join(";");
+        canonical.push_str(&signed_headers);
+        canonical.push('\n');
+        canonical.push_str(UNSIGNED_PAYLOAD);
+
+        let scope = format!("{date}/{}/{SERVICE}/aws4_request", self.region);
+        let string_to_sign = format!(
+            "AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{}",
+            hex::encode(Sha256::digest(canonical.as_bytes()))
+        );
+        let key = self.signing_key(date);
+        let signature = hex::encode(hmac(&key, string_to_sign.as_bytes()));
+        let authorization = format!(
+            "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={signature}",
+            self.access_key
+        );
+        headers.insert(http::header::AUTHORIZATION, header_value(&authorization));
+        Ok(())
+    }
+
+    /// The signing key for `date`, derived once per day.
+    fn signing_key(&self, date: &str) -> [u8; 32] {
+        let mut day = self.day.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((d, key)) = day.as_ref()
+            && d == date
+        {
+            return *key;
+        }
+        let k_date = hmac(
+            format!("AWS4{}", self.secret_key).as_bytes(),
+            date.as_bytes(),
+        );
+        let k_region = hmac(&k_date, self.region.as_bytes());
+        let k_service = hmac(&k_region, SERVICE.as_bytes());
+        let key = hmac(&k_service, b"aws4_request");
+        *day = Some((date.to_owned(), key));
+        key
+    }
+}
+
+fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(data);
+    mac.finalize().into_bytes().into()
+}
+
+/// `text` with leading and trailing spaces removed and inner runs of
+/// spaces collapsed to one, as SigV4 canonicalises header values.
+fn push_trimmed(out: &mut String, text: &str) {
+    let mut space = false;
+    for c in text.trim_matches(' ').chars() {
+        if c == ' ' {
+            space = true;
+            continue;
+        }
+        if space {
+            out.push(' ');
+            space = false;
+        }
+        out.push(c);
+    }
+}
+
+/// `now` as SigV4's `YYYYMMDDTHHMMSSZ`.
+fn amz_date(now: SystemTime) -> String {
+    // `2026-12-03T10:26:18Z` without its separators.
+    humantime::format_rfc3339_seconds(now)
+        .to_string()
+        .chars()
+        .filter(|c| !matches!(c, '-' | ':'))
+        .collect()
+}
+
+fn header_value(text: &str) -> HeaderValue {
+    // Made here of ASCII alone (the access key and region are checked as
+    // header text when the signer is built).
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    /// The same request signed by `aws-sigv4` (the SDK's signer), with the
+    /// lean forwarder's settings before this module replaced it.
+    fn reference(method: &Method, uri: &str, headers: &HeaderMap, now: SystemTime) -> HeaderValue {
+        use aws_sigv4::http_request::{
+            PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest,
+            SigningSettings, UriPathNormalizationMode, sign,
+        };
+        let mut settings = SigningSettings::default();
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        let identity: aws_smithy_runtime_api::client::identity::Identity =
+            aws_credential_types::Credentials::new("AKIDEXAMPLE", "secret/key+x", None, None, "t")
+                .into();
+        let params = aws_sigv4::sign::v4::SigningParams::builder()
+            .identity(&identity)
+            .region("eu-west-3")
+            .name("s3")
+            .time(now)
+            .settings(settings)
+            .build()
+            .expect("params")
+            .into();
+        let list: Vec<(&str, &str)> = headers
+            .iter()
+            .filter(|(n, _)| *n != http::header::HOST)
+            .map(|(n, v)| (n.as_str(), v.to_str().expect("text")))
+            .collect();
+        let signable = SignableRequest::new(
+            method.as_str(),
+            uri,
+            list.into_iter(),
+            SignableBody::UnsignedPayload,
+        )
+        .expect("signable");
+        let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
+        let mut req = http::Request::builder()
+            .method(method.clone())
+            .uri(uri)
+            .body(())
+            .expect("request");
+        instructions.apply_to_request_http1x(&mut req);
+        req.headers()
+            .get(http::header::AUTHORIZATION)
+            .expect("signed")
+            .clone()
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn signatures_are_the_sdk_signers() {
+        let signer = Signer::new("AKIDEXAMPLE", "secret/key+x", "eu-west-3");
+        let cases: &[(&str, &[(&str, &str)])] = &[
+            ("/bucket/key", &[("content-length", "4096")]),
+            (
+                "/bucket/dir/a%20b%2Bc%25d~e",
+                &[
+                    ("content-length", "3"),
+                    ("content-type", "text/plain;  charset=utf-8 "),
+                    ("x-amz-meta-fencing-token", "17"),
+                    ("x-amz-meta-note", "  two   spaces  "),
+                    ("if-none-match", "*"),
+                    ("content-md5", "1B2M2Y8AsgTpgAmY7PhCfg=="),
+                ],
+            ),
+            (
+                "/b/k",
+                &[
+                    ("content-length", "0"),
+                    ("if-match", "\"0123456789abcdef\""),
+                    ("x-amz-meta-a", "1"),
+                    ("x-amz-meta-a", "2"),
+                    ("x-amz-tagging", "k=v&k2=v2"),
+                ],
+            ),
+        ];
+        for day in [0u64, 1, 400] {
+            let now = UNIX_EPOCH + Duration::from_secs(1_780_000_000 + day * 86_400 + 3_723);
+            for (path, pairs) in cases {
+                let mut ours = headers(pairs);
+                ours.insert("host", HeaderValue::from_static("127.0.0.1:9000"));
+                signer
+                    .sign(&Method::PUT, path, &mut ours, now)
+                    .expect("sign");
+                let uri = format!("http://127.0.0.1:9000{path}");
+                let theirs = reference(&Method::PUT, &uri, &headers(pairs), now);
+                assert_eq!(
+                    ours.get(http::header::AUTHORIZATION),
+                    Some(&theirs),
+                    "{path} {pairs:?} day {day}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn dates_are_sigv4s() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+        assert_eq!(amz_date(now), "20260528T202640Z");
+    }
+
+    #[test]
+    fn values_are_trimmed_and_runs_of_spaces_collapsed() {
+        let mut out = String::new();
+        push_trimmed(&mut out, "  a   b c  ");
+        assert_eq!(out, "a b c");
+    }
+}
