@@ -272,6 +272,14 @@ mod tests {
                     ("x-amz-tagging", "k=v&k2=v2"),
                 ],
             ),
+            (
+                "/b/%E2%9C%93",
+                &[
+                    ("content-length", "1"),
+                    ("x-amz-meta-tab", "a\tb  c"),
+                    ("content-disposition", "attachment; filename=\"x y.txt\""),
+                ],
+            ),
         ];
         for day in [0u64, 1, 400] {
             let now = UNIX_EPOCH + Duration::from_secs(1_780_000_000 + day * 86_400 + 3_723);
