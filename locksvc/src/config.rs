@@ -243,6 +243,8 @@ impl LocksvcConfig {
                 r#"{"error":{"code":"TooManyConnections","message":"the lease service is serving as many connections as it may (max_connections); retry shortly"}}"#,
             ),
             drain_timeout: Duration::from_secs(30),
+            // Its work is one engine thread; the runtime only carries it.
+            workers: None,
         })
     }
 

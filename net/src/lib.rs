@@ -29,8 +29,10 @@
 pub mod conn;
 mod refuse;
 pub mod tls;
+pub mod workers;
 
 pub use conn::{RequestBody, track_request_body};
+pub use workers::Workers;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -72,6 +74,11 @@ pub struct ServerOptions {
     /// Longest a graceful shutdown waits for open connections to finish
     /// their requests.
     pub drain_timeout: Duration,
+    /// Serve each connection on one of these threads; `None` serves them
+    /// on the caller's runtime. Whoever passes them keeps them until the
+    /// work those connections started is done ([`Workers`] stop when
+    /// dropped).
+    pub workers: Option<Arc<Workers>>,
 }
 
 impl Default for ServerOptions {
@@ -83,6 +90,7 @@ impl Default for ServerOptions {
             tls: None,
             refusal: Refusal::text("too many connections; retry later\n"),
             drain_timeout: Duration::from_secs(30),
+            workers: None,
         }
     }
 }
@@ -193,14 +201,37 @@ where
         };
         let _ = tcp.set_nodelay(true);
         match slots.clone().try_acquire_owned() {
-            Ok(slot) => {
-                tasks.spawn(conn::serve_connection(
-                    tcp,
-                    service.clone(),
-                    shared.clone(),
-                    slot,
-                ));
-            }
+            Ok(slot) => match &options.workers {
+                None => {
+                    tasks.spawn(conn::serve_connection(
+                        tcp,
+                        service.clone(),
+                        shared.clone(),
+                        slot,
+                    ));
+                }
+                // The socket leaves this runtime's event loop for its
+                // worker's, where the connection then lives.
+                Some(workers) => match tcp.into_std() {
+                    Ok(tcp) => {
+                        let (worker, assigned) = workers.assign();
+                        let (service, shared) = (service.clone(), shared.clone());
+                        tasks.spawn_on(
+                            async move {
+                                let _assigned = assigned;
+                                match tokio::net::TcpStream::from_std(tcp) {
+                                    Ok(tcp) => {
+                                        conn::serve_connection(tcp, service, shared, slot).await;
+                                    }
+                                    Err(e) => tracing::warn!(error = %e, "cannot serve a connection on its worker"),
+                                }
+                            },
+                            worker,
+                        );
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot hand a connection to a worker"),
+                },
+            },
             Err(_) => {
                 let answered = match refusing.clone().try_acquire_owned() {
                     Ok(permit) => {

@@ -1,5 +1,6 @@
 //! The serving layer over real sockets: header and idle timeouts, the
-//! connection cap and its recovery, TLS with a generated CA, shutdown.
+//! connection cap and its recovery, TLS with a generated CA, shutdown,
+//! serving threads.
 
 use bytes::Bytes;
 use fencegate_net::test_pki::TestCa;
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 async fn handler(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let text = |s: String| Ok(Response::new(Full::new(Bytes::from(s))));
     match (req.method().as_str(), req.uri().path()) {
+        ("GET", "/thread") => text(std::thread::current().name().unwrap_or("").to_owned()),
         ("GET", "/slow") => {
             tokio::time::sleep(Duration::from_millis(1500)).await;
             text("slow hello".into())
@@ -559,4 +561,56 @@ async fn bad_tls_files_are_reported_with_what_is_wrong() {
     };
     let e = client.rustls_config().expect_err("garbage CA");
     assert!(e.to_string().contains("no PEM certificate"), "{e}");
+}
+
+#[tokio::test]
+async fn with_serving_threads_each_connection_lives_on_one_and_they_share_the_load() {
+    let workers = fencegate_net::Workers::start(2, "test-serve").expect("workers");
+    let server = Server::start(ServerOptions {
+        workers: Some(workers.clone()),
+        ..options(300, 60_000)
+    })
+    .await;
+    // Two open connections go to different threads (the least busy one
+    // gets the next), and every request of a connection to the same one.
+    let mut seen = Vec::new();
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut c = server.connect().await;
+        let mut names = Vec::new();
+        for _ in 0..3 {
+            c.write_all(b"GET /thread HTTP/1.1\r\nhost: test\r\n\r\n")
+                .await
+                .expect("write");
+            let (status, _, name) = read_response(&mut c).await.expect("answered");
+            assert_eq!(status, 200);
+            names.push(name);
+        }
+        assert!(names.iter().all(|n| *n == names[0]), "{names:?}");
+        assert!(names[0].starts_with("test-serve-"), "{names:?}");
+        seen.push(names[0].clone());
+        open.push(c);
+    }
+    assert_ne!(seen[0], seen[1], "both connections went to one thread");
+    // The connection timers run on the serving threads too.
+    let mut stuck = server.connect().await;
+    stuck
+        .write_all(b"GET / HTTP/1.1\r\nhos")
+        .await
+        .expect("write");
+    let took = closed_within(&mut stuck, Duration::from_secs(3)).await;
+    assert!(took >= Duration::from_millis(250), "closed after {took:?}");
+    // Shutdown lets a slow request on a serving thread finish.
+    let mut busy = server.connect().await;
+    busy.write_all(b"GET /slow HTTP/1.1\r\nhost: test\r\n\r\n")
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let took = tokio::spawn(server.shutdown());
+    let (status, _, body) = read_response(&mut busy).await.expect("finished");
+    assert_eq!((status, body.as_str()), (200, "slow hello"));
+    for mut c in open {
+        closed_within(&mut c, Duration::from_millis(500)).await;
+    }
+    took.await.expect("shutdown");
 }

@@ -42,9 +42,16 @@ pub struct LeanPut {
     headers: HeaderMap,
 }
 
+type Pool = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
+
 /// The pooled client and what it signs with.
 pub struct Lean {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>,
+    /// The pool of requests made off the serving threads.
+    client: Pool,
+    /// Each serving thread gets a pool of its own (see [`Lean::pool`]),
+    /// made with this connector; `id` tells this forwarder's pools apart.
+    connector: hyper_rustls::HttpsConnector<HttpConnector>,
+    id: usize,
     /// `scheme://authority`, and the base path (without a trailing `/`).
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
@@ -59,6 +66,13 @@ impl std::fmt::Debug for Lean {
             .field("authority", &self.authority)
             .finish_non_exhaustive()
     }
+}
+
+/// A keep-alive pool of backend connections.
+fn pool(connector: hyper_rustls::HttpsConnector<HttpConnector>) -> Pool {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
 }
 
 /// Whether a header of the client's request describes the object, and is
@@ -159,10 +173,8 @@ impl Lean {
                     .with_no_client_auth(),
             )
         };
-        let https = tls.https_or_http().enable_http1().build();
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(https);
+        let connector = tls.https_or_http().enable_http1().build();
+        let client = pool(connector.clone());
         for (what, text) in [
             ("access key", &config.access_key),
             ("region", &config.region),
@@ -172,13 +184,37 @@ impl Lean {
                 "the backend {what} is not header text"
             );
         }
+        static IDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         Ok(Lean {
             client,
+            connector,
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             scheme,
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
             path_style: config.path_style,
             signer: sign::Signer::new(&config.access_key, &config.secret_key, &config.region),
+        })
+    }
+
+    /// The connection pool for a request made here. On a serving thread
+    /// (`fencegate_net::workers`) it is that thread's own, so a request
+    /// and its backend connection run on one event loop; elsewhere the
+    /// shared one.
+    fn pool(&self) -> Pool {
+        thread_local! {
+            static POOLS: std::cell::RefCell<Vec<(usize, Pool)>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        if fencegate_net::workers::current().is_none() {
+            return self.client.clone();
+        }
+        POOLS.with_borrow_mut(|pools| {
+            if let Some((_, p)) = pools.iter().find(|(id, _)| *id == self.id) {
+                return p.clone();
+            }
+            let p = pool(self.connector.clone());
+            pools.push((self.id, p.clone()));
+            p
         })
     }
 
@@ -245,7 +281,7 @@ impl Lean {
             .map_err(internal)?;
         *request.headers_mut() = headers;
         self.sign(&mut request)?;
-        let response = self.client.request(request).await.map_err(|e| {
+        let response = self.pool().request(request).await.map_err(|e| {
             errors::from_backend(S3Error::with_message(
                 S3ErrorCode::InternalError,
                 format!("the backend cannot be reached: {e}"),

@@ -394,6 +394,8 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    // The serving threads run the handlers too: they stay until those end.
+    let workers = options.workers.clone();
     let tracker = TaskTracker::new();
     let handlers = Detached {
         inner: router,
@@ -423,5 +425,6 @@ where
         () = tracker.wait() => tracing::info!("all connections and requests drained"),
         () = tokio::time::sleep_until(deadline) => tracing::warn!("gave up waiting for in-flight requests to finish"),
     }
+    drop(workers);
     Ok(())
 }
