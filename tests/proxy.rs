@@ -96,7 +96,132 @@ on_both_backends!(
     writes_the_store_refuses_leave_the_object_as_it_was,
     the_lean_put_forwards_what_describes_the_object_and_nothing_else,
     a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_after_the_store_refuses,
+    signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_nothing,
 );
+
+/// A PUT signed with the proxy's client key by `aws-sigv4`, with
+/// `x-amz-content-sha256` the SHA-256 of `signed_body` (sent: `body`),
+/// and `signature_ok = false` to spoil the signature.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a client signs with the wall clock"
+)]
+async fn hand_signed_put(
+    e: &Env,
+    key: &str,
+    token: &str,
+    signed_body: &[u8],
+    body: &'static [u8],
+    signature_ok: bool,
+) -> (u16, String) {
+    use aws_sigv4::http_request::{
+        PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+        UriPathNormalizationMode, sign,
+    };
+    use sha2::Digest as _;
+    let mut settings = SigningSettings::default();
+    settings.percent_encoding_mode = PercentEncodingMode::Single;
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    let identity: aws_smithy_runtime_api::client::identity::Identity =
+        aws_credential_types::Credentials::new(CLIENT_KEY.0, CLIENT_KEY.1, None, None, "t").into();
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .expect("params")
+        .into();
+    let url = format!("{}/{BUCKET}/{key}", e.proxy.url);
+    let host = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host")
+        .to_owned();
+    let length = body.len().to_string();
+    let headers = [("host", host.as_str()), ("content-length", length.as_str())];
+    let hash = hex::encode(sha2::Sha256::digest(signed_body));
+    let signable = SignableRequest::new(
+        "PUT",
+        &url,
+        headers.iter().copied(),
+        SignableBody::Precomputed(hash),
+    )
+    .expect("signable");
+    let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
+    let mut req = http::Request::builder()
+        .method("PUT")
+        .uri(&url)
+        .body(())
+        .expect("request");
+    instructions.apply_to_request_http1x(&mut req);
+    let mut r = reqwest::Client::new()
+        .put(&url)
+        .header("fencing-token", token)
+        .body(body);
+    for (name, value) in req.headers() {
+        let mut value = value.to_str().expect("text").to_owned();
+        if name == "authorization" && !signature_ok {
+            let last = value.pop().expect("signature");
+            value.push(if last == '0' { '1' } else { '0' });
+        }
+        r = r.header(name.as_str(), value);
+    }
+    let resp = r.send().await.expect("sent");
+    (
+        resp.status().as_u16(),
+        resp.text().await.unwrap_or_default(),
+    )
+}
+
+/// Signed PutObjects are served by the edge, without s3s (see
+/// `fencegate_proxy::edge`): the SDK's, and a hand-signed one with its
+/// payload's SHA-256. A body unlike the hash it was signed with writes
+/// nothing, and a spoiled signature is refused (by s3s, as before).
+async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_nothing(
+    kind: BackendKind,
+) {
+    let e = env(kind).await;
+    let edge = || async {
+        e.proxy
+            .metric("fencegate_proxy_edge_puts_total", &[])
+            .await
+            .unwrap_or(0.0)
+    };
+    let before = edge().await;
+    let token = signed(BUCKET, 1);
+    e.put("sdk", &token, "by the sdk").await.expect("sdk put");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "sdk").await,
+        Some((b"by the sdk".to_vec(), Some(1)))
+    );
+    let (status, text) = hand_signed_put(&e, "hashed", &token, b"mine", b"mine", true).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "hashed").await,
+        Some((b"mine".to_vec(), Some(1)))
+    );
+    assert_eq!(edge().await - before, 2.0, "both went through the edge");
+
+    let (status, text) = hand_signed_put(&e, "swapped", &token, b"signed", b"sent!!", true).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("x-amz-content-sha256"), "{text}");
+    assert_eq!(stored(&e.backend, BUCKET, "swapped").await, None);
+    assert_eq!(edge().await - before, 3.0, "verified by the edge");
+
+    let (status, text) = hand_signed_put(&e, "forged", &token, b"mine", b"mine", false).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("SignatureDoesNotMatch"), "{text}");
+    assert_eq!(stored(&e.backend, BUCKET, "forged").await, None);
+    assert_eq!(
+        edge().await - before,
+        3.0,
+        "a spoiled signature goes to s3s"
+    );
+}
 
 /// A small PUT to a key the proxy knows nothing of is sent with
 /// `If-None-Match: *` and no read first. When the key exists after all,

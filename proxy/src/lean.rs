@@ -30,7 +30,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use s3s::dto::{ETag, ETagCondition, PutObjectInput, PutObjectOutput, StreamingBlob};
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// A request body the lean client sends.
 pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -120,7 +120,11 @@ fn describes_object(name: &str) -> bool {
 /// (not `aws-chunked`, no trailer), with a known length, and every header
 /// it would forward is plain text (the signer needs it as a string).
 pub fn eligible(req: &S3Request<PutObjectInput>) -> bool {
-    let h = &req.headers;
+    req.input.content_length.is_some() && eligible_headers(&req.headers)
+}
+
+/// [`eligible`], on the request's headers.
+pub fn eligible_headers(h: &HeaderMap) -> bool {
     let streaming = h
         .get("x-amz-content-sha256")
         .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
@@ -136,7 +140,6 @@ pub fn eligible(req: &S3Request<PutObjectInput>) -> bool {
         && !chunked
         && !h.contains_key("x-amz-trailer")
         && !h.contains_key("x-amz-decoded-content-length")
-        && req.input.content_length.is_some()
         && text
 }
 
@@ -331,13 +334,8 @@ impl Lean {
         let (method, path) = (request.method().clone(), request.uri().path().to_owned());
         let headers = request.headers_mut();
         headers.insert(http::header::HOST, host);
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "SigV4 signs with the wall clock; no decision rests on it"
-        )]
-        let now = SystemTime::now();
         self.signer
-            .sign(&method, &path, headers, now)
+            .sign(&method, &path, headers, crate::clock::now())
             .map_err(internal)
     }
 }

@@ -8,6 +8,8 @@
 //! - [`host`]: virtual-hosted-style addressing (bucket in the `Host`);
 //! - [`early`]: refusals on the request head (POST forms, the budget of
 //!   bodies read whole);
+//! - [`edge`]: plain signed PutObjects verified and handed to the handler
+//!   without s3s (everything else goes through s3s);
 //! - [`access`]: client SigV4 keys, anonymous policy, operation allowlist,
 //!   with [`query`] (query parameters) and [`object_key`] (the key rule);
 //! - [`ops`]: one module per S3 operation family, fenced or forwarded;
@@ -39,6 +41,7 @@ pub mod config;
 pub mod db;
 pub mod devstore;
 pub mod early;
+pub mod edge;
 pub mod errors;
 pub mod fences;
 pub mod gate;
@@ -68,6 +71,7 @@ use tokio::net::TcpListener;
 pub struct Proxy {
     gate: Arc<gate::Gate>,
     service: S3Service,
+    edge: edge::Edge,
     hosts: host::VirtualHosts,
     options: fencegate_net::ServerOptions,
 }
@@ -118,6 +122,13 @@ impl Proxy {
             allow_anonymous: config.allow_anonymous,
         });
         let hosts = host::VirtualHosts::new(&config.virtual_host_domains);
+        let edge = edge::Edge::new(
+            Arc::new(access::ClientAuth::new(
+                &config.clients,
+                gate.token_keys().cloned(),
+            )),
+            Arc::new(hosts.clone()),
+        );
         builder.set_host(hosts.clone());
         let mut s3_config = s3s::config::S3Config::default();
         s3_config.xml_max_body_size = config.max_xml_body_bytes;
@@ -133,6 +144,7 @@ impl Proxy {
         Ok(Proxy {
             gate,
             service: builder.build(),
+            edge,
             hosts,
             options,
         })
@@ -158,6 +170,7 @@ impl Proxy {
         server::serve(
             listener,
             self.service,
+            self.edge,
             self.gate,
             self.hosts,
             self.options,

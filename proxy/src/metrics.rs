@@ -47,6 +47,8 @@ pub struct Metrics {
     pub lingering_writes: Gauge,
     /// PutObjects sent by the lean forwarder rather than the SDK.
     pub lean_forwards: Counter,
+    /// PutObjects served before s3s (`edge`).
+    pub edge_puts: Counter,
     /// How long a raise waited for the older epoch to let go.
     pub raise_wait_seconds: Family<LockLabels, Histogram>,
 }
@@ -63,6 +65,7 @@ impl Metrics {
         let inflight_writes = Gauge::default();
         let lingering_writes = Gauge::default();
         let lean_forwards = Counter::default();
+        let edge_puts = Counter::default();
         let raise_wait_seconds = Family::<LockLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 18))
         });
@@ -106,6 +109,11 @@ impl Metrics {
             "PutObjects sent by the lean forwarder (the others went through the SDK)",
             lean_forwards.clone(),
         );
+        registry.register(
+            "edge_puts",
+            "PutObjects recognised and verified before s3s (the others were parsed by s3s)",
+            edge_puts.clone(),
+        );
         Metrics {
             registry,
             writes,
@@ -115,6 +123,7 @@ impl Metrics {
             inflight_writes,
             lingering_writes,
             lean_forwards,
+            edge_puts,
             raise_wait_seconds,
         }
     }

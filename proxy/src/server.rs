@@ -4,6 +4,7 @@
 //! connection, graceful shutdown. Connections themselves (cap, header and
 //! idle timeouts, TLS) are `fencegate_net`'s.
 
+use crate::edge::Edge;
 use crate::gate::Gate;
 use crate::host::VirtualHosts;
 use futures::FutureExt as _;
@@ -34,6 +35,7 @@ pub fn refusal() -> fencegate_net::Refusal {
 #[derive(Clone)]
 struct Router {
     s3: S3Service,
+    edge: Arc<Edge>,
     gate: Arc<Gate>,
     hosts: Arc<VirtualHosts>,
 }
@@ -92,7 +94,12 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 body.deadline = deadline;
                 s3s::Body::http_body_unsync(body)
             });
-            let call = this.s3.call(req);
+            let call = async {
+                match this.edge.put(&this.gate, req).await {
+                    Ok(resp) => Ok(resp),
+                    Err(req) => this.s3.call(req).await,
+                }
+            };
             let mut resp = match AssertUnwindSafe(call).catch_unwind().await {
                 Ok(r) => r?,
                 Err(_) => {
@@ -349,13 +356,21 @@ impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
 pub async fn serve(
     listener: TcpListener,
     s3: S3Service,
+    edge: Edge,
     gate: Arc<Gate>,
     hosts: VirtualHosts,
     options: fencegate_net::ServerOptions,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let hosts = Arc::new(hosts);
-    serve_detached(listener, Router { s3, gate, hosts }, options, shutdown).await
+    let edge = Arc::new(edge);
+    let router = Router {
+        s3,
+        edge,
+        gate,
+        hosts,
+    };
+    serve_detached(listener, router, options, shutdown).await
 }
 
 /// Serves any hyper service the same way, with the default connection

@@ -398,6 +398,12 @@ impl Gate {
         &self.body_budget
     }
 
+    /// Whether a PutObject with these headers would be sent by the lean
+    /// forwarder (as it came), not through the SDK.
+    pub fn lean_forwards(&self, headers: &http::HeaderMap) -> bool {
+        self.backend.lean.is_some() && crate::lean::eligible_headers(headers)
+    }
+
     /// The proxy's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics

@@ -74,6 +74,13 @@ impl Write {
             .clone()
             .filter(|_| crate::lean::eligible(&req))
         else {
+            if req.extensions.get::<crate::edge::FromEdge>().is_some() {
+                // Its typed input holds only what the lean path reads.
+                return Err(s3s::s3_error!(
+                    InternalError,
+                    "a PutObject taken by the edge cannot go through the SDK"
+                ));
+            }
             let forward = gate.backend.forwarder();
             let call = async move { forward.put_object(req).await };
             let sent = gate.call_write(call, watch).await;

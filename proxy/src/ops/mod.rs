@@ -17,7 +17,7 @@ mod bucket;
 mod copy;
 mod delete;
 mod multipart;
-mod put;
+pub(crate) mod put;
 
 use crate::gate::Gate;
 use s3s::dto::*;

@@ -1,0 +1,568 @@
+//! The hot path: a plain signed PutObject served before s3s.
+//!
+//! s3s parses every request into its typed input, with a general SigV4
+//! check; on a small PUT that is a sixth of the proxy's CPU
+//! (BENCHMARKS.md). The common case needs little of it: one operation,
+//! header-signed, with a body sent as is. This module recognises exactly
+//! that case, checks it, and hands the same typed request to the same
+//! handler (`ops::put::put_object`) that s3s would have called.
+//!
+//! **Invariant: the edge only ever accepts a request s3s would accept**,
+//! and admits nothing the access rules would refuse. Everything it does
+//! not recognise, and every check that fails, goes to s3s unchanged, which
+//! then decides, and words the refusal, as it always did. So:
+//!
+//! - recognised: `PUT` of an object (path or virtual-hosted style, parsed
+//!   by s3s's own path functions), no query but the SDKs' `x-id=PutObject`,
+//!   no copy source, `Content-Length` without `Transfer-Encoding`, a payload
+//!   hash that is `UNSIGNED-PAYLOAD` or a SHA-256 in hex (checked against
+//!   the body as it streams, as s3s does), nothing `aws-chunked`, and one
+//!   `Authorization: AWS4-HMAC-SHA256` header in its exact grammar;
+//! - checked: the credential's date against `x-amz-date` and the clock
+//!   (s3s's 15 minutes), the secret from the same [`ClientAuth`], the
+//!   signature over the canonical request s3s builds (decoded path
+//!   re-encoded, headers trimmed and whitespace-collapsed), compared in
+//!   constant time; then the query allowlist and the key rule, as
+//!   [`crate::access::Access`] applies them;
+//! - and only then: the lean forwarder can send it as it came
+//!   (`lean::eligible_headers`), else s3s and the SDK path.
+//!
+//! `tests/edge.rs` checks the invariant against s3s itself, request by
+//! request, over valid and tampered signatures, paths and headers.
+
+use crate::access::ClientAuth;
+use crate::gate::Gate;
+use crate::host::VirtualHosts;
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use s3s::auth::{Credentials, S3Auth, SecretKey};
+use s3s::dto::{ETagCondition, PutObjectInput, PutObjectOutput, StreamingBlob};
+use s3s::host::S3Host;
+use s3s::path::S3Path;
+use s3s::{Body, S3Error, S3Request};
+use sha2::{Digest, Sha256};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// How far `x-amz-date` may be from the proxy's clock (s3s's default,
+/// which the proxy keeps).
+const MAX_SKEW: Duration = Duration::from_secs(900);
+
+/// Recognises and serves plain signed PutObjects (see the module docs).
+pub struct Edge {
+    auth: Arc<ClientAuth>,
+    hosts: Arc<VirtualHosts>,
+}
+
+impl std::fmt::Debug for Edge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Edge").finish_non_exhaustive()
+    }
+}
+
+/// A request the edge recognised and verified, with what the handler needs.
+#[derive(Debug)]
+pub struct Verified {
+    bucket: String,
+    key: String,
+    content_length: u64,
+    payload: Payload,
+    if_match: Option<ETagCondition>,
+    if_none_match: Option<ETagCondition>,
+    credentials: Credentials,
+    region: String,
+}
+
+/// What `x-amz-content-sha256` promises about the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Payload {
+    Unsigned,
+    /// The body's SHA-256, lower-case hex.
+    Sha256(String),
+}
+
+impl Edge {
+    pub fn new(auth: Arc<ClientAuth>, hosts: Arc<VirtualHosts>) -> Edge {
+        Edge { auth, hosts }
+    }
+
+    /// Serves `req` if it is a plain signed PutObject that passes every
+    /// check; otherwise gives it back, untouched, for s3s.
+    pub async fn put(
+        &self,
+        gate: &Gate,
+        req: Request<Body>,
+    ) -> Result<Response<Body>, Request<Body>> {
+        let Some(verified) = self.verify(&req, crate::clock::now()).await else {
+            return Err(req);
+        };
+        if !gate.lean_forwards(req.headers()) {
+            return Err(req);
+        }
+        gate.metrics().edge_puts.inc();
+        let s3_req = verified.into_request(req);
+        Ok(match crate::ops::put::put_object(gate, s3_req).await {
+            Ok(resp) => ok_response(resp.output, resp.headers),
+            Err(e) => error_response(e),
+        })
+    }
+
+    /// The request's fields, if it is one the edge recognises and its
+    /// signature and access checks pass at `now`; `None` hands it to s3s.
+    pub async fn verify<B>(&self, req: &Request<B>, now: SystemTime) -> Option<Verified> {
+        if req.method() != Method::PUT
+            || !matches!(
+                req.version(),
+                http::Version::HTTP_10 | http::Version::HTTP_11
+            )
+        {
+            return None;
+        }
+        let query = match req.uri().query() {
+            None => "",
+            Some("x-id=PutObject") => "x-id=PutObject",
+            Some(_) => return None,
+        };
+        let h = req.headers();
+        for refused in [
+            "x-amz-copy-source",
+            "x-amz-trailer",
+            "x-amz-decoded-content-length",
+            http::header::TRANSFER_ENCODING.as_str(),
+        ] {
+            if h.contains_key(refused) {
+                return None;
+            }
+        }
+        if h.get_all(http::header::CONTENT_ENCODING).iter().any(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .to_ascii_lowercase()
+                .contains("aws-chunked")
+        }) {
+            return None;
+        }
+        let content_length: u64 = unique(h, "content-length")?.parse().ok()?;
+        let payload = match unique(h, "x-amz-content-sha256")? {
+            "UNSIGNED-PAYLOAD" => Payload::Unsigned,
+            hash if is_lower_hex(hash, 64) => Payload::Sha256(hash.to_owned()),
+            _ => return None,
+        };
+        let auth = Authorization::parse(unique(h, "authorization")?)?;
+        let stamp = unique(h, "x-amz-date")?;
+        let at = parse_amz_date(stamp)?;
+        if &stamp[..8] != auth.date {
+            return None;
+        }
+        let skew = now.duration_since(at).unwrap_or_else(|e| e.duration());
+        if skew > MAX_SKEW {
+            return None;
+        }
+
+        // The path, parsed as s3s parses it.
+        let raw_path = req.uri().path();
+        let decoded = urlencoding::decode(raw_path).ok()?;
+        let host = unique(h, "host")?;
+        let validation = const { s3s::validation::AwsNameValidation::new() };
+        let path = if host.parse::<std::net::SocketAddr>().is_ok()
+            || host.parse::<std::net::IpAddr>().is_ok()
+        {
+            s3s::path::parse_path_style_with_validation_and_normalization(
+                &decoded,
+                &validation,
+                false,
+            )
+        } else {
+            let vh = self.hosts.parse_host_header(host).ok()?;
+            s3s::path::parse_virtual_hosted_style_with_validation_and_normalization(
+                vh.bucket(),
+                &decoded,
+                &validation,
+                false,
+            )
+        };
+        let S3Path::Object { bucket, key } = path.ok()? else {
+            return None;
+        };
+
+        // The signature, over the canonical request s3s builds.
+        let secret = self.auth.get_secret_key(auth.access_key).await.ok()?;
+        let mut canonical = String::with_capacity(512);
+        canonical.push_str("PUT\n");
+        uri_encode(&mut canonical, &decoded);
+        canonical.push('\n');
+        canonical.push_str(query);
+        canonical.push('\n');
+        for name in auth.signed_headers.split(';') {
+            let mut values = h.get_all(name).iter();
+            let (Some(value), None) = (values.next(), values.next()) else {
+                return None;
+            };
+            canonical.push_str(name);
+            canonical.push(':');
+            push_normalized(&mut canonical, value.to_str().ok()?);
+            canonical.push('\n');
+        }
+        canonical.push('\n');
+        canonical.push_str(auth.signed_headers);
+        canonical.push('\n');
+        canonical.push_str(match &payload {
+            Payload::Unsigned => "UNSIGNED-PAYLOAD",
+            Payload::Sha256(hash) => hash,
+        });
+        let string_to_sign = format!(
+            "AWS4-HMAC-SHA256\n{stamp}\n{}/{}/s3/aws4_request\n{}",
+            auth.date,
+            auth.region,
+            hex::encode(Sha256::digest(canonical.as_bytes()))
+        );
+        let signing = signing_key(&secret, auth.date, auth.region);
+        let mut mac = HmacSha256::new_from_slice(&signing).ok()?;
+        mac.update(string_to_sign.as_bytes());
+        mac.verify_slice(&hex::decode(auth.signature).ok()?).ok()?;
+
+        // The access rules s3s would apply next (`access::Access`).
+        crate::query::require_known("PutObject", req.uri()).ok()?;
+        crate::object_key::require(&key).ok()?;
+
+        let condition = |name| -> Option<Option<ETagCondition>> {
+            match h.get(name) {
+                None => Some(None),
+                Some(v) => ETagCondition::parse_http_header(v.as_bytes())
+                    .ok()
+                    .map(Some),
+            }
+        };
+        Some(Verified {
+            bucket: bucket.into(),
+            key: key.into(),
+            content_length,
+            payload,
+            if_match: condition(http::header::IF_MATCH)?,
+            if_none_match: condition(http::header::IF_NONE_MATCH)?,
+            credentials: Credentials {
+                access_key: auth.access_key.to_owned(),
+                secret_key: secret,
+            },
+            region: auth.region.to_owned(),
+        })
+    }
+}
+
+impl Verified {
+    /// The request's body as the handler reads it: with a signed payload
+    /// hash, checked against it (and the length) at its end, where a
+    /// mismatch fails the body and so the write.
+    pub fn body(&self, body: Body) -> Body {
+        match &self.payload {
+            Payload::Unsigned => body,
+            Payload::Sha256(hash) => {
+                Body::http_body_unsync(Checked::new(body, self.content_length, hash.clone()))
+            }
+        }
+    }
+
+    /// The typed request the handler takes, as s3s would have built it for
+    /// the lean path (which reads the object's headers from `headers`).
+    fn into_request(self, req: Request<Body>) -> S3Request<PutObjectInput> {
+        let (parts, body) = req.into_parts();
+        let body = self.body(body);
+        let input = PutObjectInput {
+            bucket: self.bucket,
+            key: self.key,
+            content_length: i64::try_from(self.content_length).ok(),
+            if_match: self.if_match,
+            if_none_match: self.if_none_match,
+            body: Some(StreamingBlob::from(body)),
+            ..PutObjectInput::default()
+        };
+        let mut extensions = parts.extensions;
+        extensions.insert(FromEdge);
+        S3Request {
+            input,
+            method: parts.method,
+            uri: parts.uri,
+            headers: parts.headers,
+            extensions,
+            credentials: Some(self.credentials),
+            region: s3s::region::Region::new(self.region.into()).ok(),
+            service: Some("s3".into()),
+            trailing_headers: None,
+        }
+    }
+}
+
+/// Marks a request built by the edge: its typed input holds only what the
+/// lean path reads, so it must never be sent by the SDK path.
+#[derive(Debug, Clone, Copy)]
+pub struct FromEdge;
+
+/// `Authorization: AWS4-HMAC-SHA256 Credential=<key>/<date>/<region>/s3/aws4_request, SignedHeaders=<a;b>, Signature=<hex>`,
+/// in exactly that grammar (anything else goes to s3s).
+struct Authorization<'a> {
+    access_key: &'a str,
+    date: &'a str,
+    region: &'a str,
+    /// Sorted, unique, lower-case, without `authorization`.
+    signed_headers: &'a str,
+    signature: &'a str,
+}
+
+impl<'a> Authorization<'a> {
+    fn parse(text: &'a str) -> Option<Authorization<'a>> {
+        let rest = text.strip_prefix("AWS4-HMAC-SHA256 Credential=")?;
+        let (credential, rest) = rest.split_once(",")?;
+        let rest = rest.strip_prefix(' ').unwrap_or(rest);
+        let rest = rest.strip_prefix("SignedHeaders=")?;
+        let (signed_headers, rest) = rest.split_once(",")?;
+        let rest = rest.strip_prefix(' ').unwrap_or(rest);
+        let signature = rest.strip_prefix("Signature=")?;
+        let mut parts = credential.split('/');
+        let (Some(access_key), Some(date), Some(region), Some("s3"), Some("aws4_request"), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return None;
+        };
+        let plain = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        };
+        let names: Vec<&str> = signed_headers.split(';').collect();
+        let header_names_ok = names.iter().all(|n| {
+            !n.is_empty()
+                && *n != "authorization"
+                && n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        }) && names.windows(2).all(|w| w[0] < w[1]);
+        (plain(access_key)
+            && date.len() == 8
+            && date.bytes().all(|b| b.is_ascii_digit())
+            && plain(region)
+            && header_names_ok
+            && is_lower_hex(signature, 64))
+        .then_some(Authorization {
+            access_key,
+            date,
+            region,
+            signed_headers,
+            signature,
+        })
+    }
+}
+
+/// The one value of header `name`, as text; `None` if it is missing,
+/// repeated or not text.
+fn unique<'h>(h: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    let mut values = h.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) => v.to_str().ok(),
+        _ => None,
+    }
+}
+
+fn is_lower_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// `YYYYMMDDTHHMMSSZ` as a time.
+fn parse_amz_date(stamp: &str) -> Option<SystemTime> {
+    let b = stamp.as_bytes();
+    if b.len() != 16
+        || b[8] != b'T'
+        || b[15] != b'Z'
+        || !b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
+    {
+        return None;
+    }
+    let rfc3339 = format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        &stamp[..4],
+        &stamp[4..6],
+        &stamp[6..8],
+        &stamp[9..11],
+        &stamp[11..13],
+        &stamp[13..15]
+    );
+    humantime::parse_rfc3339(&rfc3339).ok()
+}
+
+/// SigV4's URI encoding of a decoded path, `/` kept (as s3s encodes it).
+fn uri_encode(out: &mut String, path: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in path.as_bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'~' | b'.' | b'/' => {
+                out.push(char::from(b));
+            }
+            _ => {
+                out.push('%');
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 15)]));
+            }
+        }
+    }
+}
+
+/// A header value trimmed, with inner runs of whitespace made one space
+/// (as s3s canonicalises it: any Unicode whitespace).
+fn push_normalized(out: &mut String, value: &str) {
+    for (i, word) in value.split_whitespace().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+}
+
+/// The SigV4 signing key of `secret` for `date` and `region`, kept per
+/// serving thread for the few keys it last used (four HMACs per request
+/// saved; the key only ever signs what the secret could).
+fn signing_key(secret: &SecretKey, date: &str, region: &str) -> [u8; 32] {
+    type Entry = (String, String, String, [u8; 32]);
+    thread_local! {
+        static KEYS: std::cell::RefCell<Vec<Entry>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    KEYS.with_borrow_mut(|keys| {
+        let secret_text = secret.expose();
+        if let Some((_, _, _, k)) = keys
+            .iter()
+            .find(|(s, d, r, _)| s == secret_text && d == date && r == region)
+        {
+            return *k;
+        }
+        let mac = |key: &[u8], data: &[u8]| -> [u8; 32] {
+            let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
+            m.update(data);
+            m.finalize().into_bytes().into()
+        };
+        let k_date = mac(format!("AWS4{secret_text}").as_bytes(), date.as_bytes());
+        let k_region = mac(&k_date, region.as_bytes());
+        let k_service = mac(&k_region, b"s3");
+        let key = mac(&k_service, b"aws4_request");
+        if keys.len() >= 8 {
+            keys.remove(0);
+        }
+        keys.push((
+            secret_text.to_owned(),
+            date.to_owned(),
+            region.to_owned(),
+            key,
+        ));
+        key
+    })
+}
+
+/// A body checked against its declared length and SHA-256: a mismatch
+/// fails the body at its end, so the write fails (as s3s's check does).
+struct Checked {
+    inner: Body,
+    expected_len: u64,
+    expected_hash: String,
+    len: u64,
+    hash: Sha256,
+}
+
+impl Checked {
+    fn new(inner: Body, expected_len: u64, expected_hash: String) -> Checked {
+        Checked {
+            inner,
+            expected_len,
+            expected_hash,
+            len: 0,
+            hash: Sha256::new(),
+        }
+    }
+}
+
+impl http_body::Body for Checked {
+    type Data = Bytes;
+    type Error = s3s::StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.len += data.len() as u64;
+                    this.hash.update(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                let hash = hex::encode(std::mem::take(&mut this.hash).finalize());
+                if this.len != this.expected_len {
+                    return Poll::Ready(Some(Err(format!(
+                        "the body has {} bytes, not the {} of Content-Length",
+                        this.len, this.expected_len
+                    )
+                    .into())));
+                }
+                if hash != this.expected_hash {
+                    return Poll::Ready(Some(Err(
+                        "the body's SHA-256 is not the x-amz-content-sha256 it was signed with"
+                            .into(),
+                    )));
+                }
+                Poll::Ready(None)
+            }
+            other => other,
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::Body::size_hint(&self.inner)
+    }
+}
+
+/// The answer to a PutObject, with the headers s3s sets from its output.
+fn ok_response(out: PutObjectOutput, extra: HeaderMap) -> Response<Body> {
+    let mut r = Response::new(Body::empty());
+    let h = r.headers_mut();
+    if let Some(etag) = out.e_tag.as_ref().and_then(|e| e.to_http_header().ok()) {
+        h.insert(http::header::ETAG, etag);
+    }
+    let mut set = |name: &'static str, value: Option<String>| {
+        if let Some(v) = value.and_then(|v| HeaderValue::try_from(v).ok()) {
+            h.insert(name, v);
+        }
+    };
+    set("x-amz-version-id", out.version_id);
+    set("x-amz-checksum-crc32", out.checksum_crc32);
+    set("x-amz-checksum-crc32c", out.checksum_crc32c);
+    set("x-amz-checksum-crc64nvme", out.checksum_crc64nvme);
+    set("x-amz-checksum-sha1", out.checksum_sha1);
+    set("x-amz-checksum-sha256", out.checksum_sha256);
+    set("x-amz-expiration", out.expiration);
+    set(
+        "x-amz-server-side-encryption",
+        out.server_side_encryption.map(|s| s.as_str().to_owned()),
+    );
+    set(
+        "x-amz-server-side-encryption-aws-kms-key-id",
+        out.ssekms_key_id,
+    );
+    r.headers_mut().extend(extra);
+    r
+}
+
+/// An S3 error as s3s words it (its own serialisation).
+fn error_response(e: S3Error) -> Response<Body> {
+    e.to_http_response().unwrap_or_else(|_| {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        r
+    })
+}
