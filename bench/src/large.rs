@@ -1,9 +1,12 @@
 //! `large`: single PUTs of 256 MiB and 1 GiB, generated while they are
 //! sent (a 1 MiB pattern repeated; never the whole object in memory),
-//! direct vs through a fresh proxy process whose RSS is read from /proc.
+//! direct vs through a fresh proxy process whose RSS is read from /proc,
+//! and through nginx (the same plain reverse proxy as in `small`): what
+//! any proxy in the path costs on this machine.
 
-use crate::backend::{BUCKET, Backend, ProxyProc, token};
+use crate::backend::{BACKEND_KEY, BUCKET, Backend, ProxyProc, sdk_client, token};
 use crate::fenced;
+use crate::nginx::NginxProc;
 use crate::util::{Cpu, CpuPerOp, Memory, median, ratio};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
@@ -55,6 +58,8 @@ impl Body for Generated {
 pub struct LargeOpts {
     /// (size in bytes, repetitions per variant)
     pub sizes: Vec<(u64, usize)>,
+    /// The nginx binary; None: no nginx variant.
+    pub nginx: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -75,6 +80,11 @@ pub struct LargeSize {
     pub cpu_s_per_gb_proxy: CpuPerOp,
     /// proxy MB/s over direct MB/s of the same repetition.
     pub ratio_per_rep: Vec<f64>,
+    /// Through nginx (empty when it did not run), its median over direct's,
+    /// and its CPU per GB (`proxy` is nginx's master and workers).
+    pub nginx_mb_per_sec: Vec<f64>,
+    pub nginx_ratio: Option<f64>,
+    pub cpu_s_per_gb_nginx: Option<CpuPerOp>,
 }
 
 #[derive(Debug, Serialize)]
@@ -84,12 +94,15 @@ pub struct LargeReport {
     pub proxy_memory_at_start: Memory,
     pub proxy_memory_at_end: Memory,
     pub sizes: Vec<LargeSize>,
+    /// Why nginx is not among the variants, if it is not.
+    pub nginx_unavailable: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Direct,
     Proxy,
+    Nginx,
 }
 
 async fn upload(
@@ -144,34 +157,61 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
     crate::util::Rng::new(7).fill(&mut pattern);
     let pattern = Bytes::from(pattern);
     let at_start = proxy.proc.memory()?;
+    let (nginx, nginx_unavailable) = match &opts.nginx {
+        None => (None, Some("not requested (--no-nginx)".to_owned())),
+        Some(bin) if !bin.exists() => (
+            None,
+            Some(format!(
+                "{} not found (Debian: apt-get install nginx-light; scripts/bench.sh installs it)",
+                bin.display()
+            )),
+        ),
+        Some(bin) => {
+            let (bin, endpoint, tmp) = (bin.clone(), backend.endpoint.clone(), ctx.tmp.clone());
+            match tokio::task::spawn_blocking(move || NginxProc::start(&bin, &endpoint, &tmp))
+                .await?
+            {
+                Ok(n) => (Some(n), None),
+                Err(e) => (None, Some(format!("nginx did not start: {e:#}"))),
+            }
+        }
+    };
+    if let Some(why) = &nginx_unavailable {
+        eprintln!("large: no nginx variant: {why}");
+    }
+    let via_nginx = nginx.as_ref().map(|n| sdk_client(&n.url, BACKEND_KEY));
+    let mut variants = vec![Variant::Direct, Variant::Proxy];
+    if nginx.is_some() {
+        variants.push(Variant::Nginx);
+    }
 
     let mut sizes = Vec::new();
     for &(bytes, reps) in &opts.sizes {
         eprintln!("large: {} MiB x {reps} per variant", bytes / MIB);
-        let (mut d, mut p) = (Vec::new(), Vec::new());
+        let (mut d, mut p, mut ng) = (Vec::new(), Vec::new(), Vec::new());
         let peak = Arc::new(AtomicU64::new(0));
-        let (mut cpu_d, mut cpu_p) = (Cpu::default(), Cpu::default());
+        let (mut cpu_d, mut cpu_p, mut cpu_n) = (Cpu::default(), Cpu::default(), Cpu::default());
         for r in 0..reps {
-            let order = if r % 2 == 0 {
-                [Variant::Direct, Variant::Proxy]
-            } else {
-                [Variant::Proxy, Variant::Direct]
-            };
+            // Each repetition starts with the next variant.
+            let mut order = variants.clone();
+            order.rotate_left(r % variants.len());
             for v in order {
                 let key = format!("large/{v:?}/{bytes}/r{r}");
-                let (client, out) = match v {
-                    Variant::Direct => (&direct, &mut d),
-                    Variant::Proxy => (&through, &mut p),
+                let (client, out, pids) = match (v, &via_nginx, &nginx) {
+                    (Variant::Nginx, Some(c), Some(proc)) => (c, &mut ng, proc.pids()),
+                    (Variant::Proxy, ..) => (&through, &mut p, vec![pid]),
+                    _ => (&direct, &mut d, vec![pid]),
                 };
                 let stop = Arc::new(AtomicBool::new(false));
                 let sampling =
                     (v == Variant::Proxy).then(|| sampler(pid, stop.clone(), peak.clone()));
-                let before = Cpu::read(Some(pid));
+                let before = Cpu::read_pids(&pids);
                 let took = upload(client, &key, bytes, &pattern, &tok).await;
-                let after = Cpu::read(Some(pid));
+                let after = Cpu::read_pids(&pids);
                 match v {
                     Variant::Direct => cpu_d.add_delta(before, after),
                     Variant::Proxy => cpu_p.add_delta(before, after),
+                    Variant::Nginx => cpu_n.add_delta(before, after),
                 }
                 stop.store(true, Ordering::Relaxed);
                 if let Some(s) = sampling {
@@ -215,6 +255,8 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
         };
         let ratio_per_rep = p.iter().zip(&d).map(|(p, d)| ratio(*p, *d)).collect();
         let (dm, pm) = (median(&d), median(&p));
+        let nginx_ratio = (!ng.is_empty()).then(|| ratio(median(&ng), dm));
+        let cpu_s_per_gb_nginx = (!ng.is_empty()).then(|| per_gb(cpu_n));
         sizes.push(LargeSize {
             bytes,
             direct_mb_per_sec: d,
@@ -227,6 +269,9 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
             cpu_s_per_gb_direct: per_gb(cpu_d),
             cpu_s_per_gb_proxy: per_gb(cpu_p),
             ratio_per_rep,
+            nginx_mb_per_sec: ng,
+            nginx_ratio,
+            cpu_s_per_gb_nginx,
         });
     }
     Ok(LargeReport {
@@ -234,6 +279,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
         proxy_memory_at_start: at_start,
         proxy_memory_at_end: proxy.proc.memory()?,
         sizes,
+        nginx_unavailable,
     })
 }
 
@@ -278,5 +324,29 @@ pub fn print(r: &LargeReport) {
             s.cpu_s_per_gb_direct.backend,
             s.cpu_s_per_gb_proxy.backend
         );
+    }
+    match &r.nginx_unavailable {
+        Some(why) => println!("  nginx: NOT MEASURED: {why}"),
+        None => {
+            println!("the anchor: the same PUTs through nginx (a plain reverse proxy)");
+            println!(
+                "{:>9} | {:>12} | {:>12} | {:>11} | {:>12} | {:>14}",
+                "size", "nginx MB/s", "nginx ratio", "proxy ratio", "nginx CPU/GB", "backend (n)"
+            );
+            for s in &r.sizes {
+                let (Some(nr), Some(c)) = (s.nginx_ratio, &s.cpu_s_per_gb_nginx) else {
+                    continue;
+                };
+                println!(
+                    "{:>5} MiB | {:>12.1} | {:>12.3} | {:>11.3} | {:>12.3} | {:>14.3}",
+                    s.bytes / MIB,
+                    median(&s.nginx_mb_per_sec),
+                    nr,
+                    s.ratio,
+                    c.proxy,
+                    c.backend
+                );
+            }
+        }
     }
 }

@@ -71,11 +71,11 @@ struct Global {
     /// Client concurrency levels for small and locksvc/etcd.
     #[arg(long, global = true, value_delimiter = ',', default_value = "1,8,64")]
     concurrency: Vec<usize>,
-    /// small: the nginx binary run as the plain reverse proxy anchor
+    /// small and large: the nginx binary run as the plain reverse proxy anchor
     /// (Debian `nginx-light`; scripts/bench.sh installs it).
     #[arg(long, global = true, default_value = nginx::DEFAULT_NGINX)]
     nginx: PathBuf,
-    /// small: leave nginx out.
+    /// small and large: leave nginx out.
     #[arg(long, global = true)]
     no_nginx: bool,
     /// small: a second fencegate binary (e.g. an older commit's) run as a
@@ -245,6 +245,16 @@ fn targets(r: &Results) -> Vec<Target> {
                 ),
                 met: Some(s.ratio >= 0.97),
             });
+            if let Some(n) = s.nginx_ratio {
+                t.push(Target {
+                    target: format!(
+                        "large {} MiB: proxy ratio within 0.03 of nginx's",
+                        s.bytes / large::MIB
+                    ),
+                    measured: format!("{:.4} vs {n:.4}", s.ratio),
+                    met: Some(s.ratio >= n - 0.03),
+                });
+            }
         }
         if let Some(s) = l.sizes.iter().max_by_key(|s| s.bytes) {
             let peak = s.proxy_hwm_after_kib.max(s.proxy_rss_sampled_peak_kib);
@@ -420,6 +430,7 @@ async fn main() -> anyhow::Result<()> {
         } else {
             vec![(256 * large::MIB, 5), (1024 * large::MIB, 3)]
         },
+        nginx: (!g.no_nginx).then(|| g.nginx.clone()),
     };
     let lease_opts = |with_etcd: bool| leases::LeaseOpts {
         concurrency: g.concurrency.clone(),

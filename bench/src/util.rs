@@ -470,12 +470,9 @@ pub struct Cpu {
 }
 
 impl Cpu {
-    pub fn read(proxy_pid: Option<u32>) -> Cpu {
-        Cpu::read_pids(proxy_pid.as_slice())
-    }
-
-    /// As [`Cpu::read`], with `proxy` summed over several processes (nginx:
-    /// the master and its workers).
+    /// CPU time so far of this process's client and backend threads, and of
+    /// the server processes `proxy_pids` summed (the proxy; nginx: the
+    /// master and its workers).
     pub fn read_pids(proxy_pids: &[u32]) -> Cpu {
         let (mut client, mut backend) = (0, 0);
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", std::process::id())) {
