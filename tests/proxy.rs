@@ -206,11 +206,20 @@ async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_noth
     );
     assert_eq!(edge().await - before, 2.0, "both went through the edge");
 
+    // A new key (its small body held, then sent) and a key the proxy
+    // knows (the body streamed to the store under If-Match).
     let (status, text) = hand_signed_put(&e, "swapped", &token, b"signed", b"sent!!", true).await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("x-amz-content-sha256"), "{text}");
     assert_eq!(stored(&e.backend, BUCKET, "swapped").await, None);
-    assert_eq!(edge().await - before, 3.0, "verified by the edge");
+    let (status, text) = hand_signed_put(&e, "hashed", &token, b"MINE", b"mind", true).await;
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "hashed").await,
+        Some((b"mine".to_vec(), Some(1))),
+        "the streamed body unlike its hash never landed"
+    );
+    assert_eq!(edge().await - before, 4.0, "verified by the edge");
 
     let (status, text) = hand_signed_put(&e, "forged", &token, b"mine", b"mine", false).await;
     assert_eq!(status, 403, "{text}");
@@ -218,7 +227,7 @@ async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_noth
     assert_eq!(stored(&e.backend, BUCKET, "forged").await, None);
     assert_eq!(
         edge().await - before,
-        3.0,
+        4.0,
         "a spoiled signature goes to s3s"
     );
 }

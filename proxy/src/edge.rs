@@ -27,7 +27,7 @@
 //! - and only then: the lean forwarder can send it as it came
 //!   (`lean::eligible_headers`), else s3s and the SDK path.
 //!
-//! `tests/edge.rs` checks the invariant against s3s itself, request by
+//! `tests/edge_vs_s3s.rs` checks the invariant against s3s itself, request by
 //! request, over valid and tampered signatures, paths and headers.
 
 use crate::access::ClientAuth;
@@ -147,6 +147,11 @@ impl Edge {
             return None;
         }
         let content_length: u64 = unique(h, "content-length")?.parse().ok()?;
+        // s3s reads it as an i64.
+        i64::try_from(content_length).ok()?;
+        if !plain_object_headers(h) {
+            return None;
+        }
         let payload = match unique(h, "x-amz-content-sha256")? {
             "UNSIGNED-PAYLOAD" => Payload::Unsigned,
             hash if is_lower_hex(hash, 64) => Payload::Sha256(hash.to_owned()),
@@ -232,6 +237,7 @@ impl Edge {
         let condition = |name| -> Option<Option<ETagCondition>> {
             match h.get(name) {
                 None => Some(None),
+                // A repeated one went to s3s (`plain_object_headers`).
                 Some(v) => ETagCondition::parse_http_header(v.as_bytes())
                     .ok()
                     .map(Some),
@@ -348,6 +354,7 @@ impl<'a> Authorization<'a> {
             && date.len() == 8
             && date.bytes().all(|b| b.is_ascii_digit())
             && plain(region)
+            && s3s::region::Region::new(region.into()).is_ok()
             && header_names_ok
             && is_lower_hex(signature, 64))
         .then_some(Authorization {
@@ -358,6 +365,34 @@ impl<'a> Authorization<'a> {
             signature,
         })
     }
+}
+
+/// Whether the headers s3s's PutObject parser reads are all read as text
+/// and present at most once: s3s refuses a repeated one, and a malformed
+/// date, flag or number, with 400 (and `x-amz-write-offset-bytes` is an
+/// append the lean path does not send); metadata with an RFC 2047 encoded
+/// word is decoded by s3s. Any of these goes to s3s.
+fn plain_object_headers(h: &HeaderMap) -> bool {
+    h.keys().all(|name| {
+        let n = name.as_str();
+        let typed = matches!(
+            n,
+            "expires"
+                | "x-amz-object-lock-retain-until-date"
+                | "x-amz-server-side-encryption-bucket-key-enabled"
+                | "x-amz-write-offset-bytes"
+        );
+        let meta = n.starts_with("x-amz-meta-");
+        let read_once = meta
+            || crate::lean::forwarded(name)
+            || matches!(n, "if-match" | "if-none-match" | "x-amz-checksum-algorithm");
+        let mut values = h.get_all(name).iter();
+        let first = values.next();
+        let repeated = values.next().is_some();
+        let encoded_word =
+            meta && first.is_some_and(|v| v.as_bytes().windows(2).any(|w| w == b"=?"));
+        !(typed || (read_once && repeated) || encoded_word)
+    })
 }
 
 /// The one value of header `name`, as text; `None` if it is missing,
@@ -382,6 +417,11 @@ fn parse_amz_date(stamp: &str) -> Option<SystemTime> {
         || b[15] != b'Z'
         || !b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
     {
+        return None;
+    }
+    let two = |i: usize| u32::from(b[i] - b'0') * 10 + u32::from(b[i + 1] - b'0');
+    // humantime reads second 60 (a leap second) as 59; s3s refuses it.
+    if two(9) > 23 || two(11) > 59 || two(13) > 59 {
         return None;
     }
     let rfc3339 = format!(
@@ -462,14 +502,21 @@ fn signing_key(secret: &SecretKey, date: &str, region: &str) -> [u8; 32] {
     })
 }
 
-/// A body checked against its declared length and SHA-256: a mismatch
-/// fails the body at its end, so the write fails (as s3s's check does).
+/// A body checked against its declared length and SHA-256, as it streams:
+/// the chunk that completes the length is held back until the hash is
+/// checked, and a mismatch (or a byte too many) fails the body instead of
+/// yielding it. A sender that stops at `Content-Length` (hyper's length
+/// encoder does, without asking for the end) so never sends the last bytes
+/// of a body unlike its signature, and the store never commits it; the same
+/// order as s3s's own check.
 struct Checked {
     inner: Body,
     expected_len: u64,
     expected_hash: String,
     len: u64,
     hash: Sha256,
+    /// Set once the whole declared length arrived and matched its hash.
+    verified: bool,
 }
 
 impl Checked {
@@ -480,7 +527,20 @@ impl Checked {
             expected_hash,
             len: 0,
             hash: Sha256::new(),
+            verified: false,
         }
+    }
+
+    /// Whether what arrived so far is the whole body it was signed as.
+    fn complete(&mut self) -> Result<(), s3s::StdError> {
+        let hash = hex::encode(std::mem::take(&mut self.hash).finalize());
+        if hash != self.expected_hash {
+            return Err(
+                "the body's SHA-256 is not the x-amz-content-sha256 it was signed with".into(),
+            );
+        }
+        self.verified = true;
+        Ok(())
     }
 }
 
@@ -493,33 +553,48 @@ impl http_body::Body for Checked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
+        if this.expected_len == 0
+            && !this.verified
+            && let Err(e) = this.complete()
+        {
+            return Poll::Ready(Some(Err(e)));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.len += data.len() as u64;
-                    this.hash.update(data);
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(None) => {
-                let hash = hex::encode(std::mem::take(&mut this.hash).finalize());
-                if this.len != this.expected_len {
+                let Some(data) = frame.data_ref() else {
+                    return Poll::Ready(Some(Ok(frame)));
+                };
+                let len = this.len + data.len() as u64;
+                if len > this.expected_len {
                     return Poll::Ready(Some(Err(format!(
-                        "the body has {} bytes, not the {} of Content-Length",
-                        this.len, this.expected_len
+                        "the body is longer than the {} bytes of Content-Length",
+                        this.expected_len
                     )
                     .into())));
                 }
-                if hash != this.expected_hash {
-                    return Poll::Ready(Some(Err(
-                        "the body's SHA-256 is not the x-amz-content-sha256 it was signed with"
-                            .into(),
-                    )));
+                this.len = len;
+                this.hash.update(data);
+                if len == this.expected_len
+                    && !this.verified
+                    && let Err(e) = this.complete()
+                {
+                    return Poll::Ready(Some(Err(e)));
                 }
-                Poll::Ready(None)
+                Poll::Ready(Some(Ok(frame)))
             }
+            Poll::Ready(None) if this.len != this.expected_len => Poll::Ready(Some(Err(format!(
+                "the body has {} bytes, not the {} of Content-Length",
+                this.len, this.expected_len
+            )
+            .into()))),
             other => other,
         }
+    }
+
+    /// At its end once the declared length arrived and was checked (more
+    /// bytes would be an error, and a sender stops at the length anyway).
+    fn is_end_stream(&self) -> bool {
+        self.verified
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -565,4 +640,118 @@ fn error_response(e: S3Error) -> Response<Body> {
         *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
         r
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+
+    /// A body arriving in `chunks`, checked as declared.
+    fn checked(chunks: &[&'static [u8]], declared_len: u64, signed: &[u8]) -> Checked {
+        let frames: Vec<Result<http_body::Frame<Bytes>, std::convert::Infallible>> = chunks
+            .iter()
+            .map(|c| Ok(http_body::Frame::data(Bytes::from_static(c))))
+            .collect();
+        let body = Body::http_body_unsync(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )));
+        Checked::new(body, declared_len, hex::encode(Sha256::digest(signed)))
+    }
+
+    /// Frame by frame, as a sender that stops at `Content-Length` reads it.
+    async fn frames(mut body: Checked) -> Vec<Result<Bytes, String>> {
+        let mut out = Vec::new();
+        while let Some(f) = body.frame().await {
+            match f {
+                Ok(f) => out.push(Ok(f.into_data().expect("data"))),
+                Err(e) => {
+                    out.push(Err(e.to_string()));
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn the_last_bytes_of_a_body_unlike_its_signature_are_never_yielded() {
+        // Right: every byte, then the end.
+        let right = checked(&[b"hel", b"lo"], 5, b"hello");
+        let got = frames(right).await;
+        assert_eq!(got, vec![Ok(Bytes::from("hel")), Ok(Bytes::from("lo"))]);
+        let mut right = checked(&[b"hel", b"lo"], 5, b"hello");
+        let _ = right.frame().await;
+        assert!(
+            !http_body::Body::is_end_stream(&right),
+            "not before the last byte"
+        );
+        let _ = right.frame().await;
+        assert!(
+            http_body::Body::is_end_stream(&right),
+            "checked at the last byte"
+        );
+        // Same length, other bytes: the chunk that completes the length
+        // is an error instead.
+        let got = frames(checked(&[b"hel", b"lO"], 5, b"hello")).await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0], Ok(Bytes::from("hel")));
+        assert!(
+            got[1].as_ref().is_err_and(|e| e.contains("SHA-256")),
+            "{got:?}"
+        );
+        // More than declared, or less: an error, never the extra bytes.
+        let got = frames(checked(&[b"hel", b"lo!"], 5, b"hello")).await;
+        assert!(
+            got[1].as_ref().is_err_and(|e| e.contains("longer")),
+            "{got:?}"
+        );
+        let got = frames(checked(&[b"hel"], 5, b"hello")).await;
+        assert!(
+            got[1].as_ref().is_err_and(|e| e.contains("3 bytes")),
+            "{got:?}"
+        );
+        // Empty, signed as something else.
+        let got = frames(checked(&[], 0, b"x")).await;
+        assert!(got[0].is_err(), "{got:?}");
+        assert_eq!(frames(checked(&[], 0, b"")).await, vec![]);
+    }
+
+    #[test]
+    fn amz_dates_are_read_as_s3s_reads_them() {
+        assert!(parse_amz_date("20261203T134910Z").is_some());
+        for bad in [
+            "20261203T134960Z",
+            "20261203T136010Z",
+            "20261203T244910Z",
+            "20261303T134910Z",
+            "20261203 134910Z",
+            "2026120T1349100Z",
+            "20261203T134910",
+        ] {
+            assert!(parse_amz_date(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn authorization_is_taken_only_in_its_exact_grammar() {
+        let sig = "a".repeat(64);
+        let ok = format!(
+            "AWS4-HMAC-SHA256 Credential=AK/20261203/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-date, Signature={sig}"
+        );
+        assert!(Authorization::parse(&ok).is_some());
+        for bad in [
+            ok.replace("us-east-1", "US-EAST-1"),
+            ok.replace("us-east-1", "eu.west"),
+            ok.replace("/s3/", "/sts/"),
+            ok.replace("host;x-amz-date", "x-amz-date;host"),
+            ok.replace("host;x-amz-date", "authorization;host"),
+            ok.replace("host;x-amz-date", "host;host"),
+            ok.replace("Credential=AK/", "Credential=/"),
+            format!("{ok}, Extra=1"),
+            ok.to_uppercase(),
+        ] {
+            assert!(Authorization::parse(&bad).is_none(), "{bad}");
+        }
+    }
 }

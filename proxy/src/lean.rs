@@ -68,6 +68,24 @@ impl std::fmt::Debug for Lean {
     }
 }
 
+/// The request body's own error, if that is why a send failed: a client
+/// body that ended early, or is not what it was signed as (a cut or a
+/// stalled body is told apart by the gate, before this answer is used).
+fn body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = e.source();
+    while let Some(err) = cause {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && h.is_user()
+        {
+            return Some(
+                std::error::Error::source(h).map_or_else(|| h.to_string(), ToString::to_string),
+            );
+        }
+        cause = err.source();
+    }
+    None
+}
+
 /// A keep-alive pool of backend connections.
 fn pool(connector: hyper_rustls::HttpsConnector<HttpConnector>) -> Pool {
     Client::builder(TokioExecutor::new())
@@ -143,7 +161,10 @@ pub fn eligible_headers(h: &HeaderMap) -> bool {
         && text
 }
 
-fn forwarded(name: &HeaderName) -> bool {
+/// Whether the lean path forwards a header of the client's request as it
+/// came: it describes the object ([`describes_object`]), or is user
+/// metadata other than the token's.
+pub fn forwarded(name: &HeaderName) -> bool {
     let n = name.as_str();
     describes_object(n)
         || n.strip_prefix("x-amz-meta-")
@@ -284,12 +305,20 @@ impl Lean {
             .map_err(internal)?;
         *request.headers_mut() = headers;
         self.sign(&mut request)?;
-        let response = self.pool().request(request).await.map_err(|e| {
-            errors::from_backend(S3Error::with_message(
-                S3ErrorCode::InternalError,
-                format!("the backend cannot be reached: {e}"),
-            ))
-        })?;
+        let response = self
+            .pool()
+            .request(request)
+            .await
+            .map_err(|e| match body_error(&e) {
+                Some(cause) => s3s::s3_error!(
+                    IncompleteBody,
+                    "the request body could not be sent whole: {cause}"
+                ),
+                None => errors::from_backend(S3Error::with_message(
+                    S3ErrorCode::InternalError,
+                    format!("the backend cannot be reached: {e}"),
+                )),
+            })?;
         let (parts, body) = response.into_parts();
         if !parts.status.is_success() {
             return Err(store_error(parts.status, body).await);

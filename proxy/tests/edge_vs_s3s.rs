@@ -105,6 +105,7 @@ impl Judges {
         let before = self.accepted.load(Ordering::SeqCst);
         let mut copy = Request::new(s3s::Body::from(req.body().clone()));
         *copy.method_mut() = req.method().clone();
+        *copy.version_mut() = req.version();
         *copy.uri_mut() = req.uri().clone();
         *copy.headers_mut() = req.headers().clone();
         let _ = self.s3s.call(copy).await;
@@ -129,16 +130,16 @@ enum Payload {
 }
 
 /// A PutObject as an SDK sends it: `path` percent-encoded once, signed by
-/// `aws-sigv4` at `at` with `key` (access key, secret).
+/// `aws-sigv4` as `by` says.
 fn signed(
     host: &str,
     path_and_query: &str,
     headers: &[(&str, &str)],
     body: &[u8],
     payload: Payload,
-    at: SystemTime,
-    key: (&str, &str),
+    by: &By<'_>,
 ) -> Request<Bytes> {
+    let (at, key) = (by.at, by.key);
     use aws_sigv4::http_request::{
         PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
         UriPathNormalizationMode, sign,
@@ -151,7 +152,7 @@ fn signed(
         aws_credential_types::Credentials::new(key.0, key.1, None, None, "t").into();
     let params = aws_sigv4::sign::v4::SigningParams::builder()
         .identity(&identity)
-        .region(REGION)
+        .region(by.region)
         .name("s3")
         .time(at)
         .settings(settings)
@@ -185,6 +186,24 @@ fn signed(
     req
 }
 
+/// Who signs, when, for which region.
+struct By<'a> {
+    at: SystemTime,
+    key: (&'a str, &'a str),
+    region: &'a str,
+}
+
+impl By<'static> {
+    /// The client key, now, in the usual region.
+    fn now() -> By<'static> {
+        By {
+            at: SystemTime::now(),
+            key: (ACCESS_KEY, SECRET),
+            region: REGION,
+        }
+    }
+}
+
 /// A key percent-encoded as the SDKs encode it (unreserved and `/` kept).
 fn encode(key: &str) -> String {
     let mut out = String::new();
@@ -208,8 +227,7 @@ fn plain(key: &str, payload: Payload) -> Request<Bytes> {
         ],
         b"hello",
         payload,
-        SystemTime::now(),
-        (ACCESS_KEY, SECRET),
+        &By::now(),
     )
 }
 
@@ -252,8 +270,7 @@ async fn what_clients_send_is_accepted_by_both() {
         &[],
         b"x",
         Payload::Unsigned,
-        SystemTime::now(),
-        (ACCESS_KEY, SECRET),
+        &By::now(),
     );
     assert_eq!(j.check("x-id", &sdk).await, (true, true));
     let vhost = signed(
@@ -262,8 +279,7 @@ async fn what_clients_send_is_accepted_by_both() {
         &[("if-none-match", "*")],
         b"x",
         Payload::Sha256,
-        SystemTime::now(),
-        (ACCESS_KEY, SECRET),
+        &By::now(),
     );
     assert_eq!(j.check("virtual-hosted", &vhost).await, (true, true));
     // `Authorization` with its fields apart by a comma alone.
@@ -394,8 +410,10 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
             &[],
             b"x",
             Payload::Unsigned,
-            now - Duration::from_secs(1200),
-            (ACCESS_KEY, SECRET),
+            &By {
+                at: now - Duration::from_secs(1200),
+                ..By::now()
+            },
         ),
     ));
     cases.push((
@@ -406,8 +424,10 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
             &[],
             b"x",
             Payload::Unsigned,
-            now,
-            ("AKIDOTHER", SECRET),
+            &By {
+                key: ("AKIDOTHER", SECRET),
+                ..By::now()
+            },
         ),
     ));
     cases.push((
@@ -418,8 +438,10 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
             &[],
             b"x",
             Payload::Unsigned,
-            now,
-            (ACCESS_KEY, "not the secret"),
+            &By {
+                key: (ACCESS_KEY, "not the secret"),
+                ..By::now()
+            },
         ),
     ));
     cases.push((
@@ -430,8 +452,7 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
             &[],
             b"x",
             Payload::Unsigned,
-            now,
-            (ACCESS_KEY, SECRET),
+            &By::now(),
         ),
     ));
     cases.push((
@@ -442,10 +463,58 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
             &[],
             b"x",
             Payload::Unsigned,
-            now,
-            (ACCESS_KEY, SECRET),
+            &By::now(),
         ),
     ));
+    // Headers s3s's PutObject parser reads once, or as types: repeated or
+    // malformed, s3s refuses them; the edge leaves them to it.
+    for (name, first, second) in [
+        ("if-none-match", "\"x\"", "*"),
+        ("if-none-match", "*", "\"x\""),
+        ("if-match", "\"x\"", "\"y\""),
+        ("x-amz-meta-a", "1", "2"),
+        ("content-type", "text/plain", "text/html"),
+        ("x-amz-tagging", "a=1", "b=2"),
+        ("x-amz-acl", "private", "public-read"),
+    ] {
+        let mut twice = set(&base, name, first);
+        twice
+            .headers_mut()
+            .append(name, HeaderValue::from_str(second).expect("value"));
+        cases.push(("a header s3s reads once, twice", twice));
+    }
+    for (name, value) in [
+        ("expires", "nope"),
+        ("x-amz-object-lock-retain-until-date", "x"),
+        ("x-amz-server-side-encryption-bucket-key-enabled", "yes"),
+        ("x-amz-write-offset-bytes", "abc"),
+        ("x-amz-meta-x", "=?utf-8?X?zz?="),
+    ] {
+        cases.push(("a header s3s parses as a type", set(&base, name, value)));
+    }
+    cases.push((
+        "content-length beyond i64",
+        set(&base, "content-length", "9223372036854775808"),
+    ));
+    for region in ["US-EAST-1", "us_east_1", "eu.west"] {
+        let odd = signed(
+            "127.0.0.1:9000",
+            "/bkt/dir/k",
+            &[],
+            b"x",
+            Payload::Unsigned,
+            &By {
+                region,
+                ..By::now()
+            },
+        );
+        cases.push(("a region s3s refuses", odd));
+    }
+    // An absolute-form URI: both read the path and the `Host` header, so
+    // whatever s3s decides, the edge may only agree or leave it to s3s.
+    let mut absolute = base.clone();
+    *absolute.uri_mut() = "http://other:9000/bkt/dir/k".parse().expect("uri");
+    j.check("absolute-form URI", &absolute).await;
     let mut anonymous = base.clone();
     anonymous.headers_mut().remove("authorization");
     cases.push(("anonymous", anonymous));
@@ -489,8 +558,7 @@ proptest! {
                 &[("x-amz-meta-v", value)],
                 b"body",
                 payload,
-                SystemTime::now(),
-                (ACCESS_KEY, SECRET),
+                &By::now(),
             );
             let mut changed = req.clone();
             let flip = |s: &str| -> String {
