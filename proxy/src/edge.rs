@@ -259,7 +259,32 @@ impl Edge {
     }
 }
 
+/// What the handler acts on, as the edge read it (for comparing with what
+/// s3s reads from the same request).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parts {
+    pub bucket: String,
+    pub key: String,
+    pub content_length: Option<i64>,
+    pub if_match: Option<ETagCondition>,
+    pub if_none_match: Option<ETagCondition>,
+    pub access_key: String,
+    pub region: String,
+}
+
 impl Verified {
+    /// What the handler will act on.
+    pub fn parts(&self) -> Parts {
+        Parts {
+            bucket: self.bucket.clone(),
+            key: self.key.clone(),
+            content_length: i64::try_from(self.content_length).ok(),
+            if_match: self.if_match.clone(),
+            if_none_match: self.if_none_match.clone(),
+            access_key: self.credentials.access_key.clone(),
+            region: self.region.clone(),
+        }
+    }
     /// The request's body as the handler reads it: with a signed payload
     /// hash, checked against it (and the length) at its end, where a
     /// mismatch fails the body and so the write.

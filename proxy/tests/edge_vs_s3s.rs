@@ -15,7 +15,7 @@
 use bytes::Bytes;
 use fencegate_proxy::access::{Access, ClientAuth};
 use fencegate_proxy::config::ClientKey;
-use fencegate_proxy::edge::Edge;
+use fencegate_proxy::edge::{Edge, Parts};
 use fencegate_proxy::host::VirtualHosts;
 use http::{HeaderValue, Request};
 use proptest::prelude::*;
@@ -35,6 +35,8 @@ const REGION: &str = "us-east-1";
 /// read to its end) was accepted.
 struct Recorder {
     accepted: Arc<AtomicUsize>,
+    /// What the last accepted request told the handler.
+    seen: Arc<std::sync::Mutex<Option<Parts>>>,
 }
 
 #[async_trait::async_trait]
@@ -44,12 +46,30 @@ impl S3 for Recorder {
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         use futures::TryStreamExt as _;
+        let parts = Parts {
+            bucket: req.input.bucket.clone(),
+            key: req.input.key.clone(),
+            content_length: req.input.content_length,
+            if_match: req.input.if_match.clone(),
+            if_none_match: req.input.if_none_match.clone(),
+            access_key: req
+                .credentials
+                .as_ref()
+                .map(|c| c.access_key.clone())
+                .unwrap_or_default(),
+            region: req
+                .region
+                .as_ref()
+                .map(|r| r.as_str().to_owned())
+                .unwrap_or_default(),
+        };
         if let Some(body) = req.input.body {
             let _: Vec<Bytes> = body
                 .try_collect()
                 .await
                 .map_err(|e| s3s::s3_error!(IncompleteBody, "{e}"))?;
         }
+        *self.seen.lock().expect("lock") = Some(parts);
         self.accepted.fetch_add(1, Ordering::SeqCst);
         Ok(S3Response::new(PutObjectOutput::default()))
     }
@@ -58,6 +78,7 @@ impl S3 for Recorder {
 struct Judges {
     s3s: S3Service,
     accepted: Arc<AtomicUsize>,
+    seen: Arc<std::sync::Mutex<Option<Parts>>>,
     edge: Edge,
 }
 
@@ -70,9 +91,11 @@ fn clients() -> Vec<ClientKey> {
 
 fn judges() -> Judges {
     let accepted = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(None));
     let hosts = VirtualHosts::new(&["localhost".into()]);
     let mut b = S3ServiceBuilder::new(Recorder {
         accepted: accepted.clone(),
+        seen: seen.clone(),
     });
     b.set_auth(ClientAuth::new(&clients(), None));
     b.set_access(Access {
@@ -82,6 +105,7 @@ fn judges() -> Judges {
     Judges {
         s3s: b.build(),
         accepted,
+        seen,
         edge: Edge::new(Arc::new(ClientAuth::new(&clients(), None)), Arc::new(hosts)),
     }
 }
@@ -91,10 +115,12 @@ impl Judges {
     async fn verdicts(&self, req: &Request<Bytes>) -> (bool, bool) {
         // The edge's whole verdict: the request's checks, then its body
         // read through the edge's check of the signed payload hash.
+        let mut parts = None;
         let edge = match self.edge.verify(req, SystemTime::now()).await {
             None => false,
             Some(verified) => {
                 use http_body_util::BodyExt as _;
+                parts = Some(verified.parts());
                 verified
                     .body(s3s::Body::from(req.body().clone()))
                     .collect()
@@ -109,7 +135,13 @@ impl Judges {
         *copy.uri_mut() = req.uri().clone();
         *copy.headers_mut() = req.headers().clone();
         let _ = self.s3s.call(copy).await;
-        (edge, self.accepted.load(Ordering::SeqCst) > before)
+        let s3s = self.accepted.load(Ordering::SeqCst) > before;
+        if edge && s3s {
+            // Accepted by both: the handler is told the same.
+            let seen = self.seen.lock().expect("lock").clone();
+            assert_eq!(parts, seen, "the edge and s3s read {req:?} apart");
+        }
+        (edge, s3s)
     }
 
     async fn check(&self, what: &str, req: &Request<Bytes>) -> (bool, bool) {
