@@ -280,6 +280,12 @@ impl Lean {
         );
         let length = req.input.content_length.unwrap_or(0);
         headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
+        // The body's SHA-256 the client signed (checked as the body streams,
+        // by the edge or by s3s): signed again for the store, which then
+        // checks it too. `sign` ignores anything that is not a SHA-256.
+        if let Some(sha256) = req.headers.get("x-amz-content-sha256") {
+            headers.insert("x-amz-content-sha256", sha256.clone());
+        }
         Ok(LeanPut { uri, headers })
     }
 
