@@ -97,7 +97,139 @@ on_both_backends!(
     the_lean_put_forwards_what_describes_the_object_and_nothing_else,
     a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_after_the_store_refuses,
     signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_nothing,
+    a_body_unlike_its_trailing_checksum_writes_nothing,
 );
+
+/// CRC-32 (IEEE), as `x-amz-checksum-crc32` carries it: base64 of the
+/// big-endian value.
+fn crc32_b64(data: &[u8]) -> String {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    base64::engine::general_purpose::STANDARD.encode((!crc).to_be_bytes())
+}
+
+/// A PutObject sent as botocore sends it by default: `aws-chunked`, chunks
+/// unsigned, a CRC-32 trailer (`checksum_of` is what the trailer claims to
+/// be the checksum of), signed with the proxy's client key.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a client signs with the wall clock"
+)]
+async fn trailer_put(
+    e: &Env,
+    key: &str,
+    token: &str,
+    data: &[u8],
+    checksum_of: &[u8],
+) -> (u16, String) {
+    use aws_sigv4::http_request::{
+        PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+        UriPathNormalizationMode, sign,
+    };
+    let mut settings = SigningSettings::default();
+    settings.percent_encoding_mode = PercentEncodingMode::Single;
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    let identity: aws_smithy_runtime_api::client::identity::Identity =
+        aws_credential_types::Credentials::new(CLIENT_KEY.0, CLIENT_KEY.1, None, None, "t").into();
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .expect("params")
+        .into();
+    let mut body = format!("{:x}\r\n", data.len()).into_bytes();
+    body.extend_from_slice(data);
+    body.extend_from_slice(
+        format!(
+            "\r\n0\r\nx-amz-checksum-crc32:{}\r\n\r\n",
+            crc32_b64(checksum_of)
+        )
+        .as_bytes(),
+    );
+    let url = format!("{}/{BUCKET}/{key}", e.proxy.url);
+    let host = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host")
+        .to_owned();
+    let (length, decoded) = (body.len().to_string(), data.len().to_string());
+    let headers = [
+        ("host", host.as_str()),
+        ("content-length", length.as_str()),
+        ("content-encoding", "aws-chunked"),
+        ("x-amz-decoded-content-length", decoded.as_str()),
+        ("x-amz-trailer", "x-amz-checksum-crc32"),
+    ];
+    let signable = SignableRequest::new(
+        "PUT",
+        &url,
+        headers.iter().copied(),
+        SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".into()),
+    )
+    .expect("signable");
+    let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
+    let mut req = http::Request::builder()
+        .method("PUT")
+        .uri(&url)
+        .body(())
+        .expect("request");
+    for (k, v) in &headers[2..] {
+        req.headers_mut().insert(*k, v.parse().expect("value"));
+    }
+    instructions.apply_to_request_http1x(&mut req);
+    let mut r = reqwest::Client::new()
+        .put(&url)
+        .header("fencing-token", token)
+        .body(body);
+    for (name, value) in req.headers() {
+        r = r.header(name.as_str(), value.to_str().expect("text"));
+    }
+    let resp = r.send().await.expect("sent");
+    (
+        resp.status().as_u16(),
+        resp.text().await.unwrap_or_default(),
+    )
+}
+
+/// A body whose `aws-chunked` trailer carries a checksum it does not match
+/// is refused with 400 `BadDigest` and never lands, for a new key and for a
+/// key the proxy streams over (the trailer arrives after the data: the
+/// proxy keeps the last chunk back until it has checked it).
+async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
+    let e = env(kind).await;
+    let token = signed(BUCKET, 1);
+    let (status, text) = trailer_put(&e, "t", &token, b"hello", b"hello").await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "t").await,
+        Some((b"hello".to_vec(), Some(1)))
+    );
+    let (status, text) = trailer_put(&e, "t", &token, b"hellO", b"hello").await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("BadDigest"), "{text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "t").await,
+        Some((b"hello".to_vec(), Some(1))),
+        "the object is as it was"
+    );
+    let (status, text) = trailer_put(&e, "new", &token, b"hellO", b"hello").await;
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(stored(&e.backend, BUCKET, "new").await, None);
+}
 
 /// A PUT signed with the proxy's client key by `aws-sigv4`, with
 /// `x-amz-content-sha256` the SHA-256 of `signed_body` (sent: `body`),

@@ -11,7 +11,9 @@
 //!   already replaced the object. This wrapper checks the ones sent as
 //!   headers while the body streams, and a mismatch fails the body before
 //!   s3s-fs commits anything. (Checksums sent as aws-chunked trailers are
-//!   still checked by s3s-fs alone, after the commit; the proxy sends none.)
+//!   still checked by s3s-fs alone, after the commit; the proxy sends none:
+//!   it checks a client's trailer itself, before the last byte goes on,
+//!   `crate::trailer`.)
 //!
 //! - s3s-fs resolves `.` and `..` in keys (`x/../../other/k` writes
 //!   another bucket, or its own metadata files) and lets an absolute key

@@ -20,7 +20,8 @@
 //!   [`issuer`]: plain tokens checked with the lease service;
 //! - [`fences`]: max_token per lock and the epoch barrier;
 //! - [`keys`]: per-key serialization and the ETag cache;
-//! - [`body`]: request bodies a newer epoch can cut;
+//! - [`body`]: request bodies a newer epoch can cut; [`trailer`]:
+//!   `aws-chunked` trailing checksums checked before the last byte goes on;
 //! - [`backend`]: the backend SDK client; [`probe`]: does it enforce CAS?;
 //! - [`db`]: SQLite (max_token, upload bindings); [`errors`]: S3 errors;
 //!   [`metrics`]; [`config`].
@@ -57,6 +58,7 @@ pub mod query;
 pub mod scope;
 pub mod server;
 pub mod tokens;
+pub mod trailer;
 
 pub use config::ProxyConfig;
 

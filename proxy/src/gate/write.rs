@@ -59,6 +59,13 @@ impl Write {
         held: Option<crate::early::Held>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let token = self.token;
+        let verdict = crate::trailer::Verdict::default();
+        crate::trailer::check(
+            &mut req.input.body,
+            &req.headers,
+            req.trailing_headers.as_ref(),
+            &verdict,
+        );
         let input = &mut req.input;
         (input.if_match, input.if_none_match) = conditions(
             &self.known,
@@ -83,7 +90,7 @@ impl Write {
             }
             let forward = gate.backend.forwarder();
             let call = async move { forward.put_object(req).await };
-            let sent = gate.call_write(call, watch).await;
+            let sent = bad_digest(gate.call_write(call, watch).await, &verdict);
             return gate.finish(self, sent, put_holds(token)).await;
         };
         gate.metrics.lean_forwards.inc();
@@ -320,9 +327,20 @@ impl Gate {
         admitted: &Admission,
         mut req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
+        let verdict = crate::trailer::Verdict::default();
+        crate::trailer::check(
+            &mut req.input.body,
+            &req.headers,
+            req.trailing_headers.as_ref(),
+            &verdict,
+        );
         let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
         self.call_watched(self.backend.forward.upload_part(req), watch)
             .await
+            .map_err(|e| match verdict.failed() {
+                Some(why) => s3s::S3Error::with_message(s3s::S3ErrorCode::BadDigest, why),
+                None => e,
+            })
     }
 
     /// Copies a part of an upload whose token the scope admitted.
@@ -349,6 +367,19 @@ impl Gate {
 }
 
 /// What the store holds after a PutObject with `token` it answered.
+/// A write that failed because its body failed its trailing checksum is
+/// the client's 400 `BadDigest`, not the backend error the cut-short send
+/// became.
+fn bad_digest<T>(sent: Sent<T>, verdict: &crate::trailer::Verdict) -> Sent<T> {
+    match (sent, verdict.failed()) {
+        (Sent::Answered(Err(_)), Some(why)) => Sent::Answered(Err(s3s::S3Error::with_message(
+            s3s::S3ErrorCode::BadDigest,
+            why,
+        ))),
+        (sent, _) => sent,
+    }
+}
+
 fn put_holds(token: u64) -> impl FnOnce(&S3Response<PutObjectOutput>) -> Option<Known> {
     move |out| {
         Some(Known::Present {
