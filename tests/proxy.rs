@@ -159,6 +159,7 @@ async fn trailer_put(
         )
         .as_bytes(),
     );
+    // `key` may carry a query (an UploadPart's).
     let url = format!("{}/{BUCKET}/{key}", e.proxy.url);
     let host = url
         .trim_start_matches("http://")
@@ -206,8 +207,8 @@ async fn trailer_put(
 }
 
 /// A body whose `aws-chunked` trailer carries a checksum it does not match
-/// is refused with 400 `BadDigest` and never lands, for a new key and for a
-/// key the proxy streams over (the trailer arrives after the data: the
+/// is refused with 400 `BadDigest` and never lands, for a new key, for a
+/// key the proxy streams over, and for an upload's part (the trailer arrives after the data: the
 /// proxy keeps the last chunk back until it has checked it).
 async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     let e = env(kind).await;
@@ -229,6 +230,46 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     let (status, text) = trailer_put(&e, "new", &token, b"hellO", b"hello").await;
     assert_eq!(status, 400, "{text}");
     assert_eq!(stored(&e.backend, BUCKET, "new").await, None);
+
+    // An upload's part, the same way.
+    let up = fenced!(
+        e.proxy
+            .client()
+            .create_multipart_upload()
+            .bucket(BUCKET)
+            .key("parts"),
+        token.clone()
+    )
+    .send()
+    .await
+    .expect("create");
+    let id = up.upload_id().expect("id").to_owned();
+    let part = format!("parts?partNumber=1&uploadId={id}");
+    let (status, text) = trailer_put(&e, &part, &token, b"part twO", b"part two").await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("BadDigest"), "{text}");
+    // Had the part landed, the store would complete the upload with it.
+    let etag = {
+        use s3s::crypto::Checksum as _;
+        let mut md5 = s3s::crypto::Md5::new();
+        md5.update(b"part twO");
+        format!("\"{}\"", hex::encode(md5.finalize()))
+    };
+    let landed = e
+        .backend
+        .direct()
+        .complete_multipart_upload()
+        .bucket(BUCKET)
+        .key("parts")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(CompletedPart::builder().part_number(1).e_tag(etag).build())
+                .build(),
+        )
+        .send()
+        .await;
+    assert!(landed.is_err(), "the part unlike its checksum landed");
 }
 
 /// A PUT signed with the proxy's client key by `aws-sigv4`, with
