@@ -744,6 +744,51 @@ async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
     format!("http://{addr}")
 }
 
+/// An empty body is never asked for by the sender (it has nothing to
+/// send), so it counts as sent from the start: the backend's answer
+/// timeout runs for an empty write too, instead of waiting for a body that
+/// never moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_write_the_store_holds_times_out() {
+    const HOLD: Duration = Duration::from_secs(4);
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        "hold-this-one",
+        HOLD,
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!("endpoint = \"{relay}\"\ntimeout_secs = 1\nstore_decision_secs = 1"),
+    );
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let http = http();
+    // The key is known, so the next write streams its body.
+    assert_eq!(
+        put(&http, &proxy.url, "empty", &signed(BUCKET, 1), "x").await,
+        Some(200)
+    );
+    let started = Instant::now();
+    let held = http
+        .put(format!("{}/{BUCKET}/empty", proxy.url))
+        .header("fencing-token", signed(BUCKET, 1))
+        .header("x-amz-meta-note", "hold-this-one")
+        .body("")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(held.status().as_u16(), 503, "the timeout answers");
+    assert!(
+        started.elapsed() < HOLD,
+        "answered by the proxy's timeout, not the store: {:?}",
+        started.elapsed()
+    );
+}
+
 /// Guarantee 3 under a backend timeout: a new-key PUT the store holds past
 /// `timeout_secs` may still land, so the raise that comes next waits until
 /// it no longer can (its connection closed and `store_decision_secs`

@@ -130,6 +130,7 @@ async fn trailer_put(
     token: &str,
     data: &[u8],
     checksum_of: &[u8],
+    declared: usize,
 ) -> (u16, String) {
     use aws_sigv4::http_request::{
         PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
@@ -150,11 +151,16 @@ async fn trailer_put(
         .build()
         .expect("params")
         .into();
-    let mut body = format!("{:x}\r\n", data.len()).into_bytes();
-    body.extend_from_slice(data);
+    // Chunks of at most 5 bytes, so a body can run past its declared length.
+    let mut body = Vec::new();
+    for chunk in data.chunks(5) {
+        body.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        body.extend_from_slice(chunk);
+        body.extend_from_slice(b"\r\n");
+    }
     body.extend_from_slice(
         format!(
-            "\r\n0\r\nx-amz-checksum-crc32:{}\r\n\r\n",
+            "0\r\nx-amz-checksum-crc32:{}\r\n\r\n",
             crc32_b64(checksum_of)
         )
         .as_bytes(),
@@ -167,7 +173,7 @@ async fn trailer_put(
         .next()
         .expect("host")
         .to_owned();
-    let (length, decoded) = (body.len().to_string(), data.len().to_string());
+    let (length, decoded) = (body.len().to_string(), declared.to_string());
     let headers = [
         ("host", host.as_str()),
         ("content-length", length.as_str()),
@@ -208,18 +214,19 @@ async fn trailer_put(
 
 /// A body whose `aws-chunked` trailer carries a checksum it does not match
 /// is refused with 400 `BadDigest` and never lands, for a new key, for a
-/// key the proxy streams over, and for an upload's part (the trailer arrives after the data: the
+/// key the proxy streams over, and for an upload's part; so is a body
+/// longer than its declared `x-amz-decoded-content-length` (the trailer arrives after the data: the
 /// proxy keeps the last chunk back until it has checked it).
 async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     let e = env(kind).await;
     let token = signed(BUCKET, 1);
-    let (status, text) = trailer_put(&e, "t", &token, b"hello", b"hello").await;
+    let (status, text) = trailer_put(&e, "t", &token, b"hello", b"hello", b"hello".len()).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(
         stored(&e.backend, BUCKET, "t").await,
         Some((b"hello".to_vec(), Some(1)))
     );
-    let (status, text) = trailer_put(&e, "t", &token, b"hellO", b"hello").await;
+    let (status, text) = trailer_put(&e, "t", &token, b"hellO", b"hello", b"hellO".len()).await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("BadDigest"), "{text}");
     assert_eq!(
@@ -227,9 +234,23 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
         Some((b"hello".to_vec(), Some(1))),
         "the object is as it was"
     );
-    let (status, text) = trailer_put(&e, "new", &token, b"hellO", b"hello").await;
+    let (status, text) = trailer_put(&e, "new", &token, b"hellO", b"hello", b"hellO".len()).await;
     assert_eq!(status, 400, "{text}");
     assert_eq!(stored(&e.backend, BUCKET, "new").await, None);
+
+    // A body longer than its declared decoded length: a sender that
+    // stops at the length would deliver its first 5 bytes as the object.
+    let (status, text) = trailer_put(&e, "long", &token, b"hellohello", b"hellohello", 5).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("x-amz-decoded-content-length"), "{text}");
+    assert_eq!(stored(&e.backend, BUCKET, "long").await, None);
+    let (status, text) = trailer_put(&e, "t", &token, b"hellohello", b"hellohello", 5).await;
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "t").await,
+        Some((b"hello".to_vec(), Some(1))),
+        "the object is as it was"
+    );
 
     // An upload's part, the same way.
     let up = fenced!(
@@ -245,7 +266,15 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     .expect("create");
     let id = up.upload_id().expect("id").to_owned();
     let part = format!("parts?partNumber=1&uploadId={id}");
-    let (status, text) = trailer_put(&e, &part, &token, b"part twO", b"part two").await;
+    let (status, text) = trailer_put(
+        &e,
+        &part,
+        &token,
+        b"part twO",
+        b"part two",
+        b"part twO".len(),
+    )
+    .await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("BadDigest"), "{text}");
     // Had the part landed, the store would complete the upload with it.

@@ -56,21 +56,31 @@ impl Workers {
         let stop = CancellationToken::new();
         let mut workers = Vec::with_capacity(n.max(1));
         for index in 0..n.max(1) {
-            let runtime = tokio::runtime::Builder::new_current_thread()
+            let started = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .build()?;
-            let handle = runtime.handle().clone();
-            let stopped = stop.clone();
-            std::thread::Builder::new()
-                .name(format!("{name}-{index}"))
-                .spawn(move || {
-                    CURRENT.with(|c| c.set(Some(index)));
-                    runtime.block_on(stopped.cancelled());
-                })?;
-            workers.push(Worker {
-                handle,
-                open: Arc::new(AtomicUsize::new(0)),
-            });
+                .build()
+                .and_then(|runtime| {
+                    let handle = runtime.handle().clone();
+                    let stopped = stop.clone();
+                    std::thread::Builder::new()
+                        .name(format!("{name}-{index}"))
+                        .spawn(move || {
+                            CURRENT.with(|c| c.set(Some(index)));
+                            runtime.block_on(stopped.cancelled());
+                        })
+                        .map(|_| handle)
+                });
+            match started {
+                Ok(handle) => workers.push(Worker {
+                    handle,
+                    open: Arc::new(AtomicUsize::new(0)),
+                }),
+                Err(e) => {
+                    // The threads already started stop with the rest.
+                    stop.cancel();
+                    return Err(e);
+                }
+            }
         }
         Ok(Arc::new(Workers { workers, stop }))
     }

@@ -88,6 +88,12 @@ impl Cancellable {
         watch: &BodyWatch,
     ) -> StreamingBlob {
         let remaining = inner.remaining_length().exact();
+        // An empty body is never polled (a sender of a known length has
+        // nothing to ask for): it is all sent from the start, and the
+        // backend's answer timeout runs from now.
+        if remaining == Some(0) {
+            watch.sent.notify_one();
+        }
         StreamingBlob::new(Cancellable {
             inner,
             cancelled: Box::pin(cancel.cancelled_owned()),

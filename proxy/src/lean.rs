@@ -89,6 +89,9 @@ fn body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
 /// A keep-alive pool of backend connections.
 fn pool(connector: hyper_rustls::HttpsConnector<HttpConnector>) -> Pool {
     Client::builder(TokioExecutor::new())
+        // With a timer, idle connections are closed after the timeout, not
+        // only found stale when next checked out.
+        .pool_timer(hyper_util::rt::TokioTimer::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector)
 }

@@ -14,6 +14,12 @@
 //! verifies its signature in signed mode), compares, and only then hands
 //! on the chunk it kept, or fails the body. The store so never receives
 //! the whole of a body unlike its checksum, and never commits it.
+//!
+//! Every `aws-chunked` body is held to its declared length the same way
+//! (`x-amz-decoded-content-length`, which s3s does not enforce): a byte
+//! beyond it fails the body at once, and the chunk that reaches it waits
+//! for the end. Otherwise a sender that stops at the length would deliver
+//! the first bytes of a longer body, and the store commit that prefix.
 
 use bytes::Bytes;
 use futures::Stream;
@@ -37,84 +43,98 @@ const NAMES: [&str; 5] = [
 ];
 
 /// Why a checked body failed, shared between the body and the write that
-/// answers the client (a 400 `BadDigest`, the client's mistake, not the
-/// backend error the truncated send becomes).
+/// answers the client (a 400, the client's mistake, not the backend error
+/// the cut-short send becomes).
 #[derive(Debug, Default, Clone)]
-pub struct Verdict(Arc<Mutex<Option<String>>>);
+pub struct Verdict(Arc<Mutex<Option<(s3s::S3ErrorCode, String)>>>);
 
 impl Verdict {
-    fn set(&self, why: String) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    fn set(&self, code: s3s::S3ErrorCode, why: String) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((code, why));
     }
 
-    /// What the body failed on, if it failed its checksum.
-    pub fn failed(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    /// The client's error, if the body failed its checksum (`BadDigest`) or
+    /// its declared length (`IncompleteBody`).
+    pub fn failed(&self) -> Option<s3s::S3Error> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .map(|(code, why)| s3s::S3Error::with_message(code, why))
     }
 }
 
-/// Wraps `body` when the request announced a trailing checksum
-/// (`x-amz-trailer` in `headers`) and s3s parsed the body `aws-chunked`
-/// (`trailing`); otherwise leaves it as it is.
+/// Wraps `body` when s3s decoded it from `aws-chunked` (`headers`): held
+/// to its declared length, and to the checksum its trailer carries when
+/// `x-amz-trailer` announced one (`trailing`: the trailer s3s parses).
+/// Other bodies are left as they are.
 pub fn check(
     body: &mut Option<StreamingBlob>,
     headers: &HeaderMap,
     trailing: Option<&TrailingHeaders>,
     verdict: &Verdict,
 ) {
-    let (Some(trailing), Some(announced)) = (trailing, headers.get("x-amz-trailer")) else {
+    let chunked = headers
+        .get("x-amz-content-sha256")
+        .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"))
+        || headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .any(|v| {
+                String::from_utf8_lossy(v.as_bytes())
+                    .to_ascii_lowercase()
+                    .contains("aws-chunked")
+            });
+    if !chunked {
         return;
-    };
-    let announced = String::from_utf8_lossy(announced.as_bytes()).to_ascii_lowercase();
-    let Some(index) = NAMES
-        .iter()
-        .position(|n| announced.split(',').any(|a| a.trim() == *n))
-    else {
-        return;
-    };
+    }
     let Some(inner) = body.take() else {
         return;
     };
-    let mut hasher = ChecksumHasher::default();
-    match index {
-        0 => hasher.crc32 = Some(s3s::crypto::Crc32::new()),
-        1 => hasher.crc32c = Some(s3s::crypto::Crc32c::new()),
-        2 => hasher.sha1 = Some(s3s::crypto::Sha1::new()),
-        3 => hasher.sha256 = Some(s3s::crypto::Sha256::new()),
-        _ => hasher.crc64nvme = Some(s3s::crypto::Crc64Nvme::new()),
-    }
+    let announced = headers
+        .get("x-amz-trailer")
+        .map(|a| String::from_utf8_lossy(a.as_bytes()).to_ascii_lowercase());
+    let checksum = trailing.zip(announced).and_then(|(trailing, announced)| {
+        let index = NAMES
+            .iter()
+            .position(|n| announced.split(',').any(|a| a.trim() == *n))?;
+        let mut hasher = ChecksumHasher::default();
+        match index {
+            0 => hasher.crc32 = Some(s3s::crypto::Crc32::new()),
+            1 => hasher.crc32c = Some(s3s::crypto::Crc32c::new()),
+            2 => hasher.sha1 = Some(s3s::crypto::Sha1::new()),
+            3 => hasher.sha256 = Some(s3s::crypto::Sha256::new()),
+            _ => hasher.crc64nvme = Some(s3s::crypto::Crc64Nvme::new()),
+        }
+        Some(Trailer {
+            index,
+            hasher,
+            trailing: trailing.clone(),
+        })
+    });
+    let declared = inner.remaining_length().exact();
     *body = Some(StreamingBlob::new(Checked {
         inner,
-        index,
-        hasher: Some(hasher),
-        trailing: trailing.clone(),
+        declared,
+        len: 0,
+        checksum,
         held: None,
         done: false,
         verdict: verdict.clone(),
     }));
 }
 
-/// The body of [`check`].
-struct Checked {
-    inner: StreamingBlob,
-    /// Which of [`NAMES`] the trailer carries.
+/// The checksum a trailer announced: which of [`NAMES`], the data's hash
+/// so far, and the trailer s3s fills in at the end.
+struct Trailer {
     index: usize,
-    hasher: Option<ChecksumHasher>,
+    hasher: ChecksumHasher,
     trailing: TrailingHeaders,
-    /// The chunk kept back until the next one (or the checked end) arrives.
-    held: Option<Bytes>,
-    done: bool,
-    verdict: Verdict,
 }
 
-/// The error a body unlike its trailing checksum ends with.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Mismatch(String);
-
-impl Checked {
+impl Trailer {
     /// Whether the data matches the checksum the trailer carried.
-    fn verify(&mut self) -> Result<(), String> {
+    fn verify(self) -> Result<(), String> {
         let name = NAMES[self.index];
         let sent = self
             .trailing
@@ -123,7 +143,7 @@ impl Checked {
             .ok_or_else(|| {
                 format!("x-amz-trailer announced {name}, but the trailer did not carry it")
             })?;
-        let got = self.hasher.take().unwrap_or_default().finalize();
+        let got = self.hasher.finalize();
         let got = [
             got.checksum_crc32,
             got.checksum_crc32c,
@@ -138,6 +158,35 @@ impl Checked {
     }
 }
 
+/// The body of [`check`].
+struct Checked {
+    inner: StreamingBlob,
+    /// The decoded length the request declared, and how much arrived.
+    declared: Option<usize>,
+    len: usize,
+    checksum: Option<Trailer>,
+    /// The chunk kept back until the next one (or the checked end) arrives.
+    held: Option<Bytes>,
+    done: bool,
+    verdict: Verdict,
+}
+
+/// The error a body unlike its trailing checksum or declared length ends
+/// with.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Mismatch(String);
+
+impl Checked {
+    /// Ends the body with `why`, the kept chunk dropped.
+    fn fail(&mut self, code: s3s::S3ErrorCode, why: String) -> StdError {
+        self.done = true;
+        self.held = None;
+        self.verdict.set(code, why.clone());
+        Box::new(Mismatch(why))
+    }
+}
+
 impl Stream for Checked {
     type Item = Result<Bytes, StdError>;
 
@@ -148,21 +197,46 @@ impl Stream for Checked {
                 return Poll::Ready(this.held.take().map(Ok));
             }
             match Pin::new(&mut this.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) if chunk.is_empty() => {}
                 Poll::Ready(Some(Ok(chunk))) => {
-                    if let Some(h) = this.hasher.as_mut() {
-                        h.update(&chunk);
+                    this.len += chunk.len();
+                    if let Some(declared) = this.declared
+                        && this.len > declared
+                    {
+                        let why = format!(
+                            "the body is longer than the {declared} bytes of x-amz-decoded-content-length"
+                        );
+                        return Poll::Ready(Some(Err(
+                            this.fail(s3s::S3ErrorCode::IncompleteBody, why)
+                        )));
+                    }
+                    if let Some(t) = this.checksum.as_mut() {
+                        t.hasher.update(&chunk);
                     }
                     if let Some(previous) = this.held.replace(chunk) {
                         return Poll::Ready(Some(Ok(previous)));
                     }
                 }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(None) => {
+                Poll::Ready(Some(Err(e))) => {
                     this.done = true;
-                    if let Err(why) = this.verify() {
-                        this.held = None;
-                        this.verdict.set(why.clone());
-                        return Poll::Ready(Some(Err(Box::new(Mismatch(why)))));
+                    this.held = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => {
+                    if let Some(declared) = this.declared
+                        && this.len != declared
+                    {
+                        let why = format!(
+                            "the body has {} bytes, not the {declared} of x-amz-decoded-content-length",
+                            this.len
+                        );
+                        return Poll::Ready(Some(Err(
+                            this.fail(s3s::S3ErrorCode::IncompleteBody, why)
+                        )));
+                    }
+                    this.done = true;
+                    if let Some(Err(why)) = this.checksum.take().map(Trailer::verify) {
+                        return Poll::Ready(Some(Err(this.fail(s3s::S3ErrorCode::BadDigest, why))));
                     }
                 }
                 Poll::Pending => return Poll::Pending,

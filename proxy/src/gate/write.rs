@@ -337,10 +337,7 @@ impl Gate {
         let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
         self.call_watched(self.backend.forward.upload_part(req), watch)
             .await
-            .map_err(|e| match verdict.failed() {
-                Some(why) => s3s::S3Error::with_message(s3s::S3ErrorCode::BadDigest, why),
-                None => e,
-            })
+            .map_err(|e| verdict.failed().unwrap_or(e))
     }
 
     /// Copies a part of an upload whose token the scope admitted.
@@ -367,15 +364,12 @@ impl Gate {
 }
 
 /// What the store holds after a PutObject with `token` it answered.
-/// A write that failed because its body failed its trailing checksum is
-/// the client's 400 `BadDigest`, not the backend error the cut-short send
-/// became.
+/// A write that failed because its body failed its trailing checksum or
+/// its declared length is the client's 400 (`BadDigest`, `IncompleteBody`),
+/// not the backend error the cut-short send became.
 fn bad_digest<T>(sent: Sent<T>, verdict: &crate::trailer::Verdict) -> Sent<T> {
     match (sent, verdict.failed()) {
-        (Sent::Answered(Err(_)), Some(why)) => Sent::Answered(Err(s3s::S3Error::with_message(
-            s3s::S3ErrorCode::BadDigest,
-            why,
-        ))),
+        (Sent::Answered(Err(_)), Some(refused)) => Sent::Answered(Err(refused)),
         (sent, _) => sent,
     }
 }
