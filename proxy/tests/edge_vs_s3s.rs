@@ -634,7 +634,10 @@ proptest! {
             }
             let (edge, s3s) = j.verdicts(&changed).await;
             prop_assert!(!edge || s3s, "edge accepted what s3s refuses: {changed:?}");
-            if tamper == 0 {
+            // Metadata holding an RFC 2047 encoded-word marker (`=?`) is
+            // left to s3s by design (s3s decodes such words); every other
+            // untouched request is judged by the edge as s3s judges it.
+            if tamper == 0 && !value.contains("=?") {
                 prop_assert_eq!(edge, s3s, "an untouched request judged apart: {:?}", changed);
             }
             Ok(())
