@@ -120,10 +120,6 @@ fn crc32_b64(data: &[u8]) -> String {
 /// A PutObject sent as botocore sends it by default: `aws-chunked`, chunks
 /// unsigned, a CRC-32 trailer (`checksum_of` is what the trailer claims to
 /// be the checksum of), signed with the proxy's client key.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "a client signs with the wall clock"
-)]
 async fn trailer_put(
     e: &Env,
     key: &str,
@@ -132,25 +128,6 @@ async fn trailer_put(
     checksum_of: &[u8],
     declared: usize,
 ) -> (u16, String) {
-    use aws_sigv4::http_request::{
-        PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-        UriPathNormalizationMode, sign,
-    };
-    let mut settings = SigningSettings::default();
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let identity: aws_smithy_runtime_api::client::identity::Identity =
-        aws_credential_types::Credentials::new(CLIENT_KEY.0, CLIENT_KEY.1, None, None, "t").into();
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(std::time::SystemTime::now())
-        .settings(settings)
-        .build()
-        .expect("params")
-        .into();
     // Chunks of at most 5 bytes, so a body can run past its declared length.
     let mut body = Vec::new();
     for chunk in data.chunks(5) {
@@ -167,49 +144,18 @@ async fn trailer_put(
     );
     // `key` may carry a query (an UploadPart's).
     let url = format!("{}/{BUCKET}/{key}", e.proxy.url);
-    let host = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .expect("host")
-        .to_owned();
-    let (length, decoded) = (body.len().to_string(), declared.to_string());
-    let headers = [
-        ("host", host.as_str()),
-        ("content-length", length.as_str()),
-        ("content-encoding", "aws-chunked"),
-        ("x-amz-decoded-content-length", decoded.as_str()),
-        ("x-amz-trailer", "x-amz-checksum-crc32"),
-    ];
-    let signable = SignableRequest::new(
-        "PUT",
+    let declared = declared.to_string();
+    let headers = client_signed(
         &url,
-        headers.iter().copied(),
-        SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".into()),
-    )
-    .expect("signable");
-    let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
-    let mut req = http::Request::builder()
-        .method("PUT")
-        .uri(&url)
-        .body(())
-        .expect("request");
-    for (k, v) in &headers[2..] {
-        req.headers_mut().insert(*k, v.parse().expect("value"));
-    }
-    instructions.apply_to_request_http1x(&mut req);
-    let mut r = reqwest::Client::new()
-        .put(&url)
-        .header("fencing-token", token)
-        .body(body);
-    for (name, value) in req.headers() {
-        r = r.header(name.as_str(), value.to_str().expect("text"));
-    }
-    let resp = r.send().await.expect("sent");
-    (
-        resp.status().as_u16(),
-        resp.text().await.unwrap_or_default(),
-    )
+        body.len(),
+        &[
+            ("content-encoding", "aws-chunked"),
+            ("x-amz-decoded-content-length", declared.as_str()),
+            ("x-amz-trailer", "x-amz-checksum-crc32"),
+        ],
+        "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+    );
+    send_put(&url, token, headers, body).await
 }
 
 /// A body whose `aws-chunked` trailer carries a checksum it does not match
@@ -304,10 +250,6 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
 /// A PUT signed with the proxy's client key by `aws-sigv4`, with
 /// `x-amz-content-sha256` the SHA-256 of `signed_body` (sent: `body`),
 /// and `signature_ok = false` to spoil the signature.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "a client signs with the wall clock"
-)]
 async fn hand_signed_put(
     e: &Env,
     key: &str,
@@ -316,11 +258,37 @@ async fn hand_signed_put(
     body: &'static [u8],
     signature_ok: bool,
 ) -> (u16, String) {
+    use sha2::Digest as _;
+    let url = format!("{}/{BUCKET}/{key}", e.proxy.url);
+    let hash = hex::encode(sha2::Sha256::digest(signed_body));
+    let mut headers = client_signed(&url, body.len(), &[], &hash);
+    if !signature_ok {
+        let mut value = headers["authorization"].to_str().expect("text").to_owned();
+        let last = value.pop().expect("signature");
+        value.push(if last == '0' { '1' } else { '0' });
+        headers.insert("authorization", value.parse().expect("value"));
+    }
+    send_put(&url, token, headers, body.to_vec()).await
+}
+
+/// The headers of a PUT of `length` bytes to `url`, signed with the
+/// proxy's client key by `aws-sigv4` (the SDK's signer): `headers`, then the
+/// date, `payload` as the payload hash, and the signature (`host` and
+/// `content-length` are signed and left to the sender).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a client signs with the wall clock"
+)]
+fn client_signed(
+    url: &str,
+    length: usize,
+    headers: &[(&str, &str)],
+    payload: &str,
+) -> http::HeaderMap {
     use aws_sigv4::http_request::{
         PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
         UriPathNormalizationMode, sign,
     };
-    use sha2::Digest as _;
     let mut settings = SigningSettings::default();
     settings.percent_encoding_mode = PercentEncodingMode::Single;
     settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
@@ -336,43 +304,52 @@ async fn hand_signed_put(
         .build()
         .expect("params")
         .into();
-    let url = format!("{}/{BUCKET}/{key}", e.proxy.url);
     let host = url
         .trim_start_matches("http://")
         .split('/')
         .next()
-        .expect("host")
-        .to_owned();
-    let length = body.len().to_string();
-    let headers = [("host", host.as_str()), ("content-length", length.as_str())];
-    let hash = hex::encode(sha2::Sha256::digest(signed_body));
+        .expect("host");
+    let length = length.to_string();
+    let mut signed = vec![("host", host), ("content-length", length.as_str())];
+    signed.extend_from_slice(headers);
     let signable = SignableRequest::new(
         "PUT",
-        &url,
-        headers.iter().copied(),
-        SignableBody::Precomputed(hash),
+        url,
+        signed.iter().copied(),
+        SignableBody::Precomputed(payload.to_owned()),
     )
     .expect("signable");
     let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
     let mut req = http::Request::builder()
         .method("PUT")
-        .uri(&url)
+        .uri(url)
         .body(())
         .expect("request");
-    instructions.apply_to_request_http1x(&mut req);
-    let mut r = reqwest::Client::new()
-        .put(&url)
-        .header("fencing-token", token)
-        .body(body);
-    for (name, value) in req.headers() {
-        let mut value = value.to_str().expect("text").to_owned();
-        if name == "authorization" && !signature_ok {
-            let last = value.pop().expect("signature");
-            value.push(if last == '0' { '1' } else { '0' });
-        }
-        r = r.header(name.as_str(), value);
+    for (k, v) in headers {
+        req.headers_mut().insert(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            v.parse().expect("value"),
+        );
     }
-    let resp = r.send().await.expect("sent");
+    instructions.apply_to_request_http1x(&mut req);
+    req.headers().clone()
+}
+
+/// Sends a PUT with `headers` (from [`client_signed`]) and the token.
+async fn send_put(
+    url: &str,
+    token: &str,
+    headers: http::HeaderMap,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let resp = reqwest::Client::new()
+        .put(url)
+        .header("fencing-token", token)
+        .headers(headers)
+        .body(body)
+        .send()
+        .await
+        .expect("sent");
     (
         resp.status().as_u16(),
         resp.text().await.unwrap_or_default(),

@@ -6,7 +6,6 @@
 
 use crate::backend::{BACKEND_KEY, BUCKET, Backend, ProxyProc, sdk_client, token};
 use crate::fenced;
-use crate::nginx::NginxProc;
 use crate::util::{Cpu, CpuPerOp, Memory, median, ratio};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
@@ -157,28 +156,13 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
     crate::util::Rng::new(7).fill(&mut pattern);
     let pattern = Bytes::from(pattern);
     let at_start = proxy.proc.memory()?;
-    let (nginx, nginx_unavailable) = match &opts.nginx {
-        None => (None, Some("not requested (--no-nginx)".to_owned())),
-        Some(bin) if !bin.exists() => (
-            None,
-            Some(format!(
-                "{} not found (Debian: apt-get install nginx-light; scripts/bench.sh installs it)",
-                bin.display()
-            )),
-        ),
-        Some(bin) => {
-            let (bin, endpoint, tmp) = (bin.clone(), backend.endpoint.clone(), ctx.tmp.clone());
-            match tokio::task::spawn_blocking(move || NginxProc::start(&bin, &endpoint, &tmp))
-                .await?
-            {
-                Ok(n) => (Some(n), None),
-                Err(e) => (None, Some(format!("nginx did not start: {e:#}"))),
-            }
-        }
-    };
-    if let Some(why) = &nginx_unavailable {
-        eprintln!("large: no nginx variant: {why}");
-    }
+    let (nginx, nginx_unavailable) =
+        match crate::nginx::anchor("large", opts.nginx.as_deref(), &backend.endpoint, &ctx.tmp)
+            .await?
+        {
+            Ok(n) => (Some(n), None),
+            Err(why) => (None, Some(why)),
+        };
     let via_nginx = nginx.as_ref().map(|n| sdk_client(&n.url, BACKEND_KEY));
     let mut variants = vec![Variant::Direct, Variant::Proxy];
     if nginx.is_some() {

@@ -67,6 +67,35 @@ http {{
     )
 }
 
+/// nginx in front of `backend_endpoint` for a bench section, if `nginx` (a
+/// binary) was asked for and starts; otherwise why not, also printed under
+/// `section`'s name.
+pub async fn anchor(
+    section: &str,
+    nginx: Option<&Path>,
+    backend_endpoint: &str,
+    tmp: &Path,
+) -> anyhow::Result<Result<NginxProc, String>> {
+    let started = match nginx {
+        None => Err("not requested (--no-nginx)".to_owned()),
+        Some(bin) if !bin.exists() => Err(format!(
+            "{} not found (Debian: apt-get install nginx-light; scripts/bench.sh installs it)",
+            bin.display()
+        )),
+        Some(bin) => {
+            let (bin, endpoint, tmp) =
+                (bin.to_owned(), backend_endpoint.to_owned(), tmp.to_owned());
+            tokio::task::spawn_blocking(move || NginxProc::start(&bin, &endpoint, &tmp))
+                .await?
+                .map_err(|e| format!("nginx did not start: {e:#}"))
+        }
+    };
+    if let Err(why) = &started {
+        eprintln!("{section}: no nginx variant: {why}");
+    }
+    Ok(started)
+}
+
 /// A running nginx; stopped (master and workers) when dropped.
 #[derive(Debug)]
 pub struct NginxProc {

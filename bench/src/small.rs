@@ -206,21 +206,12 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
         client: backend.direct(),
         server: Server::Store,
     }];
-    let mut nginx_unavailable = None;
-    match &opts.nginx {
-        None => nginx_unavailable = Some("not requested (--no-nginx)".to_owned()),
-        Some(bin) if !bin.exists() => {
-            nginx_unavailable = Some(format!(
-                "{} not found (Debian: apt-get install nginx-light; scripts/bench.sh installs it)",
-                bin.display()
-            ));
-        }
-        Some(bin) => {
-            let (bin, endpoint, tmp) = (bin.clone(), backend.endpoint.clone(), ctx.tmp.clone());
-            match tokio::task::spawn_blocking(move || NginxProc::start(&bin, &endpoint, &tmp))
-                .await?
-            {
-                Ok(n) => variants.push(Running {
+    let nginx_unavailable =
+        match crate::nginx::anchor("small", opts.nginx.as_deref(), &backend.endpoint, &ctx.tmp)
+            .await?
+        {
+            Ok(n) => {
+                variants.push(Running {
                     info: VariantInfo {
                         kind: Kind::Nginx,
                         label: "nginx".into(),
@@ -236,14 +227,11 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
                     },
                     client: sdk_client(&n.url, BACKEND_KEY),
                     server: Server::Nginx(n),
-                }),
-                Err(e) => nginx_unavailable = Some(format!("nginx did not start: {e:#}")),
+                });
+                None
             }
-        }
-    }
-    if let Some(why) = &nginx_unavailable {
-        eprintln!("small: no nginx variant: {why}");
-    }
+            Err(why) => Some(why),
+        };
     let proxy = ProxyProc::start(&ctx.fencegate, &backend, &ctx.tmp).await?;
     variants.push(Running {
         info: VariantInfo {

@@ -235,14 +235,7 @@ impl Digests {
         {
             return Some("the body does not match its Content-MD5".into());
         }
-        let got = hasher.finalize();
-        let got = [
-            got.checksum_crc32,
-            got.checksum_crc32c,
-            got.checksum_sha1,
-            got.checksum_sha256,
-            got.checksum_crc64nvme,
-        ];
+        let got = crate::trailer::by_name(hasher.finalize());
         let names = ["crc32", "crc32c", "sha1", "sha256", "crc64nvme"];
         self.checksums
             .iter()

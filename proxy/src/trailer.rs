@@ -42,6 +42,17 @@ const NAMES: [&str; 5] = [
     "x-amz-checksum-crc64nvme",
 ];
 
+/// The values of `c`, in the order of [`NAMES`].
+pub fn by_name(c: s3s::dto::Checksum) -> [Option<String>; 5] {
+    [
+        c.checksum_crc32,
+        c.checksum_crc32c,
+        c.checksum_sha1,
+        c.checksum_sha256,
+        c.checksum_crc64nvme,
+    ]
+}
+
 /// Why a checked body failed, shared between the body and the write that
 /// answers the client (a 400, the client's mistake, not the backend error
 /// the cut-short send becomes).
@@ -67,13 +78,14 @@ impl Verdict {
 /// Wraps `body` when s3s decoded it from `aws-chunked` (`headers`): held
 /// to its declared length, and to the checksum its trailer carries when
 /// `x-amz-trailer` announced one (`trailing`: the trailer s3s parses).
-/// Other bodies are left as they are.
+/// Other bodies are left as they are. The verdict says why a checked body
+/// failed, if it does.
 pub fn check(
     body: &mut Option<StreamingBlob>,
     headers: &HeaderMap,
     trailing: Option<&TrailingHeaders>,
-    verdict: &Verdict,
-) {
+) -> Verdict {
+    let verdict = Verdict::default();
     let chunked = headers
         .get("x-amz-content-sha256")
         .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"))
@@ -86,10 +98,10 @@ pub fn check(
                     .contains("aws-chunked")
             });
     if !chunked {
-        return;
+        return verdict;
     }
     let Some(inner) = body.take() else {
-        return;
+        return verdict;
     };
     let announced = headers
         .get("x-amz-trailer")
@@ -122,6 +134,7 @@ pub fn check(
         done: false,
         verdict: verdict.clone(),
     }));
+    verdict
 }
 
 /// The checksum a trailer announced: which of [`NAMES`], the data's hash
@@ -143,14 +156,7 @@ impl Trailer {
             .ok_or_else(|| {
                 format!("x-amz-trailer announced {name}, but the trailer did not carry it")
             })?;
-        let got = self.hasher.finalize();
-        let got = [
-            got.checksum_crc32,
-            got.checksum_crc32c,
-            got.checksum_sha1,
-            got.checksum_sha256,
-            got.checksum_crc64nvme,
-        ];
+        let got = by_name(self.hasher.finalize());
         if got[self.index].as_deref() != Some(sent.trim()) {
             return Err(format!("the body does not match its trailing {name}"));
         }

@@ -236,6 +236,19 @@ impl By<'static> {
     }
 }
 
+/// A one-byte, unsigned-payload PUT of `path_and_query`, signed as `by`
+/// says.
+fn small_put(path_and_query: &str, by: &By<'_>) -> Request<Bytes> {
+    signed(
+        "127.0.0.1:9000",
+        path_and_query,
+        &[],
+        b"x",
+        Payload::Unsigned,
+        by,
+    )
+}
+
 /// A key percent-encoded as the SDKs encode it (unreserved and `/` kept).
 fn encode(key: &str) -> String {
     let mut out = String::new();
@@ -296,14 +309,7 @@ async fn what_clients_send_is_accepted_by_both() {
         }
     }
     // The Rust SDK's query, virtual-hosted style, conditions.
-    let sdk = signed(
-        "127.0.0.1:9000",
-        "/bkt/k?x-id=PutObject",
-        &[],
-        b"x",
-        Payload::Unsigned,
-        &By::now(),
-    );
+    let sdk = small_put("/bkt/k?x-id=PutObject", &By::now());
     assert_eq!(j.check("x-id", &sdk).await, (true, true));
     let vhost = signed(
         "bkt.localhost:9000",
@@ -436,12 +442,8 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
     cases.push(("chunked", set(&base, "transfer-encoding", "chunked")));
     cases.push((
         "skewed 20 minutes",
-        signed(
-            "127.0.0.1:9000",
+        small_put(
             "/bkt/dir/k",
-            &[],
-            b"x",
-            Payload::Unsigned,
             &By {
                 at: now - Duration::from_secs(1200),
                 ..By::now()
@@ -450,12 +452,8 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
     ));
     cases.push((
         "unknown access key",
-        signed(
-            "127.0.0.1:9000",
+        small_put(
             "/bkt/dir/k",
-            &[],
-            b"x",
-            Payload::Unsigned,
             &By {
                 key: ("AKIDOTHER", SECRET),
                 ..By::now()
@@ -464,12 +462,8 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
     ));
     cases.push((
         "wrong secret",
-        signed(
-            "127.0.0.1:9000",
+        small_put(
             "/bkt/dir/k",
-            &[],
-            b"x",
-            Payload::Unsigned,
             &By {
                 key: (ACCESS_KEY, "not the secret"),
                 ..By::now()
@@ -478,25 +472,11 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
     ));
     cases.push((
         "a dot-dot key, signed",
-        signed(
-            "127.0.0.1:9000",
-            "/bkt/a/../b",
-            &[],
-            b"x",
-            Payload::Unsigned,
-            &By::now(),
-        ),
+        small_put("/bkt/a/../b", &By::now()),
     ));
     cases.push((
         "an unknown query parameter, signed",
-        signed(
-            "127.0.0.1:9000",
-            "/bkt/k?x-id=PutObject&foo=bar",
-            &[],
-            b"x",
-            Payload::Unsigned,
-            &By::now(),
-        ),
+        small_put("/bkt/k?x-id=PutObject&foo=bar", &By::now()),
     ));
     // Headers s3s's PutObject parser reads once, or as types: repeated or
     // malformed, s3s refuses them; the edge leaves them to it.
@@ -529,12 +509,8 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
         set(&base, "content-length", "9223372036854775808"),
     ));
     for region in ["US-EAST-1", "us_east_1", "eu.west"] {
-        let odd = signed(
-            "127.0.0.1:9000",
+        let odd = small_put(
             "/bkt/dir/k",
-            &[],
-            b"x",
-            Payload::Unsigned,
             &By {
                 region,
                 ..By::now()

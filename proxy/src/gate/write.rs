@@ -59,12 +59,10 @@ impl Write {
         held: Option<crate::early::Held>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let token = self.token;
-        let verdict = crate::trailer::Verdict::default();
-        crate::trailer::check(
+        let verdict = crate::trailer::check(
             &mut req.input.body,
             &req.headers,
             req.trailing_headers.as_ref(),
-            &verdict,
         );
         let input = &mut req.input;
         (input.if_match, input.if_none_match) = conditions(
@@ -327,12 +325,10 @@ impl Gate {
         admitted: &Admission,
         mut req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let verdict = crate::trailer::Verdict::default();
-        crate::trailer::check(
+        let verdict = crate::trailer::check(
             &mut req.input.body,
             &req.headers,
             req.trailing_headers.as_ref(),
-            &verdict,
         );
         let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
         self.call_watched(self.backend.forward.upload_part(req), watch)
