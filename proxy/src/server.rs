@@ -95,10 +95,13 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 s3s::Body::http_body_unsync(body)
             });
             let call = async {
-                match this.edge.put(&this.gate, req).await {
-                    Ok(resp) => Ok(resp),
-                    Err(req) => this.s3.call(req).await,
-                }
+                // Awaited apart, so the edge's future is gone before s3s's
+                // starts and the two share their space in this one.
+                let declined = match this.edge.put(&this.gate, req).await {
+                    Ok(resp) => return Ok(resp),
+                    Err(req) => req,
+                };
+                this.s3.call(declined).await
             };
             let mut resp = match AssertUnwindSafe(call).catch_unwind().await {
                 Ok(r) => r?,
