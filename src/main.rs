@@ -14,11 +14,6 @@ mod lease_cmd;
 mod run_cmd;
 mod services;
 
-/// mimalloc instead of glibc's malloc: the proxy's hot path allocates
-/// often and small (BENCHMARKS.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 

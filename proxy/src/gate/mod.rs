@@ -184,8 +184,14 @@ impl Drop for Inflight {
     }
 }
 
-/// A write's backend call, boxed so that it can outlive the request.
-type Pending<T> = std::pin::Pin<Box<dyn Future<Output = S3Result<T>> + Send>>;
+/// A backend call, boxed by its caller: the SDK's futures are kilobytes,
+/// and a call held inline would make every request's future (the hot
+/// PutObject's too, which mostly never makes such a call) that big, copied
+/// whole when the request starts.
+type Call<'a, T> = std::pin::Pin<Box<dyn Future<Output = S3Result<T>> + Send + 'a>>;
+
+/// A write's backend call, which can outlive the request.
+type Pending<T> = Call<'static, T>;
 
 /// What a write's backend call came to within the answer timeout.
 enum Sent<T> {
@@ -310,11 +316,7 @@ impl Gate {
     /// retryable 503 and the request is dropped: whatever the store does
     /// with it later changes no object. Object writes use
     /// [`Gate::call_write`] instead, which does not let go of them.
-    async fn call<T>(
-        &self,
-        fut: impl Future<Output = S3Result<T>>,
-        body_sent: Option<Arc<Notify>>,
-    ) -> S3Result<T> {
+    async fn call<T>(&self, fut: Call<'_, T>, body_sent: Option<Arc<Notify>>) -> S3Result<T> {
         let timeout = self.backend_timeout;
         let deadline = async {
             if let Some(sent) = body_sent {
@@ -334,12 +336,7 @@ impl Gate {
     /// time is handed back [`Sent::Unanswered`], still running: the store
     /// may yet commit it, so [`Gate::finish`] keeps its admission and key
     /// until it can no longer commit (see [`linger`]).
-    async fn call_write<T>(
-        &self,
-        fut: impl Future<Output = S3Result<T>> + Send + 'static,
-        watch: Option<BodyWatch>,
-    ) -> Sent<T> {
-        let mut fut: Pending<T> = Box::pin(fut);
+    async fn call_write<T>(&self, mut fut: Pending<T>, watch: Option<BodyWatch>) -> Sent<T> {
         let timeout = self.backend_timeout;
         let sent = watch.as_ref().map(|w| w.sent.clone());
         let deadline = async {
@@ -374,11 +371,7 @@ impl Gate {
     /// [`Gate::call`] for a call whose body [`Gate::watch_body`] wrapped:
     /// the answer timeout counts from the body's last byte, and a body cut
     /// for a silent client answers 400 RequestTimeout.
-    async fn call_watched<T>(
-        &self,
-        fut: impl Future<Output = S3Result<T>>,
-        watch: Option<BodyWatch>,
-    ) -> S3Result<T> {
+    async fn call_watched<T>(&self, fut: Call<'_, T>, watch: Option<BodyWatch>) -> S3Result<T> {
         let sent = watch.as_ref().map(|w| w.sent.clone());
         self.call(fut, sent)
             .await
@@ -449,7 +442,7 @@ impl Gate {
             .key(key)
             .set_version_id(version.map(str::to_owned));
         self.call(
-            async { head.send().await.map_err(crate::backend::sdk_error) },
+            Box::pin(async { head.send().await.map_err(crate::backend::sdk_error) }),
             None,
         )
         .await
@@ -460,7 +453,9 @@ impl Gate {
         let head = self.backend.client.head_bucket().bucket(bucket);
         let answer = self
             .call(
-                async { Ok(head.send().await.map_err(|e| crate::backend::status_of(&e))) },
+                Box::pin(async {
+                    Ok(head.send().await.map_err(|e| crate::backend::status_of(&e)))
+                }),
                 None,
             )
             .await;
@@ -488,7 +483,7 @@ impl Gate {
             ..Default::default()
         };
         let req = req.map_input(|_| plain);
-        self.call(self.backend.forward.create_bucket(req), None)
+        self.call(Box::pin(self.backend.forward.create_bucket(req)), None)
             .await
             .map_err(errors::from_backend)
     }
@@ -543,6 +538,14 @@ impl Gate {
         {
             return Ok(r.clone());
         }
+        // Boxed: the probe's SDK calls would otherwise sit inline in every
+        // write's future (see `Call`).
+        Box::pin(self.probe_now(bucket)).await
+    }
+
+    /// Probes `bucket`, one probe at a time, unless another probe reported
+    /// on it meanwhile.
+    async fn probe_now(&self, bucket: &str) -> anyhow::Result<ProbeReport> {
         let _one_at_a_time = self.probing.lock().await;
         if let Some(r) = self
             .probes
@@ -641,7 +644,8 @@ impl Gate {
         if token < self.fences.max(scope.fence()) {
             return Ok(Some(token));
         }
-        match issuer.check(scope.lock.as_str(), token).await {
+        // Boxed: an HTTP call, rare, and large (see `Call`).
+        match Box::pin(issuer.check(scope.lock.as_str(), token)).await {
             Ok(Answer::Issued) => Ok(Some(token)),
             // The lock's current token stays out of the answer: a client
             // that cannot present it should not learn it here.
@@ -777,7 +781,9 @@ impl Gate {
                 Known::Absent
             }
             _ => {
-                let k = self.call(self.backend.head(bucket, key), None).await?;
+                let k = self
+                    .call(Box::pin(self.backend.head(bucket, key)), None)
+                    .await?;
                 guard.remember(k.clone());
                 k
             }
@@ -916,7 +922,10 @@ impl Gate {
         scope: &Scope,
         token: u64,
     ) -> S3Error {
-        match self.call(self.backend.head(bucket, key), None).await {
+        match self
+            .call(Box::pin(self.backend.head(bucket, key)), None)
+            .await
+        {
             Ok(k) if k.token() > token => {
                 self.count(op, scope, "stale");
                 errors::stale(token, k.token(), &format!(" on s3://{bucket}/{key}"))

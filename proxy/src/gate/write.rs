@@ -88,7 +88,7 @@ impl Write {
             }
             let forward = gate.backend.forwarder();
             let call = async move { forward.put_object(req).await };
-            let sent = bad_digest(gate.call_write(call, watch).await, &verdict);
+            let sent = bad_digest(gate.call_write(Box::pin(call), watch).await, &verdict);
             return gate.finish(self, sent, put_holds(token)).await;
         };
         gate.metrics.lean_forwards.inc();
@@ -98,7 +98,7 @@ impl Write {
         let (true, Some(held)) = (self.presumed, held) else {
             let body = crate::lean::body_of(body);
             let call = async move { lean.send(put, if_match, if_none_match, body).await };
-            let sent = gate.call_write(call, watch).await;
+            let sent = gate.call_write(Box::pin(call), watch).await;
             return gate.finish(self, sent, put_holds(token)).await;
         };
 
@@ -123,7 +123,7 @@ impl Write {
                 let body = crate::lean::full(bytes);
                 lean.send(put, if_match, if_none_match, body).await
             };
-            gate.call_write(call, None).await
+            gate.call_write(Box::pin(call), None).await
         };
         match &first {
             Sent::Answered(Err(e))
@@ -132,7 +132,10 @@ impl Write {
             _ => return gate.finish(self, first, put_holds(token)).await,
         }
         let (bucket, key) = (self.key.bucket().to_owned(), self.key.key().to_owned());
-        let stored = match gate.call(gate.backend.head(&bucket, &key), None).await {
+        let stored = match gate
+            .call(Box::pin(gate.backend.head(&bucket, &key)), None)
+            .await
+        {
             Ok(k) => k,
             Err(e) => {
                 return gate
@@ -156,7 +159,7 @@ impl Write {
             let body = crate::lean::full(bytes);
             lean.send(put, if_match, if_none_match, body).await
         };
-        let second = gate.call_write(call, None).await;
+        let second = gate.call_write(Box::pin(call), None).await;
         gate.finish(self, second, put_holds(token)).await
     }
 
@@ -186,7 +189,7 @@ impl Write {
             .send();
         let sent = gate
             .call_write(
-                async move {
+                Box::pin(async move {
                     call.await
                         .map_err(crate::backend::sdk_error)
                         .map(|out| DeleteObjectOutput {
@@ -194,7 +197,7 @@ impl Write {
                             version_id: out.version_id().map(str::to_owned),
                             ..Default::default()
                         })
-                },
+                }),
                 None,
             )
             .await;
@@ -233,12 +236,12 @@ impl Write {
         }
         let sent = gate
             .call_write(
-                async move {
+                Box::pin(async move {
                     b.send()
                         .await
                         .map_err(crate::backend::sdk_error)
                         .map(copied)
-                },
+                }),
                 None,
             )
             .await;
@@ -273,14 +276,17 @@ impl Write {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let forward = gate.backend.forwarder();
         let call = async move { forward.complete_multipart_upload(req).await };
-        let sent = match gate.call_write(call, None).await {
+        let sent = match gate.call_write(Box::pin(call), None).await {
             // The store answered 200 with a body the SDK cannot read (moto
             // names the root element of a conditional Complete's answer
             // `CompleteMultipartUploadResponse`): a 200 means it committed,
             // so read back what it holds rather than report a failure.
             Sent::Answered(Err(e)) if e.status_code() == Some(http::StatusCode::OK) => {
                 Sent::Answered(
-                    match gate.call(gate.backend.head(&bucket, &key), None).await {
+                    match gate
+                        .call(Box::pin(gate.backend.head(&bucket, &key)), None)
+                        .await
+                    {
                         Ok(Known::Present { etag, token: t }) if t == token => {
                             Ok(S3Response::new(CompleteMultipartUploadOutput {
                                 bucket: Some(bucket),
@@ -315,8 +321,11 @@ impl Gate {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         tag(&mut req.input.metadata, token);
         req.input.content_encoding = strip_aws_chunked(req.input.content_encoding.take());
-        self.call(self.backend.forward.create_multipart_upload(req), None)
-            .await
+        self.call(
+            Box::pin(self.backend.forward.create_multipart_upload(req)),
+            None,
+        )
+        .await
     }
 
     /// Sends a part of an upload whose token the scope admitted.
@@ -331,7 +340,7 @@ impl Gate {
             req.trailing_headers.as_ref(),
         );
         let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
-        self.call_watched(self.backend.forward.upload_part(req), watch)
+        self.call_watched(Box::pin(self.backend.forward.upload_part(req)), watch)
             .await
             .map_err(|e| verdict.failed().unwrap_or(e))
     }
@@ -342,7 +351,7 @@ impl Gate {
         _admitted: &Admission,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        self.call(self.backend.forward.upload_part_copy(req), None)
+        self.call(Box::pin(self.backend.forward.upload_part_copy(req)), None)
             .await
     }
 
@@ -354,8 +363,11 @@ impl Gate {
         _bound: &UploadBinding,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.call(self.backend.forward.abort_multipart_upload(req), None)
-            .await
+        self.call(
+            Box::pin(self.backend.forward.abort_multipart_upload(req)),
+            None,
+        )
+        .await
     }
 }
 
