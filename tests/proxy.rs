@@ -184,6 +184,29 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     assert_eq!(status, 400, "{text}");
     assert_eq!(stored(&e.backend, BUCKET, "new").await, None);
 
+    // An empty body: a sender never reads a body of length 0, so its
+    // trailer is checked before anything is sent.
+    let (status, text) = trailer_put(&e, "empty", &token, b"", b"x", 0).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("BadDigest"), "{text}");
+    assert_eq!(stored(&e.backend, BUCKET, "empty").await, None);
+    let (status, text) = trailer_put(&e, "t", &token, b"", b"x", 0).await;
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "t").await,
+        Some((b"hello".to_vec(), Some(1))),
+        "the object is as it was"
+    );
+    let (status, text) = trailer_put(&e, "empty", &token, b"", b"", 0).await;
+    assert_eq!(
+        status, 200,
+        "an empty body with its right checksum lands: {text}"
+    );
+    assert_eq!(
+        stored(&e.backend, BUCKET, "empty").await,
+        Some((Vec::new(), Some(1)))
+    );
+
     // A body longer than its declared decoded length: a sender that
     // stops at the length would deliver its first 5 bytes as the object.
     let (status, text) = trailer_put(&e, "long", &token, b"hellohello", b"hellohello", 5).await;
@@ -222,6 +245,10 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     )
     .await;
     assert_eq!(status, 400, "{text}");
+    assert!(text.contains("BadDigest"), "{text}");
+    let empty_part = format!("parts?partNumber=2&uploadId={id}");
+    let (status, text) = trailer_put(&e, &empty_part, &token, b"", b"x", 0).await;
+    assert_eq!(status, 400, "an empty part unlike its checksum: {text}");
     assert!(text.contains("BadDigest"), "{text}");
     // Had the part landed, the store would complete the upload with it.
     let etag = {

@@ -13,7 +13,9 @@
 //! the end of the data it reads on (s3s then parses the trailer, and
 //! verifies its signature in signed mode), compares, and only then hands
 //! on the chunk it kept, or fails the body. The store so never receives
-//! the whole of a body unlike its checksum, and never commits it.
+//! the whole of a body unlike its checksum, and never commits it. A body
+//! of length 0, which no sender reads, is read to its end first
+//! ([`settle_empty`]).
 //!
 //! Every `aws-chunked` body is held to its declared length the same way
 //! (`x-amz-decoded-content-length`, which s3s does not enforce): a byte
@@ -86,18 +88,7 @@ pub fn check(
     trailing: Option<&TrailingHeaders>,
 ) -> Verdict {
     let verdict = Verdict::default();
-    let chunked = headers
-        .get("x-amz-content-sha256")
-        .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"))
-        || headers
-            .get_all(http::header::CONTENT_ENCODING)
-            .iter()
-            .any(|v| {
-                String::from_utf8_lossy(v.as_bytes())
-                    .to_ascii_lowercase()
-                    .contains("aws-chunked")
-            });
-    if !chunked {
+    if !chunked(headers) {
         return verdict;
     }
     let Some(inner) = body.take() else {
@@ -135,6 +126,48 @@ pub fn check(
         verdict: verdict.clone(),
     }));
     verdict
+}
+
+/// Whether s3s decoded the request's body from `aws-chunked`.
+fn chunked(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-amz-content-sha256")
+        .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"))
+        || headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .any(|v| {
+                String::from_utf8_lossy(v.as_bytes())
+                    .to_ascii_lowercase()
+                    .contains("aws-chunked")
+            })
+}
+
+/// Reads an `aws-chunked` body that declares no data to its end before
+/// anything is sent, so that its trailer is checked: a sender never polls
+/// a body of length 0, and the store would commit the empty object
+/// whatever checksum the trailer carried. Call it on the watched body
+/// (`Gate::watch_body`), which a raise or a silent client cuts. Other
+/// bodies are left alone.
+pub async fn settle_empty(
+    body: &mut Option<StreamingBlob>,
+    headers: &HeaderMap,
+    verdict: &Verdict,
+) -> Result<(), s3s::S3Error> {
+    let Some(inner) = body.as_mut() else {
+        return Ok(());
+    };
+    if !chunked(headers) || inner.remaining_length().exact() != Some(0) {
+        return Ok(());
+    }
+    while let Some(chunk) = futures::StreamExt::next(inner).await {
+        if let Err(e) = chunk {
+            return Err(verdict.failed().unwrap_or_else(|| {
+                s3s::s3_error!(IncompleteBody, "the request body ended early: {e}")
+            }));
+        }
+    }
+    Ok(())
 }
 
 /// The checksum a trailer announced: which of [`NAMES`], the data's hash

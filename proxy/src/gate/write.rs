@@ -73,6 +73,17 @@ impl Write {
         tag(&mut input.metadata, token);
         input.content_encoding = strip_aws_chunked(input.content_encoding.take());
         let watch = gate.watch_body(&mut input.body, &self.admission.cancel);
+        if let Err(e) =
+            crate::trailer::settle_empty(&mut req.input.body, &req.headers, &verdict).await
+        {
+            let e = match watch.as_ref().and_then(crate::body::BodyWatch::stalled) {
+                Some(idle) => crate::errors::request_timeout(idle),
+                None => e,
+            };
+            return gate
+                .finish(self, Sent::Answered(Err(e)), put_holds(token))
+                .await;
+        }
         let Some(lean) = gate
             .backend
             .lean
@@ -340,6 +351,16 @@ impl Gate {
             req.trailing_headers.as_ref(),
         );
         let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
+        if let Err(e) =
+            crate::trailer::settle_empty(&mut req.input.body, &req.headers, &verdict).await
+        {
+            return Err(
+                match watch.as_ref().and_then(crate::body::BodyWatch::stalled) {
+                    Some(idle) => crate::errors::request_timeout(idle),
+                    None => e,
+                },
+            );
+        }
         self.call_watched(Box::pin(self.backend.forward.upload_part(req)), watch)
             .await
             .map_err(|e| verdict.failed().unwrap_or(e))
