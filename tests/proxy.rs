@@ -369,10 +369,13 @@ async fn send_put(
     headers: http::HeaderMap,
     body: Vec<u8>,
 ) -> (u16, String) {
+    // Set here: an empty body would go without it, and it is signed.
+    let length = body.len();
     let resp = reqwest::Client::new()
         .put(url)
         .header("fencing-token", token)
         .headers(headers)
+        .header(http::header::CONTENT_LENGTH, length)
         .body(body)
         .send()
         .await
@@ -427,13 +430,34 @@ async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_noth
     );
     assert_eq!(edge().await - before, 4.0, "verified by the edge");
 
+    // An empty body, which no sender reads: its hash is checked before
+    // anything is sent.
+    let (status, text) = hand_signed_put(&e, "emptied", &token, b"mine", b"", true).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("x-amz-content-sha256"), "{text}");
+    assert_eq!(stored(&e.backend, BUCKET, "emptied").await, None);
+    let (status, text) = hand_signed_put(&e, "hashed", &token, b"mine", b"", true).await;
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "hashed").await,
+        Some((b"mine".to_vec(), Some(1))),
+        "the empty body unlike its hash never landed"
+    );
+    let (status, text) = hand_signed_put(&e, "empty", &token, b"", b"", true).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "empty").await,
+        Some((Vec::new(), Some(1)))
+    );
+    assert_eq!(edge().await - before, 7.0, "verified by the edge");
+
     let (status, text) = hand_signed_put(&e, "forged", &token, b"mine", b"mine", false).await;
     assert_eq!(status, 403, "{text}");
     assert!(text.contains("SignatureDoesNotMatch"), "{text}");
     assert_eq!(stored(&e.backend, BUCKET, "forged").await, None);
     assert_eq!(
         edge().await - before,
-        4.0,
+        7.0,
         "a spoiled signature goes to s3s"
     );
 }
