@@ -889,6 +889,91 @@ async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land()
     );
 }
 
+/// The same across a crash: a write the store holds when the proxy is
+/// killed may still land after the proxy is back (its connection closed
+/// with the process, and the store decides within `store_decision_secs`).
+/// The restarted proxy knows nothing of it, so for `store_decision_secs`
+/// after it starts, a raise waits; the stale object never appears after
+/// the raise was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_flight_when_the_proxy_died_holds_back_a_raise_after_its_restart() {
+    const HOLD: Duration = Duration::from_secs(4);
+    const DECISION: Duration = Duration::from_secs(5);
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        "PUT /bkt/in-flight",
+        HOLD,
+        closed.clone(),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!(
+            "endpoint = \"{relay}\"\ntimeout_secs = 30\nstore_decision_secs = {}",
+            DECISION.as_secs()
+        ),
+    );
+    let mut proxy = Proxy::start(&toml, dir.path()).await;
+    let http = http();
+    assert_eq!(
+        put(&http, &proxy.url, "warm", &signed(BUCKET, 1), "w").await,
+        Some(200)
+    );
+
+    let started = Instant::now();
+    let url = proxy.url.clone();
+    let in_flight = tokio::spawn({
+        let http = http.clone();
+        async move {
+            http.put(format!("{url}/{BUCKET}/in-flight"))
+                .header("fencing-token", signed(BUCKET, 1))
+                .body("stale")
+                .send()
+                .await
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.metric("fencegate_proxy_inflight_writes", &[]).await != Some(1.0) {
+        assert!(Instant::now() < deadline, "the write never went out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.kill9();
+    assert!(
+        in_flight.await.expect("joined").is_err(),
+        "the client lost its connection with the proxy"
+    );
+    proxy.restart().await;
+    let restarted = Instant::now();
+
+    let raise = put(&http, &proxy.url, "other-key", &signed(BUCKET, 2), "new").await;
+    let raise_waited = restarted.elapsed();
+    let at_answer = stored(&backend, BUCKET, "in-flight").await;
+    assert_eq!(raise, Some(200), "the raise is admitted in the end");
+    tokio::time::sleep_until((started + HOLD + Duration::from_secs(2)).into()).await;
+    assert!(
+        closed.load(Ordering::Acquire),
+        "the dead proxy's connection to the store closed"
+    );
+    assert_eq!(
+        stored(&backend, BUCKET, "in-flight").await,
+        at_answer,
+        "the store changed after the raise was answered"
+    );
+    assert_eq!(
+        at_answer,
+        Some((b"stale".to_vec(), Some(1))),
+        "the held request landed (before the raise, as the store decided)"
+    );
+    assert!(
+        raise_waited >= DECISION - Duration::from_millis(500),
+        "the raise waited for the store decision time after the restart: {raise_waited:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
     let backend = Backend::start(BackendKind::S3Fs).await;

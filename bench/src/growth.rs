@@ -129,7 +129,10 @@ async fn scopes(opts: &GrowthOpts, tmp: &Path) -> anyhow::Result<(Vec<ScopeLevel
         eprintln!("growth: {n} fence scopes");
         let (dir, f) = populate_dir(tmp)?;
         fs = f;
-        let fences = Fences::load(Db::open(&dir.path().join("proxy.db"))?)?;
+        let fences = Fences::load(
+            Db::open(&dir.path().join("proxy.db"))?,
+            std::time::Duration::ZERO,
+        )?;
         let ids: Vec<String> = (0..n).map(|i| format!("bucket-{i}")).collect();
         let t = Instant::now();
         for id in &ids {
@@ -157,7 +160,7 @@ async fn scopes(opts: &GrowthOpts, tmp: &Path) -> anyhow::Result<(Vec<ScopeLevel
 async fn raise_cost(opts: &GrowthOpts, tmp: &Path) -> anyhow::Result<RaiseCost> {
     let dir = tempfile::Builder::new().prefix("raise-").tempdir_in(tmp)?;
     let db = Db::open(&dir.path().join("proxy.db"))?;
-    let fences = Fences::load(db.clone())?;
+    let fences = Fences::load(db.clone(), std::time::Duration::ZERO)?;
     // Alternate: a raise through the fence (epoch barrier + spawn_blocking
     // + SQLite), and the same SQLite statement called directly.
     let (mut lat, mut db_lat) = (Vec::new(), Vec::new());

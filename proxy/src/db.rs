@@ -5,6 +5,11 @@
 //! max is fsync'd before the write carrying it is forwarded, and an upload's
 //! binding before its upload id is returned to the client. A restart reads
 //! them back, so it never forgets a max and never unfences an upload.
+//!
+//! It also records whether the last run of the process ended cleanly
+//! (every request drained, no write left that the store may still
+//! commit): a run that did not may have left writes in flight, and the
+//! next one must wait them out before it raises a fence (`fences`).
 
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
@@ -52,6 +57,10 @@ impl Db {
                  scope TEXT PRIMARY KEY,
                  max_token INTEGER NOT NULL
              );
+             CREATE TABLE IF NOT EXISTS runs (
+                 id INTEGER PRIMARY KEY CHECK (id = 1),
+                 clean INTEGER NOT NULL
+             );
              CREATE TABLE IF NOT EXISTS uploads (
                  upload_id TEXT PRIMARY KEY,
                  bucket TEXT NOT NULL,
@@ -81,6 +90,34 @@ impl Db {
     }
 
     /// Every scope's max_token.
+    /// Starts a run: whether the last one ended cleanly (a database no run
+    /// has used yet: yes), and this one recorded, durably, as not (yet)
+    /// ended cleanly.
+    pub fn begin_run(&self) -> rusqlite::Result<bool> {
+        self.with(|c| {
+            let clean = c
+                .query_row("SELECT clean FROM runs WHERE id = 1", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .optional()?
+                .is_none_or(|clean| clean != 0);
+            c.execute(
+                "INSERT INTO runs (id, clean) VALUES (1, 0)
+                 ON CONFLICT (id) DO UPDATE SET clean = 0",
+                [],
+            )?;
+            Ok(clean)
+        })
+    }
+
+    /// Records that this run ended cleanly.
+    pub fn end_run_cleanly(&self) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute("UPDATE runs SET clean = 1 WHERE id = 1", [])
+                .map(drop)
+        })
+    }
+
     pub fn load_fences(&self) -> rusqlite::Result<Vec<(String, u64)>> {
         self.with(|c| {
             let mut stmt = c.prepare("SELECT scope, max_token FROM fences")?;
@@ -169,5 +206,22 @@ mod tests {
         assert_eq!(db.upload("u1").expect("read").map(|u| u.token), Some(5));
         db.forget_upload("u1").expect("forget");
         assert_eq!(db.upload("u1").expect("read"), None);
+    }
+
+    #[test]
+    fn a_run_is_unclean_until_it_says_otherwise() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.db");
+        let open = || Db::open(&path).expect("open");
+        assert!(open().begin_run().expect("first"), "no run before");
+        assert!(
+            !open().begin_run().expect("after a crash"),
+            "the run never ended"
+        );
+        let db = open();
+        assert!(!db.begin_run().expect("again"));
+        db.end_run_cleanly().expect("clean");
+        assert!(open().begin_run().expect("after a clean stop"));
+        assert!(!open().begin_run().expect("then a crash"));
     }
 }

@@ -17,6 +17,14 @@
 //! that paused in the middle of a large upload from landing its object after
 //! the new holder.
 //!
+//! Writes of an earlier run of the process are in no epoch: a write the
+//! store held when the proxy died may still commit after it is back (its
+//! connection closed with the process; the store decides within
+//! `store_decision_secs`). So after a run that did not end cleanly (see
+//! `db`), no raise completes before `settled`, `store_decision_secs` after
+//! the fences were loaded: a raise in the first seconds after such a start
+//! waits out what the last run may have left in flight.
+//!
 //! The shared/exclusive hold is a fair `tokio::sync::RwLock`: a raise
 //! waiting for the exclusive hold blocks new shared holds, which then see the
 //! new max and are refused.
@@ -100,11 +108,15 @@ pub struct Fences {
     /// first admit).
     scopes: Arc<DashMap<String, Arc<ScopeFence>>>,
     db: Db,
+    /// Until when a write of the process's last run may still commit.
+    settled: tokio::time::Instant,
 }
 
 impl Fences {
-    /// Loads every persisted max from `db`.
-    pub fn load(db: Db) -> anyhow::Result<Fences> {
+    /// Loads every persisted max from `db`. A write the process's last run
+    /// left in flight may commit for up to `store_decision` from now: no
+    /// raise completes before then.
+    pub fn load(db: Db, store_decision: std::time::Duration) -> anyhow::Result<Fences> {
         let scopes = DashMap::new();
         for (scope, max) in db.load_fences()? {
             scopes.insert(scope, Arc::new(ScopeFence::new(max)));
@@ -112,6 +124,7 @@ impl Fences {
         Ok(Fences {
             scopes: Arc::new(scopes),
             db,
+            settled: tokio::time::Instant::now() + store_decision,
         })
     }
 
@@ -214,6 +227,8 @@ impl Fences {
                     fence.current_cancel().cancel();
                     let cut_at = std::time::Instant::now();
                     let exclusive = fence.epoch.write().await;
+                    // And every write of the last run (see the module doc).
+                    tokio::time::sleep_until(self.settled).await;
                     waited = cut_at.elapsed();
                     let db = self.db.clone();
                     let id = scope.to_owned();
@@ -250,7 +265,7 @@ mod tests {
     fn fences() -> (tempfile::TempDir, Fences) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(&dir.path().join("f.db")).expect("db");
-        (dir, Fences::load(db).expect("load"))
+        (dir, Fences::load(db, Duration::ZERO).expect("load"))
     }
 
     #[tokio::test]
@@ -297,14 +312,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn after_an_unclean_run_raises_wait_until_settled() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f.db");
+        let settle = Duration::from_millis(400);
+        let f = Fences::load(Db::open(&path).expect("db"), settle).expect("load");
+        let start = tokio::time::Instant::now();
+        let a = f.admit("s", 1).await.expect("raised");
+        assert!(a.raised);
+        assert!(
+            start.elapsed() >= settle,
+            "the raise completed after {:?}",
+            start.elapsed()
+        );
+        drop(a);
+        // Settled: neither joining the epoch nor the next raise waits.
+        let later = tokio::time::Instant::now();
+        drop(f.admit("s", 1).await.expect("joined"));
+        drop(f.admit("s", 2).await.expect("raised"));
+        assert!(later.elapsed() < settle, "{:?}", later.elapsed());
+    }
+
+    #[tokio::test]
     async fn max_survives_reload() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("f.db");
         {
-            let f = Fences::load(Db::open(&path).expect("db")).expect("load");
+            let f = Fences::load(Db::open(&path).expect("db"), Duration::ZERO).expect("load");
             drop(f.admit("s", 9).await.expect("admitted"));
         }
-        let f = Fences::load(Db::open(&path).expect("db")).expect("load");
+        let f = Fences::load(Db::open(&path).expect("db"), Duration::ZERO).expect("load");
         assert_eq!(f.max("s"), 9);
     }
 

@@ -370,10 +370,13 @@ pub async fn serve(
     let router = Router {
         s3,
         edge,
-        gate,
+        gate: gate.clone(),
         hosts,
     };
-    serve_detached(listener, router, options, shutdown).await
+    if serve_detached(listener, router, options, shutdown).await? {
+        gate.end_run();
+    }
+    Ok(())
 }
 
 /// Serves any hyper service the same way, with the default connection
@@ -396,15 +399,19 @@ where
         drain_timeout: DRAIN_TIMEOUT,
         ..fencegate_net::ServerOptions::default()
     };
-    serve_detached(listener, router, options, shutdown).await
+    serve_detached(listener, router, options, shutdown)
+        .await
+        .map(drop)
 }
 
+/// Serves until `shutdown`, then drains; whether every connection and
+/// request ended within the drain time.
 async fn serve_detached<S>(
     listener: TcpListener,
     router: S,
     options: fencegate_net::ServerOptions,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()>
+) -> anyhow::Result<bool>
 where
     S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = HttpError>
         + Clone
@@ -439,10 +446,16 @@ where
         .copied()
         .unwrap_or_else(tokio::time::Instant::now)
         + drain;
-    tokio::select! {
-        () = tracker.wait() => tracing::info!("all connections and requests drained"),
-        () = tokio::time::sleep_until(deadline) => tracing::warn!("gave up waiting for in-flight requests to finish"),
-    }
+    let drained = tokio::select! {
+        () = tracker.wait() => {
+            tracing::info!("all connections and requests drained");
+            true
+        }
+        () = tokio::time::sleep_until(deadline) => {
+            tracing::warn!("gave up waiting for in-flight requests to finish");
+            false
+        }
+    };
     drop(workers);
-    Ok(())
+    Ok(drained)
 }

@@ -249,7 +249,18 @@ impl Gate {
                 .ok_or_else(|| anyhow::anyhow!("signing_keys are invalid"))?,
             )
         };
-        let fences = Fences::load(db.clone())?;
+        // A run that did not end cleanly may have left writes in flight that
+        // the store can still commit: raises wait them out.
+        let settle = if db.begin_run()? {
+            Duration::ZERO
+        } else {
+            let settle = Duration::from_secs(config.backend.store_decision_secs);
+            tracing::warn!(
+                "the proxy's last run did not end cleanly: raises wait {settle:?} (backend.store_decision_secs) for writes it may have left in flight"
+            );
+            settle
+        };
+        let fences = Fences::load(db.clone(), settle)?;
         let metrics = Arc::new(Metrics::new());
         let scopes = ScopeMap::new(config)?;
         // Fences were kept per scope before they were kept per lock: a
@@ -260,7 +271,7 @@ impl Gate {
                 db.raise(s.fence(), old)?;
             }
         }
-        let fences = Fences::load(db.clone())?;
+        let fences = Fences::load(db.clone(), settle)?;
         for (lock, max) in fences.snapshot() {
             if lock.contains('/') {
                 continue; // a scope's row from before fences were per lock
@@ -398,6 +409,25 @@ impl Gate {
     }
 
     /// The proxy's metrics.
+    /// Records a clean end of this run if no write is left that the store
+    /// may still commit (called once every request has drained); otherwise
+    /// the next run waits such writes out before it raises a fence.
+    pub fn end_run(&self) {
+        let lingering = self.metrics.lingering_writes.get();
+        if lingering > 0 {
+            tracing::warn!(
+                lingering,
+                "stopping with writes the store may still commit: the next start's raises wait backend.store_decision_secs"
+            );
+            return;
+        }
+        if let Err(e) = self.db.end_run_cleanly() {
+            tracing::warn!(
+                "cannot record the clean stop: {e}; the next start's raises wait backend.store_decision_secs"
+            );
+        }
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
