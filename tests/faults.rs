@@ -29,7 +29,17 @@ async fn system() -> System {
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let proxy = Proxy::start(&proxy_toml(&backend, dir.path(), BUCKET, ""), dir.path()).await;
+    // The store is in this process and decides at once; a short decision
+    // time keeps the raises after each kill -9 of the proxy (which wait it
+    // out) within the test's cycles.
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!(
+            "endpoint = \"{}\"\nstore_decision_secs = 1",
+            backend.endpoint
+        ),
+    );
+    let proxy = Proxy::start(&toml, dir.path()).await;
     let locksvc = start_locksvc(dir.path()).await;
     System {
         backend,
@@ -946,8 +956,8 @@ async fn a_write_in_flight_when_the_proxy_died_holds_back_a_raise_after_its_rest
         in_flight.await.expect("joined").is_err(),
         "the client lost its connection with the proxy"
     );
-    proxy.restart().await;
     let restarted = Instant::now();
+    proxy.restart().await;
 
     let raise = put(&http, &proxy.url, "other-key", &signed(BUCKET, 2), "new").await;
     let raise_waited = restarted.elapsed();
@@ -969,9 +979,72 @@ async fn a_write_in_flight_when_the_proxy_died_holds_back_a_raise_after_its_rest
         "the held request landed (before the raise, as the store decided)"
     );
     assert!(
-        raise_waited >= DECISION - Duration::from_millis(500),
+        raise_waited >= DECISION,
         "the raise waited for the store decision time after the restart: {raise_waited:?}"
     );
+}
+
+/// Only a clean stop lets the next start raise at once: after a graceful
+/// stop with nothing in flight, the raise is immediate; after a kill -9 it
+/// waits `store_decision_secs`, and so it does again after a graceful stop
+/// that came within that wait (the killed run's writes could still land).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_after_an_unclean_stop_waits_and_a_clean_stop_does_not() {
+    const DECISION: Duration = Duration::from_secs(4);
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!(
+            "endpoint = \"{}\"\nstore_decision_secs = {}",
+            backend.endpoint,
+            DECISION.as_secs()
+        ),
+    );
+    let mut proxy = Proxy::start(&toml, dir.path()).await;
+    let http = http();
+    let raise = |proxy: &Proxy, token: u64| {
+        let (http, url) = (http.clone(), proxy.url.clone());
+        async move {
+            let sent = Instant::now();
+            let status = put(&http, &url, "k", &signed(BUCKET, token), "v").await;
+            (status, sent.elapsed())
+        }
+    };
+    assert_eq!(raise(&proxy, 1).await.0, Some(200));
+
+    proxy.terminate();
+    proxy.restart().await;
+    let (status, took) = raise(&proxy, 2).await;
+    assert_eq!(status, Some(200));
+    assert!(took < DECISION / 2, "after a clean stop: {took:?}");
+
+    proxy.kill9();
+    let started = Instant::now();
+    proxy.restart().await;
+    // Stopped cleanly, but before the killed run's writes could be ruled out.
+    proxy.terminate();
+    assert!(
+        started.elapsed() < DECISION,
+        "the stop came within the wait"
+    );
+    let started = Instant::now();
+    proxy.restart().await;
+    let (status, _) = raise(&proxy, 3).await;
+    assert_eq!(status, Some(200));
+    assert!(
+        started.elapsed() >= DECISION,
+        "the raise after a stop inside the wait waited again: {:?}",
+        started.elapsed()
+    );
+
+    // That run waited its wait out: its clean stop counts.
+    proxy.terminate();
+    proxy.restart().await;
+    let (status, took) = raise(&proxy, 4).await;
+    assert_eq!(status, Some(200));
+    assert!(took < DECISION / 2, "after a clean stop: {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,7 +89,6 @@ impl Db {
         f(&conn)
     }
 
-    /// Every scope's max_token.
     /// Starts a run: whether the last one ended cleanly (a database no run
     /// has used yet: yes), and this one recorded, durably, as not (yet)
     /// ended cleanly.
@@ -118,6 +117,7 @@ impl Db {
         })
     }
 
+    /// Every scope's max_token.
     pub fn load_fences(&self) -> rusqlite::Result<Vec<(String, u64)>> {
         self.with(|c| {
             let mut stmt = c.prepare("SELECT scope, max_token FROM fences")?;

@@ -128,6 +128,12 @@ impl Fences {
         })
     }
 
+    /// Whether every write the process's last run may have left in flight
+    /// can no longer land.
+    pub fn settled(&self) -> bool {
+        tokio::time::Instant::now() >= self.settled
+    }
+
     /// The fence of `id`, created (max 0) on first use. Only a scope that
     /// is not there yet costs an allocation (its name).
     fn scope(&self, id: &str) -> Arc<ScopeFence> {
@@ -218,6 +224,10 @@ impl Fences {
                 }
                 Verdict::Admit { raises: true } => {
                     let _raising = fence.raising.lock().await;
+                    // Every write of the last run first (see the module
+                    // doc), before this epoch is cut: its writes go on
+                    // meanwhile.
+                    tokio::time::sleep_until(self.settled).await;
                     if fence.max.load(Ordering::Acquire) >= token {
                         continue;
                     }
@@ -227,8 +237,6 @@ impl Fences {
                     fence.current_cancel().cancel();
                     let cut_at = std::time::Instant::now();
                     let exclusive = fence.epoch.write().await;
-                    // And every write of the last run (see the module doc).
-                    tokio::time::sleep_until(self.settled).await;
                     waited = cut_at.elapsed();
                     let db = self.db.clone();
                     let id = scope.to_owned();

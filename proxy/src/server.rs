@@ -446,14 +446,18 @@ where
         .copied()
         .unwrap_or_else(tokio::time::Instant::now)
         + drain;
+    // The deadline first: `fencegate_net::serve` gives up on connections
+    // at the same deadline, and then returns with their handlers still
+    // running, outside `tracker`.
     let drained = tokio::select! {
-        () = tracker.wait() => {
-            tracing::info!("all connections and requests drained");
-            true
-        }
+        biased;
         () = tokio::time::sleep_until(deadline) => {
             tracing::warn!("gave up waiting for in-flight requests to finish");
             false
+        }
+        () = tracker.wait() => {
+            tracing::info!("all connections and requests drained");
+            true
         }
     };
     drop(workers);

@@ -107,6 +107,12 @@ impl Service {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM (a graceful stop), and reap.
+    pub fn terminate(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig)
             .expect("signal delivered");

@@ -360,6 +360,14 @@ impl Proxy {
         self.service = None;
     }
 
+    /// A graceful stop (SIGTERM), waited for.
+    pub fn terminate(&mut self) {
+        if let Some(s) = &mut self.service {
+            s.terminate();
+        }
+        self.service = None;
+    }
+
     /// A signed S3 client through the proxy.
     pub fn client(&self) -> aws_sdk_s3::Client {
         sdk_client(&self.url, CLIENT_KEY)

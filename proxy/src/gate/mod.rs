@@ -218,8 +218,10 @@ async fn linger<T>(
     decision: Duration,
     metrics: Arc<Metrics>,
 ) {
+    // Counted by the caller before this task was spawned, and not on
+    // drop: a linger cut short (the runtime stopping) leaves the count up,
+    // and the stop unclean.
     let cut = hold.0.cancel.clone();
-    metrics.lingering_writes.inc();
     let answered = tokio::select! {
         _ = &mut pending => true,
         () = cut.cancelled() => false,
@@ -408,11 +410,18 @@ impl Gate {
         self.backend.lean.is_some() && crate::lean::eligible_headers(headers)
     }
 
-    /// The proxy's metrics.
     /// Records a clean end of this run if no write is left that the store
     /// may still commit (called once every request has drained); otherwise
-    /// the next run waits such writes out before it raises a fence.
+    /// the next run waits such writes out before it raises a fence. A run
+    /// that stops while it still waits out its predecessor's writes is not
+    /// clean either: those writes may still land.
     pub fn end_run(&self) {
+        if !self.fences.settled() {
+            tracing::warn!(
+                "stopping within backend.store_decision_secs of a start after an unclean stop: the next start's raises wait again"
+            );
+            return;
+        }
         let lingering = self.metrics.lingering_writes.get();
         if lingering > 0 {
             tracing::warn!(
@@ -428,6 +437,7 @@ impl Gate {
         }
     }
 
+    /// The proxy's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -896,6 +906,8 @@ impl Gate {
                     "the backend did not answer a write in time; holding its key and epoch until it can no longer commit"
                 );
                 let hold = (w.admission, w.key, w.inflight);
+                // Before the 503 goes out: a stop must see it (`end_run`).
+                self.metrics.lingering_writes.inc();
                 tokio::spawn(linger(
                     pending,
                     hold,
