@@ -32,12 +32,12 @@ async fn system() -> System {
     // The store is in this process and decides at once; a short decision
     // time keeps the raises after each kill -9 of the proxy (which wait it
     // out) within the test's cycles.
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
-        &format!("endpoint = \"{}\"", backend.endpoint),
-        &format!(
-            "endpoint = \"{}\"\nstore_decision_secs = 1",
-            backend.endpoint
-        ),
+    let toml = proxy_toml_to(
+        &backend,
+        dir.path(),
+        BUCKET,
+        &backend.endpoint,
+        "store_decision_secs = 1",
     );
     let proxy = Proxy::start(&toml, dir.path()).await;
     let locksvc = start_locksvc(dir.path()).await;
@@ -771,9 +771,12 @@ async fn an_empty_write_the_store_holds_times_out() {
     )
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
-        &format!("endpoint = \"{}\"", backend.endpoint),
-        &format!("endpoint = \"{relay}\"\ntimeout_secs = 1\nstore_decision_secs = 1"),
+    let toml = proxy_toml_to(
+        &backend,
+        dir.path(),
+        BUCKET,
+        &relay,
+        "timeout_secs = 1\nstore_decision_secs = 1",
     );
     let proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
@@ -817,9 +820,12 @@ async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land()
     )
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
-        &format!("endpoint = \"{}\"", backend.endpoint),
-        &format!("endpoint = \"{relay}\"\ntimeout_secs = 1\nstore_decision_secs = 5"),
+    let toml = proxy_toml_to(
+        &backend,
+        dir.path(),
+        BUCKET,
+        &relay,
+        "timeout_secs = 1\nstore_decision_secs = 5",
     );
     let proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
@@ -920,10 +926,13 @@ async fn a_write_in_flight_when_the_proxy_died_holds_back_a_raise_after_its_rest
     )
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
-        &format!("endpoint = \"{}\"", backend.endpoint),
+    let toml = proxy_toml_to(
+        &backend,
+        dir.path(),
+        BUCKET,
+        &relay,
         &format!(
-            "endpoint = \"{relay}\"\ntimeout_secs = 30\nstore_decision_secs = {}",
+            "timeout_secs = 30\nstore_decision_secs = {}",
             DECISION.as_secs()
         ),
     );
@@ -994,13 +1003,12 @@ async fn a_start_after_an_unclean_stop_waits_and_a_clean_stop_does_not() {
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
-        &format!("endpoint = \"{}\"", backend.endpoint),
-        &format!(
-            "endpoint = \"{}\"\nstore_decision_secs = {}",
-            backend.endpoint,
-            DECISION.as_secs()
-        ),
+    let toml = proxy_toml_to(
+        &backend,
+        dir.path(),
+        BUCKET,
+        &backend.endpoint,
+        &format!("store_decision_secs = {}", DECISION.as_secs()),
     );
     let mut proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
@@ -1058,10 +1066,7 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
     )
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
-        &format!("endpoint = \"{}\"", backend.endpoint),
-        &format!("endpoint = \"{relay}\"\ntimeout_secs = 1"),
-    );
+    let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, "timeout_secs = 1");
     let proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
     let t = signed(BUCKET, 1);
@@ -1119,9 +1124,12 @@ async fn a_delete_that_timed_out_keeps_its_key_until_the_store_answers() {
     )
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
-        &format!("endpoint = \"{}\"", backend.endpoint),
-        &format!("endpoint = \"{relay}\"\ntimeout_secs = 1\nstore_decision_secs = 5"),
+    let toml = proxy_toml_to(
+        &backend,
+        dir.path(),
+        BUCKET,
+        &relay,
+        "timeout_secs = 1\nstore_decision_secs = 5",
     );
     let proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();

@@ -476,10 +476,7 @@ async fn a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_afte
         support::relay::recording_relay(backend.endpoint.trim_start_matches("http://").to_owned())
             .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "").replace(
-        &format!("endpoint = \"{}\"", backend.endpoint),
-        &format!("endpoint = \"{relay}\""),
-    );
+    let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, "");
     let proxy = Proxy::start(&toml, dir.path()).await;
     let e = Env {
         backend,

@@ -30,13 +30,13 @@ struct Replicas {
 /// relay), else directly.
 async fn replicas_via(backend: Backend, r1_endpoint: Option<&str>) -> Replicas {
     let (d1, d2) = (support::tempdir(), support::tempdir());
-    let mut t1 = proxy_toml(&backend, d1.path(), BUCKET, "");
-    if let Some(relay) = r1_endpoint {
-        t1 = t1.replace(
-            &format!("endpoint = \"{}\"", backend.endpoint),
-            &format!("endpoint = \"{relay}\""),
-        );
-    }
+    let t1 = proxy_toml_to(
+        &backend,
+        d1.path(),
+        BUCKET,
+        r1_endpoint.unwrap_or(&backend.endpoint),
+        "",
+    );
     let r1 = Proxy::start(&t1, d1.path()).await;
     let r2 = Proxy::start(&proxy_toml(&backend, d2.path(), BUCKET, ""), d2.path()).await;
     Replicas {

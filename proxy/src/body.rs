@@ -61,6 +61,16 @@ impl BodyWatch {
     }
 }
 
+/// The client's error for a write that failed with `e`: 400
+/// `RequestTimeout` if its body (watched by `watch`) was cut because the
+/// client went silent, else `e`.
+pub fn unless_stalled(watch: Option<&BodyWatch>, e: s3s::S3Error) -> s3s::S3Error {
+    match watch.and_then(BodyWatch::stalled) {
+        Some(idle) => crate::errors::request_timeout(idle),
+        None => e,
+    }
+}
+
 /// A body that ends with [`Cut`] once `cancel` fires, and signals `sent`
 /// when its last byte has been handed to the backend connection.
 #[allow(

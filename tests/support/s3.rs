@@ -321,6 +321,22 @@ secret_key = "{cs}"
     )
 }
 
+/// [`proxy_toml`] with the backend reached at `endpoint` (a relay in front
+/// of it, or the backend itself) and `backend_options` (lines of
+/// `[backend]`, such as `timeout_secs = 1`) added.
+pub fn proxy_toml_to(
+    backend: &Backend,
+    dir: &Path,
+    bucket: &str,
+    endpoint: &str,
+    backend_options: &str,
+) -> String {
+    proxy_toml(backend, dir, bucket, "").replace(
+        &format!("endpoint = \"{}\"", backend.endpoint),
+        &format!("endpoint = \"{endpoint}\"\n{backend_options}"),
+    )
+}
+
 pub fn proxy_cmd(config: &Path) -> Command {
     let mut cmd = fencegate();
     cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])

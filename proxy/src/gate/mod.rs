@@ -359,12 +359,9 @@ impl Gate {
             tokio::time::sleep(timeout).await;
         };
         tokio::select! {
-            r = &mut fut => Sent::Answered(r.map_err(|e| {
-                match watch.as_ref().and_then(BodyWatch::stalled) {
-                    Some(idle) => errors::request_timeout(idle),
-                    None => e,
-                }
-            })),
+            r = &mut fut => Sent::Answered(
+                r.map_err(|e| crate::body::unless_stalled(watch.as_ref(), e)),
+            ),
             () = deadline => Sent::Unanswered(fut),
         }
     }
@@ -388,10 +385,7 @@ impl Gate {
         let sent = watch.as_ref().map(|w| w.sent.clone());
         self.call(fut, sent)
             .await
-            .map_err(|e| match watch.as_ref().and_then(BodyWatch::stalled) {
-                Some(idle) => errors::request_timeout(idle),
-                None => e,
-            })
+            .map_err(|e| crate::body::unless_stalled(watch.as_ref(), e))
     }
 
     /// How long a client may take over a body the proxy waits for.

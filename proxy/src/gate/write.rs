@@ -76,10 +76,7 @@ impl Write {
         if let Err(e) =
             crate::trailer::settle_empty(&mut req.input.body, &req.headers, &verdict).await
         {
-            let e = match watch.as_ref().and_then(crate::body::BodyWatch::stalled) {
-                Some(idle) => crate::errors::request_timeout(idle),
-                None => e,
-            };
+            let e = crate::body::unless_stalled(watch.as_ref(), e);
             return gate
                 .finish(self, Sent::Answered(Err(e)), put_holds(token))
                 .await;
@@ -119,10 +116,10 @@ impl Write {
         let bytes = match collect(body).await {
             Ok(b) => b,
             Err(e) => {
-                let e = match watch.as_ref().and_then(crate::body::BodyWatch::stalled) {
-                    Some(idle) => crate::errors::request_timeout(idle),
-                    None => s3s::s3_error!(IncompleteBody, "the request body ended early: {e}"),
-                };
+                let e = crate::body::unless_stalled(
+                    watch.as_ref(),
+                    s3s::s3_error!(IncompleteBody, "the request body ended early: {e}"),
+                );
                 return gate
                     .finish(self, Sent::Answered(Err(e)), put_holds(token))
                     .await;
@@ -354,12 +351,7 @@ impl Gate {
         if let Err(e) =
             crate::trailer::settle_empty(&mut req.input.body, &req.headers, &verdict).await
         {
-            return Err(
-                match watch.as_ref().and_then(crate::body::BodyWatch::stalled) {
-                    Some(idle) => crate::errors::request_timeout(idle),
-                    None => e,
-                },
-            );
+            return Err(crate::body::unless_stalled(watch.as_ref(), e));
         }
         self.call_watched(Box::pin(self.backend.forward.upload_part(req)), watch)
             .await
@@ -392,7 +384,6 @@ impl Gate {
     }
 }
 
-/// What the store holds after a PutObject with `token` it answered.
 /// A write that failed because its body failed its trailing checksum or
 /// its declared length is the client's 400 (`BadDigest`, `IncompleteBody`),
 /// not the backend error the cut-short send became.
@@ -403,6 +394,7 @@ fn bad_digest<T>(sent: Sent<T>, verdict: &crate::trailer::Verdict) -> Sent<T> {
     }
 }
 
+/// What the store holds after a PutObject with `token` it answered.
 fn put_holds(token: u64) -> impl FnOnce(&S3Response<PutObjectOutput>) -> Option<Known> {
     move |out| {
         Some(Known::Present {
