@@ -709,6 +709,31 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
 /// A write under load: key, token, payload, answer (None: no answer).
 type Attempt = (String, u64, String, Option<u16>);
 
+/// An s3s-fs store with [`BUCKET`] behind a holding relay
+/// ([`support::relay::holding_relay`]: the request whose bytes contain
+/// `marker` is held for `hold`; `closed` is set when the proxy closes a
+/// connection that carried it), and a proxy config that reaches the store
+/// through the relay with `backend_options`; the directory is the proxy's.
+async fn held_store(
+    marker: &'static str,
+    hold: Duration,
+    closed: Arc<std::sync::atomic::AtomicBool>,
+    backend_options: &str,
+) -> (Backend, tempfile::TempDir, String) {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        marker,
+        hold,
+        closed,
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, backend_options);
+    (backend, dir, toml)
+}
+
 /// A TCP relay that can hold back the backend's answers.
 async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -761,23 +786,13 @@ async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_write_the_store_holds_times_out() {
     const HOLD: Duration = Duration::from_secs(4);
-    let backend = Backend::start(BackendKind::S3Fs).await;
-    backend.create_bucket(BUCKET).await;
-    let relay = support::relay::holding_relay(
-        backend.endpoint.trim_start_matches("http://").to_owned(),
+    let (_backend, dir, toml) = held_store(
         "hold-this-one",
         HOLD,
-        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        Arc::default(),
+        "timeout_secs = 1\nstore_decision_secs = 1",
     )
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml_to(
-        &backend,
-        dir.path(),
-        BUCKET,
-        &relay,
-        "timeout_secs = 1\nstore_decision_secs = 1",
-    );
     let proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
     // The key is known, so the next write streams its body.
@@ -809,24 +824,14 @@ async fn an_empty_write_the_store_holds_times_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land() {
     const HOLD: Duration = Duration::from_secs(3);
-    let backend = Backend::start(BackendKind::S3Fs).await;
-    backend.create_bucket(BUCKET).await;
     let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let relay = support::relay::holding_relay(
-        backend.endpoint.trim_start_matches("http://").to_owned(),
+    let (backend, dir, toml) = held_store(
         "PUT /bkt/late-new-key",
         HOLD,
         closed.clone(),
+        "timeout_secs = 1\nstore_decision_secs = 5",
     )
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml_to(
-        &backend,
-        dir.path(),
-        BUCKET,
-        &relay,
-        "timeout_secs = 1\nstore_decision_secs = 5",
-    );
     let proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
     assert_eq!(
@@ -915,27 +920,17 @@ async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land()
 async fn a_write_in_flight_when_the_proxy_died_holds_back_a_raise_after_its_restart() {
     const HOLD: Duration = Duration::from_secs(4);
     const DECISION: Duration = Duration::from_secs(5);
-    let backend = Backend::start(BackendKind::S3Fs).await;
-    backend.create_bucket(BUCKET).await;
     let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let relay = support::relay::holding_relay(
-        backend.endpoint.trim_start_matches("http://").to_owned(),
+    let (backend, dir, toml) = held_store(
         "PUT /bkt/in-flight",
         HOLD,
         closed.clone(),
-    )
-    .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml_to(
-        &backend,
-        dir.path(),
-        BUCKET,
-        &relay,
         &format!(
             "timeout_secs = 30\nstore_decision_secs = {}",
             DECISION.as_secs()
         ),
-    );
+    )
+    .await;
     let mut proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
     assert_eq!(
@@ -1114,23 +1109,13 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
 /// decided before would be deleted by the late DELETE).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_that_timed_out_keeps_its_key_until_the_store_answers() {
-    let backend = Backend::start(BackendKind::S3Fs).await;
-    backend.create_bucket(BUCKET).await;
-    let relay = support::relay::holding_relay(
-        backend.endpoint.trim_start_matches("http://").to_owned(),
+    let (backend, dir, toml) = held_store(
         "DELETE /bkt/gone",
         Duration::from_millis(1500),
-        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        Arc::default(),
+        "timeout_secs = 1\nstore_decision_secs = 5",
     )
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml_to(
-        &backend,
-        dir.path(),
-        BUCKET,
-        &relay,
-        "timeout_secs = 1\nstore_decision_secs = 5",
-    );
     let proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
     let t = signed(BUCKET, 1);
