@@ -14,7 +14,7 @@
 //! of known length sent as is. An `aws-chunked` body (s3s decoded it, and
 //! its trailing checksum would need re-encoding) goes through the SDK.
 
-mod sign;
+pub(crate) mod sign;
 
 use crate::backend::TOKEN_METADATA_KEY;
 use crate::config::BackendConfig;

@@ -119,10 +119,10 @@ impl Signer {
         let scope = format!("{date}/{}/{SERVICE}/aws4_request", self.region);
         let string_to_sign = format!(
             "AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{}",
-            hex::encode(Sha256::digest(canonical.as_bytes()))
+            hex(&Sha256::digest(canonical.as_bytes()))
         );
         let key = self.signing_key(date);
-        let signature = hex::encode(hmac(&key, string_to_sign.as_bytes()));
+        let signature = hex(&hmac(&key, string_to_sign.as_bytes()));
         let authorization = format!(
             "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={signature}",
             self.access_key
@@ -154,6 +154,20 @@ impl Signer {
 /// 64 lower-case hex digits: a SHA-256 as SigV4 writes it.
 fn is_sha256_hex(v: &[u8]) -> bool {
     v.len() == 64 && v.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Lower-case hex of `bytes`, as SigV4 writes hashes and signatures.
+/// `hex::encode` builds its `String` a `char` at a time through an
+/// iterator; a request signs or checks three or four digests, so this
+/// writes the digits straight into a buffer of the final size.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
@@ -197,6 +211,14 @@ fn header_value(text: &str) -> HeaderValue {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hex_writes_what_the_hex_crate_writes() {
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(super::hex(&all), hex::encode(&all));
+        assert_eq!(super::hex(&[]), "");
+        assert_eq!(super::hex(&[0x0f, 0xa0]), "0fa0");
+    }
+
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
 
