@@ -223,7 +223,7 @@ impl Edge {
             "AWS4-HMAC-SHA256\n{stamp}\n{}/{}/s3/aws4_request\n{}",
             auth.date,
             auth.region,
-            crate::lean::sign::hex(&Sha256::digest(canonical.as_bytes()))
+            crate::lean::hex(&Sha256::digest(canonical.as_bytes()))
         );
         let signing = signing_key(&secret, auth.date, auth.region);
         let mut mac = HmacSha256::new_from_slice(&signing).ok()?;
@@ -558,7 +558,7 @@ impl Checked {
 
     /// Whether what arrived so far is the whole body it was signed as.
     fn complete(&mut self) -> Result<(), s3s::StdError> {
-        let hash = crate::lean::sign::hex(&std::mem::take(&mut self.hash).finalize());
+        let hash = crate::lean::hex(&std::mem::take(&mut self.hash).finalize());
         if hash != self.expected_hash {
             return Err(
                 "the body's SHA-256 is not the x-amz-content-sha256 it was signed with".into(),

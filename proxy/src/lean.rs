@@ -14,7 +14,10 @@
 //! of known length sent as is. An `aws-chunked` body (s3s decoded it, and
 //! its trailing checksum would need re-encoding) goes through the SDK.
 
-pub(crate) mod sign;
+mod sign;
+
+/// The signer's hex, shared with the edge, which checks what it signs.
+pub(crate) use sign::hex;
 
 use crate::backend::TOKEN_METADATA_KEY;
 use crate::config::BackendConfig;

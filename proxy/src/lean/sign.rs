@@ -211,6 +211,9 @@ fn header_value(text: &str) -> HeaderValue {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
     #[test]
     fn hex_writes_what_the_hex_crate_writes() {
         let all: Vec<u8> = (0..=255).collect();
@@ -218,9 +221,6 @@ mod tests {
         assert_eq!(super::hex(&[]), "");
         assert_eq!(super::hex(&[0x0f, 0xa0]), "0fa0");
     }
-
-    use super::*;
-    use std::time::{Duration, UNIX_EPOCH};
 
     /// The same request signed by `aws-sigv4` (the SDK's signer), with the
     /// lean forwarder's settings before this module replaced it.
