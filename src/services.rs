@@ -24,6 +24,20 @@ pub struct LocksvcArgs {
     /// Only validate the configuration, then exit.
     #[arg(long)]
     pub check: bool,
+    #[command(subcommand)]
+    pub action: Option<LocksvcAction>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum LocksvcAction {
+    /// Move the locks and the token counter from a SQLite database to the
+    /// etcd cluster of `[etcd]` (or FENCEGATE_ETCD_*). Stop the SQLite
+    /// service first. Safe to run again.
+    Migrate {
+        /// The SQLite database to read (the old service's `db`).
+        #[arg(long)]
+        from_db: PathBuf,
+    },
 }
 
 /// Resolves when the process gets SIGINT or SIGTERM.
@@ -93,6 +107,23 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
         config.db = db;
     }
     let config = config.validated()?;
+    if let Some(LocksvcAction::Migrate { from_db }) = &args.action {
+        let etcd = config.etcd.as_ref().context(
+            "migrate moves the locks to etcd: configure [etcd] (or FENCEGATE_ETCD_ENDPOINTS) and the epoch",
+        )?;
+        let m = fencegate_locksvc::migrate::migrate(from_db, etcd).await?;
+        println!(
+            "migrated {}: SQLite issued tokens up to {}; etcd now runs epoch {} (tokens from {}); {} live lease(s) copied, {} skipped (the lock already had a lease in etcd). Start every replica with etcd.epoch = {}.",
+            from_db.display(),
+            m.last_token,
+            m.epoch,
+            fencegate_locksvc::etcd::epoch_base(m.epoch) + 1,
+            m.copied,
+            m.skipped,
+            m.epoch
+        );
+        return Ok(());
+    }
     if args.check {
         println!("configuration is valid");
         return Ok(());

@@ -39,8 +39,9 @@
 //! signed token. Refusals carry numbers and names only.
 
 use crate::auth::{Caller, Keyring};
+use crate::backend::Leases;
 use crate::config::LocksvcConfig;
-use crate::engine::{EngineError, EngineHandle, LockStatus};
+use crate::engine::{EngineError, LockStatus};
 use crate::metrics::Metrics;
 use crate::proof::{self, HeldToken, IdempotencyKey, ProofError};
 use axum::Router;
@@ -70,7 +71,7 @@ pub struct AppState {
 #[derive(Debug)]
 struct Inner {
     config: LocksvcConfig,
-    engine: EngineHandle,
+    engine: Leases,
     metrics: Arc<Metrics>,
     keys: TokenKeys,
     api_keys: Keyring,
@@ -80,7 +81,7 @@ impl AppState {
     /// Validates `config` and builds the handlers' state.
     pub fn new(
         config: LocksvcConfig,
-        engine: EngineHandle,
+        engine: Leases,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<AppState> {
         let config = config.validated()?;
@@ -271,9 +272,18 @@ impl From<EngineError> for ApiError {
                 ErrorCode::TooManyWaiters,
                 "too many clients are already waiting for this lock; retry later",
             ),
+            EngineError::InLine { waiting } => ApiError::new(
+                ErrorCode::LockHeld,
+                format!(
+                    "the lock is free, but {waiting} acquires wait in line for it and go first; pass wait_ms to join the line"
+                ),
+            )
+            .with("waiting", waiting),
             EngineError::Storage(e) => ApiError::new(
                 ErrorCode::StorageUnavailable,
-                format!("the lease database could not commit ({e}); nothing was granted, retry"),
+                format!(
+                    "the lease store did not confirm the change ({e}); retry (an acquire retried with the same idempotency_key gets its lease back if it was granted)"
+                ),
             ),
             EngineError::Stopped => ApiError::new(
                 ErrorCode::ShuttingDown,

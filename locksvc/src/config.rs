@@ -79,6 +79,166 @@ pub struct LocksvcConfig {
     /// (`client_ca_file`). Tokens, lease-bound credentials and API keys are
     /// bearer secrets: serve TLS whenever clients are not on the same host.
     pub tls: TlsConfig,
+    /// Serve the locks from an etcd cluster instead of the SQLite file
+    /// `db`: several replicas with the same `[etcd]` table serve the same
+    /// locks, and any of them can answer any request. Absent: SQLite. Set
+    /// or override with `FENCEGATE_ETCD_ENDPOINTS` (comma separated) and the
+    /// other `FENCEGATE_ETCD_*` variables.
+    pub etcd: Option<EtcdConfig>,
+}
+
+/// The `[etcd]` table: where the locks live when they are not in SQLite.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// Client URLs of the cluster's members (`http://host:2379`, or
+    /// `https://` with `ca_file`). Every member may be listed: requests go
+    /// to whichever answers. Override with `FENCEGATE_ETCD_ENDPOINTS`.
+    pub endpoints: Vec<String>,
+    /// Key prefix of everything this service stores; it must start and end
+    /// with `/`. Replicas serving the same locks share it. Override with
+    /// `FENCEGATE_ETCD_PREFIX`.
+    pub prefix: String,
+    /// Tokens are `epoch << 47 | revision` of the grant's etcd transaction.
+    /// Raise it (never lower it) when migrating from SQLite (`fencegate
+    /// locksvc migrate` says to which value) or after restoring etcd from a
+    /// backup, whose revisions restart below tokens already issued. 0 to
+    /// 65535. Replicas refuse to start, and to grant, with an epoch below the
+    /// highest one the cluster has seen. Override with
+    /// `FENCEGATE_ETCD_EPOCH`.
+    pub epoch: u16,
+    /// etcd user (etcd auth). Override with `FENCEGATE_ETCD_USERNAME`.
+    pub username: Option<String>,
+    /// Its password. Override with `FENCEGATE_ETCD_PASSWORD`, so it need
+    /// not live in a file.
+    pub password: Option<String>,
+    /// PEM CA certificate(s) to trust for `https://` endpoints instead of
+    /// the system roots.
+    #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for etcd's mutual TLS (with `key_file`).
+    #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
+    pub key_file: Option<PathBuf>,
+    /// Longest one etcd request may take; then the client gets `503
+    /// StorageUnavailable`. It bounds how long requests hang when the
+    /// cluster has lost its quorum or its leader is paused.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Longest a connection to one member may take to open.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Environment overrides that could not be applied.
+    #[serde(skip)]
+    env_problems: Vec<String>,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: Vec::new(),
+            prefix: "/fencegate/v1/".into(),
+            epoch: 0,
+            username: None,
+            password: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            request_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(1),
+            env_problems: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the password.
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("epoch", &self.epoch)
+            .field("username", &self.username)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Environment variables of the `[etcd]` table.
+pub const ENV_ETCD_ENDPOINTS: &str = "FENCEGATE_ETCD_ENDPOINTS";
+pub const ENV_ETCD_PREFIX: &str = "FENCEGATE_ETCD_PREFIX";
+pub const ENV_ETCD_EPOCH: &str = "FENCEGATE_ETCD_EPOCH";
+pub const ENV_ETCD_USERNAME: &str = "FENCEGATE_ETCD_USERNAME";
+pub const ENV_ETCD_PASSWORD: &str = "FENCEGATE_ETCD_PASSWORD";
+
+impl EtcdConfig {
+    /// Applies the `FENCEGATE_ETCD_*` overrides to `etcd`; setting
+    /// endpoints creates the table.
+    fn apply_env(etcd: &mut Option<EtcdConfig>, var: &impl Fn(&str) -> Option<String>) {
+        if let Some(v) = var(ENV_ETCD_ENDPOINTS) {
+            etcd.get_or_insert_with(EtcdConfig::default).endpoints = split_list(&v);
+        }
+        let Some(c) = etcd.as_mut() else { return };
+        if let Some(v) = var(ENV_ETCD_PREFIX) {
+            c.prefix = v;
+        }
+        if let Some(v) = var(ENV_ETCD_EPOCH) {
+            match v.trim().parse() {
+                Ok(epoch) => c.epoch = epoch,
+                // Listed by `problems`, with the others.
+                Err(_) => c.env_problems.push(format!(
+                    "{ENV_ETCD_EPOCH}={v:?} is not an epoch: a whole number from 0 to 65535"
+                )),
+            }
+        }
+        if let Some(v) = var(ENV_ETCD_USERNAME) {
+            c.username = Some(v);
+        }
+        if let Some(v) = var(ENV_ETCD_PASSWORD) {
+            c.password = Some(v);
+        }
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut p = self.env_problems.clone();
+        if self.endpoints.is_empty() {
+            p.push(format!(
+                "etcd.endpoints is empty: list the cluster's client URLs (or set {ENV_ETCD_ENDPOINTS})"
+            ));
+        }
+        for e in &self.endpoints {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                p.push(format!(
+                    "etcd.endpoints: {e:?} is not an http:// or https:// URL"
+                ));
+            }
+        }
+        if !(self.prefix.starts_with('/') && self.prefix.ends_with('/') && self.prefix.len() > 1) {
+            p.push(format!(
+                "etcd.prefix {:?} must start and end with '/' (for example \"/fencegate/v1/\")",
+                self.prefix
+            ));
+        }
+        if self.username.is_some() != self.password.is_some() {
+            p.push(format!(
+                "etcd.username and etcd.password go together (password: {ENV_ETCD_PASSWORD})"
+            ));
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            p.push("etcd.cert_file and etcd.key_file go together".into());
+        }
+        if self.request_timeout < Duration::from_millis(100) {
+            p.push("etcd.request_timeout must be at least 100ms".into());
+        }
+        if self.connect_timeout < Duration::from_millis(100) {
+            p.push("etcd.connect_timeout must be at least 100ms".into());
+        }
+        p
+    }
 }
 
 impl Default for LocksvcConfig {
@@ -99,6 +259,7 @@ impl Default for LocksvcConfig {
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
             tls: TlsConfig::default(),
+            etcd: None,
         }
     }
 }
@@ -228,6 +389,7 @@ impl LocksvcConfig {
                 .collect();
         }
         self.tls.apply_env(&var);
+        EtcdConfig::apply_env(&mut self.etcd, &var);
     }
 
     /// The connection settings of the lease service's listener (`tls`
@@ -298,6 +460,9 @@ impl LocksvcConfig {
             p.push("max_connections must be at least 1".into());
         }
         p.extend(self.tls.problems());
+        if let Some(etcd) = &self.etcd {
+            p.extend(etcd.problems());
+        }
         p
     }
 

@@ -43,6 +43,12 @@ pub enum EngineError {
     NotHolder { current: Option<Lease> },
     #[error("too many clients are already waiting for this lock")]
     TooManyWaiters,
+    /// The lock is free but others wait in line for it, and the acquire
+    /// could not wait (or its wait ended first). Only the etcd backend
+    /// answers this: there the first waiter takes a freed lock in its own
+    /// transaction, a moment later; on SQLite it takes it in the same batch.
+    #[error("the lock is free, but {waiting} acquires wait in line for it")]
+    InLine { waiting: usize },
     #[error("the lease database could not commit: {0}")]
     Storage(String),
     #[error("the lease service is shutting down")]

@@ -6,10 +6,13 @@
 //!
 //! Module map:
 //! - [`config`]: the service's configuration (TOML, env overrides, validation);
+//! - [`backend`]: where the locks live, SQLite or etcd, behind one type;
 //! - [`store`]: the SQLite file that makes the token counter and the leases
 //!   durable;
 //! - [`engine`]: the single thread that owns the lock table, applies
 //!   requests in arrival order, group-commits them, and serves waiters;
+//! - [`etcd`]: the same rules on an etcd cluster, for several replicas;
+//! - [`migrate`]: moving the locks and the counter from SQLite to etcd;
 //! - [`api`]: the HTTP routes, the wire types, request decoding and JSON
 //!   errors;
 //! - [`auth`]: API keys and the lock patterns each may use;
@@ -21,8 +24,8 @@
 //!
 //! **Architecture invariants:**
 //! - a grant is answered only after the token it carries is fsync'd (SQLite
-//!   WAL, `synchronous=FULL`), so a token that was ever returned is never
-//!   issued again, whatever crashes;
+//!   WAL, `synchronous=FULL`; on etcd, committed by its quorum), so a token
+//!   that was ever returned is never issued again, whatever crashes;
 //! - renew and release reach the engine only with a [`proof::HeldToken`]
 //!   (a verified signed token of the request's lock), never with a bare
 //!   number; a lease (signed token, S3 credentials) is answered only to the
@@ -32,10 +35,13 @@
 
 pub mod api;
 pub mod auth;
+pub mod backend;
 pub mod clock;
 pub mod config;
 pub mod engine;
+pub mod etcd;
 pub mod metrics;
+pub mod migrate;
 pub mod proof;
 pub mod store;
 
@@ -44,6 +50,9 @@ pub use config::LocksvcConfig;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::net::TcpListener;
+
+/// How long a replica on etcd retries reaching the cluster at start.
+const ETCD_STARTUP: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serves the lease service on `listener` until `shutdown` resolves, then
 /// finishes in-flight requests and stops the engine.
@@ -55,9 +64,25 @@ pub async fn run(
     let config = config.validated()?;
     let options = config.server_options()?;
     let metrics = Arc::new(metrics::Metrics::new());
-    let store = store::Store::open(&config.db)?;
-    let engine = engine::Engine::start(store, metrics.clone(), config.max_waiters_per_lock)?;
-    let state = api::AppState::new(config, engine.handle(), metrics)?;
+    let (leases, engine) = match &config.etcd {
+        None => {
+            let store = store::Store::open(&config.db)?;
+            let engine =
+                engine::Engine::start(store, metrics.clone(), config.max_waiters_per_lock)?;
+            (backend::Leases::Sqlite(engine.handle()), Some(engine))
+        }
+        Some(etcd) => {
+            let leases = etcd::EtcdLeases::start(
+                etcd,
+                metrics.clone(),
+                config.max_waiters_per_lock,
+                ETCD_STARTUP,
+            )
+            .await?;
+            (backend::Leases::Etcd(leases), None)
+        }
+    };
+    let state = api::AppState::new(config, leases, metrics)?;
     let app = api::router(state);
     tracing::info!(
         addr = %listener.local_addr()?,
@@ -72,6 +97,8 @@ pub async fn run(
         app.clone().oneshot(fencegate_net::track_request_body(req))
     });
     let served = fencegate_net::serve(listener, service, options, shutdown).await;
-    engine.stop();
+    if let Some(engine) = engine {
+        engine.stop();
+    }
     Ok(served?)
 }

@@ -26,7 +26,9 @@ pub struct Metrics {
     pub releases: Counter,
     /// Leases that ended by expiry rather than release.
     pub expiries: Counter,
-    /// Time to commit a batch that issued tokens (WAL fsync included).
+    /// Time to make a grant durable: on SQLite, a batch that issued tokens
+    /// (WAL fsync included); on etcd, the grant transaction (committed by
+    /// a quorum, each member's WAL fsync'd).
     pub fsync_seconds: Histogram,
     /// Requests per group commit.
     pub batch_size: Histogram,
@@ -62,7 +64,7 @@ impl Metrics {
         registry.register("expiries", "Leases that expired", m.expiries.clone());
         registry.register(
             "fsync_seconds",
-            "Duration of durable commits (WAL fsync)",
+            "Duration of durable commits that issued tokens (SQLite: WAL fsync; etcd: the grant transaction)",
             m.fsync_seconds.clone(),
         );
         registry.register(

@@ -11,6 +11,8 @@
 
 #[macro_use]
 pub mod s3;
+pub mod etcd;
+pub use etcd::{LeaseBackend, lease_backend};
 pub mod relay;
 
 use serde_json::{Value, json};
@@ -126,13 +128,18 @@ impl Drop for Service {
     }
 }
 
-/// A lease service on a database in `dir`.
+/// A lease service whose state lives in `dir`: a SQLite database there,
+/// or, in an etcd pass (`FENCEGATE_TEST_LEASE_BACKEND=etcd`, see
+/// [`etcd`]), a key prefix of its own on the shared cluster.
 pub fn locksvc_cmd(dir: &Path, extra_env: &[(&str, &str)]) -> Command {
     let mut cmd = fencegate();
     cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--db"])
         .arg(dir.join("locksvc.db"))
         .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
         .env("FENCEGATE_LOG", "warn");
+    if etcd::lease_backend() == etcd::LeaseBackend::Etcd {
+        cmd.envs(etcd::shared_env(dir));
+    }
     for (k, v) in extra_env {
         cmd.env(k, v);
     }

@@ -1,0 +1,56 @@
+//! Where the locks live: the embedded SQLite engine (the default: one
+//! process, nothing else to run) or an etcd cluster (several replicas, no
+//! single point of failure). The API talks to [`Leases`] only, so both
+//! backends answer the same requests with the same rules and errors.
+
+use crate::engine::{EngineError, EngineHandle, LockStatus};
+use crate::etcd::EtcdLeases;
+use crate::proof::HeldToken;
+use fencegate_core::{KeyDigest, Lease, LockName};
+use std::time::Duration;
+
+/// The lease store the API serves from.
+#[derive(Debug, Clone)]
+pub enum Leases {
+    /// The engine thread over the SQLite file.
+    Sqlite(EngineHandle),
+    /// etcd, shared with the other replicas.
+    Etcd(EtcdLeases),
+}
+
+impl Leases {
+    pub async fn acquire(
+        &self,
+        lock: LockName,
+        owner: String,
+        key: Option<KeyDigest>,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, EngineError> {
+        match self {
+            Leases::Sqlite(e) => e.acquire(lock, owner, key, ttl, wait).await,
+            Leases::Etcd(e) => e.acquire(lock, owner, key, ttl, wait).await,
+        }
+    }
+
+    pub async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
+        match self {
+            Leases::Sqlite(e) => e.renew(held, ttl).await,
+            Leases::Etcd(e) => e.renew(held, ttl).await,
+        }
+    }
+
+    pub async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
+        match self {
+            Leases::Sqlite(e) => e.release(held).await,
+            Leases::Etcd(e) => e.release(held).await,
+        }
+    }
+
+    pub async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
+        match self {
+            Leases::Sqlite(e) => e.status(lock).await,
+            Leases::Etcd(e) => e.status(lock).await,
+        }
+    }
+}

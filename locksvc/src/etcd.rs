@@ -1,0 +1,1039 @@
+//! The lease service on etcd: any number of stateless replicas serve the
+//! same locks from one etcd cluster, and any replica answers any request.
+//!
+//! etcd is the engine (Raft, linearizable reads and transactions, fsync'd
+//! before it answers): nothing here is consensus. What this module owns is
+//! the mapping of the lease rules onto etcd keys, all under the configured
+//! prefix `P`:
+//!
+//! | key                       | value                                  | etcd lease                  |
+//! |---------------------------|----------------------------------------|-----------------------------|
+//! | `P/meta/epoch`            | the highest epoch any replica ran with | none                        |
+//! | `P/meta/floor`            | the last token SQLite issued (migrate) | none                        |
+//! | `P/locks/<L>/owner`       | [`Record`]: owner, expiry, key digest   | one per grant (GC only)     |
+//! | `P/locks/<L>/wait/<id>`   | the waiting owner's name               | the waiter's, kept alive    |
+//!
+//! **Tokens.** A grant is one transaction that creates `owner`; its token is
+//! `epoch << 47 | revision` of that transaction. etcd's revision is one
+//! counter for the whole store and every committed write raises it, so
+//! every grant's token is above every token returned before, for every
+//! lock, across replica crashes and etcd leader changes: the same promise as
+//! the SQLite counter. The epoch covers what revisions cannot: a migration
+//! from SQLite (whose tokens the new revisions know nothing of) and a
+//! restore of etcd from a backup (its revisions restart lower). Every grant
+//! transaction compares `P/meta/epoch` with the replica's own epoch, so a
+//! replica still configured with an older epoch cannot grant once any
+//! replica has started with a newer one.
+//!
+//! **Expiry** is the record's `expires_at_ms`, read against the replica's
+//! wall clock, exact to the millisecond as on SQLite; the etcd lease on the
+//! key (TTL a little above the lease's) only removes records nobody
+//! releases. An etcd lease that ends early (etcd 3.4.23 can revoke leases
+//! after a leader pause, etcd-io/etcd#15247) deletes the record early: the
+//! lock is then free before its expiry, which costs the holder its lease,
+//! never safety, because the next holder's token is higher and the proxy
+//! fences the old one.
+//!
+//! **Waiting in line.** A waiter puts its key under `wait/` first; the
+//! line's order is the keys' create revisions. A newcomer's grant compares
+//! "no waiter key exists", and a waiter's grant compares "no waiter key is
+//! older than mine and mine still exists", so nobody jumps the line, on any
+//! replica. A waiter's key lives on a short etcd lease its replica keeps
+//! alive; a replica that dies takes its waiters' places with it within
+//! [`WAITER_TTL_S`].
+//!
+//! Every etcd call is bounded by `request_timeout`: without a quorum,
+//! requests fail with `StorageUnavailable` instead of hanging, and work
+//! again by themselves when the quorum is back.
+
+use crate::clock;
+use crate::config::EtcdConfig;
+use crate::engine::{EngineError, LockStatus};
+use crate::metrics::Metrics;
+use crate::proof::HeldToken;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
+};
+use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bits of a token that hold the etcd revision; the epoch is above them.
+pub const REVISION_BITS: u32 = 47;
+const REVISION_MASK: u64 = (1 << REVISION_BITS) - 1;
+/// TTL of a waiter's key (whole seconds, as etcd leases are): how long the
+/// place in line of a waiter whose replica died blocks the line.
+pub const WAITER_TTL_S: i64 = 3;
+/// How far the etcd lease of a record outlives the lease it records.
+const RECORD_SLACK_S: i64 = 2;
+/// How often the first waiter looks whether the lock became free; the
+/// others look less often (they cannot take it before the first).
+const FIRST_WAITER_POLL: Duration = Duration::from_millis(20);
+const OTHER_WAITER_POLL: Duration = Duration::from_millis(200);
+/// How long a newcomer that may not wait gives the first waiter of a free
+/// lock to take it, before it is refused.
+const LINE_HANDOVER: Duration = Duration::from_millis(300);
+/// Conflicting transactions retried before answering `StorageUnavailable`.
+const MAX_CONFLICTS: usize = 32;
+
+/// The first token of `epoch`: every token it issues is above it.
+pub fn epoch_base(epoch: u16) -> u64 {
+    u64::from(epoch) << REVISION_BITS
+}
+
+/// What `P/locks/<L>/owner` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    owner: String,
+    expires_at_ms: u64,
+    /// Hex SHA-256 of the acquire's idempotency key, if it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    idempotency_sha256: Option<String>,
+    /// The epoch of the replica that granted it: with the key's create
+    /// revision, the token.
+    epoch: u16,
+    /// The etcd lease the key is attached to, and its TTL in seconds.
+    etcd_lease: i64,
+    etcd_lease_ttl_s: i64,
+    /// Set only on leases migrated from SQLite: their token is the one
+    /// SQLite issued, not derived from a revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token: Option<u64>,
+}
+
+impl Record {
+    fn token(&self, kv: &KeyValue) -> u64 {
+        self.token.unwrap_or_else(|| {
+            epoch_base(self.epoch) | (u64::try_from(kv.create_revision()).unwrap_or(0))
+        })
+    }
+
+    fn lease(&self, lock: &LockName, kv: &KeyValue) -> Lease {
+        self.lease_with_token(lock, self.token(kv))
+    }
+
+    fn lease_with_token(&self, lock: &LockName, token: u64) -> Lease {
+        let idempotency = self
+            .idempotency_sha256
+            .as_deref()
+            .and_then(|h| hex::decode(h).ok())
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .map(KeyDigest::from_bytes);
+        Lease {
+            lock: lock.clone(),
+            owner: self.owner.clone(),
+            token,
+            expires_at: Timestamp(self.expires_at_ms),
+            idempotency,
+        }
+    }
+}
+
+fn record_of(kv: &KeyValue) -> Result<Record, EngineError> {
+    serde_json::from_slice(kv.value()).map_err(|e| {
+        EngineError::Storage(format!(
+            "etcd key {} does not hold a fencegate lease record ({e}); is another program writing under this prefix?",
+            String::from_utf8_lossy(kv.key())
+        ))
+    })
+}
+
+/// An owner key as read: the record and the key's revisions.
+#[derive(Debug, Clone)]
+struct Held {
+    kv: KeyValue,
+    record: Record,
+}
+
+impl Held {
+    fn lease(&self, lock: &LockName) -> Lease {
+        self.record.lease(lock, &self.kv)
+    }
+}
+
+/// What a read (or a failed transaction's else branch) saw of one lock.
+#[derive(Debug)]
+struct Seen {
+    owner: Option<Held>,
+    /// Waiter keys in line.
+    waiters: usize,
+    /// Create revision of the oldest waiter key.
+    first_waiter: Option<i64>,
+    /// Whether the caller's own waiter key is still there.
+    mine_present: bool,
+    /// `P/meta/epoch` as seen.
+    epoch: Option<u16>,
+}
+
+/// The etcd backend. Cheap to clone.
+#[derive(Clone)]
+pub struct EtcdLeases {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    prefix: String,
+    epoch: u16,
+    request_timeout: Duration,
+    max_waiters: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for EtcdLeases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLeases")
+            .field("prefix", &self.inner.prefix)
+            .field("epoch", &self.inner.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+fn storage(e: etcd_client::Error) -> EngineError {
+    EngineError::Storage(format!("etcd: {e}"))
+}
+
+/// The etcd client for `config` (TLS, auth, timeouts).
+pub async fn client(config: &EtcdConfig) -> anyhow::Result<Client> {
+    let mut opts = ConnectOptions::new()
+        .with_timeout(config.request_timeout)
+        .with_connect_timeout(config.connect_timeout)
+        .with_keep_alive(Duration::from_secs(2), config.request_timeout);
+    if let (Some(user), Some(password)) = (&config.username, &config.password) {
+        opts = opts.with_user(user.clone(), password.clone());
+    }
+    if config.ca_file.is_some() || config.cert_file.is_some() {
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &config.ca_file {
+            let pem = std::fs::read(ca)
+                .map_err(|e| anyhow::anyhow!("etcd.ca_file {}: {e}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) {
+            let c = std::fs::read(cert)
+                .map_err(|e| anyhow::anyhow!("etcd.cert_file {}: {e}", cert.display()))?;
+            let k = std::fs::read(key)
+                .map_err(|e| anyhow::anyhow!("etcd.key_file {}: {e}", key.display()))?;
+            tls = tls.identity(Identity::from_pem(c, k));
+        }
+        opts = opts.with_tls(tls);
+    }
+    Client::connect(&config.endpoints, Some(opts))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to etcd {:?}: {e}", config.endpoints))
+}
+
+impl EtcdLeases {
+    /// Connects, and registers this replica's epoch with the cluster:
+    /// refuses to start when the cluster has seen a higher epoch, or when
+    /// a migration recorded tokens the epoch does not clear. Retries for
+    /// `startup` while etcd cannot be reached (replicas may start first).
+    pub async fn start(
+        config: &EtcdConfig,
+        metrics: Arc<Metrics>,
+        max_waiters: usize,
+        startup: Duration,
+    ) -> anyhow::Result<EtcdLeases> {
+        let client = client(config).await?;
+        let leases = EtcdLeases {
+            inner: Arc::new(Inner {
+                client,
+                prefix: config.prefix.clone(),
+                epoch: config.epoch,
+                request_timeout: config.request_timeout,
+                max_waiters,
+                metrics,
+            }),
+        };
+        let deadline = Instant::now() + startup;
+        loop {
+            match leases.register_epoch().await {
+                Ok(()) => break,
+                Err(Startup::Refused(e)) => return Err(e),
+                Err(Startup::Unavailable(e)) if Instant::now() >= deadline => {
+                    anyhow::bail!("etcd {:?} did not answer: {e}", config.endpoints)
+                }
+                Err(Startup::Unavailable(e)) => {
+                    tracing::warn!(error = %e, "etcd not reachable yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+        tracing::info!(
+            endpoints = ?config.endpoints,
+            prefix = %config.prefix,
+            epoch = config.epoch,
+            "serving locks from etcd"
+        );
+        Ok(leases)
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.inner.prefix)
+    }
+
+    fn owner_key(&self, lock: &LockName) -> String {
+        self.key(&format!("locks/{lock}/owner"))
+    }
+
+    fn wait_prefix(&self, lock: &LockName) -> String {
+        self.key(&format!("locks/{lock}/wait/"))
+    }
+
+    fn epoch_key(&self) -> String {
+        self.key("meta/epoch")
+    }
+
+    /// Runs one etcd call within `request_timeout`.
+    async fn call<T>(
+        &self,
+        f: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, EngineError> {
+        match tokio::time::timeout(self.inner.request_timeout, f).await {
+            Ok(r) => r.map_err(storage),
+            Err(_) => Err(EngineError::Storage(format!(
+                "etcd did not answer within {} (request_timeout); is a quorum of members up?",
+                humantime::format_duration(self.inner.request_timeout)
+            ))),
+        }
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, EngineError> {
+        let mut c = self.inner.client.clone();
+        self.call(c.txn(txn)).await
+    }
+
+    async fn register_epoch(&self) -> Result<(), Startup> {
+        let unavailable = |e: EngineError| Startup::Unavailable(e.to_string());
+        loop {
+            let resp = self
+                .txn(Txn::new().and_then([
+                    TxnOp::get(self.epoch_key(), None),
+                    TxnOp::get(self.key("meta/floor"), None),
+                ]))
+                .await
+                .map_err(unavailable)?;
+            let gets = gets(&resp);
+            let stored = gets.first().and_then(|kvs| kvs.first()).cloned();
+            let floor = gets
+                .get(1)
+                .and_then(|kvs| kvs.first())
+                .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<u64>().ok());
+            let mine = self.inner.epoch;
+            let stored_epoch = stored
+                .as_ref()
+                .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<u16>().ok());
+            if let Some(e) = stored_epoch.filter(|e| *e > mine) {
+                return Err(Startup::Refused(anyhow::anyhow!(
+                    "the etcd cluster has served epoch {e}, and this replica is configured with epoch {mine}: its tokens would be below ones already issued. Set etcd.epoch (or FENCEGATE_ETCD_EPOCH) to at least {e}"
+                )));
+            }
+            if let Some(f) = floor.filter(|f| *f >= epoch_base(mine)) {
+                return Err(Startup::Refused(anyhow::anyhow!(
+                    "tokens up to {f} were issued before these locks moved to etcd (fencegate locksvc migrate); epoch {mine} would issue tokens below them. Set etcd.epoch to at least {}",
+                    (f >> REVISION_BITS) + 1
+                )));
+            }
+            if stored_epoch == Some(mine) {
+                return Ok(());
+            }
+            let seen = stored.as_ref().map_or(0, KeyValue::mod_revision);
+            let put = self
+                .txn(
+                    Txn::new()
+                        .when([Compare::mod_revision(
+                            self.epoch_key(),
+                            CompareOp::Equal,
+                            seen,
+                        )])
+                        .and_then([TxnOp::put(self.epoch_key(), mine.to_string(), None)]),
+                )
+                .await
+                .map_err(unavailable)?;
+            if put.succeeded() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads what `acquire` decides on, in one consistent snapshot.
+    async fn see(&self, lock: &LockName, mine: Option<&str>) -> Result<Seen, EngineError> {
+        let resp = self
+            .txn(Txn::new().and_then(self.seeing(lock, mine)))
+            .await?;
+        self.seen(lock, &resp, mine.is_some())
+    }
+
+    /// The reads behind [`Seen`], for a read or a grant's else branch.
+    fn seeing(&self, lock: &LockName, mine: Option<&str>) -> Vec<TxnOp> {
+        let prefix = self.wait_prefix(lock);
+        let mut ops = vec![
+            TxnOp::get(self.owner_key(lock), None),
+            TxnOp::get(
+                prefix.clone(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+            TxnOp::get(
+                prefix,
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1)
+                        .with_keys_only(),
+                ),
+            ),
+            TxnOp::get(self.epoch_key(), None),
+        ];
+        if let Some(k) = mine {
+            ops.push(TxnOp::get(k, Some(GetOptions::new().with_keys_only())));
+        }
+        ops
+    }
+
+    fn seen(&self, _lock: &LockName, resp: &TxnResponse, mine: bool) -> Result<Seen, EngineError> {
+        let ops = resp.op_responses();
+        let get = |i: usize| match ops.get(i) {
+            Some(TxnOpResponse::Get(g)) => Some(g),
+            _ => None,
+        };
+        let owner = match get(0).and_then(|g| g.kvs().first()) {
+            Some(kv) => Some(Held {
+                record: record_of(kv)?,
+                kv: kv.clone(),
+            }),
+            None => None,
+        };
+        let waiters = get(1).map_or(0, |g| usize::try_from(g.count()).unwrap_or(usize::MAX));
+        let first_waiter = get(2)
+            .and_then(|g| g.kvs().first())
+            .map(KeyValue::create_revision);
+        let epoch = get(3)
+            .and_then(|g| g.kvs().first())
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok());
+        let mine_present = mine && get(4).is_some_and(|g| !g.kvs().is_empty());
+        Ok(Seen {
+            owner,
+            waiters,
+            first_waiter,
+            mine_present,
+            epoch,
+        })
+    }
+
+    /// TTL of the etcd lease under a record of a lease of `ttl`.
+    fn record_ttl_s(ttl: Duration) -> i64 {
+        i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX / 2) + 1 + RECORD_SLACK_S
+    }
+
+    async fn grant_etcd_lease(&self, ttl_s: i64) -> Result<i64, EngineError> {
+        let mut c = self.inner.client.clone();
+        Ok(self.call(c.lease_grant(ttl_s, None)).await?.id())
+    }
+
+    /// Revokes an etcd lease in the background (best effort: it expires by
+    /// itself anyway).
+    fn revoke_later(&self, id: i64) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut c = this.inner.client.clone();
+            let _ = this.call(c.lease_revoke(id)).await;
+        });
+    }
+
+    /// One grant transaction: creates the owner record if the lock has no
+    /// record, the line allows it (`line`: none for a newcomer, which needs
+    /// an empty line; or the caller's waiter key and its create revision,
+    /// which must be the oldest), and the cluster's epoch is this
+    /// replica's. `Ok(Err(seen))` when a condition did not hold.
+    async fn try_grant(
+        &self,
+        lock: &LockName,
+        owner: &str,
+        key: Option<KeyDigest>,
+        ttl: Duration,
+        line: Option<(&str, i64)>,
+    ) -> Result<Result<Lease, Seen>, EngineError> {
+        let ttl_s = Self::record_ttl_s(ttl);
+        let etcd_lease = self.grant_etcd_lease(ttl_s).await?;
+        let now = clock::now();
+        let record = Record {
+            owner: owner.to_owned(),
+            expires_at_ms: now.saturating_add(ttl).as_millis(),
+            idempotency_sha256: key.map(|k| hex::encode(k.as_bytes())),
+            epoch: self.inner.epoch,
+            etcd_lease,
+            etcd_lease_ttl_s: ttl_s,
+            token: None,
+        };
+        let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
+        let prefix = self.wait_prefix(lock);
+        let mut when = vec![
+            Compare::create_revision(self.owner_key(lock), CompareOp::Equal, 0),
+            Compare::value(
+                self.epoch_key(),
+                CompareOp::Equal,
+                self.inner.epoch.to_string(),
+            ),
+        ];
+        let mut then = vec![TxnOp::put(
+            self.owner_key(lock),
+            value,
+            Some(PutOptions::new().with_lease(etcd_lease)),
+        )];
+        match line {
+            None => {
+                when.push(Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix());
+            }
+            Some((mine, rev)) => {
+                // Every waiter key is at least as new as mine, and mine is
+                // still there: I am first in line.
+                when.push(
+                    Compare::create_revision(prefix, CompareOp::Greater, rev - 1).with_prefix(),
+                );
+                when.push(Compare::create_revision(mine, CompareOp::Equal, rev));
+                then.push(TxnOp::delete(mine, None));
+            }
+        }
+        let txn = Txn::new()
+            .when(when)
+            .and_then(then)
+            .or_else(self.seeing(lock, line.map(|(k, _)| k)));
+        let started = Instant::now();
+        let resp = match self.txn(txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The grant may or may not have committed; its etcd lease
+                // is left to expire (revoking it would delete a grant that
+                // did commit and was perhaps answered by a retry).
+                return Err(e);
+            }
+        };
+        if !resp.succeeded() {
+            self.revoke_later(etcd_lease);
+            let seen = self.seen(lock, &resp, line.is_some())?;
+            if let Some(e) = seen.epoch.filter(|e| *e != self.inner.epoch) {
+                return Err(EngineError::Storage(format!(
+                    "the etcd cluster now runs epoch {e} and this replica epoch {}: restart it with etcd.epoch = {e}",
+                    self.inner.epoch
+                )));
+            }
+            return Ok(Err(seen));
+        }
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let revision = u64::try_from(revision).unwrap_or(0);
+        if revision == 0 || revision > REVISION_MASK {
+            return Err(EngineError::Storage(format!(
+                "etcd revision {revision} does not fit below the epoch bits; raise etcd.epoch"
+            )));
+        }
+        let token = epoch_base(self.inner.epoch) | revision;
+        self.inner
+            .metrics
+            .fsync_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.inner.metrics.grants.inc();
+        self.inner
+            .metrics
+            .last_token
+            .set(i64::try_from(token).unwrap_or(i64::MAX));
+        Ok(Ok(record.lease_with_token(lock, token)))
+    }
+
+    /// Deletes an expired record (if it is still the one seen).
+    async fn clear_expired(&self, lock: &LockName, held: &Held) -> Result<(), EngineError> {
+        let resp = self
+            .txn(
+                Txn::new()
+                    .when([Compare::mod_revision(
+                        self.owner_key(lock),
+                        CompareOp::Equal,
+                        held.kv.mod_revision(),
+                    )])
+                    .and_then([TxnOp::delete(self.owner_key(lock), None)]),
+            )
+            .await?;
+        if resp.succeeded() {
+            self.inner.metrics.expiries.inc();
+            self.revoke_later(held.record.etcd_lease);
+        }
+        Ok(())
+    }
+
+    /// Sets a live record's expiry to `now + ttl`, keeping its token;
+    /// `Ok(None)` if the record changed since it was read.
+    async fn extend(
+        &self,
+        lock: &LockName,
+        held: &Held,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, EngineError> {
+        let now = clock::now();
+        let mut record = held.record.clone();
+        record.expires_at_ms = now.saturating_add(ttl).as_millis();
+        let needed = Self::record_ttl_s(ttl);
+        let old_lease = record.etcd_lease;
+        let fresh = needed > record.etcd_lease_ttl_s;
+        let put_opts = if fresh {
+            // The record's etcd lease is too short for the new TTL: move
+            // the key to a new one.
+            record.etcd_lease = self.grant_etcd_lease(needed).await?;
+            record.etcd_lease_ttl_s = needed;
+            PutOptions::new().with_lease(record.etcd_lease)
+        } else {
+            PutOptions::new().with_ignore_lease()
+        };
+        let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                self.owner_key(lock),
+                CompareOp::Equal,
+                held.kv.mod_revision(),
+            )])
+            .and_then([TxnOp::put(self.owner_key(lock), value, Some(put_opts))]);
+        let (resp, kept) = if fresh {
+            (self.txn(txn).await?, true)
+        } else {
+            let (resp, kept) = tokio::join!(self.txn(txn), self.keep_alive(old_lease));
+            (resp?, kept?)
+        };
+        if !resp.succeeded() {
+            if fresh {
+                self.revoke_later(record.etcd_lease);
+            }
+            return Ok(None);
+        }
+        if fresh {
+            self.revoke_later(old_lease);
+        } else if !kept {
+            // etcd ended the record's lease early (etcd-io/etcd#15247):
+            // the record is gone with it, so the lease is lost.
+            return Ok(None);
+        }
+        self.inner.metrics.renewals.inc();
+        Ok(Some(record.lease(lock, &held.kv)))
+    }
+
+    /// One keep-alive of an etcd lease: false if etcd no longer has it.
+    async fn keep_alive(&self, id: i64) -> Result<bool, EngineError> {
+        let mut c = self.inner.client.clone();
+        // The client sends the first keep-alive and reads its answer; a
+        // lease etcd no longer has is this error.
+        match self.call(c.lease_keep_alive(id)).await {
+            Ok(_) => Ok(true),
+            Err(EngineError::Storage(e)) if e.contains("lease not found") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn acquire(
+        &self,
+        lock: LockName,
+        owner: String,
+        key: Option<KeyDigest>,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, EngineError> {
+        let started = Instant::now();
+        let deadline = started + wait;
+        for _ in 0..MAX_CONFLICTS {
+            let seen = match self.try_grant(&lock, &owner, key, ttl, None).await? {
+                Ok(lease) => return Ok(lease),
+                Err(seen) => seen,
+            };
+            let now = clock::now();
+            match &seen.owner {
+                Some(held) if !held.lease(&lock).is_live(now) => {
+                    self.clear_expired(&lock, held).await?;
+                    continue;
+                }
+                Some(held) => {
+                    let holder = held.lease(&lock);
+                    if holder.granted_to(&owner, key.as_ref()) {
+                        match self.extend(&lock, held, ttl).await? {
+                            Some(lease) => return Ok(lease),
+                            None => continue,
+                        }
+                    }
+                    if wait.is_zero() {
+                        self.inner.metrics.refused("held");
+                        return Err(EngineError::Held { holder });
+                    }
+                }
+                // Free, but others are in line: the first of them takes it.
+                None if seen.waiters > 0 => {
+                    if wait.is_zero() {
+                        if started.elapsed() < LINE_HANDOVER {
+                            tokio::time::sleep(FIRST_WAITER_POLL).await;
+                            continue;
+                        }
+                        self.inner.metrics.refused("held");
+                        return Err(EngineError::InLine {
+                            waiting: seen.waiters,
+                        });
+                    }
+                }
+                // Taken and released between the two reads: try again.
+                None => continue,
+            }
+            return self.wait_in_line(lock, owner, key, ttl, deadline).await;
+        }
+        Err(EngineError::Storage(
+            "too many conflicting changes to this lock in etcd; retry".into(),
+        ))
+    }
+
+    async fn wait_in_line(
+        &self,
+        lock: LockName,
+        owner: String,
+        key: Option<KeyDigest>,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, EngineError> {
+        let waiter_lease = self.grant_etcd_lease(WAITER_TTL_S).await?;
+        let mine = format!("{}{waiter_lease:016x}", self.wait_prefix(&lock));
+        let mut c = self.inner.client.clone();
+        let put = self
+            .call(c.put(
+                mine.clone(),
+                owner.clone(),
+                Some(PutOptions::new().with_lease(waiter_lease)),
+            ))
+            .await;
+        let _place = Place::new(self.clone(), mine.clone(), waiter_lease);
+        let rev = put?.header().map_or(0, |h| h.revision());
+        let ahead = self
+            .call(
+                c.get(
+                    self.wait_prefix(&lock),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_count_only()
+                            .with_max_create_revision(rev - 1),
+                    ),
+                ),
+            )
+            .await?
+            .count();
+        if usize::try_from(ahead).unwrap_or(usize::MAX) >= self.inner.max_waiters {
+            self.inner.metrics.refused("too_many_waiters");
+            return Err(EngineError::TooManyWaiters);
+        }
+        self.inner.metrics.waiting.inc();
+        let result = self
+            .serve_place(&lock, &owner, key, ttl, deadline, &mine, rev)
+            .await;
+        self.inner.metrics.waiting.dec();
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn serve_place(
+        &self,
+        lock: &LockName,
+        owner: &str,
+        key: Option<KeyDigest>,
+        ttl: Duration,
+        deadline: Instant,
+        mine: &str,
+        rev: i64,
+    ) -> Result<Lease, EngineError> {
+        loop {
+            let seen = self.see(lock, Some(mine)).await?;
+            if !seen.mine_present {
+                return Err(EngineError::Storage(
+                    "this acquire lost its place in line (its etcd lease was not kept alive); retry"
+                        .into(),
+                ));
+            }
+            let now = clock::now();
+            let first = seen.first_waiter == Some(rev);
+            let holder = seen.owner.as_ref().map(|h| (h, h.lease(lock)));
+            match &holder {
+                Some((held, lease)) if !lease.is_live(now) => {
+                    self.clear_expired(lock, held).await?;
+                    continue;
+                }
+                None if first => {
+                    if let Ok(lease) = self
+                        .try_grant(lock, owner, key, ttl, Some((mine, rev)))
+                        .await?
+                    {
+                        return Ok(lease);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.inner.metrics.refused("held_after_wait");
+                return Err(match holder {
+                    Some((_, lease)) => EngineError::Held { holder: lease },
+                    None => EngineError::InLine {
+                        waiting: seen.waiters,
+                    },
+                });
+            }
+            let mut pause = if first {
+                FIRST_WAITER_POLL
+            } else {
+                OTHER_WAITER_POLL
+            };
+            if let Some((_, lease)) = &holder {
+                pause = pause.min(now.until(lease.expires_at).max(Duration::from_millis(1)));
+            }
+            tokio::time::sleep(pause.min(left)).await;
+        }
+    }
+
+    pub async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
+        let (lock, token) = (held.lock(), held.token());
+        for _ in 0..MAX_CONFLICTS {
+            let seen = self.see(lock, None).await?;
+            let now = clock::now();
+            let current = seen
+                .owner
+                .as_ref()
+                .map(|h| (h, h.lease(lock)))
+                .filter(|(_, l)| l.is_live(now));
+            match current {
+                Some((h, lease)) if lease.token == token => {
+                    if let Some(lease) = self.extend(lock, h, ttl).await? {
+                        return Ok(lease);
+                    }
+                }
+                other => {
+                    self.inner.metrics.refused("lease_lost");
+                    return Err(EngineError::NotHolder {
+                        current: other.map(|(_, l)| l),
+                    });
+                }
+            }
+        }
+        Err(EngineError::Storage(
+            "too many conflicting changes to this lock in etcd; retry".into(),
+        ))
+    }
+
+    pub async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
+        let (lock, token) = (held.lock(), held.token());
+        // The usual case in one round trip: the record this token's grant
+        // created (its create revision) under the epoch it was issued in.
+        // A record with that create revision under the current epoch is
+        // that grant's: revisions never repeat within an epoch.
+        let by_revision = i64::try_from(token & REVISION_MASK).unwrap_or(0);
+        let epoch = (token >> REVISION_BITS).to_string();
+        let resp = self
+            .txn(
+                Txn::new()
+                    .when([
+                        Compare::create_revision(
+                            self.owner_key(lock),
+                            CompareOp::Equal,
+                            by_revision,
+                        ),
+                        Compare::value(self.epoch_key(), CompareOp::Equal, epoch),
+                    ])
+                    .and_then([TxnOp::delete(
+                        self.owner_key(lock),
+                        Some(DeleteOptions::new().with_prev_key()),
+                    )])
+                    .or_else([TxnOp::get(self.owner_key(lock), None)]),
+            )
+            .await?;
+        let ops = resp.op_responses();
+        let now = clock::now();
+        if resp.succeeded() {
+            let prev = match ops.first() {
+                Some(TxnOpResponse::Delete(d)) => d.prev_kvs().first().cloned(),
+                _ => None,
+            };
+            let Some(prev) = prev else {
+                return Err(EngineError::NotHolder { current: None });
+            };
+            let record = record_of(&prev)?;
+            self.revoke_later(record.etcd_lease);
+            if !record.lease(lock, &prev).is_live(now) {
+                // It had expired: deleting it freed nothing anyone held.
+                self.inner.metrics.refused("not_holder");
+                return Err(EngineError::NotHolder { current: None });
+            }
+            self.inner.metrics.releases.inc();
+            return Ok(());
+        }
+        // A migrated lease, or not the holder.
+        let current = match ops.first() {
+            Some(TxnOpResponse::Get(g)) => match g.kvs().first() {
+                Some(kv) => Some(Held {
+                    record: record_of(kv)?,
+                    kv: kv.clone(),
+                }),
+                None => None,
+            },
+            _ => None,
+        };
+        match current {
+            Some(h) if h.lease(lock).token == token && h.lease(lock).is_live(now) => {
+                let resp = self
+                    .txn(
+                        Txn::new()
+                            .when([Compare::mod_revision(
+                                self.owner_key(lock),
+                                CompareOp::Equal,
+                                h.kv.mod_revision(),
+                            )])
+                            .and_then([TxnOp::delete(self.owner_key(lock), None)]),
+                    )
+                    .await?;
+                if resp.succeeded() {
+                    self.revoke_later(h.record.etcd_lease);
+                    self.inner.metrics.releases.inc();
+                    return Ok(());
+                }
+                Err(EngineError::Storage(
+                    "the lease changed while it was being released; retry".into(),
+                ))
+            }
+            other => {
+                self.inner.metrics.refused("not_holder");
+                Err(EngineError::NotHolder {
+                    current: other.map(|h| h.lease(lock)).filter(|l| l.is_live(now)),
+                })
+            }
+        }
+    }
+
+    pub async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
+        let resp = self
+            .txn(Txn::new().and_then(self.seeing(&lock, None)))
+            .await?;
+        let seen = self.seen(&lock, &resp, false)?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let now = clock::now();
+        Ok(LockStatus {
+            lease: seen
+                .owner
+                .map(|h| h.lease(&lock))
+                .filter(|l| l.is_live(now)),
+            // Every token issued so far is at most this (the store's
+            // revision counts every write, not only grants).
+            last_token: epoch_base(self.inner.epoch) | u64::try_from(revision).unwrap_or(0),
+            waiting: seen.waiters,
+        })
+    }
+
+    /// Writes a lease migrated from SQLite, keeping its token; `false` if
+    /// the lock already has a record in etcd.
+    pub async fn import(&self, lease: &Lease) -> Result<bool, EngineError> {
+        let now = clock::now();
+        let left = now.until(lease.expires_at);
+        let ttl_s = Self::record_ttl_s(left);
+        let etcd_lease = self.grant_etcd_lease(ttl_s).await?;
+        let record = Record {
+            owner: lease.owner.clone(),
+            expires_at_ms: lease.expires_at.as_millis(),
+            idempotency_sha256: lease.idempotency.map(|k| hex::encode(k.as_bytes())),
+            epoch: self.inner.epoch,
+            etcd_lease,
+            etcd_lease_ttl_s: ttl_s,
+            token: Some(lease.token),
+        };
+        let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
+        let resp = self
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(
+                        self.owner_key(&lease.lock),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then([TxnOp::put(
+                        self.owner_key(&lease.lock),
+                        value,
+                        Some(PutOptions::new().with_lease(etcd_lease)),
+                    )]),
+            )
+            .await?;
+        if !resp.succeeded() {
+            self.revoke_later(etcd_lease);
+        }
+        Ok(resp.succeeded())
+    }
+}
+
+/// Why a replica could not register its epoch.
+enum Startup {
+    /// etcd answered no: the configuration must change.
+    Refused(anyhow::Error),
+    /// etcd did not answer.
+    Unavailable(String),
+}
+
+/// The ranges of every `get` in a transaction's answer, in order.
+fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
+    resp.op_responses()
+        .into_iter()
+        .map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().to_vec(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// A place in a lock's line: its key, kept alive while the acquire waits,
+/// and removed when the acquire ends however it ends (granted, timed out,
+/// or dropped because the client went away).
+struct Place {
+    leases: EtcdLeases,
+    key: String,
+    etcd_lease: i64,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl Place {
+    fn new(leases: EtcdLeases, key: String, etcd_lease: i64) -> Place {
+        let l = leases.clone();
+        let keeper = tokio::spawn(async move {
+            let mut c = l.inner.client.clone();
+            let Ok((mut keeper, mut stream)) = c.lease_keep_alive(etcd_lease).await else {
+                return;
+            };
+            loop {
+                // A third of the TTL: two keep-alives may fail in a row.
+                tokio::time::sleep(Duration::from_millis(1000 * WAITER_TTL_S as u64 / 3)).await;
+                if keeper.keep_alive().await.is_err() {
+                    return;
+                }
+                match tokio::time::timeout(l.inner.request_timeout, stream.message()).await {
+                    Ok(Ok(Some(_))) => {}
+                    _ => return,
+                }
+            }
+        });
+        Place {
+            leases,
+            key,
+            etcd_lease,
+            keeper,
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.keeper.abort();
+        let (l, key, id) = (self.leases.clone(), self.key.clone(), self.etcd_lease);
+        tokio::spawn(async move {
+            let mut c = l.inner.client.clone();
+            let _ = l.call(c.delete(key, None)).await;
+            let _ = l.call(c.lease_revoke(id)).await;
+        });
+    }
+}

@@ -1,0 +1,246 @@
+//! Real etcd clusters for the tests: Debian's `etcd` 3.4 binary
+//! (`scripts/install-test-tools.sh` installs it), members on loopback
+//! ports, flags as in `ha-design.md`.
+//!
+//! A cluster's members are killed when it is dropped, and by a watchdog
+//! process when the test binary exits without dropping it (the shared
+//! cluster of the etcd pass lives in a static).
+//!
+//! **The lease backend of a test run.** `FENCEGATE_TEST_LEASE_BACKEND=etcd`
+//! makes [`super::locksvc_cmd`] start every lease service on the shared
+//! 3-member cluster of this test binary, each service dir under its own key
+//! prefix (a restart in the same dir finds its locks again): the same
+//! lease-service tests then run on etcd, not a copy of them.
+
+use serde_json::Value;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Which lease store the lease services of this test run use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseBackend {
+    Sqlite,
+    Etcd,
+}
+
+/// `FENCEGATE_TEST_LEASE_BACKEND`: `etcd`, or SQLite (unset or `sqlite`).
+pub fn lease_backend() -> LeaseBackend {
+    match std::env::var("FENCEGATE_TEST_LEASE_BACKEND").as_deref() {
+        Ok("etcd") => LeaseBackend::Etcd,
+        Ok("sqlite") | Err(_) => LeaseBackend::Sqlite,
+        Ok(other) => panic!("FENCEGATE_TEST_LEASE_BACKEND={other:?}: use etcd or sqlite"),
+    }
+}
+
+/// The cluster every lease service of an etcd pass uses.
+pub fn shared_cluster() -> &'static EtcdCluster {
+    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| EtcdCluster::start(3))
+}
+
+/// The `FENCEGATE_ETCD_*` settings that put a lease service whose state
+/// lives in `dir` on the shared cluster.
+pub fn shared_env(dir: &Path) -> Vec<(String, String)> {
+    let name: String = dir
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    vec![
+        (
+            "FENCEGATE_ETCD_ENDPOINTS".into(),
+            shared_cluster().endpoints(),
+        ),
+        ("FENCEGATE_ETCD_PREFIX".into(), format!("/t/{name}/")),
+    ]
+}
+
+/// The etcd binary: `FENCEGATE_ETCD` or Debian's.
+fn etcd_bin() -> String {
+    std::env::var("FENCEGATE_ETCD").unwrap_or_else(|_| "/usr/bin/etcd".into())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// One member process.
+#[derive(Debug)]
+pub struct Member {
+    pub name: String,
+    pub client_url: String,
+    child: Child,
+}
+
+impl Member {
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid fits")
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig)
+            .expect("signal delivered");
+    }
+
+    /// SIGSTOP: the member is paused, its sockets stay open.
+    pub fn pause(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    /// `maintenance/status` through the JSON gateway: (member id, leader id).
+    pub fn status(&self) -> Option<(String, String)> {
+        let resp = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_millis(500))
+            .build()
+            .ok()?
+            .post(format!("{}/v3/maintenance/status", self.client_url))
+            .body("{}")
+            .send()
+            .ok()?;
+        let v: Value = resp.json().ok()?;
+        Some((
+            v["header"]["member_id"].as_str()?.to_owned(),
+            v["leader"].as_str()?.to_owned(),
+        ))
+    }
+}
+
+/// A running cluster of real etcd members.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    pub members: Vec<Member>,
+    watchdog: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until the cluster has a leader.
+    pub fn start(n: usize) -> EtcdCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let token = format!(
+            "fg-{}-{}",
+            std::process::id(),
+            dir.path().file_name().expect("name").to_string_lossy()
+        );
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect();
+        let members: Vec<Member> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (c, p))| {
+                let name = format!("m{i}");
+                let client_url = format!("http://127.0.0.1:{c}");
+                let peer_url = format!("http://127.0.0.1:{p}");
+                let log = std::fs::File::create(dir.path().join(format!("{name}.log")))
+                    .expect("log file");
+                let child = Command::new(etcd_bin())
+                    .args(["--name", &name, "--data-dir"])
+                    .arg(dir.path().join(&name))
+                    .args(["--listen-client-urls", &client_url])
+                    .args(["--advertise-client-urls", &client_url])
+                    .args(["--listen-peer-urls", &peer_url])
+                    .args(["--initial-advertise-peer-urls", &peer_url])
+                    .args(["--initial-cluster", &initial.join(",")])
+                    .args(["--initial-cluster-token", &token])
+                    .args(["--initial-cluster-state", "new"])
+                    .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                    .args(["--log-level", "warn"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "cannot start {}: {e} (scripts/install-test-tools.sh installs Debian's etcd-server)",
+                            etcd_bin()
+                        )
+                    });
+                Member {
+                    name,
+                    client_url,
+                    child,
+                }
+            })
+            .collect();
+        let pids: Vec<String> = members.iter().map(|m| m.pid().to_string()).collect();
+        let watchdog = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null",
+                std::process::id(),
+                pids.join(" ")
+            ))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("watchdog");
+        let cluster = EtcdCluster {
+            members,
+            watchdog,
+            _dir: dir,
+        };
+        cluster.wait_for_leader(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Every member's client URL, comma separated.
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| m.client_url.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The index of the member that leads now, as the members not paused
+    /// agree on it.
+    pub fn leader(&self) -> Option<usize> {
+        let statuses: Vec<_> = self.members.iter().map(Member::status).collect();
+        let leader = statuses.iter().flatten().map(|(_, l)| l.clone()).next()?;
+        statuses
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|(id, _)| *id == leader))
+    }
+
+    /// Waits until a leader is elected and every member answers.
+    pub fn wait_for_leader(&self, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(l) = self.leader()
+                && self.members.iter().all(|m| m.status().is_some())
+            {
+                return l;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the etcd cluster elected no leader within {within:?} (logs: {})",
+                self._dir.path().display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        let _ = self.watchdog.kill();
+        let _ = self.watchdog.wait();
+        for m in &mut self.members {
+            let _ = m.child.kill();
+            let _ = m.child.wait();
+        }
+    }
+}
