@@ -18,11 +18,24 @@ use support::s3::*;
 const BUCKET: &str = "bkt";
 
 /// A backend, a lease service and a proxy fencing `bkt` with lock `bkt`.
+/// In an etcd pass, a second lease-service replica on the same locks
+/// (`replica`): the histories' clients then spread over both.
 struct System {
     backend: Backend,
     proxy: Proxy,
     locksvc: support::Service,
+    replica: Option<support::Service>,
     dir: tempfile::TempDir,
+}
+
+impl System {
+    /// The lease service client `c` talks to.
+    fn locksvc_for(&self, c: usize) -> &str {
+        match &self.replica {
+            Some(r) if c % 2 == 1 => &r.url,
+            _ => &self.locksvc.url,
+        }
+    }
 }
 
 async fn system() -> System {
@@ -41,10 +54,15 @@ async fn system() -> System {
     );
     let proxy = Proxy::start(&toml, dir.path()).await;
     let locksvc = start_locksvc(dir.path()).await;
+    let replica = match support::lease_backend() {
+        support::LeaseBackend::Etcd => Some(start_locksvc(dir.path()).await),
+        support::LeaseBackend::Sqlite => None,
+    };
     System {
         backend,
         proxy,
         locksvc,
+        replica,
         dir,
     }
 }
@@ -188,7 +206,7 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                 for step in 0..40 {
                     let Some(l) = &lease else {
                         let ttl = rng.gen_range(1000..1500);
-                        lease = acquire(&http, &s.locksvc.url, &format!("c{c}"), ttl, 3000).await;
+                        lease = acquire(&http, s.locksvc_for(c), &format!("c{c}"), ttl, 3000).await;
                         continue;
                     };
                     let token = l["token"].as_u64().expect("token");
@@ -234,7 +252,10 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                         }
                         85..=94 => {
                             let _ = http
-                                .post(format!("{}/v1/locks/{BUCKET}/release", s.locksvc.url))
+                                .post(format!(
+                                    "{}/v1/locks/{BUCKET}/release",
+                                    s.locksvc_for(c + 1)
+                                ))
                                 .json(&json!({"token": signed}))
                                 .send()
                                 .await;
@@ -242,7 +263,7 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                         }
                         _ => {
                             let _ = http
-                                .post(format!("{}/v1/locks/{BUCKET}/renew", s.locksvc.url))
+                                .post(format!("{}/v1/locks/{BUCKET}/renew", s.locksvc_for(c + 1)))
                                 .json(&json!({"token": signed, "ttl_ms": 1000}))
                                 .send()
                                 .await;
