@@ -21,6 +21,13 @@
 FROM rust:1.95.0-bookworm AS builder
 WORKDIR /src
 
+# etcd-client (the lease service's etcd backend) compiles etcd's protos at
+# build time: protoc and the well-known protobuf includes.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+       protobuf-compiler libprotobuf-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # Only what the build needs (see .dockerignore): the workspace manifests, the
 # lock file (--locked: the image gets exactly the tested dependency versions),
 # the toolchain pin and the crates' sources.

@@ -2,6 +2,10 @@
 # Installs everything the test suite talks to, if it is missing:
 #   - moto_server, boto3 and the aws CLI in ./.venv (PyPI)
 #   - rclone, s3cmd, restic and curl (Debian)
+#   - etcd (Debian etcd-server 3.4): the lease service's etcd backend runs
+#     its tests on a 3-member cluster of it
+#   - protoc and the protobuf include files (Debian protobuf-compiler and
+#     libprotobuf-dev): the etcd-client crate compiles etcd's protos
 # Safe to run repeatedly; does nothing when all is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +20,21 @@ missing=()
 for tool in rclone s3cmd restic curl; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+[ -x /usr/bin/etcd ] || missing+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# protoc alone fails on google/protobuf/descriptor.proto.
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${missing[*]} from Debian"
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Debian's etcd-server package starts a system etcd on 2379/2380; the tests
+# start their own members on free ports and never use it. Stop it so it
+# costs nothing (when systemd runs it; harmless otherwise).
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
+  ${SUDO:-} systemctl stop etcd || true
 fi
