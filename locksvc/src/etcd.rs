@@ -60,6 +60,7 @@ use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bits of a token that hold the etcd revision; the epoch is above them.
@@ -176,7 +177,10 @@ pub struct EtcdLeases {
 }
 
 struct Inner {
-    client: Client,
+    /// One client per member, and the member tried first (the last one
+    /// that answered).
+    members: Vec<Client>,
+    preferred: AtomicUsize,
     prefix: String,
     epoch: u16,
     request_timeout: Duration,
@@ -197,8 +201,30 @@ fn storage(e: etcd_client::Error) -> EngineError {
     EngineError::Storage(format!("etcd: {e}"))
 }
 
-/// The etcd client for `config` (TLS, auth, timeouts).
+/// One etcd client over every member of `config` (TLS, auth, timeouts),
+/// for one-off tools such as `migrate`.
 pub async fn client(config: &EtcdConfig) -> anyhow::Result<Client> {
+    Client::connect(&config.endpoints, Some(connect_options(config)?))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to etcd {:?}: {e}", config.endpoints))
+}
+
+/// One client per member: what the replica fails over between
+/// ([`EtcdLeases::call`]).
+async fn member_clients(config: &EtcdConfig) -> anyhow::Result<Vec<Client>> {
+    let opts = connect_options(config)?;
+    let mut clients = Vec::new();
+    for e in &config.endpoints {
+        clients.push(
+            Client::connect([e], Some(opts.clone()))
+                .await
+                .map_err(|err| anyhow::anyhow!("cannot connect to etcd {e}: {err}"))?,
+        );
+    }
+    Ok(clients)
+}
+
+fn connect_options(config: &EtcdConfig) -> anyhow::Result<ConnectOptions> {
     let mut opts = ConnectOptions::new()
         .with_timeout(config.request_timeout)
         .with_connect_timeout(config.connect_timeout)
@@ -222,9 +248,25 @@ pub async fn client(config: &EtcdConfig) -> anyhow::Result<Client> {
         }
         opts = opts.with_tls(tls);
     }
-    Client::connect(&config.endpoints, Some(opts))
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to etcd {:?}: {e}", config.endpoints))
+    Ok(opts)
+}
+
+/// Whether another member may answer what this one refused: everything
+/// but the answers that would be the same anywhere.
+fn retryable(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(_) => false,
+        etcd_client::Error::GRpcStatus(s) => !matches!(
+            s.code(),
+            Code::NotFound
+                | Code::InvalidArgument
+                | Code::FailedPrecondition
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+        ),
+        _ => true,
+    }
 }
 
 impl EtcdLeases {
@@ -238,10 +280,11 @@ impl EtcdLeases {
         max_waiters: usize,
         startup: Duration,
     ) -> anyhow::Result<EtcdLeases> {
-        let client = client(config).await?;
+        let members = member_clients(config).await?;
         let leases = EtcdLeases {
             inner: Arc::new(Inner {
-                client,
+                members,
+                preferred: AtomicUsize::new(0),
                 prefix: config.prefix.clone(),
                 epoch: config.epoch,
                 request_timeout: config.request_timeout,
@@ -288,23 +331,65 @@ impl EtcdLeases {
         self.key("meta/epoch")
     }
 
-    /// Runs one etcd call within `request_timeout`.
-    async fn call<T>(
-        &self,
-        f: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, EngineError> {
-        match tokio::time::timeout(self.inner.request_timeout, f).await {
-            Ok(r) => r.map_err(storage),
-            Err(_) => Err(EngineError::Storage(format!(
-                "etcd did not answer within {} (request_timeout); is a quorum of members up?",
-                humantime::format_duration(self.inner.request_timeout)
-            ))),
+    /// Runs one etcd call, within `request_timeout` in all: on the member
+    /// that answered last, then, if it fails or is silent for its share of
+    /// the time, on the next. A paused or dead member costs a request
+    /// some latency, not an error; without a quorum no member answers and
+    /// the call fails when the time is up.
+    ///
+    /// A write retried on another member may also have been applied by
+    /// the first (it was sent, the answer was lost): every write here is a
+    /// compare-and-set, so the retry finds its own effect and answers from
+    /// it (for a grant: the lock held by this owner).
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, EngineError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let members = &self.inner.members;
+        let n = members.len().max(1);
+        let total = self.inner.request_timeout;
+        let deadline = Instant::now() + total;
+        let share = (total / u32::try_from(n).unwrap_or(1)).max(Duration::from_millis(200));
+        let first = self.inner.preferred.load(Ordering::Relaxed);
+        let mut last = String::from("no member tried");
+        for i in 0..n {
+            let m = (first + i) % n;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let limit = if i + 1 == n { left } else { share.min(left) };
+            match tokio::time::timeout(limit, f(members[m].clone())).await {
+                Ok(Ok(v)) => {
+                    if i > 0 {
+                        self.inner.preferred.store(m, Ordering::Relaxed);
+                    }
+                    return Ok(v);
+                }
+                Ok(Err(e)) if !retryable(&e) => return Err(storage(e)),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => {
+                    last = format!(
+                        "member {} silent for {}",
+                        m + 1,
+                        humantime::format_duration(limit)
+                    )
+                }
+            }
         }
+        Err(EngineError::Storage(format!(
+            "no etcd member answered within {} (request_timeout; last: {last}); is a quorum of members up?",
+            humantime::format_duration(total)
+        )))
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, EngineError> {
-        let mut c = self.inner.client.clone();
-        self.call(c.txn(txn)).await
+        self.call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
     }
 
     async fn register_epoch(&self) -> Result<(), Startup> {
@@ -431,8 +516,10 @@ impl EtcdLeases {
     }
 
     async fn grant_etcd_lease(&self, ttl_s: i64) -> Result<i64, EngineError> {
-        let mut c = self.inner.client.clone();
-        Ok(self.call(c.lease_grant(ttl_s, None)).await?.id())
+        Ok(self
+            .call(|mut c| async move { c.lease_grant(ttl_s, None).await })
+            .await?
+            .id())
     }
 
     /// Revokes an etcd lease in the background (best effort: it expires by
@@ -440,8 +527,9 @@ impl EtcdLeases {
     fn revoke_later(&self, id: i64) {
         let this = self.clone();
         tokio::spawn(async move {
-            let mut c = this.inner.client.clone();
-            let _ = this.call(c.lease_revoke(id)).await;
+            let _ = this
+                .call(|mut c| async move { c.lease_revoke(id).await })
+                .await;
         });
     }
 
@@ -620,10 +708,12 @@ impl EtcdLeases {
 
     /// One keep-alive of an etcd lease: false if etcd no longer has it.
     async fn keep_alive(&self, id: i64) -> Result<bool, EngineError> {
-        let mut c = self.inner.client.clone();
         // The client sends the first keep-alive and reads its answer; a
         // lease etcd no longer has is this error.
-        match self.call(c.lease_keep_alive(id)).await {
+        match self
+            .call(|mut c| async move { c.lease_keep_alive(id).await })
+            .await
+        {
             Ok(_) => Ok(true),
             Err(EngineError::Storage(e)) if e.contains("lease not found") => Ok(false),
             Err(e) => Err(e),
@@ -697,28 +787,34 @@ impl EtcdLeases {
     ) -> Result<Lease, EngineError> {
         let waiter_lease = self.grant_etcd_lease(WAITER_TTL_S).await?;
         let mine = format!("{}{waiter_lease:016x}", self.wait_prefix(&lock));
-        let mut c = self.inner.client.clone();
         let put = self
-            .call(c.put(
-                mine.clone(),
-                owner.clone(),
-                Some(PutOptions::new().with_lease(waiter_lease)),
-            ))
+            .call(|mut c| {
+                let (key, value) = (mine.clone(), owner.clone());
+                async move {
+                    c.put(key, value, Some(PutOptions::new().with_lease(waiter_lease)))
+                        .await
+                }
+            })
             .await;
         let _place = Place::new(self.clone(), mine.clone(), waiter_lease);
         let rev = put?.header().map_or(0, |h| h.revision());
+        let prefix = self.wait_prefix(&lock);
         let ahead = self
-            .call(
-                c.get(
-                    self.wait_prefix(&lock),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_count_only()
-                            .with_max_create_revision(rev - 1),
-                    ),
-                ),
-            )
+            .call(|mut c| {
+                let prefix = prefix.clone();
+                async move {
+                    c.get(
+                        prefix,
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_count_only()
+                                .with_max_create_revision(rev - 1),
+                        ),
+                    )
+                    .await
+                }
+            })
             .await?
             .count();
         if usize::try_from(ahead).unwrap_or(usize::MAX) >= self.inner.max_waiters {
@@ -1001,19 +1097,13 @@ impl Place {
     fn new(leases: EtcdLeases, key: String, etcd_lease: i64) -> Place {
         let l = leases.clone();
         let keeper = tokio::spawn(async move {
-            let mut c = l.inner.client.clone();
-            let Ok((mut keeper, mut stream)) = c.lease_keep_alive(etcd_lease).await else {
-                return;
-            };
+            // A third of the TTL: two keep-alives may fail in a row. Each
+            // is one call, so a paused member is failed over like any.
+            let every = Duration::from_millis(1000 * WAITER_TTL_S as u64 / 3);
             loop {
-                // A third of the TTL: two keep-alives may fail in a row.
-                tokio::time::sleep(Duration::from_millis(1000 * WAITER_TTL_S as u64 / 3)).await;
-                if keeper.keep_alive().await.is_err() {
+                tokio::time::sleep(every).await;
+                if !matches!(l.keep_alive(etcd_lease).await, Ok(true)) {
                     return;
-                }
-                match tokio::time::timeout(l.inner.request_timeout, stream.message()).await {
-                    Ok(Ok(Some(_))) => {}
-                    _ => return,
                 }
             }
         });
@@ -1031,9 +1121,15 @@ impl Drop for Place {
         self.keeper.abort();
         let (l, key, id) = (self.leases.clone(), self.key.clone(), self.etcd_lease);
         tokio::spawn(async move {
-            let mut c = l.inner.client.clone();
-            let _ = l.call(c.delete(key, None)).await;
-            let _ = l.call(c.lease_revoke(id)).await;
+            let _ = l
+                .call(|mut c| {
+                    let key = key.clone();
+                    async move { c.delete(key, None).await }
+                })
+                .await;
+            let _ = l
+                .call(|mut c| async move { c.lease_revoke(id).await })
+                .await;
         });
     }
 }
