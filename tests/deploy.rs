@@ -301,7 +301,7 @@ fn example_configs_show_every_option() {
                 ("[[scopes]]", "scopes"),
                 ("[[clients]]", "clients"),
             ],
-            "locksvc" => &[("[[api_keys]]", "api_keys")],
+            "locksvc" => &[("[[api_keys]]", "api_keys"), ("[etcd]", "etcd")],
             _ => &[],
         };
         for &(header, section) in sections {

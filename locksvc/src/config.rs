@@ -175,7 +175,17 @@ pub const ENV_ETCD_EPOCH: &str = "FENCEGATE_ETCD_EPOCH";
 pub const ENV_ETCD_USERNAME: &str = "FENCEGATE_ETCD_USERNAME";
 pub const ENV_ETCD_PASSWORD: &str = "FENCEGATE_ETCD_PASSWORD";
 
+/// `Some` non-empty string (a config may show an unset option as `""`).
+fn nonempty(s: &Option<String>) -> Option<&str> {
+    s.as_deref().filter(|s| !s.is_empty())
+}
+
 impl EtcdConfig {
+    /// The user and password to authenticate with, if both are set.
+    pub fn credentials(&self) -> Option<(&str, &str)> {
+        Some((nonempty(&self.username)?, nonempty(&self.password)?))
+    }
+
     /// Applies the `FENCEGATE_ETCD_*` overrides to `etcd`; setting
     /// endpoints creates the table.
     fn apply_env(etcd: &mut Option<EtcdConfig>, var: &impl Fn(&str) -> Option<String>) {
@@ -223,7 +233,9 @@ impl EtcdConfig {
                 self.prefix
             ));
         }
-        if self.username.is_some() != self.password.is_some() {
+        if self.credentials().is_none()
+            && (nonempty(&self.username).is_some() || nonempty(&self.password).is_some())
+        {
             p.push(format!(
                 "etcd.username and etcd.password go together (password: {ENV_ETCD_PASSWORD})"
             ));

@@ -229,8 +229,8 @@ fn connect_options(config: &EtcdConfig) -> anyhow::Result<ConnectOptions> {
         .with_timeout(config.request_timeout)
         .with_connect_timeout(config.connect_timeout)
         .with_keep_alive(Duration::from_secs(2), config.request_timeout);
-    if let (Some(user), Some(password)) = (&config.username, &config.password) {
-        opts = opts.with_user(user.clone(), password.clone());
+    if let Some((user, password)) = config.credentials() {
+        opts = opts.with_user(user, password);
     }
     if config.ca_file.is_some() || config.cert_file.is_some() {
         let mut tls = TlsOptions::new();
