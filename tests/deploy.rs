@@ -1118,3 +1118,117 @@ fn dockerignore_keeps_local_state_out_and_what_the_build_copies_in() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// docker-compose.ha.yml
+
+fn compose_ha() -> Yaml {
+    serde_yaml::from_str(&read_repo("docker-compose.ha.yml"))
+        .unwrap_or_else(|e| panic!("docker-compose.ha.yml is not valid YAML: {e}"))
+}
+
+/// `--name=value` or `--name value` of an etcd command.
+fn etcd_flag(args: &[String], name: &str) -> String {
+    flag_value(args, name).unwrap_or_else(|| panic!("etcd command without {name}: {args:?}"))
+}
+
+#[test]
+fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_the_proxy() {
+    let doc = compose_ha();
+    let etcd_names = ["etcd1", "etcd2", "etcd3"];
+    // The members: consistent names and URLs, one cluster, flags that the
+    // etcd binary knows (Debian's 3.4 here; the image runs 3.5, whose
+    // flags for this are the same).
+    let help = Command::new("/usr/bin/etcd")
+        .arg("--help")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+        })
+        .expect("etcd --help runs (scripts/install-test-tools.sh installs etcd-server)");
+    let mut clusters = Vec::new();
+    let mut client_urls = Vec::new();
+    for name in etcd_names {
+        let svc = service(&doc, name);
+        let args = words(&svc["command"]);
+        for a in args.iter().filter(|a| a.starts_with("--")) {
+            let flag = a.split('=').next().unwrap_or(a);
+            assert!(help.contains(flag), "{name}: etcd has no flag {flag}");
+        }
+        assert_eq!(etcd_flag(&args, "--name"), name);
+        let peer = etcd_flag(&args, "--initial-advertise-peer-urls");
+        assert_eq!(peer, format!("http://{name}:2380"), "{name}'s peer URL");
+        let client = etcd_flag(&args, "--advertise-client-urls");
+        assert_eq!(client, format!("http://{name}:2379"), "{name}'s client URL");
+        let cluster = etcd_flag(&args, "--initial-cluster");
+        assert!(
+            cluster.split(',').any(|m| m == format!("{name}={peer}")),
+            "{name} is not in its own --initial-cluster {cluster}"
+        );
+        clusters.push(cluster);
+        client_urls.push(client);
+        assert!(
+            published(name, svc).is_empty(),
+            "{name} publishes etcd's ports: only the lease service may write its keys"
+        );
+        assert!(
+            !words(&svc["volumes"]).is_empty(),
+            "{name} keeps the token counter: it needs a volume"
+        );
+    }
+    assert!(
+        clusters.windows(2).all(|w| w[0] == w[1]),
+        "the members disagree on --initial-cluster: {clusters:?}"
+    );
+    assert_eq!(clusters[0].split(',').count(), 3, "{}", clusters[0]);
+
+    // The replicas: valid with their command and environment, on every
+    // member, started after them, on distinct loopback ports.
+    let mut ports = Vec::new();
+    let proxy_env = environment(service(&doc, "proxy"));
+    for name in ["locksvc1", "locksvc2"] {
+        let svc = service(&doc, name);
+        let args = command_in_repo(name, svc);
+        assert_eq!(args[0], "locksvc");
+        let env = environment(svc);
+        let mut cmd = clean_fencegate();
+        cmd.args(&args).arg("--check").envs(&env);
+        expect_valid(cmd);
+        let endpoints: Vec<&str> = env
+            .get("FENCEGATE_ETCD_ENDPOINTS")
+            .map(|e| e.split(',').collect())
+            .unwrap_or_else(|| panic!("{name} does not turn the etcd backend on"));
+        assert_eq!(endpoints, client_urls, "{name}'s etcd endpoints");
+        assert_eq!(
+            env.get("FENCEGATE_SIGNING_KEYS"),
+            proxy_env.get("FENCEGATE_SIGNING_KEYS"),
+            "{name} must sign with the keys the proxy verifies with"
+        );
+        for member in etcd_names {
+            assert_eq!(depends_on_condition(svc, member), "service_healthy");
+        }
+        let listen = listen_addr(name, svc);
+        for (ip, host, container) in published(name, svc) {
+            assert_eq!(ip, "127.0.0.1", "{name} publishes beyond loopback");
+            assert_eq!(container, listen.port());
+            ports.push(host);
+        }
+    }
+    ports.sort();
+    ports.dedup();
+    assert_eq!(
+        ports.len(),
+        2,
+        "the replicas need a host port each: {ports:?}"
+    );
+
+    // The rest is the single-host file's: MinIO unpublished, the proxy valid.
+    let minio = service(&doc, "minio");
+    assert!(published("minio", minio).iter().all(|(_, _, c)| *c != 9000));
+    let proxy = service(&doc, "proxy");
+    let mut cmd = clean_fencegate();
+    cmd.args(command_in_repo("proxy", proxy))
+        .arg("--check")
+        .envs(&proxy_env);
+    expect_valid(cmd);
+}

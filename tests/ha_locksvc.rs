@@ -422,7 +422,9 @@ fn kill_9_of_a_replica_under_load_leaves_the_others_serving() {
         assert!(Instant::now() < deadline, "W2 never queued");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let load = Load::start(std::slice::from_ref(&survivor.url), 2, |c| format!("load-{c}"));
+    let load = Load::start(std::slice::from_ref(&survivor.url), 2, |c| {
+        format!("load-{c}")
+    });
     load.wait_for(10, Duration::from_secs(30));
 
     doomed.kill9();

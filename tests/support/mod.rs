@@ -12,7 +12,10 @@
 #[macro_use]
 pub mod s3;
 pub mod etcd;
-#[allow(unused_imports, reason = "each test file uses a different part of the harness")]
+#[allow(
+    unused_imports,
+    reason = "each test file uses a different part of the harness"
+)]
 pub use etcd::{LeaseBackend, lease_backend};
 pub mod relay;
 
