@@ -10,6 +10,7 @@
 mod backend;
 mod chart;
 mod growth;
+mod ha;
 mod large;
 mod leases;
 mod nginx;
@@ -109,6 +110,9 @@ enum Command {
     Etcd,
     /// Cost per write / grant as scopes, keys and locks grow.
     Growth,
+    /// The lease service on a 3-member etcd cluster against raw etcd on the
+    /// same cluster and against the lease service on SQLite, interleaved.
+    Ha,
     /// Everything above (the lease service with etcd side by side).
     All,
     /// Redraws the small section's chart from a results file (to --chart,
@@ -152,6 +156,8 @@ struct Results {
     leases: Option<leases::LeaseReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     growth: Option<growth::GrowthReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ha: Option<ha::HaReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -317,6 +323,23 @@ fn targets(r: &Results) -> Vec<Target> {
                     met: Some(ratio >= 1.5),
                 });
             }
+        }
+    }
+    if let Some(h) = &r.ha {
+        for l in &h.levels {
+            t.push(Target {
+                target: format!(
+                    "locksvc on etcd >= 0.8 x raw etcd: {:?} c={}",
+                    l.workload, l.concurrency
+                ),
+                measured: format!(
+                    "{:.3} ({:.1} vs {:.1} ops/s)",
+                    l.ratio_over_raw_etcd,
+                    l.locksvc_etcd.median_ops_per_sec,
+                    l.raw_etcd.median_ops_per_sec
+                ),
+                met: Some(l.ratio_over_raw_etcd >= 0.8),
+            });
         }
     }
     t
@@ -511,8 +534,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Locksvc => (false, false, false, true, false, false),
         Command::Etcd => (false, false, false, true, false, true),
         Command::Growth => (false, false, false, false, true, false),
+        Command::Ha => (false, false, false, false, false, false),
         Command::All => (true, true, true, true, true, true),
         Command::Chart { .. } => unreachable!("handled above"),
+    };
+    let do_ha = matches!(cli.command, Command::Ha | Command::All);
+    let ha_opts = ha::HaOpts {
+        concurrency: g.concurrency.clone(),
+        rounds: g.rounds.unwrap_or(if quick { 2 } else { 4 }),
+        round,
+        etcd_bin: g.etcd.clone(),
     };
     let rt_puts = match &cli.command {
         Command::Roundtrips { puts: Some(n) } => *n,
@@ -587,6 +618,17 @@ async fn main() -> anyhow::Result<()> {
                 report.results.growth = Some(r);
             }
             Err(e) => report.failures.push(format!("growth: {e:#}")),
+        }
+        checkpoint(&mut report)?;
+    }
+
+    if do_ha {
+        match ha::run(&fencegate, tmp, &ha_opts).await {
+            Ok(r) => {
+                ha::print(&r);
+                report.results.ha = Some(r);
+            }
+            Err(e) => report.failures.push(format!("ha: {e:#}")),
         }
         checkpoint(&mut report)?;
     }

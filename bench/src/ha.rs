@@ -1,0 +1,397 @@
+//! The lease service on etcd against raw etcd on the same 3-member cluster,
+//! and against the lease service on SQLite, in one run with rotated rounds:
+//! what the lease rules cost on top of etcd.
+//!
+//! The same work on raw etcd, over gRPC (the `etcd-client` crate, as the
+//! lease service uses it):
+//! - acquire + release = `LeaseGrant` + `Txn(if create_revision(key) == 0
+//!   then put key on the lease)` + `LeaseRevoke`: the least a fenced lock on
+//!   etcd needs (a token is the key's create revision);
+//! - renew = one `LeaseKeepAlive` on a stream the worker keeps open. It does
+//!   less than a renewal: it cannot set a new TTL, and it proves nothing
+//!   (anyone with the lease ID can keep it alive).
+
+use crate::leases::{LockClient, Workload};
+use crate::util::{Proc, Series, SeriesSummary, ratio, timed_round};
+use anyhow::Context as _;
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+const PAIR_TTL_MS: u64 = 30_000;
+const RENEW_TTL_MS: u64 = 600_000;
+
+/// Three etcd members on loopback (flags of ha-design.md).
+#[derive(Debug)]
+pub struct Cluster {
+    members: Vec<Child>,
+    pub endpoints: Vec<String>,
+    pub version: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub async fn start(bin: &Path, tmp: &Path) -> anyhow::Result<Cluster> {
+        anyhow::ensure!(bin.exists(), "{} does not exist", bin.display());
+        let version = Command::new(bin)
+            .arg("--version")
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .unwrap_or_default();
+        let dir = tempfile::Builder::new().prefix("etcd3-").tempdir_in(tmp)?;
+        let mut ports = Vec::new();
+        for _ in 0..3 {
+            ports.push((crate::util::free_port()?, crate::util::free_port()?));
+        }
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect();
+        let mut members = Vec::new();
+        let mut endpoints = Vec::new();
+        for (i, (c, p)) in ports.iter().enumerate() {
+            let client = format!("http://127.0.0.1:{c}");
+            let peer = format!("http://127.0.0.1:{p}");
+            let log = std::fs::File::create(dir.path().join(format!("m{i}.log")))?;
+            members.push(
+                Command::new(bin)
+                    .args(["--name", &format!("m{i}"), "--data-dir"])
+                    .arg(dir.path().join(format!("m{i}")))
+                    .args(["--listen-client-urls", &client])
+                    .args(["--advertise-client-urls", &client])
+                    .args(["--listen-peer-urls", &peer])
+                    .args(["--initial-advertise-peer-urls", &peer])
+                    .args(["--initial-cluster", &initial.join(",")])
+                    .args(["--initial-cluster-token", "fencegate-bench"])
+                    .args(["--initial-cluster-state", "new"])
+                    .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::from(log))
+                    .spawn()
+                    .with_context(|| format!("cannot start {}", bin.display()))?,
+            );
+            endpoints.push(client);
+        }
+        let cluster = Cluster {
+            members,
+            endpoints,
+            version,
+            _dir: dir,
+        };
+        for e in &cluster.endpoints {
+            crate::util::wait_http_ok(&format!("{e}/health"), Duration::from_secs(30))
+                .await
+                .with_context(|| format!("etcd member {e} did not become healthy"))?;
+        }
+        Ok(cluster)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+    }
+}
+
+/// A raw etcd client per worker, with the stream its renewals use.
+struct Raw {
+    client: Client,
+    keeper: Mutex<Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>>,
+    held: Mutex<Option<i64>>,
+}
+
+impl Raw {
+    async fn acquire_release(&self, key: String) -> anyhow::Result<()> {
+        let mut c = self.client.clone();
+        let lease = c
+            .lease_grant(i64::try_from(PAIR_TTL_MS / 1000)?, None)
+            .await?
+            .id();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                "owner",
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let granted = c.txn(txn).await?.succeeded();
+        c.lease_revoke(lease).await?;
+        anyhow::ensure!(granted, "{key} was held");
+        Ok(())
+    }
+
+    async fn renew(&self) -> anyhow::Result<()> {
+        let mut keeper = self.keeper.lock().await;
+        if keeper.is_none() {
+            let mut c = self.client.clone();
+            let id = match *self.held.lock().await {
+                Some(id) => id,
+                None => anyhow::bail!("no lease to renew"),
+            };
+            *keeper = Some(c.lease_keep_alive(id).await?);
+            return Ok(());
+        }
+        let (k, stream) = keeper.as_mut().context("keeper")?;
+        k.keep_alive().await?;
+        let resp = stream.message().await?.context("keep-alive stream ended")?;
+        anyhow::ensure!(resp.ttl() > 0, "lease lost");
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HaOpts {
+    pub concurrency: Vec<usize>,
+    pub rounds: usize,
+    pub round: Duration,
+    pub etcd_bin: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HaLevel {
+    pub workload: Workload,
+    pub concurrency: usize,
+    pub locksvc_etcd: SeriesSummary,
+    pub raw_etcd: SeriesSummary,
+    pub locksvc_sqlite: SeriesSummary,
+    /// locksvc on etcd over raw etcd, median ops/s.
+    pub ratio_over_raw_etcd: f64,
+    /// locksvc on etcd over locksvc on SQLite.
+    pub ratio_over_sqlite: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HaReport {
+    pub rounds: usize,
+    pub round_secs: f64,
+    pub etcd_version: String,
+    pub levels: Vec<HaLevel>,
+}
+
+async fn start_locksvc(
+    fencegate: &Path,
+    tmp: &Path,
+    etcd: Option<&[String]>,
+) -> anyhow::Result<(Proc, tempfile::TempDir)> {
+    let dir = tempfile::Builder::new()
+        .prefix("locksvc-")
+        .tempdir_in(tmp)?;
+    let mut cmd = Command::new(fencegate);
+    cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.path().join("locksvc.db"))
+        .env("FENCEGATE_SIGNING_KEYS", crate::util::SIGNING_KEY)
+        .env("FENCEGATE_LOG", "warn");
+    if let Some(endpoints) = etcd {
+        cmd.env("FENCEGATE_ETCD_ENDPOINTS", endpoints.join(","))
+            .env("FENCEGATE_ETCD_PREFIX", "/bench-locksvc/");
+    }
+    let log = dir.path().join("locksvc.log");
+    let proc = tokio::task::spawn_blocking(move || Proc::start_fencegate(cmd, log)).await??;
+    Ok((proc, dir))
+}
+
+async fn locksvc_round(
+    clients: &Arc<Vec<LockClient>>,
+    held: &Arc<Vec<(String, String)>>,
+    workload: Workload,
+    tag: &'static str,
+    c: usize,
+    dur: Duration,
+) -> crate::util::RoundResult {
+    let (clients, held) = (clients.clone(), held.clone());
+    timed_round(c, dur, move |w, _| {
+        let (clients, held) = (clients.clone(), held.clone());
+        async move {
+            let cl = &clients[w];
+            match workload {
+                Workload::AcquireRelease => {
+                    let lock = format!("{tag}-pair-c{c}-w{w}");
+                    let t = cl.acquire(&lock, &format!("w{w}"), PAIR_TTL_MS).await?;
+                    cl.release(&lock, &t).await
+                }
+                Workload::Renew => {
+                    let (lock, t) = &held[w];
+                    cl.renew(lock, t, RENEW_TTL_MS).await
+                }
+            }
+        }
+    })
+    .await
+}
+
+async fn raw_round(
+    raws: &Arc<Vec<Raw>>,
+    workload: Workload,
+    c: usize,
+    dur: Duration,
+) -> crate::util::RoundResult {
+    let raws = raws.clone();
+    timed_round(c, dur, move |w, _| {
+        let raws = raws.clone();
+        async move {
+            match workload {
+                Workload::AcquireRelease => {
+                    raws[w]
+                        .acquire_release(format!("/bench-raw/pair-c{c}-w{w}"))
+                        .await
+                }
+                Workload::Renew => raws[w].renew().await,
+            }
+        }
+    })
+    .await
+}
+
+pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<HaReport> {
+    let cluster = Cluster::start(&opts.etcd_bin, tmp).await?;
+    let (on_etcd, _d1) = start_locksvc(fencegate, tmp, Some(&cluster.endpoints)).await?;
+    let (on_sqlite, _d2) = start_locksvc(fencegate, tmp, None).await?;
+    let mut levels = Vec::new();
+    for workload in [Workload::AcquireRelease, Workload::Renew] {
+        for &c in &opts.concurrency {
+            eprintln!("ha: {workload:?} concurrency {c}");
+            let make = |url: &str| -> anyhow::Result<Arc<Vec<LockClient>>> {
+                Ok(Arc::new(
+                    (0..c)
+                        .map(|_| LockClient::new(url))
+                        .collect::<anyhow::Result<Vec<_>>>()?,
+                ))
+            };
+            let (ec, sc) = (make(&on_etcd.url)?, make(&on_sqlite.url)?);
+            let mut raws = Vec::new();
+            for _ in 0..c {
+                raws.push(Raw {
+                    client: Client::connect(&cluster.endpoints, None).await?,
+                    keeper: Mutex::new(None),
+                    held: Mutex::new(None),
+                });
+            }
+            let (mut eheld, mut sheld) = (Vec::new(), Vec::new());
+            if workload == Workload::Renew {
+                for w in 0..c {
+                    let lock = format!("renew-c{c}-w{w}");
+                    let owner = format!("w{w}");
+                    eheld.push((lock.clone(), ec[w].acquire(&lock, &owner, RENEW_TTL_MS).await?));
+                    sheld.push((lock.clone(), sc[w].acquire(&lock, &owner, RENEW_TTL_MS).await?));
+                    let mut client = raws[w].client.clone();
+                    let id = client
+                        .lease_grant(i64::try_from(RENEW_TTL_MS / 1000)?, None)
+                        .await?
+                        .id();
+                    client
+                        .put(
+                            format!("/bench-raw/renew-c{c}-w{w}"),
+                            owner,
+                            Some(PutOptions::new().with_lease(id)),
+                        )
+                        .await?;
+                    *raws[w].held.lock().await = Some(id);
+                }
+            }
+            let (eheld, sheld, raws) = (Arc::new(eheld), Arc::new(sheld), Arc::new(raws));
+            let warm = opts.round / 4;
+            let _ = locksvc_round(&ec, &eheld, workload, "etcd", c, warm).await;
+            let _ = locksvc_round(&sc, &sheld, workload, "sqlite", c, warm).await;
+            let _ = raw_round(&raws, workload, c, warm).await;
+            let (mut es, mut rs, mut ss) = (Series::default(), Series::default(), Series::default());
+            for r in 0..opts.rounds {
+                // Rotate which variant goes first.
+                for k in 0..3 {
+                    match (r + k) % 3 {
+                        0 => es.add(locksvc_round(&ec, &eheld, workload, "etcd", c, opts.round).await),
+                        1 => rs.add(raw_round(&raws, workload, c, opts.round).await),
+                        _ => ss.add(locksvc_round(&sc, &sheld, workload, "sqlite", c, opts.round).await),
+                    }
+                }
+            }
+            let (es, rs, ss) = (es.summary(), rs.summary(), ss.summary());
+            levels.push(HaLevel {
+                workload,
+                concurrency: c,
+                ratio_over_raw_etcd: ratio(es.median_ops_per_sec, rs.median_ops_per_sec),
+                ratio_over_sqlite: ratio(es.median_ops_per_sec, ss.median_ops_per_sec),
+                locksvc_etcd: es,
+                raw_etcd: rs,
+                locksvc_sqlite: ss,
+            });
+            for (w, (lock, t)) in eheld.iter().enumerate() {
+                let _ = ec[w].release(lock, t).await;
+            }
+            for (w, (lock, t)) in sheld.iter().enumerate() {
+                let _ = sc[w].release(lock, t).await;
+            }
+        }
+    }
+    Ok(HaReport {
+        rounds: opts.rounds,
+        round_secs: opts.round.as_secs_f64(),
+        etcd_version: cluster.version.clone(),
+        levels,
+    })
+}
+
+pub fn print(r: &HaReport) {
+    println!(
+        "\n== lease service on etcd vs raw etcd (3 members) vs SQLite: {} rotated rounds of {:.1}s ==",
+        r.rounds, r.round_secs
+    );
+    println!("etcd: {}", r.etcd_version);
+    println!(
+        "{:<15} {:>4} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>10} {:>8} | {:>7} {:>7} | errors",
+        "workload",
+        "conc",
+        "on etcd/s",
+        "p50 ms",
+        "p99 ms",
+        "raw etcd/s",
+        "p50 ms",
+        "p99 ms",
+        "sqlite/s",
+        "p50 ms",
+        "/raw",
+        "/sqlite"
+    );
+    for l in &r.levels {
+        println!(
+            "{:<15} {:>4} | {:>10.1} {:>8.3} {:>8.3} | {:>10.1} {:>8.3} {:>8.3} | {:>10.1} {:>8.3} | {:>7.3} {:>7.3} | {} {} {}",
+            format!("{:?}", l.workload),
+            l.concurrency,
+            l.locksvc_etcd.median_ops_per_sec,
+            l.locksvc_etcd.latency.p50_ms,
+            l.locksvc_etcd.latency.p99_ms,
+            l.raw_etcd.median_ops_per_sec,
+            l.raw_etcd.latency.p50_ms,
+            l.raw_etcd.latency.p99_ms,
+            l.locksvc_sqlite.median_ops_per_sec,
+            l.locksvc_sqlite.latency.p50_ms,
+            l.ratio_over_raw_etcd,
+            l.ratio_over_sqlite,
+            l.locksvc_etcd.errors,
+            l.raw_etcd.errors,
+            l.locksvc_sqlite.errors,
+        );
+        for (what, s) in [
+            ("on etcd", &l.locksvc_etcd),
+            ("raw etcd", &l.raw_etcd),
+            ("sqlite", &l.locksvc_sqlite),
+        ] {
+            if let Some(e) = &s.first_error {
+                println!("    {what}: first error: {e}");
+            }
+        }
+    }
+}
