@@ -531,6 +531,9 @@ fn a_replica_left_on_an_older_epoch_can_no_longer_grant() {
     let (s, a) = Api::new(&stale.url).acquire("e", "A", 1000);
     assert_eq!(s, 200, "{a}");
     let newer = Service::start(replica_cmd(dir.path(), &cluster, "/ep/", 1));
+    // It serves once it has registered its epoch with the cluster.
+    let (s, st) = Api::new(&newer.url).status("e");
+    assert_eq!((s, st["token"].as_u64()), (200, Some(token_of(&a))), "{st}");
     let (s, v) = Api::new(&stale.url).acquire("e2", "B", 1000);
     assert_eq!(
         (s, v["error"]["code"].as_str()),

@@ -285,8 +285,14 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
                 for w in 0..c {
                     let lock = format!("renew-c{c}-w{w}");
                     let owner = format!("w{w}");
-                    eheld.push((lock.clone(), ec[w].acquire(&lock, &owner, RENEW_TTL_MS).await?));
-                    sheld.push((lock.clone(), sc[w].acquire(&lock, &owner, RENEW_TTL_MS).await?));
+                    eheld.push((
+                        lock.clone(),
+                        ec[w].acquire(&lock, &owner, RENEW_TTL_MS).await?,
+                    ));
+                    sheld.push((
+                        lock.clone(),
+                        sc[w].acquire(&lock, &owner, RENEW_TTL_MS).await?,
+                    ));
                     let mut client = raws[w].client.clone();
                     let id = client
                         .lease_grant(i64::try_from(RENEW_TTL_MS / 1000)?, None)
@@ -307,14 +313,18 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
             let _ = locksvc_round(&ec, &eheld, workload, "etcd", c, warm).await;
             let _ = locksvc_round(&sc, &sheld, workload, "sqlite", c, warm).await;
             let _ = raw_round(&raws, workload, c, warm).await;
-            let (mut es, mut rs, mut ss) = (Series::default(), Series::default(), Series::default());
+            let (mut es, mut rs, mut ss) =
+                (Series::default(), Series::default(), Series::default());
             for r in 0..opts.rounds {
                 // Rotate which variant goes first.
                 for k in 0..3 {
                     match (r + k) % 3 {
-                        0 => es.add(locksvc_round(&ec, &eheld, workload, "etcd", c, opts.round).await),
+                        0 => es
+                            .add(locksvc_round(&ec, &eheld, workload, "etcd", c, opts.round).await),
                         1 => rs.add(raw_round(&raws, workload, c, opts.round).await),
-                        _ => ss.add(locksvc_round(&sc, &sheld, workload, "sqlite", c, opts.round).await),
+                        _ => ss.add(
+                            locksvc_round(&sc, &sheld, workload, "sqlite", c, opts.round).await,
+                        ),
                     }
                 }
             }

@@ -6,12 +6,13 @@
 //! the mapping of the lease rules onto etcd keys, all under the configured
 //! prefix `P`:
 //!
-//! | key                       | value                                  | etcd lease                  |
-//! |---------------------------|----------------------------------------|-----------------------------|
-//! | `P/meta/epoch`            | the highest epoch any replica ran with | none                        |
-//! | `P/meta/floor`            | the last token SQLite issued (migrate) | none                        |
-//! | `P/locks/<L>/owner`       | [`Record`]: owner, expiry, key digest   | one per grant (GC only)     |
-//! | `P/locks/<L>/wait/<id>`   | the waiting owner's name               | the waiter's, kept alive    |
+//! | key                       | value                                        | etcd lease               |
+//! |---------------------------|----------------------------------------------|--------------------------|
+//! | `P/meta/epoch`            | the highest epoch any replica ran with       | none                     |
+//! | `P/meta/floor`            | the last token SQLite issued (migrate)       | none                     |
+//! | `P/locks/<L>/owner`       | [`Record`]: owner, key digest, epoch         | none                     |
+//! | `P/expiry/<L>`            | the lease's expiry, Unix ms, 19 digits       | none                     |
+//! | `P/locks/<L>/wait/<id>`   | the waiting owner's name                     | the waiter's, kept alive |
 //!
 //! **Tokens.** A grant is one transaction that creates `owner`; its token is
 //! `epoch << 47 | revision` of that transaction. etcd's revision is one
@@ -25,14 +26,16 @@
 //! replica still configured with an older epoch cannot grant once any
 //! replica has started with a newer one.
 //!
-//! **Expiry** is the record's `expires_at_ms`, read against the replica's
-//! wall clock, exact to the millisecond as on SQLite; the etcd lease on the
-//! key (TTL a little above the lease's) only removes records nobody
-//! releases. An etcd lease that ends early (etcd 3.4.23 can revoke leases
-//! after a leader pause, etcd-io/etcd#15247) deletes the record early: the
-//! lock is then free before its expiry, which costs the holder its lease,
-//! never safety, because the next holder's token is higher and the proxy
-//! fences the old one.
+//! **Expiry** is the `P/expiry/<L>` key, read against the replica's wall
+//! clock, exact to the millisecond as on SQLite. It is a key of its own, as
+//! fixed-width digits, so that a transaction can compare it with "now"
+//! (etcd compares values as bytes): a renewal is one transaction, `if the
+//! owner key is this token's grant and the expiry is after now then write
+//! the new expiry`, and so is a release. No etcd lease holds a record: etcd
+//! leases are not what a lease's life depends on (etcd 3.4.23 can revoke
+//! leases early after a leader pause, etcd-io/etcd#15247). Records of leases
+//! that expired unreleased are deleted by whoever next acquires the lock,
+//! and by each replica's sweep of `P/expiry/` ([`SWEEP_INTERVAL`]).
 //!
 //! **Waiting in line.** A waiter puts its key under `wait/` first; the
 //! line's order is the keys' create revisions. A newcomer's grant compares
@@ -52,15 +55,14 @@ use crate::engine::{EngineError, LockStatus};
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
-    KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
+    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bits of a token that hold the etcd revision; the epoch is above them.
@@ -69,8 +71,10 @@ const REVISION_MASK: u64 = (1 << REVISION_BITS) - 1;
 /// TTL of a waiter's key (whole seconds, as etcd leases are): how long the
 /// place in line of a waiter whose replica died blocks the line.
 pub const WAITER_TTL_S: i64 = 3;
-/// How far the etcd lease of a record outlives the lease it records.
-const RECORD_SLACK_S: i64 = 2;
+/// How often each replica deletes the records of leases that expired
+/// unreleased, and how many it looks at per request to etcd.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+const SWEEP_PAGE: i64 = 1000;
 /// How often the first waiter looks whether the lock became free; the
 /// others look less often (they cannot take it before the first).
 const FIRST_WAITER_POLL: Duration = Duration::from_millis(20);
@@ -90,20 +94,33 @@ pub fn epoch_base(epoch: u16) -> u64 {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
     owner: String,
-    expires_at_ms: u64,
     /// Hex SHA-256 of the acquire's idempotency key, if it sent one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     idempotency_sha256: Option<String>,
     /// The epoch of the replica that granted it: with the key's create
     /// revision, the token.
     epoch: u16,
-    /// The etcd lease the key is attached to, and its TTL in seconds.
-    etcd_lease: i64,
-    etcd_lease_ttl_s: i64,
     /// Set only on leases migrated from SQLite: their token is the one
     /// SQLite issued, not derived from a revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     token: Option<u64>,
+    /// Names the grant transaction, so that a grant retried on another
+    /// member recognises its own earlier attempt.
+    #[serde(default)]
+    grant: u64,
+}
+
+/// Whether an answer came from a retry (see [`EtcdLeases::call_tracked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Retried(bool);
+
+/// A number no other grant of this process uses, and that another
+/// process's grant uses only by chance (it is compared with the owner too).
+fn grant_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let seed = u64::from(std::process::id()) << 40 ^ clock::now().as_millis() << 8;
+    seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 impl Record {
@@ -113,11 +130,7 @@ impl Record {
         })
     }
 
-    fn lease(&self, lock: &LockName, kv: &KeyValue) -> Lease {
-        self.lease_with_token(lock, self.token(kv))
-    }
-
-    fn lease_with_token(&self, lock: &LockName, token: u64) -> Lease {
+    fn lease(&self, lock: &LockName, token: u64, expires_at: Timestamp) -> Lease {
         let idempotency = self
             .idempotency_sha256
             .as_deref()
@@ -128,7 +141,7 @@ impl Record {
             lock: lock.clone(),
             owner: self.owner.clone(),
             token,
-            expires_at: Timestamp(self.expires_at_ms),
+            expires_at,
             idempotency,
         }
     }
@@ -143,16 +156,47 @@ fn record_of(kv: &KeyValue) -> Result<Record, EngineError> {
     })
 }
 
-/// An owner key as read: the record and the key's revisions.
+/// An expiry as the `P/expiry/<L>` value: 19 digits, so that etcd's byte
+/// comparison of two values is the comparison of the numbers.
+fn expiry_value(t: Timestamp) -> String {
+    format!("{:019}", t.as_millis())
+}
+
+fn expiry_of(kv: &KeyValue) -> Timestamp {
+    Timestamp(
+        std::str::from_utf8(kv.value())
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
+/// A lease as read: its owner record and its expiry key. A record whose
+/// expiry key is missing counts as expired.
 #[derive(Debug, Clone)]
 struct Held {
     kv: KeyValue,
     record: Record,
+    expiry: Option<KeyValue>,
 }
 
 impl Held {
     fn lease(&self, lock: &LockName) -> Lease {
-        self.record.lease(lock, &self.kv)
+        let expires = self.expiry.as_ref().map_or(Timestamp(0), expiry_of);
+        self.record
+            .lease(lock, self.record.token(&self.kv), expires)
+    }
+
+    /// Both keys unchanged since this read.
+    fn unchanged(&self, owner_key: String, expiry_key: String) -> Vec<Compare> {
+        vec![
+            Compare::mod_revision(owner_key, CompareOp::Equal, self.kv.mod_revision()),
+            Compare::mod_revision(
+                expiry_key,
+                CompareOp::Equal,
+                self.expiry.as_ref().map_or(0, KeyValue::mod_revision),
+            ),
+        ]
     }
 }
 
@@ -312,6 +356,7 @@ impl EtcdLeases {
             epoch = config.epoch,
             "serving locks from etcd"
         );
+        leases.spawn_sweeper();
         Ok(leases)
     }
 
@@ -321,6 +366,10 @@ impl EtcdLeases {
 
     fn owner_key(&self, lock: &LockName) -> String {
         self.key(&format!("locks/{lock}/owner"))
+    }
+
+    fn expiry_key(&self, lock: &LockName) -> String {
+        self.key(&format!("expiry/{lock}"))
     }
 
     fn wait_prefix(&self, lock: &LockName) -> String {
@@ -346,6 +395,18 @@ impl EtcdLeases {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        Ok(self.call_tracked(f).await?.0)
+    }
+
+    /// [`Self::call`], also saying whether the answer came from a retry
+    /// after an attempt that may have been applied (it timed out or
+    /// failed after being sent): a compare-and-set retried then may find
+    /// its own effect and must recognise it.
+    async fn call_tracked<T, F, Fut>(&self, f: F) -> Result<(T, Retried), EngineError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let members = &self.inner.members;
         let n = members.len().max(1);
         let total = self.inner.request_timeout;
@@ -365,7 +426,7 @@ impl EtcdLeases {
                     if i > 0 {
                         self.inner.preferred.store(m, Ordering::Relaxed);
                     }
-                    return Ok(v);
+                    return Ok((v, Retried(i > 0)));
                 }
                 Ok(Err(e)) if !retryable(&e) => return Err(storage(e)),
                 Ok(Err(e)) => last = e.to_string(),
@@ -385,7 +446,11 @@ impl EtcdLeases {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, EngineError> {
-        self.call(|mut c| {
+        Ok(self.txn_tracked(txn).await?.0)
+    }
+
+    async fn txn_tracked(&self, txn: Txn) -> Result<(TxnResponse, Retried), EngineError> {
+        self.call_tracked(|mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })
@@ -450,7 +515,7 @@ impl EtcdLeases {
         let resp = self
             .txn(Txn::new().and_then(self.seeing(lock, mine)))
             .await?;
-        self.seen(lock, &resp, mine.is_some())
+        self.seen(&resp, mine.is_some())
     }
 
     /// The reads behind [`Seen`], for a read or a grant's else branch.
@@ -458,6 +523,7 @@ impl EtcdLeases {
         let prefix = self.wait_prefix(lock);
         let mut ops = vec![
             TxnOp::get(self.owner_key(lock), None),
+            TxnOp::get(self.expiry_key(lock), None),
             TxnOp::get(
                 prefix.clone(),
                 Some(GetOptions::new().with_prefix().with_count_only()),
@@ -480,27 +546,24 @@ impl EtcdLeases {
         ops
     }
 
-    fn seen(&self, _lock: &LockName, resp: &TxnResponse, mine: bool) -> Result<Seen, EngineError> {
+    fn seen(&self, resp: &TxnResponse, mine: bool) -> Result<Seen, EngineError> {
         let ops = resp.op_responses();
         let get = |i: usize| match ops.get(i) {
             Some(TxnOpResponse::Get(g)) => Some(g),
             _ => None,
         };
-        let owner = match get(0).and_then(|g| g.kvs().first()) {
-            Some(kv) => Some(Held {
-                record: record_of(kv)?,
-                kv: kv.clone(),
-            }),
-            None => None,
-        };
-        let waiters = get(1).map_or(0, |g| usize::try_from(g.count()).unwrap_or(usize::MAX));
-        let first_waiter = get(2)
+        let owner = held_of(
+            get(0).and_then(|g| g.kvs().first()),
+            get(1).and_then(|g| g.kvs().first()),
+        )?;
+        let waiters = get(2).map_or(0, |g| usize::try_from(g.count()).unwrap_or(usize::MAX));
+        let first_waiter = get(3)
             .and_then(|g| g.kvs().first())
             .map(KeyValue::create_revision);
-        let epoch = get(3)
+        let epoch = get(4)
             .and_then(|g| g.kvs().first())
             .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok());
-        let mine_present = mine && get(4).is_some_and(|g| !g.kvs().is_empty());
+        let mine_present = mine && get(5).is_some_and(|g| !g.kvs().is_empty());
         Ok(Seen {
             owner,
             waiters,
@@ -510,27 +573,11 @@ impl EtcdLeases {
         })
     }
 
-    /// TTL of the etcd lease under a record of a lease of `ttl`.
-    fn record_ttl_s(ttl: Duration) -> i64 {
-        i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX / 2) + 1 + RECORD_SLACK_S
-    }
-
     async fn grant_etcd_lease(&self, ttl_s: i64) -> Result<i64, EngineError> {
         Ok(self
             .call(|mut c| async move { c.lease_grant(ttl_s, None).await })
             .await?
             .id())
-    }
-
-    /// Revokes an etcd lease in the background (best effort: it expires by
-    /// itself anyway).
-    fn revoke_later(&self, id: i64) {
-        let this = self.clone();
-        tokio::spawn(async move {
-            let _ = this
-                .call(|mut c| async move { c.lease_revoke(id).await })
-                .await;
-        });
     }
 
     /// One grant transaction: creates the owner record if the lock has no
@@ -546,17 +593,13 @@ impl EtcdLeases {
         ttl: Duration,
         line: Option<(&str, i64)>,
     ) -> Result<Result<Lease, Seen>, EngineError> {
-        let ttl_s = Self::record_ttl_s(ttl);
-        let etcd_lease = self.grant_etcd_lease(ttl_s).await?;
-        let now = clock::now();
+        let expires = clock::now().saturating_add(ttl);
         let record = Record {
             owner: owner.to_owned(),
-            expires_at_ms: now.saturating_add(ttl).as_millis(),
             idempotency_sha256: key.map(|k| hex::encode(k.as_bytes())),
             epoch: self.inner.epoch,
-            etcd_lease,
-            etcd_lease_ttl_s: ttl_s,
             token: None,
+            grant: grant_id(),
         };
         let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
         let prefix = self.wait_prefix(lock);
@@ -568,11 +611,10 @@ impl EtcdLeases {
                 self.inner.epoch.to_string(),
             ),
         ];
-        let mut then = vec![TxnOp::put(
-            self.owner_key(lock),
-            value,
-            Some(PutOptions::new().with_lease(etcd_lease)),
-        )];
+        let mut then = vec![
+            TxnOp::put(self.owner_key(lock), value, None),
+            TxnOp::put(self.expiry_key(lock), expiry_value(expires), None),
+        ];
         match line {
             None => {
                 when.push(Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix());
@@ -592,18 +634,16 @@ impl EtcdLeases {
             .and_then(then)
             .or_else(self.seeing(lock, line.map(|(k, _)| k)));
         let started = Instant::now();
-        let resp = match self.txn(txn).await {
-            Ok(r) => r,
-            Err(e) => {
-                // The grant may or may not have committed; its etcd lease
-                // is left to expire (revoking it would delete a grant that
-                // did commit and was perhaps answered by a retry).
-                return Err(e);
-            }
-        };
+        let (resp, retried) = self.txn_tracked(txn).await?;
         if !resp.succeeded() {
-            self.revoke_later(etcd_lease);
-            let seen = self.seen(lock, &resp, line.is_some())?;
+            let seen = self.seen(&resp, line.is_some())?;
+            if let Some(h) = seen.owner.as_ref().filter(|h| {
+                retried.0 && h.record.grant == record.grant && h.record.owner == record.owner
+            }) {
+                // An earlier attempt of this very grant was applied.
+                self.inner.metrics.grants.inc();
+                return Ok(Ok(h.lease(lock)));
+            }
             if let Some(e) = seen.epoch.filter(|e| *e != self.inner.epoch) {
                 return Err(EngineError::Storage(format!(
                     "the etcd cluster now runs epoch {e} and this replica epoch {}: restart it with etcd.epoch = {e}",
@@ -629,7 +669,7 @@ impl EtcdLeases {
             .metrics
             .last_token
             .set(i64::try_from(token).unwrap_or(i64::MAX));
-        Ok(Ok(record.lease_with_token(lock, token)))
+        Ok(Ok(record.lease(lock, token, expires)))
     }
 
     /// Deletes an expired record (if it is still the one seen).
@@ -637,73 +677,70 @@ impl EtcdLeases {
         let resp = self
             .txn(
                 Txn::new()
-                    .when([Compare::mod_revision(
-                        self.owner_key(lock),
-                        CompareOp::Equal,
-                        held.kv.mod_revision(),
-                    )])
-                    .and_then([TxnOp::delete(self.owner_key(lock), None)]),
+                    .when(held.unchanged(self.owner_key(lock), self.expiry_key(lock)))
+                    .and_then([
+                        TxnOp::delete(self.owner_key(lock), None),
+                        TxnOp::delete(self.expiry_key(lock), None),
+                    ]),
             )
             .await?;
         if resp.succeeded() {
             self.inner.metrics.expiries.inc();
-            self.revoke_later(held.record.etcd_lease);
         }
         Ok(())
     }
 
-    /// Sets a live record's expiry to `now + ttl`, keeping its token;
-    /// `Ok(None)` if the record changed since it was read.
+    /// Sets a live lease's expiry to `now + ttl`, keeping its token, if
+    /// neither key changed since `held` was read; `Ok(None)` if one did.
     async fn extend(
         &self,
         lock: &LockName,
         held: &Held,
         ttl: Duration,
     ) -> Result<Option<Lease>, EngineError> {
-        let now = clock::now();
-        let mut record = held.record.clone();
-        record.expires_at_ms = now.saturating_add(ttl).as_millis();
-        let needed = Self::record_ttl_s(ttl);
-        let old_lease = record.etcd_lease;
-        let fresh = needed > record.etcd_lease_ttl_s;
-        let put_opts = if fresh {
-            // The record's etcd lease is too short for the new TTL: move
-            // the key to a new one.
-            record.etcd_lease = self.grant_etcd_lease(needed).await?;
-            record.etcd_lease_ttl_s = needed;
-            PutOptions::new().with_lease(record.etcd_lease)
-        } else {
-            PutOptions::new().with_ignore_lease()
-        };
-        let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                self.owner_key(lock),
-                CompareOp::Equal,
-                held.kv.mod_revision(),
-            )])
-            .and_then([TxnOp::put(self.owner_key(lock), value, Some(put_opts))]);
-        let (resp, kept) = if fresh {
-            (self.txn(txn).await?, true)
-        } else {
-            let (resp, kept) = tokio::join!(self.txn(txn), self.keep_alive(old_lease));
-            (resp?, kept?)
-        };
+        let expires = clock::now().saturating_add(ttl);
+        let resp = self
+            .txn(
+                Txn::new()
+                    .when(held.unchanged(self.owner_key(lock), self.expiry_key(lock)))
+                    .and_then([TxnOp::put(
+                        self.expiry_key(lock),
+                        expiry_value(expires),
+                        None,
+                    )]),
+            )
+            .await?;
         if !resp.succeeded() {
-            if fresh {
-                self.revoke_later(record.etcd_lease);
-            }
-            return Ok(None);
-        }
-        if fresh {
-            self.revoke_later(old_lease);
-        } else if !kept {
-            // etcd ended the record's lease early (etcd-io/etcd#15247):
-            // the record is gone with it, so the lease is lost.
             return Ok(None);
         }
         self.inner.metrics.renewals.inc();
-        Ok(Some(record.lease(lock, &held.kv)))
+        Ok(Some(held.record.lease(
+            lock,
+            held.record.token(&held.kv),
+            expires,
+        )))
+    }
+
+    /// The conditions under which `token` is the live lease of `lock`, in
+    /// one transaction: the owner key is the key this token's grant created
+    /// (its create revision, under the epoch the token was issued in:
+    /// revisions never repeat within an epoch), and its expiry is after
+    /// `now`. A migrated lease's token is not a revision: it takes the slow
+    /// path (read, then compare-and-set).
+    fn holds(&self, lock: &LockName, token: u64, now: Timestamp) -> Vec<Compare> {
+        vec![
+            Compare::create_revision(
+                self.owner_key(lock),
+                CompareOp::Equal,
+                i64::try_from(token & REVISION_MASK).unwrap_or(0),
+            ),
+            Compare::value(
+                self.epoch_key(),
+                CompareOp::Equal,
+                (token >> REVISION_BITS).to_string(),
+            ),
+            Compare::value(self.expiry_key(lock), CompareOp::Greater, expiry_value(now)),
+        ]
     }
 
     /// One keep-alive of an etcd lease: false if etcd no longer has it.
@@ -891,24 +928,61 @@ impl EtcdLeases {
 
     pub async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
         let (lock, token) = (held.lock(), held.token());
+        let now = clock::now();
+        let expires = now.saturating_add(ttl);
+        // The usual case in one round trip.
+        let (resp, retried) = self
+            .txn_tracked(
+                Txn::new()
+                    .when(self.holds(lock, token, now))
+                    .and_then([
+                        TxnOp::put(self.expiry_key(lock), expiry_value(expires), None),
+                        TxnOp::get(self.owner_key(lock), None),
+                    ])
+                    .or_else([
+                        TxnOp::get(self.owner_key(lock), None),
+                        TxnOp::get(self.expiry_key(lock), None),
+                    ]),
+            )
+            .await?;
+        let ops = resp.op_responses();
+        let get = |i: usize| match ops.get(i) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first(),
+            _ => None,
+        };
+        if resp.succeeded() {
+            let kv = get(1).ok_or_else(|| {
+                EngineError::Storage("the renewed lease's record vanished".into())
+            })?;
+            self.inner.metrics.renewals.inc();
+            return Ok(record_of(kv)?.lease(lock, token, expires));
+        }
+        let mut current = held_of(get(0), get(1))?;
+        if let Some(h) = current.as_ref().filter(|h| {
+            retried.0
+                && h.lease(lock).token == token
+                && h.expiry
+                    .as_ref()
+                    .is_some_and(|e| e.value() == expiry_value(expires).as_bytes())
+        }) {
+            // An earlier attempt of this very renewal was applied.
+            self.inner.metrics.renewals.inc();
+            return Ok(h.record.lease(lock, token, expires));
+        }
         for _ in 0..MAX_CONFLICTS {
-            let seen = self.see(lock, None).await?;
             let now = clock::now();
-            let current = seen
-                .owner
-                .as_ref()
-                .map(|h| (h, h.lease(lock)))
-                .filter(|(_, l)| l.is_live(now));
-            match current {
-                Some((h, lease)) if lease.token == token => {
+            match current.as_ref().map(|h| (h, h.lease(lock))) {
+                // A migrated lease, or a lease granted under an older epoch.
+                Some((h, lease)) if lease.token == token && lease.is_live(now) => {
                     if let Some(lease) = self.extend(lock, h, ttl).await? {
                         return Ok(lease);
                     }
+                    current = self.see(lock, None).await?.owner;
                 }
                 other => {
                     self.inner.metrics.refused("lease_lost");
                     return Err(EngineError::NotHolder {
-                        current: other.map(|(_, l)| l),
+                        current: other.map(|(_, l)| l).filter(|l| l.is_live(now)),
                     });
                 }
             }
@@ -920,76 +994,53 @@ impl EtcdLeases {
 
     pub async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
         let (lock, token) = (held.lock(), held.token());
-        // The usual case in one round trip: the record this token's grant
-        // created (its create revision) under the epoch it was issued in.
-        // A record with that create revision under the current epoch is
-        // that grant's: revisions never repeat within an epoch.
-        let by_revision = i64::try_from(token & REVISION_MASK).unwrap_or(0);
-        let epoch = (token >> REVISION_BITS).to_string();
-        let resp = self
-            .txn(
+        let now = clock::now();
+        let delete = [
+            TxnOp::delete(self.owner_key(lock), None),
+            TxnOp::delete(self.expiry_key(lock), None),
+        ];
+        let (resp, retried) = self
+            .txn_tracked(
                 Txn::new()
-                    .when([
-                        Compare::create_revision(
-                            self.owner_key(lock),
-                            CompareOp::Equal,
-                            by_revision,
-                        ),
-                        Compare::value(self.epoch_key(), CompareOp::Equal, epoch),
-                    ])
-                    .and_then([TxnOp::delete(
-                        self.owner_key(lock),
-                        Some(DeleteOptions::new().with_prev_key()),
-                    )])
-                    .or_else([TxnOp::get(self.owner_key(lock), None)]),
+                    .when(self.holds(lock, token, now))
+                    .and_then(delete.clone())
+                    .or_else([
+                        TxnOp::get(self.owner_key(lock), None),
+                        TxnOp::get(self.expiry_key(lock), None),
+                    ]),
             )
             .await?;
-        let ops = resp.op_responses();
-        let now = clock::now();
         if resp.succeeded() {
-            let prev = match ops.first() {
-                Some(TxnOpResponse::Delete(d)) => d.prev_kvs().first().cloned(),
-                _ => None,
-            };
-            let Some(prev) = prev else {
-                return Err(EngineError::NotHolder { current: None });
-            };
-            let record = record_of(&prev)?;
-            self.revoke_later(record.etcd_lease);
-            if !record.lease(lock, &prev).is_live(now) {
-                // It had expired: deleting it freed nothing anyone held.
-                self.inner.metrics.refused("not_holder");
-                return Err(EngineError::NotHolder { current: None });
-            }
             self.inner.metrics.releases.inc();
             return Ok(());
         }
-        // A migrated lease, or not the holder.
-        let current = match ops.first() {
-            Some(TxnOpResponse::Get(g)) => match g.kvs().first() {
-                Some(kv) => Some(Held {
-                    record: record_of(kv)?,
-                    kv: kv.clone(),
-                }),
-                None => None,
-            },
+        let ops = resp.op_responses();
+        let get = |i: usize| match ops.get(i) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first(),
             _ => None,
         };
+        let current = held_of(get(0), get(1))?;
+        if retried.0
+            && current
+                .as_ref()
+                .is_none_or(|h| h.lease(lock).token != token)
+        {
+            // An earlier attempt was sent and the lease this token names
+            // is gone: that attempt released it.
+            self.inner.metrics.releases.inc();
+            return Ok(());
+        }
         match current {
+            // A migrated lease, or one granted under an older epoch.
             Some(h) if h.lease(lock).token == token && h.lease(lock).is_live(now) => {
                 let resp = self
                     .txn(
                         Txn::new()
-                            .when([Compare::mod_revision(
-                                self.owner_key(lock),
-                                CompareOp::Equal,
-                                h.kv.mod_revision(),
-                            )])
-                            .and_then([TxnOp::delete(self.owner_key(lock), None)]),
+                            .when(h.unchanged(self.owner_key(lock), self.expiry_key(lock)))
+                            .and_then(delete),
                     )
                     .await?;
                 if resp.succeeded() {
-                    self.revoke_later(h.record.etcd_lease);
                     self.inner.metrics.releases.inc();
                     return Ok(());
                 }
@@ -1010,7 +1061,7 @@ impl EtcdLeases {
         let resp = self
             .txn(Txn::new().and_then(self.seeing(&lock, None)))
             .await?;
-        let seen = self.seen(&lock, &resp, false)?;
+        let seen = self.seen(&resp, false)?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let now = clock::now();
         Ok(LockStatus {
@@ -1028,18 +1079,12 @@ impl EtcdLeases {
     /// Writes a lease migrated from SQLite, keeping its token; `false` if
     /// the lock already has a record in etcd.
     pub async fn import(&self, lease: &Lease) -> Result<bool, EngineError> {
-        let now = clock::now();
-        let left = now.until(lease.expires_at);
-        let ttl_s = Self::record_ttl_s(left);
-        let etcd_lease = self.grant_etcd_lease(ttl_s).await?;
         let record = Record {
             owner: lease.owner.clone(),
-            expires_at_ms: lease.expires_at.as_millis(),
             idempotency_sha256: lease.idempotency.map(|k| hex::encode(k.as_bytes())),
             epoch: self.inner.epoch,
-            etcd_lease,
-            etcd_lease_ttl_s: ttl_s,
             token: Some(lease.token),
+            grant: grant_id(),
         };
         let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
         let resp = self
@@ -1050,18 +1095,111 @@ impl EtcdLeases {
                         CompareOp::Equal,
                         0,
                     )])
-                    .and_then([TxnOp::put(
-                        self.owner_key(&lease.lock),
-                        value,
-                        Some(PutOptions::new().with_lease(etcd_lease)),
-                    )]),
+                    .and_then([
+                        TxnOp::put(self.owner_key(&lease.lock), value, None),
+                        TxnOp::put(
+                            self.expiry_key(&lease.lock),
+                            expiry_value(lease.expires_at),
+                            None,
+                        ),
+                    ]),
             )
             .await?;
-        if !resp.succeeded() {
-            self.revoke_later(etcd_lease);
-        }
         Ok(resp.succeeded())
     }
+
+    /// Deletes the records of leases that expired unreleased, a page of
+    /// expiry keys per etcd request; each deletion is a compare-and-delete,
+    /// so replicas sweeping at once, or an acquire taking the lock, are
+    /// safe. Returns how many it deleted.
+    pub async fn sweep(&self) -> Result<usize, EngineError> {
+        let prefix = self.key("expiry/");
+        let end = self.key("expiry0"); // '/' + 1
+        let mut from = prefix.clone();
+        let mut deleted = 0;
+        loop {
+            let page = self
+                .call(|mut c| {
+                    let (from, end) = (from.clone(), end.clone());
+                    async move {
+                        c.get(
+                            from,
+                            Some(GetOptions::new().with_range(end).with_limit(SWEEP_PAGE)),
+                        )
+                        .await
+                    }
+                })
+                .await?;
+            let now = clock::now();
+            for kv in page.kvs() {
+                if expiry_of(kv) >= now {
+                    continue;
+                }
+                let Some(lock) = std::str::from_utf8(kv.key())
+                    .ok()
+                    .and_then(|k| k.strip_prefix(prefix.as_str()))
+                    .and_then(|l| LockName::new(l).ok())
+                else {
+                    continue;
+                };
+                let resp = self
+                    .txn(
+                        Txn::new()
+                            .when([Compare::mod_revision(
+                                self.expiry_key(&lock),
+                                CompareOp::Equal,
+                                kv.mod_revision(),
+                            )])
+                            .and_then([
+                                TxnOp::delete(self.owner_key(&lock), None),
+                                TxnOp::delete(self.expiry_key(&lock), None),
+                            ]),
+                    )
+                    .await?;
+                if resp.succeeded() {
+                    deleted += 1;
+                    self.inner.metrics.expiries.inc();
+                }
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    let mut next = last.key().to_vec();
+                    next.push(0);
+                    from = String::from_utf8(next).unwrap_or_default();
+                }
+                _ => return Ok(deleted),
+            }
+        }
+    }
+
+    /// Runs [`Self::sweep`] every [`SWEEP_INTERVAL`] until the process
+    /// ends.
+    fn spawn_sweeper(&self) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_INTERVAL).await;
+                if let Err(e) = this.sweep().await {
+                    tracing::warn!(error = %e, "sweeping expired leases failed; next try in {SWEEP_INTERVAL:?}");
+                }
+            }
+        });
+    }
+}
+
+/// The lease of an owner key and its expiry key, as read.
+fn held_of(
+    owner: Option<&KeyValue>,
+    expiry: Option<&KeyValue>,
+) -> Result<Option<Held>, EngineError> {
+    Ok(match owner {
+        Some(kv) => Some(Held {
+            record: record_of(kv)?,
+            kv: kv.clone(),
+            expiry: expiry.cloned(),
+        }),
+        None => None,
+    })
 }
 
 /// Why a replica could not register its epoch.

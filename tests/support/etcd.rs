@@ -63,11 +63,15 @@ fn etcd_bin() -> String {
     std::env::var("FENCEGATE_ETCD").unwrap_or_else(|_| "/usr/bin/etcd".into())
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+/// `n` distinct free ports (all bound at once, so none is handed out twice).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("bound").port())
+        .collect()
 }
 
 /// One member process.
@@ -100,7 +104,7 @@ impl Member {
     /// `maintenance/status` through the JSON gateway: (member id, leader id).
     pub fn status(&self) -> Option<(String, String)> {
         let resp = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(1))
             .build()
             .ok()?
             .post(format!("{}/v3/maintenance/status", self.client_url))
@@ -127,7 +131,8 @@ impl EtcdCluster {
     /// Starts `n` members and waits until the cluster has a leader.
     pub fn start(n: usize) -> EtcdCluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let free = free_ports(2 * n);
+        let ports: Vec<(u16, u16)> = free.chunks(2).map(|p| (p[0], p[1])).collect();
         let token = format!(
             "fg-{}-{}",
             std::process::id(),
@@ -224,11 +229,25 @@ impl EtcdCluster {
             {
                 return l;
             }
-            assert!(
-                Instant::now() < deadline,
-                "the etcd cluster elected no leader within {within:?} (logs: {})",
-                self._dir.path().display()
-            );
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let log = std::fs::read_to_string(
+                            self._dir.path().join(format!("{}.log", m.name)),
+                        )
+                        .unwrap_or_default();
+                        let tail: Vec<&str> = log.lines().rev().take(10).collect();
+                        format!("{} ({}):\n{}", m.name, m.client_url, tail.join("\n"))
+                    })
+                    .collect();
+                panic!(
+                    "the etcd cluster elected no leader within {within:?}; statuses {:?}; logs:\n{}",
+                    self.members.iter().map(Member::status).collect::<Vec<_>>(),
+                    logs.join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
