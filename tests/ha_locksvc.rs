@@ -31,6 +31,16 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
 /// A lease service replica on `cluster` under `prefix`, configured by a
 /// TOML file in `dir` (the `[etcd]` table, as an operator writes it).
 fn replica_cmd(dir: &Path, cluster: &EtcdCluster, prefix: &str, epoch: u16) -> Command {
+    replica_cmd_with(dir, cluster, prefix, epoch, "")
+}
+
+fn replica_cmd_with(
+    dir: &Path,
+    cluster: &EtcdCluster,
+    prefix: &str,
+    epoch: u16,
+    extra: &str,
+) -> Command {
     let endpoints: Vec<String> = cluster
         .members
         .iter()
@@ -40,7 +50,7 @@ fn replica_cmd(dir: &Path, cluster: &EtcdCluster, prefix: &str, epoch: u16) -> C
     std::fs::write(
         &path,
         format!(
-            "[etcd]\nendpoints = [{}]\nprefix = {prefix:?}\nepoch = {epoch}\nrequest_timeout = \"2s\"\n",
+            "[etcd]\nendpoints = [{}]\nprefix = {prefix:?}\nepoch = {epoch}\nrequest_timeout = \"2s\"\n{extra}\n",
             endpoints.join(", ")
         ),
     )
@@ -549,4 +559,62 @@ fn a_replica_left_on_an_older_epoch_can_no_longer_grant() {
     let (s, v) = Api::new(&newer.url).acquire("e2", "B", 1000);
     assert_eq!(s, 200, "{v}");
     assert!(token_of(&v) > 1 << 47 && token_of(&v) > token_of(&a));
+}
+
+#[test]
+fn a_lease_that_expires_unreleased_is_swept_from_etcd() {
+    let _one = one_at_a_time();
+    let dir = tempdir();
+    let cluster = EtcdCluster::start(3);
+    let r = Service::start(replica_cmd_with(
+        dir.path(),
+        &cluster,
+        "/gc/",
+        0,
+        "sweep_interval = \"200ms\"",
+    ));
+    let api = Api::new(&r.url);
+    let (s, v) = api.acquire("abandoned", "crashed-job", 100);
+    assert_eq!(s, 200, "{v}");
+    let (s, kept) = api.acquire("kept", "live-job", 60_000);
+    assert_eq!(s, 200, "{kept}");
+    // What etcd holds under the prefix, through its JSON gateway.
+    let keys = || -> Vec<String> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let v: Value = reqwest::blocking::Client::new()
+            .post(format!("{}/v3/kv/range", cluster.members[0].client_url))
+            .json(&json!({"key": b64.encode("/gc/locks/"), "range_end": b64.encode("/gc/locks0"), "keys_only": true}))
+            .send()
+            .and_then(|r| r.json())
+            .expect("etcd range");
+        v["kvs"]
+            .as_array()
+            .map(|kvs| {
+                kvs.iter()
+                    .filter_map(|kv| kv["key"].as_str())
+                    .filter_map(|k| b64.decode(k).ok())
+                    .map(|k| String::from_utf8_lossy(&k).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        keys(),
+        ["/gc/locks/abandoned/owner", "/gc/locks/kept/owner"]
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keys().len() != 1 {
+        assert!(Instant::now() < deadline, "never swept: {:?}", keys());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        keys(),
+        ["/gc/locks/kept/owner"],
+        "only the live lease is left"
+    );
+    let m = Metrics::fetch(&format!("{}/metrics", r.url));
+    assert_eq!(m.count("fencegate_locksvc_expiries_total", &[]), 1);
+    let (_, st) = api.status("kept");
+    assert_eq!(st["held"], true, "{st}");
 }

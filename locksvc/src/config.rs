@@ -130,6 +130,10 @@ pub struct EtcdConfig {
     /// Longest a connection to one member may take to open.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// How often each replica deletes the records of leases that expired
+    /// without a release (an acquire of the same lock also does).
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
     /// Environment overrides that could not be applied.
     #[serde(skip)]
     env_problems: Vec<String>,
@@ -148,6 +152,7 @@ impl Default for EtcdConfig {
             key_file: None,
             request_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(30),
             env_problems: Vec::new(),
         }
     }
@@ -248,6 +253,9 @@ impl EtcdConfig {
         }
         if self.connect_timeout < Duration::from_millis(100) {
             p.push("etcd.connect_timeout must be at least 100ms".into());
+        }
+        if self.sweep_interval < Duration::from_millis(100) {
+            p.push("etcd.sweep_interval must be at least 100ms".into());
         }
         p
     }

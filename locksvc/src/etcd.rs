@@ -35,7 +35,7 @@
 //! leases are not what a lease's life depends on (etcd 3.4.23 can revoke
 //! leases early after a leader pause, etcd-io/etcd#15247). Records of leases
 //! that expired unreleased are deleted by whoever next acquires the lock,
-//! and by each replica's sweep of `P/expiry/` ([`SWEEP_INTERVAL`]).
+//! and by each replica's sweep of `P/expiry/` (every `sweep_interval`).
 //!
 //! **Waiting in line.** A waiter puts its key under `wait/` first; the
 //! line's order is the keys' create revisions. A newcomer's grant compares
@@ -71,9 +71,7 @@ const REVISION_MASK: u64 = (1 << REVISION_BITS) - 1;
 /// TTL of a waiter's key (whole seconds, as etcd leases are): how long the
 /// place in line of a waiter whose replica died blocks the line.
 pub const WAITER_TTL_S: i64 = 3;
-/// How often each replica deletes the records of leases that expired
-/// unreleased, and how many it looks at per request to etcd.
-pub const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// How many expiry keys a sweep reads per request to etcd.
 const SWEEP_PAGE: i64 = 1000;
 /// How often the first waiter looks whether the lock became free; the
 /// others look less often (they cannot take it before the first).
@@ -356,7 +354,7 @@ impl EtcdLeases {
             epoch = config.epoch,
             "serving locks from etcd"
         );
-        leases.spawn_sweeper();
+        leases.spawn_sweeper(config.sweep_interval);
         Ok(leases)
     }
 
@@ -1172,15 +1170,14 @@ impl EtcdLeases {
         }
     }
 
-    /// Runs [`Self::sweep`] every [`SWEEP_INTERVAL`] until the process
-    /// ends.
-    fn spawn_sweeper(&self) {
+    /// Runs [`Self::sweep`] every `every` until the process ends.
+    fn spawn_sweeper(&self, every: Duration) {
         let this = self.clone();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(SWEEP_INTERVAL).await;
+                tokio::time::sleep(every).await;
                 if let Err(e) = this.sweep().await {
-                    tracing::warn!(error = %e, "sweeping expired leases failed; next try in {SWEEP_INTERVAL:?}");
+                    tracing::warn!(error = %e, "sweeping expired leases failed; next try in {every:?}");
                 }
             }
         });
