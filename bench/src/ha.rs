@@ -7,9 +7,13 @@
 //! - acquire + release = `LeaseGrant` + `Txn(if create_revision(key) == 0
 //!   then put key on the lease)` + `LeaseRevoke`: the least a fenced lock on
 //!   etcd needs (a token is the key's create revision);
-//! - renew = one `LeaseKeepAlive` on a stream the worker keeps open. It does
-//!   less than a renewal: it cannot set a new TTL, and it proves nothing
-//!   (anyone with the lease ID can keep it alive).
+//! - renew = `Txn(if create_revision(key) == the grant's revision and
+//!   value(expiry key) > now then put expiry key)`: a holder-checked write
+//!   of a new expiry, what a renewal is;
+//! - and, for reference, renew as one `LeaseKeepAlive` on a stream the worker
+//!   keeps open (`raw_etcd_keepalive`). It does less than a renewal: it
+//!   cannot set a new TTL, it proves nothing (anyone with the lease ID can
+//!   keep it alive), and etcd's leader answers it without a Raft write.
 
 use crate::leases::{LockClient, Workload};
 use crate::util::{Proc, Series, SeriesSummary, ratio, timed_round};
@@ -112,6 +116,8 @@ struct Raw {
     client: Client,
     keeper: Mutex<Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>>,
     held: Mutex<Option<i64>>,
+    /// The renewed key and its create revision.
+    renewed: Mutex<Option<(String, i64)>>,
 }
 
 impl Raw {
@@ -134,7 +140,30 @@ impl Raw {
         Ok(())
     }
 
-    async fn renew(&self) -> anyhow::Result<()> {
+    /// A renewal as the lease service does it: a holder-checked write of
+    /// the new expiry.
+    async fn renew_cas(&self) -> anyhow::Result<()> {
+        let (key, rev) = self
+            .renewed
+            .lock()
+            .await
+            .clone()
+            .context("nothing to renew")?;
+        let expiry = format!("{key}/expiry");
+        let now = format!("{:019}", crate::util::unix_ms());
+        let later = format!("{:019}", crate::util::unix_ms() + RENEW_TTL_MS);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, rev),
+                Compare::value(expiry.clone(), CompareOp::Greater, now),
+            ])
+            .and_then([TxnOp::put(expiry, later, None)]);
+        let mut c = self.client.clone();
+        anyhow::ensure!(c.txn(txn).await?.succeeded(), "lease lost");
+        Ok(())
+    }
+
+    async fn renew_keepalive(&self) -> anyhow::Result<()> {
         let mut keeper = self.keeper.lock().await;
         if keeper.is_none() {
             let mut c = self.client.clone();
@@ -168,6 +197,9 @@ pub struct HaLevel {
     pub locksvc_etcd: SeriesSummary,
     pub raw_etcd: SeriesSummary,
     pub locksvc_sqlite: SeriesSummary,
+    /// Renew only: raw etcd's keep-alive (less work than a renewal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_etcd_keepalive: Option<SeriesSummary>,
     /// locksvc on etcd over raw etcd, median ops/s.
     pub ratio_over_raw_etcd: f64,
     /// locksvc on etcd over locksvc on SQLite.
@@ -236,6 +268,7 @@ async fn locksvc_round(
 async fn raw_round(
     raws: &Arc<Vec<Raw>>,
     workload: Workload,
+    keepalive: bool,
     c: usize,
     dur: Duration,
 ) -> crate::util::RoundResult {
@@ -249,7 +282,8 @@ async fn raw_round(
                         .acquire_release(format!("/bench-raw/pair-c{c}-w{w}"))
                         .await
                 }
-                Workload::Renew => raws[w].renew().await,
+                Workload::Renew if keepalive => raws[w].renew_keepalive().await,
+                Workload::Renew => raws[w].renew_cas().await,
             }
         }
     })
@@ -278,6 +312,7 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
                     client: Client::connect(&cluster.endpoints, None).await?,
                     keeper: Mutex::new(None),
                     held: Mutex::new(None),
+                    renewed: Mutex::new(None),
                 });
             }
             let (mut eheld, mut sheld) = (Vec::new(), Vec::new());
@@ -300,35 +335,50 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
                         .id();
                     client
                         .put(
-                            format!("/bench-raw/renew-c{c}-w{w}"),
-                            owner,
+                            format!("/bench-raw/keepalive-c{c}-w{w}"),
+                            owner.clone(),
                             Some(PutOptions::new().with_lease(id)),
                         )
                         .await?;
                     *raws[w].held.lock().await = Some(id);
+                    let key = format!("/bench-raw/renew-c{c}-w{w}");
+                    let put = client.put(key.clone(), owner, None).await?;
+                    let rev = put.header().map_or(0, |h| h.revision());
+                    let later = format!("{:019}", crate::util::unix_ms() + RENEW_TTL_MS);
+                    client.put(format!("{key}/expiry"), later, None).await?;
+                    *raws[w].renewed.lock().await = Some((key, rev));
                 }
             }
             let (eheld, sheld, raws) = (Arc::new(eheld), Arc::new(sheld), Arc::new(raws));
             let warm = opts.round / 4;
             let _ = locksvc_round(&ec, &eheld, workload, "etcd", c, warm).await;
             let _ = locksvc_round(&sc, &sheld, workload, "sqlite", c, warm).await;
-            let _ = raw_round(&raws, workload, c, warm).await;
-            let (mut es, mut rs, mut ss) =
-                (Series::default(), Series::default(), Series::default());
+            let _ = raw_round(&raws, workload, false, c, warm).await;
+            let renew = workload == Workload::Renew;
+            if renew {
+                let _ = raw_round(&raws, workload, true, c, warm).await;
+            }
+            let (mut es, mut rs, mut ss, mut ks) = (
+                Series::default(),
+                Series::default(),
+                Series::default(),
+                Series::default(),
+            );
+            let variants = if renew { 4 } else { 3 };
             for r in 0..opts.rounds {
                 // Rotate which variant goes first.
-                for k in 0..3 {
-                    match (r + k) % 3 {
-                        0 => es
-                            .add(locksvc_round(&ec, &eheld, workload, "etcd", c, opts.round).await),
-                        1 => rs.add(raw_round(&raws, workload, c, opts.round).await),
-                        _ => ss.add(
-                            locksvc_round(&sc, &sheld, workload, "sqlite", c, opts.round).await,
-                        ),
+                for k in 0..variants {
+                    let d = opts.round;
+                    match (r + k) % variants {
+                        0 => es.add(locksvc_round(&ec, &eheld, workload, "etcd", c, d).await),
+                        1 => rs.add(raw_round(&raws, workload, false, c, d).await),
+                        2 => ss.add(locksvc_round(&sc, &sheld, workload, "sqlite", c, d).await),
+                        _ => ks.add(raw_round(&raws, workload, true, c, d).await),
                     }
                 }
             }
             let (es, rs, ss) = (es.summary(), rs.summary(), ss.summary());
+            let ks = renew.then(|| ks.summary());
             levels.push(HaLevel {
                 workload,
                 concurrency: c,
@@ -337,6 +387,7 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
                 locksvc_etcd: es,
                 raw_etcd: rs,
                 locksvc_sqlite: ss,
+                raw_etcd_keepalive: ks,
             });
             for (w, (lock, t)) in eheld.iter().enumerate() {
                 let _ = ec[w].release(lock, t).await;
@@ -394,6 +445,16 @@ pub fn print(r: &HaReport) {
             l.raw_etcd.errors,
             l.locksvc_sqlite.errors,
         );
+        if let Some(k) = &l.raw_etcd_keepalive {
+            println!(
+                "{:<15} {:>4} |   (raw etcd keep-alive, less work than a renewal: {:.1}/s, p50 {:.3} ms; on etcd / keep-alive {:.3})",
+                "",
+                "",
+                k.median_ops_per_sec,
+                k.latency.p50_ms,
+                ratio(l.locksvc_etcd.median_ops_per_sec, k.median_ops_per_sec)
+            );
+        }
         for (what, s) in [
             ("on etcd", &l.locksvc_etcd),
             ("raw etcd", &l.raw_etcd),

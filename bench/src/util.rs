@@ -521,3 +521,15 @@ pub struct CpuPerOp {
     pub client: f64,
     pub backend: f64,
 }
+
+/// The wall clock in Unix milliseconds (the lease service's expiries are
+/// wall clock; the raw etcd renewal writes one).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "an expiry value to write, as the lease service does"
+)]
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
