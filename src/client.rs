@@ -1,12 +1,15 @@
 //! A small HTTP client for the lease service, shared by `lease` and `run`.
-//! Request bodies are the service's own wire types
-//! (`fencegate_locksvc::api`), so client and server cannot drift apart.
+//! Requests, answers and errors are the API's wire types
+//! (`fencegate_lease_api`), so client and server cannot drift apart.
 
 use crate::Failure;
 use anyhow::Context as _;
 use clap::Args;
 use fencegate_core::FencingToken;
-use fencegate_locksvc::api::{AcquireRequest, ReleaseRequest, RenewRequest};
+use fencegate_lease_api::{
+    AcquireRequest, ErrorCode, ErrorResponse, LeaseResponse, LockStatusResponse, ReleaseRequest,
+    ReleaseResponse, RenewRequest, path,
+};
 use fencegate_net::tls::ClientTls;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -55,7 +58,7 @@ impl TlsArgs {
 }
 
 /// A granted or renewed lease, as the lease service returns it.
-pub type LeaseInfo = fencegate_locksvc::api::LeaseResponse;
+pub type LeaseInfo = LeaseResponse;
 
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -108,22 +111,19 @@ impl Client {
         if status.is_success() {
             return Ok(body);
         }
-        let code = body["error"]["code"]
-            .as_str()
-            .unwrap_or("Unknown")
-            .to_owned();
-        let message = format!(
-            "{code}: {}",
-            body["error"]["message"].as_str().unwrap_or("(no message)")
-        );
+        let refusal: ErrorResponse = serde_json::from_value(body.clone()).with_context(|| {
+            format!("the lease service at {url} answered {status} with an unexpected body: {body}")
+        })?;
+        let error = refusal.error;
+        let message = format!("{}: {}", error.code.as_str(), error.message);
         let detail = format!("{message}\n{body}");
-        Err(match code.as_str() {
+        Err(match error.code {
             // The service's hint names its JSON field; a CLI user has a flag.
-            "LockHeld" => Failure::Held(format!(
+            ErrorCode::LockHeld => Failure::Held(format!(
                 "{}\n{body}",
                 message.replace("pass wait_ms", "pass --wait <duration> to wait in line")
             )),
-            "LeaseLost" => Failure::LeaseLost(detail),
+            ErrorCode::LeaseLost => Failure::LeaseLost(detail),
             _ => Failure::Other(anyhow::anyhow!(
                 "lease service refused the request ({status}): {detail}"
             )),
@@ -157,7 +157,7 @@ impl Client {
         let v = self
             .call(
                 reqwest::Method::POST,
-                &format!("/v1/locks/{lock}/acquire"),
+                &path::acquire(lock),
                 Some(body),
                 wait + Duration::from_secs(30),
             )
@@ -180,7 +180,7 @@ impl Client {
         let v = self
             .call(
                 reqwest::Method::POST,
-                &format!("/v1/locks/{lock}/renew"),
+                &path::renew(lock),
                 Some(body),
                 timeout,
             )
@@ -189,27 +189,35 @@ impl Client {
     }
 
     /// Releases the lease `token` (the signed `fencing_token`) proves.
-    pub async fn release(&self, lock: &str, token: &FencingToken) -> Result<Value, Failure> {
+    pub async fn release(
+        &self,
+        lock: &str,
+        token: &FencingToken,
+    ) -> Result<ReleaseResponse, Failure> {
         let body = Self::body(&ReleaseRequest {
             token: token.clone(),
         })?;
-        self.call(
-            reqwest::Method::POST,
-            &format!("/v1/locks/{lock}/release"),
-            Some(body),
-            Duration::from_secs(10),
-        )
-        .await
+        let v = self
+            .call(
+                reqwest::Method::POST,
+                &path::release(lock),
+                Some(body),
+                Duration::from_secs(10),
+            )
+            .await?;
+        Ok(serde_json::from_value(v).context("unexpected release answer")?)
     }
 
-    pub async fn status(&self, lock: &str) -> Result<Value, Failure> {
-        self.call(
-            reqwest::Method::GET,
-            &format!("/v1/locks/{lock}"),
-            None,
-            Duration::from_secs(10),
-        )
-        .await
+    pub async fn status(&self, lock: &str) -> Result<LockStatusResponse, Failure> {
+        let v = self
+            .call(
+                reqwest::Method::GET,
+                &path::status(lock),
+                None,
+                Duration::from_secs(10),
+            )
+            .await?;
+        Ok(serde_json::from_value(v).context("unexpected status answer")?)
     }
 }
 

@@ -7,9 +7,11 @@
 
 mod support;
 
+use fencegate_core::FencingToken;
+use fencegate_lease_api::{AcquireRequest, ReleaseRequest, RenewRequest, path};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -74,6 +76,11 @@ async fn start_locksvc(dir: &std::path::Path) -> support::Service {
         .expect("locksvc")
 }
 
+/// The signed token of a lease answer, as the wire's requests carry it.
+fn signed_token(signed: &str) -> FencingToken {
+    FencingToken::parse(signed).expect("the service's fencing_token parses")
+}
+
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -90,8 +97,13 @@ async fn acquire(
     wait_ms: u64,
 ) -> Option<Value> {
     let resp = http
-        .post(format!("{locksvc}/v1/locks/{BUCKET}/acquire"))
-        .json(&json!({"owner": owner, "ttl_ms": ttl_ms, "wait_ms": wait_ms}))
+        .post(format!("{locksvc}{}", path::acquire(BUCKET)))
+        .json(&AcquireRequest {
+            owner: owner.to_owned(),
+            ttl_ms: Some(ttl_ms),
+            wait_ms: Some(wait_ms),
+            idempotency_key: None,
+        })
         .send()
         .await
         .ok()?;
@@ -252,19 +264,21 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                         }
                         85..=94 => {
                             let _ = http
-                                .post(format!(
-                                    "{}/v1/locks/{BUCKET}/release",
-                                    s.locksvc_for(c + 1)
-                                ))
-                                .json(&json!({"token": signed}))
+                                .post(format!("{}{}", s.locksvc_for(c + 1), path::release(BUCKET)))
+                                .json(&ReleaseRequest {
+                                    token: signed_token(&signed),
+                                })
                                 .send()
                                 .await;
                             lease = None;
                         }
                         _ => {
                             let _ = http
-                                .post(format!("{}/v1/locks/{BUCKET}/renew", s.locksvc_for(c + 1)))
-                                .json(&json!({"token": signed, "ttl_ms": 1000}))
+                                .post(format!("{}{}", s.locksvc_for(c + 1), path::renew(BUCKET)))
+                                .json(&RenewRequest {
+                                    token: signed_token(&signed),
+                                    ttl_ms: Some(1000),
+                                })
                                 .send()
                                 .await;
                         }
@@ -650,8 +664,10 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
                             }
                         }
                         let _ = http
-                            .post(format!("{locksvc}/v1/locks/{BUCKET}/release"))
-                            .json(&json!({"token": signed}))
+                            .post(format!("{locksvc}{}", path::release(BUCKET)))
+                            .json(&ReleaseRequest {
+                                token: signed_token(signed),
+                            })
                             .send()
                             .await;
                     }
@@ -674,8 +690,17 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
         // Another lock: the writers' leases may still be live after the
         // crash (they keep their remaining time). Tokens are global.
         let next: Value = http()
-            .post(format!("{}/v1/locks/probe-{cycle}/acquire", s.locksvc.url))
-            .json(&json!({"owner": "probe", "ttl_ms": 1000}))
+            .post(format!(
+                "{}{}",
+                s.locksvc.url,
+                path::acquire(&format!("probe-{cycle}"))
+            ))
+            .json(&AcquireRequest {
+                owner: "probe".into(),
+                ttl_ms: Some(1000),
+                wait_ms: None,
+                idempotency_key: None,
+            })
             .send()
             .await
             .expect("locksvc is back")

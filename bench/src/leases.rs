@@ -13,6 +13,8 @@ use crate::util::{Proc, Series, SeriesSummary, ratio, timed_round};
 use anyhow::Context as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
+use fencegate_core::FencingToken;
+use fencegate_lease_api::{AcquireRequest, LeaseResponse, ReleaseRequest, RenewRequest, path};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -106,34 +108,41 @@ impl LockClient {
     /// Acquires `lock`; returns the signed `fencing_token`, which is what
     /// renew and release need (a number proves nothing).
     pub async fn acquire(&self, lock: &str, owner: &str, ttl_ms: u64) -> anyhow::Result<String> {
+        let req = AcquireRequest {
+            owner: owner.to_owned(),
+            ttl_ms: Some(ttl_ms),
+            wait_ms: None,
+            idempotency_key: None,
+        };
         let v = self
-            .post(
-                &format!("/v1/locks/{lock}/acquire"),
-                json!({"owner": owner, "ttl_ms": ttl_ms}),
-            )
+            .post(&path::acquire(lock), serde_json::to_value(req)?)
             .await?;
-        v["fencing_token"]
-            .as_str()
-            .map(str::to_owned)
-            .with_context(|| format!("no fencing_token in {v}"))
+        let lease: LeaseResponse =
+            serde_json::from_value(v).context("unexpected acquire answer")?;
+        Ok(lease.fencing_token)
+    }
+
+    fn token(token: &str) -> anyhow::Result<FencingToken> {
+        FencingToken::parse(token).map_err(|e| anyhow::anyhow!("token {token:?}: {e}"))
     }
 
     pub async fn release(&self, lock: &str, token: &str) -> anyhow::Result<()> {
-        self.post(
-            &format!("/v1/locks/{lock}/release"),
-            json!({ "token": token }),
-        )
-        .await
-        .map(drop)
+        let req = ReleaseRequest {
+            token: Self::token(token)?,
+        };
+        self.post(&path::release(lock), serde_json::to_value(req)?)
+            .await
+            .map(drop)
     }
 
     pub async fn renew(&self, lock: &str, token: &str, ttl_ms: u64) -> anyhow::Result<()> {
-        self.post(
-            &format!("/v1/locks/{lock}/renew"),
-            json!({"token": token, "ttl_ms": ttl_ms}),
-        )
-        .await
-        .map(drop)
+        let req = RenewRequest {
+            token: Self::token(token)?,
+            ttl_ms: Some(ttl_ms),
+        };
+        self.post(&path::renew(lock), serde_json::to_value(req)?)
+            .await
+            .map(drop)
     }
 
     /// Group-commit figures from /metrics.

@@ -1,5 +1,7 @@
-//! The HTTP JSON API of the lease service: routes, the wire types both ends
-//! use, request decoding, and JSON errors.
+//! The HTTP JSON API of the lease service: routes, request decoding, and
+//! JSON errors. The wire types (bodies, answers, error codes) are
+//! `fencegate_lease_api`'s, shared with every client; they are re-exported
+//! here.
 //!
 //! | method | path                         | body                                                    |
 //! |--------|------------------------------|---------------------------------------------------------|
@@ -52,9 +54,13 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use fencegate_core::{FencingToken, Lease, LockName, TokenKeys};
+use fencegate_core::FencingToken;
+use fencegate_core::{Lease, LockName, TokenKeys};
+pub use fencegate_lease_api::{
+    AcquireRequest, ErrorBody, ErrorCode, ErrorResponse, LeaseResponse, LockStatusResponse,
+    ReleaseRequest, ReleaseResponse, RenewRequest,
+};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,117 +130,39 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Every error code the API answers with; each knows its status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorCode {
-    InvalidRequest,
-    InvalidLockName,
-    InvalidOwner,
-    InvalidTtl,
-    InvalidWait,
-    InvalidIdempotencyKey,
-    SignedTokenRequired,
-    Unauthorized,
-    LockNotAllowed,
-    FencingTokenSignatureInvalid,
-    FencingTokenWrongLock,
-    NotFound,
-    MethodNotAllowed,
-    LockHeld,
-    LeaseLost,
-    BodyTooLarge,
-    TooManyWaiters,
-    StorageUnavailable,
-    ShuttingDown,
-}
-
-impl ErrorCode {
-    pub fn status(self) -> StatusCode {
-        use ErrorCode::*;
-        match self {
-            InvalidRequest
-            | InvalidLockName
-            | InvalidOwner
-            | InvalidTtl
-            | InvalidWait
-            | InvalidIdempotencyKey
-            | SignedTokenRequired => StatusCode::BAD_REQUEST,
-            Unauthorized => StatusCode::UNAUTHORIZED,
-            LockNotAllowed | FencingTokenSignatureInvalid | FencingTokenWrongLock => {
-                StatusCode::FORBIDDEN
-            }
-            NotFound => StatusCode::NOT_FOUND,
-            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            LockHeld | LeaseLost => StatusCode::CONFLICT,
-            BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            TooManyWaiters => StatusCode::TOO_MANY_REQUESTS,
-            StorageUnavailable | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-
-    /// The stable code in the JSON body.
-    pub fn as_str(self) -> &'static str {
-        use ErrorCode::*;
-        match self {
-            InvalidRequest => "InvalidRequest",
-            InvalidLockName => "InvalidLockName",
-            InvalidOwner => "InvalidOwner",
-            InvalidTtl => "InvalidTtl",
-            InvalidWait => "InvalidWait",
-            InvalidIdempotencyKey => "InvalidIdempotencyKey",
-            SignedTokenRequired => "SignedTokenRequired",
-            Unauthorized => "Unauthorized",
-            LockNotAllowed => "LockNotAllowed",
-            FencingTokenSignatureInvalid => "FencingTokenSignatureInvalid",
-            FencingTokenWrongLock => "FencingTokenWrongLock",
-            NotFound => "NotFound",
-            MethodNotAllowed => "MethodNotAllowed",
-            LockHeld => "LockHeld",
-            LeaseLost => "LeaseLost",
-            BodyTooLarge => "BodyTooLarge",
-            TooManyWaiters => "TooManyWaiters",
-            StorageUnavailable => "StorageUnavailable",
-            ShuttingDown => "ShuttingDown",
-        }
-    }
-}
-
-/// A JSON error: a code (which knows its status), a message saying what to
-/// do, and extra fields.
+/// A JSON error: the wire's [`ErrorBody`] (a code, which knows its status,
+/// a message saying what to do, and the facts it may carry).
 #[derive(Debug)]
 pub struct ApiError {
-    code: ErrorCode,
-    message: String,
-    extra: serde_json::Map<String, Value>,
+    /// Boxed: errors are the rare path, and every `Result` carries one.
+    body: Box<ErrorBody>,
 }
 
 impl ApiError {
     fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
-            code,
-            message: message.into(),
-            extra: serde_json::Map::new(),
+            body: Box::new(ErrorBody::new(code, message)),
         }
     }
 
-    fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
-        self.extra.insert(key.to_owned(), value.into());
+    /// The same error with more facts set.
+    fn with(mut self, set: impl FnOnce(&mut ErrorBody)) -> ApiError {
+        set(&mut self.body);
         self
     }
 
     pub fn code(&self) -> ErrorCode {
-        self.code
+        self.body.code
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = serde_json::Map::new();
-        body.insert("code".into(), self.code.as_str().into());
-        body.insert("message".into(), self.message.into());
-        body.extend(self.extra);
-        let mut resp = (self.code.status(), axum::Json(json!({ "error": body }))).into_response();
-        if self.code == ErrorCode::Unauthorized {
+        let code = self.body.code;
+        let status =
+            StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, axum::Json(ErrorResponse { error: *self.body })).into_response();
+        if code == ErrorCode::Unauthorized {
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
@@ -254,17 +182,20 @@ impl From<EngineError> for ApiError {
                     holder.lock, holder.owner
                 ),
             )
-            .with("holder", holder.owner)
-            .with("expires_at_ms", holder.expires_at.as_millis()),
+            .with(|e| {
+                e.holder = Some(holder.owner);
+                e.expires_at_ms = Some(holder.expires_at.as_millis());
+            }),
             EngineError::NotHolder { current } => {
                 let mut err = ApiError::new(
                     ErrorCode::LeaseLost,
                     "no live lease on this lock holds that token: it expired, was released, or was taken over; acquire again for a new token",
                 );
                 if let Some(c) = current {
-                    err = err
-                        .with("current_token", c.token)
-                        .with("current_owner", c.owner);
+                    err = err.with(|e| {
+                        e.current_token = Some(c.token);
+                        e.current_owner = Some(c.owner);
+                    });
                 }
                 err
             }
@@ -278,7 +209,7 @@ impl From<EngineError> for ApiError {
                     "the lock is free, but {waiting} acquires wait in line for it and go first; pass wait_ms to join the line"
                 ),
             )
-            .with("waiting", waiting),
+            .with(|e| e.waiting = Some(waiting)),
             EngineError::Storage(e) => ApiError::new(
                 ErrorCode::StorageUnavailable,
                 format!(
@@ -328,95 +259,6 @@ fn parse_object<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
         return Err("request body must be a JSON object".into());
     }
     serde_json::from_slice(body).map_err(|e| format!("request body is not valid: {e}"))
-}
-
-/// The body of `POST /v1/locks/{lock}/acquire`.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AcquireRequest {
-    /// Who is taking the lease (shown to others in status and refusals).
-    pub owner: String,
-    /// Lease TTL; the service's `default_ttl` if absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_ms: Option<u64>,
-    /// Wait in line up to this long if the lock is held.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wait_ms: Option<u64>,
-    /// A secret of the client's choosing (16 to 256 bytes): a retry of this
-    /// acquire with the same owner and key gets the same lease back while it
-    /// is live. Without it, an acquire never gets a live lease back.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<String>,
-}
-
-impl std::fmt::Debug for AcquireRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The idempotency key is a secret: never print it.
-        f.debug_struct("AcquireRequest")
-            .field("owner", &self.owner)
-            .field("ttl_ms", &self.ttl_ms)
-            .field("wait_ms", &self.wait_ms)
-            .field(
-                "idempotency_key",
-                &self.idempotency_key.as_ref().map(|_| ".."),
-            )
-            .finish()
-    }
-}
-
-/// The body of `POST /v1/locks/{lock}/renew`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RenewRequest {
-    /// The signed `fencing_token` the acquire returned. (A plain number is
-    /// decoded, so the handler can refuse it with a precise error.)
-    #[serde(with = "token_field")]
-    pub token: FencingToken,
-    /// The lease then expires `ttl_ms` from now, shorter or longer than
-    /// before; the service's `default_ttl` if absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_ms: Option<u64>,
-}
-
-/// The body of `POST /v1/locks/{lock}/release`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReleaseRequest {
-    /// The signed `fencing_token` the acquire returned.
-    #[serde(with = "token_field")]
-    pub token: FencingToken,
-}
-
-/// The `token` of renew and release on the wire: a string (the signed
-/// `fencing_token`, or a number written as a string) or a JSON number. Both
-/// plain forms decode, so that the handler, not serde, refuses them with
-/// `SignedTokenRequired` and says what to send instead.
-mod token_field {
-    use fencegate_core::FencingToken;
-
-    pub fn serialize<S: serde::Serializer>(t: &FencingToken, s: S) -> Result<S::Ok, S::Error> {
-        match t {
-            FencingToken::Plain(n) => s.serialize_u64(*n),
-            FencingToken::Signed(signed) => s.serialize_str(&signed.to_string()),
-        }
-    }
-
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<FencingToken, D::Error> {
-        struct TokenVisitor;
-        impl serde::de::Visitor<'_> for TokenVisitor {
-            type Value = FencingToken;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("the fencing_token string the acquire returned (fgt1:...)")
-            }
-            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<FencingToken, E> {
-                Ok(FencingToken::Plain(n))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<FencingToken, E> {
-                FencingToken::parse(s).map_err(|e| E::custom(format!("token {s:?}: {e}")))
-            }
-        }
-        d.deserialize_any(TokenVisitor)
-    }
 }
 
 /// The owner check of acquire: 1 to [`MAX_OWNER_LEN`] bytes, no control
@@ -480,7 +322,7 @@ pub fn decode_request(kind: RequestKind, body: &[u8]) -> Result<DecodedRequest, 
     fn json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
         parse_object(body).map_err(|e| format!("InvalidRequest: {e}"))
     }
-    let api = |e: ApiError| format!("{}: {}", e.code.as_str(), e.message);
+    let api = |e: ApiError| format!("{}: {}", e.body.code.as_str(), e.body.message);
     match kind {
         RequestKind::Acquire => {
             let req: AcquireRequest = json(body)?;
@@ -501,60 +343,6 @@ pub fn decode_request(kind: RequestKind, body: &[u8]) -> Result<DecodedRequest, 
             Ok(DecodedRequest::Release { token })
         }
     }
-}
-
-/// What acquire and renew return: the lease and its proofs of holding. Sent
-/// only to the holder (see the module documentation).
-#[derive(Debug, Serialize, Deserialize, Clone, PartialEq, Eq)]
-pub struct LeaseResponse {
-    /// The lock held.
-    pub lock: String,
-    /// Who holds it, as the acquire named itself.
-    pub owner: String,
-    /// The numeric token (public: status and refusals show it).
-    pub token: u64,
-    /// The signed token; send it verbatim in the `Fencing-Token` header, and
-    /// as `token` to renew and release. Proof of holding: keep it secret.
-    pub fencing_token: String,
-    /// The TTL in force: the lease expires `ttl_ms` after the service
-    /// applied this request, at `expires_at_ms`.
-    pub ttl_ms: u64,
-    /// When the lease expires, in Unix milliseconds (the same value status
-    /// shows).
-    pub expires_at_ms: u64,
-    /// S3 access key bound to this lease (for tools that cannot send the
-    /// `Fencing-Token` header); sign with `s3_secret_access_key`.
-    pub s3_access_key_id: String,
-    /// The secret of `s3_access_key_id`. Proof of holding: keep it secret.
-    pub s3_secret_access_key: String,
-    /// When those credentials stop working, in Unix milliseconds.
-    pub s3_credentials_expire_at_ms: u64,
-}
-
-/// What release returns.
-#[derive(Debug, Serialize, Deserialize, Clone, PartialEq, Eq)]
-pub struct ReleaseResponse {
-    pub lock: String,
-    /// Always true: no lease with the presented token holds the lock now.
-    pub released: bool,
-}
-
-/// What `GET /v1/locks/{lock}` returns: public facts only, no proofs.
-#[derive(Debug, Serialize, Deserialize, Clone, PartialEq, Eq)]
-pub struct LockStatusResponse {
-    pub lock: String,
-    /// Whether a live lease holds the lock.
-    pub held: bool,
-    /// The holder's owner name, if held.
-    pub owner: Option<String>,
-    /// The holder's token number, if held.
-    pub token: Option<u64>,
-    /// When the live lease expires, in Unix milliseconds, if held.
-    pub expires_at_ms: Option<u64>,
-    /// Acquires waiting in line for this lock.
-    pub waiting: usize,
-    /// The last token issued by the service, for any lock.
-    pub last_token: u64,
 }
 
 /// The `{lock}` of the path, valid, and within the caller's API-key scope.
@@ -586,7 +374,7 @@ impl FromRequestParts<AppState> for AllowedLock {
                     "this API key is not allowed to use lock {lock:?}: its locks (api_keys in the lease service's configuration) do not match it; use the key issued for this lock"
                 ),
             )
-            .with("lock", lock.as_str()));
+            .with(|e| e.lock = Some(lock.to_string())));
         }
         Ok(AllowedLock(lock))
     }
@@ -636,7 +424,7 @@ impl Inner {
                         "the token was issued for lock {found:?}, not {expected:?}: send the fencing_token of this lock's lease"
                     ),
                 )
-                .with("token_lock", found)
+                .with(|e| e.token_lock = Some(found.to_string()))
             }
         })
     }
@@ -686,7 +474,7 @@ async fn acquire(
             // Names are public, so a name proves nothing; say how the real
             // holder gets its lease back.
             let mut err = ApiError::from(EngineError::Held { holder });
-            err.message.push_str(
+            err.body.message.push_str(
                 ". An acquire gets a live lease back only with the idempotency_key sent with the acquire that took it; without it, wait for the lease to end",
             );
             Err(err)
@@ -858,7 +646,7 @@ mod tests {
             (LockHeld, 409),
             (LeaseLost, 409),
         ] {
-            assert_eq!(code.status().as_u16(), status, "{}", code.as_str());
+            assert_eq!(code.status(), status, "{}", code.as_str());
         }
     }
 }

@@ -56,7 +56,11 @@ impl Issuer {
         if self.already_confirmed(lock, token) {
             return Ok(Answer::Issued);
         }
-        let mut req = self.http.get(format!("{}/v1/locks/{lock}", self.url));
+        let mut req = self.http.get(format!(
+            "{}{}",
+            self.url,
+            fencegate_lease_api::path::status(lock)
+        ));
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
         }
@@ -68,11 +72,11 @@ impl Issuer {
         if !status.is_success() {
             return Err(format!("the lease service answered {status}"));
         }
-        let body: serde_json::Value = resp
+        let body: fencegate_lease_api::LockStatusResponse = resp
             .json()
             .await
-            .map_err(|e| format!("the lease service's answer is not JSON: {e}"))?;
-        if body["token"].as_u64() != Some(token) {
+            .map_err(|e| format!("the lease service's answer is not a lock status: {e}"))?;
+        if body.token != Some(token) {
             return Ok(Answer::NotIssued);
         }
         let mut confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());

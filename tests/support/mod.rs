@@ -194,20 +194,35 @@ impl Api {
         (status, v)
     }
 
+    /// Sends `body`, one of the API's wire types (`fencegate_lease_api`).
+    pub fn send(&self, method: &str, path: &str, body: &impl serde::Serialize) -> (u16, Value) {
+        let body = serde_json::to_string(body).expect("a wire type encodes");
+        self.raw(method, path, Some(&body))
+    }
+
     pub fn acquire(&self, lock: &str, owner: &str, ttl_ms: u64) -> (u16, Value) {
-        self.raw(
-            "POST",
-            &format!("/v1/locks/{lock}/acquire"),
-            Some(&json!({"owner": owner, "ttl_ms": ttl_ms}).to_string()),
-        )
+        self.acquire_as(lock, owner, Some(ttl_ms), None, None)
     }
 
     pub fn acquire_wait(&self, lock: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> (u16, Value) {
-        self.raw(
-            "POST",
-            &format!("/v1/locks/{lock}/acquire"),
-            Some(&json!({"owner": owner, "ttl_ms": ttl_ms, "wait_ms": wait_ms}).to_string()),
-        )
+        self.acquire_as(lock, owner, Some(ttl_ms), Some(wait_ms), None)
+    }
+
+    fn acquire_as(
+        &self,
+        lock: &str,
+        owner: &str,
+        ttl_ms: Option<u64>,
+        wait_ms: Option<u64>,
+        idempotency_key: Option<&str>,
+    ) -> (u16, Value) {
+        let req = fencegate_lease_api::AcquireRequest {
+            owner: owner.to_owned(),
+            ttl_ms,
+            wait_ms,
+            idempotency_key: idempotency_key.map(str::to_owned),
+        };
+        self.send("POST", &fencegate_lease_api::path::acquire(lock), &req)
     }
 
     /// Acquire with an idempotency key (the proof that a retry comes from
@@ -219,19 +234,17 @@ impl Api {
         ttl_ms: u64,
         key: &str,
     ) -> (u16, Value) {
-        self.raw(
-            "POST",
-            &format!("/v1/locks/{lock}/acquire"),
-            Some(&json!({"owner": owner, "ttl_ms": ttl_ms, "idempotency_key": key}).to_string()),
-        )
+        self.acquire_as(lock, owner, Some(ttl_ms), None, Some(key))
     }
 
     /// Renew, proven by `token`: the signed `fencing_token` of the lease
-    /// (see [`signed_of`]), or any JSON value an adversarial test sends.
+    /// (see [`signed_of`]), or any JSON value an adversarial test sends
+    /// (which is why the body is not a `RenewRequest`: that type cannot
+    /// hold a malformed token).
     pub fn renew(&self, lock: &str, token: impl Into<Value>, ttl_ms: u64) -> (u16, Value) {
         self.raw(
             "POST",
-            &format!("/v1/locks/{lock}/renew"),
+            &fencegate_lease_api::path::renew(lock),
             Some(&json!({"token": token.into(), "ttl_ms": ttl_ms}).to_string()),
         )
     }
@@ -240,13 +253,13 @@ impl Api {
     pub fn release(&self, lock: &str, token: impl Into<Value>) -> (u16, Value) {
         self.raw(
             "POST",
-            &format!("/v1/locks/{lock}/release"),
+            &fencegate_lease_api::path::release(lock),
             Some(&json!({"token": token.into()}).to_string()),
         )
     }
 
     pub fn status(&self, lock: &str) -> (u16, Value) {
-        self.raw("GET", &format!("/v1/locks/{lock}"), None)
+        self.raw("GET", &fencegate_lease_api::path::status(lock), None)
     }
 }
 
