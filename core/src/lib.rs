@@ -5,6 +5,7 @@
 //!
 //! - [`lease`]: who holds a lock and which fencing token they hold (the lease
 //!   state machine of design rules 1 and 2);
+//! - [`line`]: who waits for a held lock, in which order, until when;
 //! - [`fence`]: whether a write carrying a token is admitted (rule 3);
 //! - [`token`]: how a token travels in the `Fencing-Token` header, plain or
 //!   signed with HMAC-SHA256;
@@ -20,6 +21,7 @@
 pub mod credentials;
 pub mod fence;
 pub mod lease;
+pub mod line;
 pub mod name;
 pub mod time;
 pub mod token;

@@ -7,7 +7,8 @@
 //! fsync (group commit) instead of queuing one fsync each, and no answer ever
 //! reveals state that is not yet on disk.
 //!
-//! The engine also keeps, per lock, the line of acquires that asked to wait.
+//! The engine also keeps, per lock, the line of acquires that asked to wait
+//! (`fencegate_core::line`, which owns the order and the deadlines).
 //! When a lease is released or expires, the first live waiter in line gets
 //! the lock in the same batch, so waiters are served in arrival order and a
 //! newcomer cannot jump the line. A waiter's grant is answered on that
@@ -22,8 +23,8 @@ use crate::clock;
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use crate::store::{Durability, LeaseRow, Store};
-use fencegate_core::{KeyDigest, Lease, LockName, LockTable, Timestamp};
-use std::collections::{HashMap, VecDeque};
+use fencegate_core::line::{Lines, Served, Waiter};
+use fencegate_core::{Grant, KeyDigest, Lease, LockName, LockTable, Timestamp};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -94,15 +95,6 @@ pub struct LockStatus {
     pub last_token: u64,
     /// Acquires waiting in line for this lock.
     pub waiting: usize,
-}
-
-#[derive(Debug)]
-struct Waiter {
-    owner: String,
-    key: Option<KeyDigest>,
-    ttl: Duration,
-    deadline: Timestamp,
-    reply: Reply<Lease>,
 }
 
 /// An answer held back until its batch is committed.
@@ -201,10 +193,9 @@ impl Engine {
         let state = EngineState {
             table,
             store,
-            waiters: HashMap::new(),
+            lines: Lines::new(max_waiters),
             metrics,
             last_purge: now,
-            max_waiters,
         };
         let thread = std::thread::Builder::new()
             .name("locksvc-engine".into())
@@ -270,10 +261,9 @@ impl EngineHandle {
 struct EngineState {
     table: LockTable,
     store: Store,
-    waiters: HashMap<LockName, VecDeque<Waiter>>,
+    lines: Lines<Reply<Lease>>,
     metrics: Arc<Metrics>,
     last_purge: Timestamp,
-    max_waiters: usize,
 }
 
 impl EngineState {
@@ -319,23 +309,16 @@ impl EngineState {
     /// When the engine must wake even if no request arrives: the next purge,
     /// the expiry of a lease somebody waits for, or a waiter's deadline.
     fn next_wake(&self, now: Timestamp) -> Timestamp {
-        let mut wake = self.last_purge.saturating_add(PURGE_INTERVAL).max(now);
-        for (lock, line) in &self.waiters {
-            if let Some(lease) = self.table.live(lock, now) {
-                wake = wake.min(lease.expires_at);
-            }
-            if let Some(d) = line.iter().map(|w| w.deadline).min() {
-                wake = wake.min(d);
-            }
-        }
-        wake
+        let purge = self.last_purge.saturating_add(PURGE_INTERVAL).max(now);
+        self.lines
+            .next_wake(&self.table, now)
+            .map_or(purge, |w| w.min(purge))
     }
 
     /// Serves waiters on locks whose lease ended, times out waiters, and
     /// periodically forgets expired leases.
     fn expire(&mut self, now: Timestamp, batch: &mut Batch) {
-        let locks: Vec<LockName> = self.waiters.keys().cloned().collect();
-        for lock in locks {
+        for lock in self.lines.locks() {
             self.serve_waiters(&lock, now, batch);
         }
         if now >= self.last_purge.saturating_add(PURGE_INTERVAL) {
@@ -349,40 +332,41 @@ impl EngineState {
         }
     }
 
-    /// Grants `lock` to the first waiter still waiting if the lock is free;
-    /// answers waiters whose deadline passed.
+    /// Serves `lock`'s line (see `fencegate_core::line`): a grant to the
+    /// first waiter if the lock is free, answers to waiters whose deadline
+    /// passed; waiters whose client went away leave without one.
     fn serve_waiters(&mut self, lock: &LockName, now: Timestamp, batch: &mut Batch) {
-        let Some(mut line) = self.waiters.remove(lock) else {
-            return;
-        };
-        let mut kept = VecDeque::with_capacity(line.len());
-        while let Some(w) = line.pop_front() {
-            if w.reply.is_closed() {
-                continue;
-            }
-            if self.table.live(lock, now).is_none() {
-                let result = self.grant(lock, &w.owner, w.key, w.ttl, now, batch);
-                batch.replies.push(Pending::Lease(w.reply, result));
-            } else if now >= w.deadline {
-                let holder = self.table.live(lock, now);
-                self.metrics.refused("held_after_wait");
-                let err = match holder {
-                    Some(holder) => EngineError::Held { holder },
-                    None => EngineError::Stopped,
-                };
-                batch.replies.push(Pending::Lease(w.reply, Err(err)));
-            } else {
-                kept.push_back(w);
+        let served = self
+            .lines
+            .serve(lock, &mut self.table, now, |reply| reply.is_closed());
+        for s in served {
+            match s {
+                Served::Granted(reply, grant) => {
+                    let lease = self.record(grant, batch);
+                    batch.replies.push(Pending::Lease(reply, Ok(lease)));
+                }
+                Served::TimedOut { reply, holder } => {
+                    self.metrics.refused("held_after_wait");
+                    batch
+                        .replies
+                        .push(Pending::Lease(reply, Err(EngineError::Held { holder })));
+                }
             }
         }
-        self.metrics.waiting.set(self.waiting_total(&kept) as i64);
-        if !kept.is_empty() {
-            self.waiters.insert(lock.clone(), kept);
-        }
+        self.metrics.waiting.set(self.lines.waiting() as i64);
     }
 
-    fn waiting_total(&self, extra: &VecDeque<Waiter>) -> usize {
-        self.waiters.values().map(VecDeque::len).sum::<usize>() + extra.len()
+    /// Counts a grant and puts its row in the batch, durable as it needs.
+    fn record(&mut self, grant: Grant, batch: &mut Batch) -> Lease {
+        if grant.new_token {
+            self.metrics.grants.inc();
+            batch.needs(Durability::Fsync);
+        } else {
+            self.metrics.renewals.inc();
+            batch.needs(Durability::Written);
+        }
+        batch.rows.push(LeaseRow::Put(grant.lease.clone()));
+        grant.lease
     }
 
     fn grant(
@@ -395,17 +379,7 @@ impl EngineState {
         batch: &mut Batch,
     ) -> Result<Lease, EngineError> {
         match self.table.acquire(lock, owner, key, ttl, now) {
-            Ok(grant) => {
-                if grant.new_token {
-                    self.metrics.grants.inc();
-                    batch.needs(Durability::Fsync);
-                } else {
-                    self.metrics.renewals.inc();
-                    batch.needs(Durability::Written);
-                }
-                batch.rows.push(LeaseRow::Put(grant.lease.clone()));
-                Ok(grant.lease)
-            }
+            Ok(grant) => Ok(self.record(grant, batch)),
             Err(held) => Err(EngineError::Held {
                 holder: held.holder,
             }),
@@ -430,7 +404,6 @@ impl EngineState {
                 // lease that is really live. Only the live holder itself,
                 // proven by its idempotency key, is not a newcomer.
                 self.serve_waiters(&lock, now, batch);
-                let line_len = self.waiters.get(&lock).map_or(0, VecDeque::len);
                 match self.table.live(&lock, now) {
                     Some(holder) if !holder.granted_to(&owner, key.as_ref()) => {
                         if wait.is_zero() {
@@ -448,21 +421,25 @@ impl EngineState {
                         return;
                     }
                 }
-                if line_len >= self.max_waiters {
-                    self.metrics.refused("too_many_waiters");
-                    batch
-                        .replies
-                        .push(Pending::Lease(reply, Err(EngineError::TooManyWaiters)));
-                    return;
-                }
-                self.waiters.entry(lock).or_default().push_back(Waiter {
+                let waiter = Waiter {
                     owner,
                     key,
                     ttl,
                     deadline: now.saturating_add(wait),
                     reply,
-                });
-                self.metrics.waiting.inc();
+                };
+                match self.lines.join(lock, waiter) {
+                    Ok(()) => {
+                        self.metrics.waiting.set(self.lines.waiting() as i64);
+                    }
+                    Err((_full, waiter)) => {
+                        self.metrics.refused("too_many_waiters");
+                        batch.replies.push(Pending::Lease(
+                            waiter.reply,
+                            Err(EngineError::TooManyWaiters),
+                        ));
+                    }
+                };
             }
             Command::Renew { held, ttl, reply } => {
                 let (lock, token) = (held.lock(), held.token());
@@ -501,7 +478,7 @@ impl EngineState {
                 let status = LockStatus {
                     lease: self.table.live(&lock, now),
                     last_token: self.table.counter(),
-                    waiting: self.waiters.get(&lock).map_or(0, VecDeque::len),
+                    waiting: self.lines.len(&lock),
                 };
                 batch.replies.push(Pending::Status(reply, status));
             }
@@ -562,10 +539,9 @@ mod tests {
         EngineState {
             table: LockTable::new(),
             store: Store::open(&dir.join("locksvc.db")).expect("store"),
-            waiters: HashMap::new(),
+            lines: Lines::new(16),
             metrics: Arc::new(Metrics::new()),
             last_purge: T0,
-            max_waiters: 16,
         }
     }
 
