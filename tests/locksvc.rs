@@ -638,3 +638,42 @@ fn the_lease_cli_renews_and_releases_with_the_signed_token() {
     let (_, st) = Api::new(&svc.url).status("cli");
     assert_eq!(st["held"], false, "{st}");
 }
+
+#[test]
+fn release_ends_a_lease_live_or_expired_and_never_a_newer_one() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    // Released twice: the second is a retry, not an error.
+    let (_, a) = api.acquire("r", "A", 10_000);
+    assert_eq!(api.release("r", signed_of(&a)).0, 200);
+    let (s, again) = api.release("r", signed_of(&a));
+    assert_eq!(s, 200, "a retried release: {again}");
+    // Expired and not taken since: releasing it is not an error either.
+    let (_, b) = api.acquire("r", "B", 100);
+    wait_until_ms(b["expires_at_ms"].as_u64().expect("expiry") + 50);
+    let (s, late) = api.release("r", signed_of(&b));
+    assert_eq!(s, 200, "an ended lease nobody took: {late}");
+    // Taken by C after B expired: B's release must not end C's lease.
+    let (_, b2) = api.acquire("r", "B2", 100);
+    wait_until_ms(b2["expires_at_ms"].as_u64().expect("expiry") + 50);
+    let (s, c) = api.acquire("r", "C", 10_000);
+    assert_eq!(s, 200, "{c}");
+    let (s, refused) = api.release("r", signed_of(&b2));
+    assert_eq!(s, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "LeaseLost");
+    assert_eq!(refused["error"]["current_token"], token_of(&c));
+    let (_, st) = api.status("r");
+    assert_eq!(
+        (st["held"].as_bool(), st["token"].as_u64()),
+        (Some(true), Some(token_of(&c))),
+        "{st}"
+    );
+    // And once C released, B2's old token still releases nothing of anyone.
+    assert_eq!(api.release("r", signed_of(&c)).0, 200);
+    let (_, d) = api.acquire("r", "D", 10_000);
+    let (s, _) = api.release("r", signed_of(&b2));
+    assert_eq!(s, 409, "a newer grant exists");
+    let (_, st) = api.status("r");
+    assert_eq!(st["token"].as_u64(), Some(token_of(&d)), "{st}");
+}

@@ -990,23 +990,25 @@ impl EtcdLeases {
         ))
     }
 
+    /// Ends the lease `held` names, live or expired, as on SQLite
+    /// (`LockTable::release`): releasing a lease that already ended and
+    /// that nobody took since is not an error (a client may retry);
+    /// releasing while another lease is live, or after a newer grant, is.
     pub async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
         let (lock, token) = (held.lock(), held.token());
-        let now = clock::now();
         let delete = [
             TxnOp::delete(self.owner_key(lock), None),
             TxnOp::delete(self.expiry_key(lock), None),
         ];
-        let (resp, retried) = self
-            .txn_tracked(
-                Txn::new()
-                    .when(self.holds(lock, token, now))
-                    .and_then(delete.clone())
-                    .or_else([
-                        TxnOp::get(self.owner_key(lock), None),
-                        TxnOp::get(self.expiry_key(lock), None),
-                    ]),
-            )
+        // The usual case in one round trip: the owner key is the one this
+        // token's grant created (see `holds`; live or not).
+        let mut when = self.holds(lock, token, clock::now());
+        when.truncate(2);
+        let resp = self
+            .txn(Txn::new().when(when).and_then(delete.clone()).or_else([
+                TxnOp::get(self.owner_key(lock), None),
+                TxnOp::get(self.expiry_key(lock), None),
+            ]))
             .await?;
         if resp.succeeded() {
             self.inner.metrics.releases.inc();
@@ -1017,20 +1019,10 @@ impl EtcdLeases {
             Some(TxnOpResponse::Get(g)) => g.kvs().first(),
             _ => None,
         };
-        let current = held_of(get(0), get(1))?;
-        if retried.0
-            && current
-                .as_ref()
-                .is_none_or(|h| h.lease(lock).token != token)
-        {
-            // An earlier attempt was sent and the lease this token names
-            // is gone: that attempt released it.
-            self.inner.metrics.releases.inc();
-            return Ok(());
-        }
-        match current {
+        let now = clock::now();
+        match held_of(get(0), get(1))? {
             // A migrated lease, or one granted under an older epoch.
-            Some(h) if h.lease(lock).token == token && h.lease(lock).is_live(now) => {
+            Some(h) if h.lease(lock).token == token => {
                 let resp = self
                     .txn(
                         Txn::new()
@@ -1046,12 +1038,18 @@ impl EtcdLeases {
                     "the lease changed while it was being released; retry".into(),
                 ))
             }
-            other => {
+            // Another lease is live, or a newer one was granted.
+            Some(h) if h.lease(lock).is_live(now) || h.lease(lock).token > token => {
                 self.inner.metrics.refused("not_holder");
                 Err(EngineError::NotHolder {
-                    current: other.map(|h| h.lease(lock)).filter(|l| l.is_live(now)),
+                    current: Some(h.lease(lock)).filter(|l| l.is_live(now)),
                 })
             }
+            // Nothing newer than the token holds the lock: its lease ended
+            // (released, perhaps by an earlier attempt of this very call, or
+            // expired and swept). The token is genuine (`HeldToken`), so it
+            // was issued: releasing it again changes nothing.
+            _ => Ok(()),
         }
     }
 
