@@ -618,3 +618,68 @@ fn a_lease_that_expires_unreleased_is_swept_from_etcd() {
     let (_, st) = api.status("kept");
     assert_eq!(st["held"], true, "{st}");
 }
+
+/// Turns on etcd's authentication with a `root` user (the JSON gateway).
+fn enable_auth(cluster: &EtcdCluster, password: &str) {
+    let http = reqwest::blocking::Client::new();
+    let url = |p: &str| format!("{}/v3/auth/{p}", cluster.members[0].client_url);
+    for (path, body) in [
+        ("user/add", json!({"name": "root", "password": password})),
+        ("role/add", json!({"name": "root"})),
+        ("user/grant", json!({"user": "root", "role": "root"})),
+        ("enable", json!({})),
+    ] {
+        let resp = http
+            .post(url(path))
+            .json(&body)
+            .send()
+            .expect("etcd answers");
+        assert!(resp.status().is_success(), "{path}: {:?}", resp.text());
+    }
+}
+
+#[test]
+fn with_etcd_authentication_the_replica_needs_the_password_and_says_so() {
+    let _one = one_at_a_time();
+    let dir = tempdir();
+    let cluster = EtcdCluster::start(3);
+    enable_auth(&cluster, "etcd-root-pw");
+    let with = |password: &str| {
+        let mut cmd = replica_cmd_with(dir.path(), &cluster, "/auth/", 0, "username = \"root\"");
+        cmd.env("FENCEGATE_ETCD_PASSWORD", password);
+        cmd
+    };
+    let out = with("wrong-password").output().expect("runs");
+    assert!(
+        !out.status.success(),
+        "a wrong password must stop the start"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("etcd"), "the error names etcd: {err}");
+    let r = Service::start(with("etcd-root-pw"));
+    let api = Api::new(&r.url);
+    let (s, a) = api.acquire("a", "A", 10_000);
+    assert_eq!(s, 200, "{a}");
+    let (s, v) = api.renew("a", signed_of(&a), 10_000);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(api.release("a", signed_of(&a)).0, 200);
+}
+
+#[test]
+fn a_replica_starts_and_serves_while_a_member_is_down() {
+    let _one = one_at_a_time();
+    let dir = tempdir();
+    let cluster = EtcdCluster::start(3);
+    enable_auth(&cluster, "etcd-root-pw");
+    // The first member listed, the one a replica tries first, is paused.
+    cluster.members[0].pause();
+    let mut cmd = replica_cmd_with(dir.path(), &cluster, "/down/", 0, "username = \"root\"");
+    cmd.env("FENCEGATE_ETCD_PASSWORD", "etcd-root-pw");
+    let r = Service::start(cmd);
+    let api = Api::new(&r.url);
+    let (s, a) = api.acquire("a", "A", 10_000);
+    cluster.members[0].resume();
+    assert_eq!(s, 200, "{a}");
+    let (s, v) = api.renew("a", signed_of(&a), 10_000);
+    assert_eq!(s, 200, "{v}");
+}

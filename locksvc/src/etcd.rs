@@ -221,7 +221,7 @@ pub struct EtcdLeases {
 struct Inner {
     /// One client per member, and the member tried first (the last one
     /// that answered).
-    members: Vec<Client>,
+    members: Vec<Member>,
     preferred: AtomicUsize,
     prefix: String,
     epoch: u16,
@@ -251,19 +251,57 @@ pub async fn client(config: &EtcdConfig) -> anyhow::Result<Client> {
         .map_err(|e| anyhow::anyhow!("cannot connect to etcd {:?}: {e}", config.endpoints))
 }
 
-/// One client per member: what the replica fails over between
-/// ([`EtcdLeases::call`]).
-async fn member_clients(config: &EtcdConfig) -> anyhow::Result<Vec<Client>> {
-    let opts = connect_options(config)?;
-    let mut clients = Vec::new();
-    for e in &config.endpoints {
-        clients.push(
-            Client::connect([e], Some(opts.clone()))
-                .await
-                .map_err(|err| anyhow::anyhow!("cannot connect to etcd {e}: {err}"))?,
-        );
+/// One member of the cluster, as a replica reaches it: its client,
+/// connected when first needed (with etcd auth, connecting is a request,
+/// which a member that is down at start would fail), and again after a
+/// failed connect.
+struct Member {
+    endpoint: String,
+    options: ConnectOptions,
+    client: tokio::sync::Mutex<Option<Client>>,
+}
+
+impl Member {
+    async fn client(&self) -> Result<Client, etcd_client::Error> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = &*slot {
+            return Ok(c.clone());
+        }
+        let c = Client::connect([&self.endpoint], Some(self.options.clone())).await?;
+        *slot = Some(c.clone());
+        Ok(c)
     }
-    Ok(clients)
+}
+
+/// The members of `config`, not connected yet.
+fn members(config: &EtcdConfig) -> anyhow::Result<Vec<Member>> {
+    let options = connect_options(config)?;
+    Ok(config
+        .endpoints
+        .iter()
+        .map(|e| Member {
+            endpoint: e.clone(),
+            options: options.clone(),
+            client: tokio::sync::Mutex::new(None),
+        })
+        .collect())
+}
+
+/// Why a call failed: every member was tried and none answered, or one
+/// answered with a refusal that any member would give (bad credentials, a
+/// request etcd rejects).
+enum CallError {
+    Unavailable(String),
+    Refused(etcd_client::Error),
+}
+
+impl From<CallError> for EngineError {
+    fn from(e: CallError) -> EngineError {
+        match e {
+            CallError::Unavailable(why) => EngineError::Storage(why),
+            CallError::Refused(e) => storage(e),
+        }
+    }
 }
 
 fn connect_options(config: &EtcdConfig) -> anyhow::Result<ConnectOptions> {
@@ -322,7 +360,7 @@ impl EtcdLeases {
         max_waiters: usize,
         startup: Duration,
     ) -> anyhow::Result<EtcdLeases> {
-        let members = member_clients(config).await?;
+        let members = members(config)?;
         let leases = EtcdLeases {
             inner: Arc::new(Inner {
                 members,
@@ -405,6 +443,14 @@ impl EtcdLeases {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        Ok(self.call_raw(f).await?)
+    }
+
+    async fn call_raw<T, F, Fut>(&self, f: F) -> Result<(T, Retried), CallError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let members = &self.inner.members;
         let n = members.len().max(1);
         let total = self.inner.request_timeout;
@@ -419,14 +465,18 @@ impl EtcdLeases {
                 break;
             }
             let limit = if i + 1 == n { left } else { share.min(left) };
-            match tokio::time::timeout(limit, f(members[m].clone())).await {
+            let attempt = async {
+                let client = members[m].client().await?;
+                f(client).await
+            };
+            match tokio::time::timeout(limit, attempt).await {
                 Ok(Ok(v)) => {
                     if i > 0 {
                         self.inner.preferred.store(m, Ordering::Relaxed);
                     }
                     return Ok((v, Retried(i > 0)));
                 }
-                Ok(Err(e)) if !retryable(&e) => return Err(storage(e)),
+                Ok(Err(e)) if !retryable(&e) => return Err(CallError::Refused(e)),
                 Ok(Err(e)) => last = e.to_string(),
                 Err(_) => {
                     last = format!(
@@ -437,7 +487,7 @@ impl EtcdLeases {
                 }
             }
         }
-        Err(EngineError::Storage(format!(
+        Err(CallError::Unavailable(format!(
             "no etcd member answered within {} (request_timeout; last: {last}); is a quorum of members up?",
             humantime::format_duration(total)
         )))
@@ -455,16 +505,32 @@ impl EtcdLeases {
         .await
     }
 
+    /// A transaction for start-up, which tells "etcd refused" (stop) from
+    /// "etcd did not answer" (retry).
+    async fn txn_at_start(&self, txn: Txn) -> Result<TxnResponse, Startup> {
+        match self
+            .call_raw(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+        {
+            Ok((resp, _)) => Ok(resp),
+            Err(CallError::Unavailable(why)) => Err(Startup::Unavailable(why)),
+            Err(CallError::Refused(e)) => Err(Startup::Refused(anyhow::anyhow!(
+                "etcd refused this replica: {e} (check etcd.username / FENCEGATE_ETCD_PASSWORD and the user's permissions on the prefix)"
+            ))),
+        }
+    }
+
     async fn register_epoch(&self) -> Result<(), Startup> {
-        let unavailable = |e: EngineError| Startup::Unavailable(e.to_string());
         loop {
             let resp = self
-                .txn(Txn::new().and_then([
+                .txn_at_start(Txn::new().and_then([
                     TxnOp::get(self.epoch_key(), None),
                     TxnOp::get(self.key("meta/floor"), None),
                 ]))
-                .await
-                .map_err(unavailable)?;
+                .await?;
             let gets = gets(&resp);
             let stored = gets.first().and_then(|kvs| kvs.first()).cloned();
             let floor = gets
@@ -491,7 +557,7 @@ impl EtcdLeases {
             }
             let seen = stored.as_ref().map_or(0, KeyValue::mod_revision);
             let put = self
-                .txn(
+                .txn_at_start(
                     Txn::new()
                         .when([Compare::mod_revision(
                             self.epoch_key(),
@@ -500,8 +566,7 @@ impl EtcdLeases {
                         )])
                         .and_then([TxnOp::put(self.epoch_key(), mine.to_string(), None)]),
                 )
-                .await
-                .map_err(unavailable)?;
+                .await?;
             if put.succeeded() {
                 return Ok(());
             }
