@@ -683,3 +683,58 @@ fn a_replica_starts_and_serves_while_a_member_is_down() {
     let (s, v) = api.renew("a", signed_of(&a), 10_000);
     assert_eq!(s, 200, "{v}");
 }
+
+#[test]
+fn a_replica_reaches_etcd_over_tls_with_a_client_certificate() {
+    let _one = one_at_a_time();
+    let dir = tempdir();
+    let ca = fencegate_net::test_pki::TestCa::new("etcd test CA");
+    let ca_file = ca.write(dir.path(), "ca.crt");
+    let server = ca.server(dir.path(), "etcd");
+    let client = ca.client(dir.path(), "fencegate", "fencegate");
+    let cluster = EtcdCluster::start_tls(&support::etcd::EtcdTls {
+        cert: server.cert,
+        key: server.key,
+        ca: ca_file.clone(),
+    });
+    let endpoint = cluster.members[0].client_url.clone();
+    assert!(endpoint.starts_with("https://"), "{endpoint}");
+    let config = |with_cert: bool| {
+        let mut text = format!(
+            "[etcd]\nendpoints = [{endpoint:?}]\nprefix = \"/tls/\"\nca_file = {:?}\n",
+            ca_file.display().to_string()
+        );
+        if with_cert {
+            text.push_str(&format!(
+                "cert_file = {:?}\nkey_file = {:?}\n",
+                client.cert.display().to_string(),
+                client.key.display().to_string()
+            ));
+        }
+        let path = dir.path().join(format!("tls-{with_cert}.toml"));
+        std::fs::write(&path, text).expect("config");
+        let mut cmd = fencegate();
+        cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--config"])
+            .arg(path)
+            .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
+            .env("FENCEGATE_LOG", "warn");
+        cmd
+    };
+    let r = Service::start(config(true));
+    let api = Api::new(&r.url);
+    let (s, a) = api.acquire("t", "A", 10_000);
+    assert_eq!(s, 200, "{a}");
+    let (s, v) = api.renew("t", signed_of(&a), 10_000);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(api.release("t", signed_of(&a)).0, 200);
+    // Without a client certificate etcd refuses the connection: the replica
+    // does not start (after its start-up retries), and says why.
+    let mut without = config(false);
+    let out = without.output().expect("runs");
+    assert!(
+        !out.status.success(),
+        "a replica without a client certificate must not start"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("etcd"), "{err}");
+}

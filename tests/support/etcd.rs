@@ -74,6 +74,15 @@ fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// The PEM files of an etcd member that serves TLS: its certificate and
+/// key, and the CA its clients' certificates must be signed by.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+}
+
 /// One member process.
 #[derive(Debug)]
 pub struct Member {
@@ -130,6 +139,20 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts `n` members and waits until the cluster has a leader.
     pub fn start(n: usize) -> EtcdCluster {
+        let cluster = EtcdCluster::start_with(n, None);
+        cluster.wait_for_leader(Duration::from_secs(30));
+        cluster
+    }
+
+    /// One member serving its clients over TLS only, requiring a client
+    /// certificate signed by `tls.ca` (`--client-cert-auth`). Not waited
+    /// for: the harness's status reads are plain HTTP (a replica retries
+    /// until etcd answers).
+    pub fn start_tls(tls: &EtcdTls) -> EtcdCluster {
+        EtcdCluster::start_with(1, Some(tls))
+    }
+
+    fn start_with(n: usize, tls: Option<&EtcdTls>) -> EtcdCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let free = free_ports(2 * n);
         let ports: Vec<(u16, u16)> = free.chunks(2).map(|p| (p[0], p[1])).collect();
@@ -148,11 +171,22 @@ impl EtcdCluster {
             .enumerate()
             .map(|(i, (c, p))| {
                 let name = format!("m{i}");
-                let client_url = format!("http://127.0.0.1:{c}");
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let client_url = format!("{scheme}://127.0.0.1:{c}");
                 let peer_url = format!("http://127.0.0.1:{p}");
                 let log = std::fs::File::create(dir.path().join(format!("{name}.log")))
                     .expect("log file");
-                let child = Command::new(etcd_bin())
+                let mut cmd = Command::new(etcd_bin());
+                if let Some(t) = tls {
+                    cmd.arg("--cert-file")
+                        .arg(&t.cert)
+                        .arg("--key-file")
+                        .arg(&t.key)
+                        .arg("--trusted-ca-file")
+                        .arg(&t.ca)
+                        .arg("--client-cert-auth");
+                }
+                let child = cmd
                     .args(["--name", &name, "--data-dir"])
                     .arg(dir.path().join(&name))
                     .args(["--listen-client-urls", &client_url])
@@ -192,13 +226,11 @@ impl EtcdCluster {
             .stdin(Stdio::null())
             .spawn()
             .expect("watchdog");
-        let cluster = EtcdCluster {
+        EtcdCluster {
             members,
             watchdog,
             _dir: dir,
-        };
-        cluster.wait_for_leader(Duration::from_secs(30));
-        cluster
+        }
     }
 
     /// Every member's client URL, comma separated.
