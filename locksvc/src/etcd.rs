@@ -62,15 +62,18 @@ use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bits of a token that hold the etcd revision; the epoch is above them.
 pub const REVISION_BITS: u32 = 47;
 const REVISION_MASK: u64 = (1 << REVISION_BITS) - 1;
 /// TTL of a waiter's key (whole seconds, as etcd leases are): how long the
-/// place in line of a waiter whose replica died blocks the line.
+/// place in line of a waiter whose replica died blocks the line. At least
+/// this; more when `request_timeout` is long (see [`EtcdLeases::waiter_ttl_s`]).
 pub const WAITER_TTL_S: i64 = 3;
+/// How often a waiter's etcd lease is kept alive.
+const WAITER_KEEPALIVE: Duration = Duration::from_millis(500);
 /// How many expiry keys a sweep reads per request to etcd.
 const SWEEP_PAGE: i64 = 1000;
 /// How often the first waiter looks whether the lock became free; the
@@ -112,13 +115,14 @@ struct Record {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Retried(bool);
 
-/// A number no other grant of this process uses, and that another
-/// process's grant uses only by chance (it is compared with the owner too).
-fn grant_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let seed = u64::from(std::process::id()) << 40 ^ clock::now().as_millis() << 8;
-    seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+/// A random number naming one grant: replicas (all PID 1 in their
+/// containers, perhaps started in the same millisecond) cannot derive the
+/// same one. Compared together with the owner and the idempotency digest.
+fn grant_id() -> Result<u64, EngineError> {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b)
+        .map_err(|e| EngineError::Storage(format!("no randomness for a grant id: {e}")))?;
+    Ok(u64::from_le_bytes(b))
 }
 
 impl Record {
@@ -662,7 +666,7 @@ impl EtcdLeases {
             idempotency_sha256: key.map(|k| hex::encode(k.as_bytes())),
             epoch: self.inner.epoch,
             token: None,
-            grant: grant_id(),
+            grant: grant_id()?,
         };
         let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
         let prefix = self.wait_prefix(lock);
@@ -701,7 +705,10 @@ impl EtcdLeases {
         if !resp.succeeded() {
             let seen = self.seen(&resp, line.is_some())?;
             if let Some(h) = seen.owner.as_ref().filter(|h| {
-                retried.0 && h.record.grant == record.grant && h.record.owner == record.owner
+                retried.0
+                    && h.record.grant == record.grant
+                    && h.record.owner == record.owner
+                    && h.record.idempotency_sha256 == record.idempotency_sha256
             }) {
                 // An earlier attempt of this very grant was applied.
                 self.inner.metrics.grants.inc();
@@ -761,17 +768,21 @@ impl EtcdLeases {
         held: &Held,
         ttl: Duration,
     ) -> Result<Option<Lease>, EngineError> {
-        let expires = clock::now().saturating_add(ttl);
+        let now = clock::now();
+        let expires = now.saturating_add(ttl);
+        let mut when = held.unchanged(self.owner_key(lock), self.expiry_key(lock));
+        // Still live when etcd applies it, as the fast path checks.
+        when.push(Compare::value(
+            self.expiry_key(lock),
+            CompareOp::Greater,
+            expiry_value(now),
+        ));
         let resp = self
-            .txn(
-                Txn::new()
-                    .when(held.unchanged(self.owner_key(lock), self.expiry_key(lock)))
-                    .and_then([TxnOp::put(
-                        self.expiry_key(lock),
-                        expiry_value(expires),
-                        None,
-                    )]),
-            )
+            .txn(Txn::new().when(when).and_then([TxnOp::put(
+                self.expiry_key(lock),
+                expiry_value(expires),
+                None,
+            )]))
             .await?;
         if !resp.succeeded() {
             return Ok(None);
@@ -804,6 +815,17 @@ impl EtcdLeases {
             ),
             Compare::value(self.expiry_key(lock), CompareOp::Greater, expiry_value(now)),
         ]
+    }
+
+    /// TTL of a waiter's etcd lease: [`WAITER_TTL_S`], or more when
+    /// `request_timeout` is long. Keep-alives go every [`WAITER_KEEPALIVE`]
+    /// and each takes at most `request_timeout`, so successful ones are at
+    /// most `2 × WAITER_KEEPALIVE + request_timeout` apart even when one in
+    /// between failed outright; the TTL is above that.
+    fn waiter_ttl_s(&self) -> i64 {
+        let worst = 2 * WAITER_KEEPALIVE + self.inner.request_timeout;
+        let ttl = i64::try_from(worst.as_secs()).unwrap_or(i64::MAX / 4) + 1;
+        WAITER_TTL_S.max(ttl)
     }
 
     /// One keep-alive of an etcd lease: false if etcd no longer has it.
@@ -885,19 +907,34 @@ impl EtcdLeases {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, EngineError> {
-        let waiter_lease = self.grant_etcd_lease(WAITER_TTL_S).await?;
+        let ttl_s = self.waiter_ttl_s();
+        let waiter_lease = self.grant_etcd_lease(ttl_s).await?;
         let mine = format!("{}{waiter_lease:016x}", self.wait_prefix(&lock));
-        let put = self
-            .call(|mut c| {
-                let (key, value) = (mine.clone(), owner.clone());
-                async move {
-                    c.put(key, value, Some(PutOptions::new().with_lease(waiter_lease)))
-                        .await
-                }
-            })
-            .await;
+        // Kept alive from now on, and removed however this acquire ends.
         let _place = Place::new(self.clone(), mine.clone(), waiter_lease);
-        let rev = put?.header().map_or(0, |h| h.revision());
+        self.call(|mut c| {
+            let (key, value) = (mine.clone(), owner.clone());
+            async move {
+                c.put(key, value, Some(PutOptions::new().with_lease(waiter_lease)))
+                    .await
+            }
+        })
+        .await?;
+        // The place is the key's create revision, read back: a put retried
+        // on another member after the first was applied answers with a
+        // later revision than the key's.
+        let rev = self
+            .call(|mut c| {
+                let key = mine.clone();
+                async move { c.get(key, None).await }
+            })
+            .await?
+            .kvs()
+            .first()
+            .map(KeyValue::create_revision)
+            .ok_or_else(|| {
+                EngineError::Storage("this acquire's place in line vanished; retry".into())
+            })?;
         let prefix = self.wait_prefix(&lock);
         let ahead = self
             .call(|mut c| {
@@ -1132,7 +1169,8 @@ impl EtcdLeases {
                 .filter(|l| l.is_live(now)),
             // Every token issued so far is at most this (the store's
             // revision counts every write, not only grants).
-            last_token: epoch_base(self.inner.epoch) | u64::try_from(revision).unwrap_or(0),
+            last_token: epoch_base(seen.epoch.unwrap_or(0).max(self.inner.epoch))
+                | u64::try_from(revision).unwrap_or(0),
             waiting: seen.waiters,
         })
     }
@@ -1145,7 +1183,7 @@ impl EtcdLeases {
             idempotency_sha256: lease.idempotency.map(|k| hex::encode(k.as_bytes())),
             epoch: self.inner.epoch,
             token: Some(lease.token),
-            grant: grant_id(),
+            grant: grant_id()?,
         };
         let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
         let resp = self
@@ -1295,12 +1333,12 @@ impl Place {
     fn new(leases: EtcdLeases, key: String, etcd_lease: i64) -> Place {
         let l = leases.clone();
         let keeper = tokio::spawn(async move {
-            // A third of the TTL: two keep-alives may fail in a row. Each
-            // is one call, so a paused member is failed over like any.
-            let every = Duration::from_millis(1000 * WAITER_TTL_S as u64 / 3);
+            // Each keep-alive is one call, failed over like any; a failed one
+            // is followed by the next (see `waiter_ttl_s`); only etcd saying
+            // the lease is gone ends the keeping.
             loop {
-                tokio::time::sleep(every).await;
-                if !matches!(l.keep_alive(etcd_lease).await, Ok(true)) {
+                tokio::time::sleep(WAITER_KEEPALIVE).await;
+                if let Ok(false) = l.keep_alive(etcd_lease).await {
                     return;
                 }
             }
