@@ -3,15 +3,13 @@
 //! (`fencegate_lease_api`), so client and server cannot drift apart.
 
 use crate::Failure;
-use anyhow::Context as _;
 use clap::Args;
 use fencegate_core::FencingToken;
 use fencegate_lease_api::{
-    AcquireRequest, ErrorCode, ErrorResponse, LeaseResponse, LockStatusResponse, ReleaseRequest,
-    ReleaseResponse, RenewRequest, path,
+    AcquireRequest, ClientError, ErrorCode, ErrorResponse, LeaseResponse, LockStatusResponse,
+    ReleaseRequest, ReleaseResponse, RenewRequest,
 };
 use fencegate_net::tls::ClientTls;
-use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,8 +60,7 @@ pub type LeaseInfo = LeaseResponse;
 
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: reqwest::Client,
-    conn: LocksvcConn,
+    api: fencegate_lease_api::Client,
 }
 
 impl Client {
@@ -81,61 +78,13 @@ impl Client {
             .http_client()?
             .connect_timeout(Duration::from_secs(5))
             .build()?;
-        Ok(Client { http, conn })
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-        timeout: Duration,
-    ) -> Result<Value, Failure> {
-        // `body` is a serialized wire type; only GET passes none.
-        let url = format!("{}{path}", self.conn.locksvc.trim_end_matches('/'));
-        let mut req = self.http.request(method, &url).timeout(timeout);
-        if let Some(key) = &self.conn.api_key {
-            req = req.bearer_auth(key);
-        }
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the lease service at {url}"))?;
-        let status = resp.status();
-        let body: Value = resp.json().await.with_context(|| {
-            format!("the lease service at {url} answered {status} with a body that is not JSON")
-        })?;
-        if status.is_success() {
-            return Ok(body);
-        }
-        let refusal: ErrorResponse = serde_json::from_value(body.clone()).with_context(|| {
-            format!("the lease service at {url} answered {status} with an unexpected body: {body}")
-        })?;
-        let error = refusal.error;
-        let message = format!("{}: {}", error.code.as_str(), error.message);
-        let detail = format!("{message}\n{body}");
-        Err(match error.code {
-            // The service's hint names its JSON field; a CLI user has a flag.
-            ErrorCode::LockHeld => Failure::Held(format!(
-                "{}\n{body}",
-                message.replace("pass wait_ms", "pass --wait <duration> to wait in line")
-            )),
-            ErrorCode::LeaseLost => Failure::LeaseLost(detail),
-            _ => Failure::Other(anyhow::anyhow!(
-                "lease service refused the request ({status}): {detail}"
-            )),
+        Ok(Client {
+            api: fencegate_lease_api::Client::new(http, &conn.locksvc, conn.api_key),
         })
     }
 
     fn millis(d: Duration) -> u64 {
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-    }
-
-    fn body(req: &impl serde::Serialize) -> Result<Value, Failure> {
-        Ok(serde_json::to_value(req).context("cannot encode the request")?)
     }
 
     /// Acquires `lock`. `idempotency_key`: a secret sent again by a retry of
@@ -148,21 +97,16 @@ impl Client {
         ttl: Duration,
         wait: Duration,
     ) -> Result<LeaseInfo, Failure> {
-        let body = Self::body(&AcquireRequest {
+        let req = AcquireRequest {
             owner: owner.to_owned(),
             ttl_ms: Some(Self::millis(ttl)),
             wait_ms: Some(Self::millis(wait)),
             idempotency_key: idempotency_key.map(str::to_owned),
-        })?;
-        let v = self
-            .call(
-                reqwest::Method::POST,
-                &path::acquire(lock),
-                Some(body),
-                wait + Duration::from_secs(30),
-            )
-            .await?;
-        Ok(serde_json::from_value(v).context("unexpected acquire answer")?)
+        };
+        Ok(self
+            .api
+            .acquire(lock, &req, Some(wait + Duration::from_secs(30)))
+            .await?)
     }
 
     /// Renews the lease `token` (the signed `fencing_token`) proves.
@@ -173,19 +117,11 @@ impl Client {
         ttl: Duration,
         timeout: Duration,
     ) -> Result<LeaseInfo, Failure> {
-        let body = Self::body(&RenewRequest {
+        let req = RenewRequest {
             token: token.clone(),
             ttl_ms: Some(Self::millis(ttl)),
-        })?;
-        let v = self
-            .call(
-                reqwest::Method::POST,
-                &path::renew(lock),
-                Some(body),
-                timeout,
-            )
-            .await?;
-        Ok(serde_json::from_value(v).context("unexpected renew answer")?)
+        };
+        Ok(self.api.renew(lock, &req, Some(timeout)).await?)
     }
 
     /// Releases the lease `token` (the signed `fencing_token`) proves.
@@ -194,30 +130,42 @@ impl Client {
         lock: &str,
         token: &FencingToken,
     ) -> Result<ReleaseResponse, Failure> {
-        let body = Self::body(&ReleaseRequest {
+        let req = ReleaseRequest {
             token: token.clone(),
-        })?;
-        let v = self
-            .call(
-                reqwest::Method::POST,
-                &path::release(lock),
-                Some(body),
-                Duration::from_secs(10),
-            )
-            .await?;
-        Ok(serde_json::from_value(v).context("unexpected release answer")?)
+        };
+        Ok(self
+            .api
+            .release(lock, &req, Some(Duration::from_secs(10)))
+            .await?)
     }
 
     pub async fn status(&self, lock: &str) -> Result<LockStatusResponse, Failure> {
-        let v = self
-            .call(
-                reqwest::Method::GET,
-                &path::status(lock),
-                None,
-                Duration::from_secs(10),
-            )
-            .await?;
-        Ok(serde_json::from_value(v).context("unexpected status answer")?)
+        Ok(self.api.status(lock, Some(Duration::from_secs(10))).await?)
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Failure {
+        let ClientError::Refused { status, error } = e else {
+            return Failure::Other(anyhow::anyhow!("{e}"));
+        };
+        let message = format!("{}: {}", error.code.as_str(), error.message);
+        let body = serde_json::to_string(&ErrorResponse {
+            error: error.clone(),
+        })
+        .unwrap_or_default();
+        let detail = format!("{message}\n{body}");
+        match error.code {
+            // The service's hint names its JSON field; a CLI user has a flag.
+            ErrorCode::LockHeld => Failure::Held(format!(
+                "{}\n{body}",
+                message.replace("pass wait_ms", "pass --wait <duration> to wait in line")
+            )),
+            ErrorCode::LeaseLost => Failure::LeaseLost(detail),
+            _ => Failure::Other(anyhow::anyhow!(
+                "lease service refused the request ({status}): {detail}"
+            )),
+        }
     }
 }
 

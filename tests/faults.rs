@@ -8,10 +8,9 @@
 mod support;
 
 use fencegate_core::FencingToken;
-use fencegate_lease_api::{AcquireRequest, ReleaseRequest, RenewRequest, path};
+use fencegate_lease_api::{AcquireRequest, LeaseResponse, ReleaseRequest, RenewRequest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -88,6 +87,11 @@ fn http() -> reqwest::Client {
         .expect("client")
 }
 
+/// The lease API's own client for the service at `locksvc`.
+fn lease_api(http: &reqwest::Client, locksvc: &str) -> fencegate_lease_api::Client {
+    fencegate_lease_api::Client::new(http.clone(), locksvc, None)
+}
+
 /// A lease from the real lease service, or None if refused/unreachable.
 async fn acquire(
     http: &reqwest::Client,
@@ -95,22 +99,17 @@ async fn acquire(
     owner: &str,
     ttl_ms: u64,
     wait_ms: u64,
-) -> Option<Value> {
-    let resp = http
-        .post(format!("{locksvc}{}", path::acquire(BUCKET)))
-        .json(&AcquireRequest {
-            owner: owner.to_owned(),
-            ttl_ms: Some(ttl_ms),
-            wait_ms: Some(wait_ms),
-            idempotency_key: None,
-        })
-        .send()
+) -> Option<LeaseResponse> {
+    let req = AcquireRequest {
+        owner: owner.to_owned(),
+        ttl_ms: Some(ttl_ms),
+        wait_ms: Some(wait_ms),
+        idempotency_key: None,
+    };
+    lease_api(http, locksvc)
+        .acquire(BUCKET, &req, None)
         .await
-        .ok()?;
-    if resp.status() != 200 {
-        return None;
-    }
-    resp.json().await.ok()
+        .ok()
 }
 
 /// PUT through the proxy, anonymous, with the token header; the status.
@@ -214,15 +213,15 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                 let mut rng = StdRng::seed_from_u64(seed ^ (c as u64 * 0x9e37_79b9));
                 let http = http();
                 let direct = s.backend.direct();
-                let mut lease: Option<Value> = None;
+                let mut lease: Option<LeaseResponse> = None;
                 for step in 0..40 {
                     let Some(l) = &lease else {
                         let ttl = rng.gen_range(1000..1500);
                         lease = acquire(&http, s.locksvc_for(c), &format!("c{c}"), ttl, 3000).await;
                         continue;
                     };
-                    let token = l["token"].as_u64().expect("token");
-                    let signed = l["fencing_token"].as_str().expect("signed").to_owned();
+                    let token = l.token;
+                    let signed = l.fencing_token.clone();
                     match rng.gen_range(0..100) {
                         0..=69 => {
                             let key = keys[rng.gen_range(0..keys.len())].clone();
@@ -263,23 +262,21 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                                 .await
                         }
                         85..=94 => {
-                            let _ = http
-                                .post(format!("{}{}", s.locksvc_for(c + 1), path::release(BUCKET)))
-                                .json(&ReleaseRequest {
-                                    token: signed_token(&signed),
-                                })
-                                .send()
+                            let req = ReleaseRequest {
+                                token: signed_token(&signed),
+                            };
+                            let _ = lease_api(&http, s.locksvc_for(c + 1))
+                                .release(BUCKET, &req, None)
                                 .await;
                             lease = None;
                         }
                         _ => {
-                            let _ = http
-                                .post(format!("{}{}", s.locksvc_for(c + 1), path::renew(BUCKET)))
-                                .json(&RenewRequest {
-                                    token: signed_token(&signed),
-                                    ttl_ms: Some(1000),
-                                })
-                                .send()
+                            let req = RenewRequest {
+                                token: signed_token(&signed),
+                                ttl_ms: Some(1000),
+                            };
+                            let _ = lease_api(&http, s.locksvc_for(c + 1))
+                                .renew(BUCKET, &req, None)
                                 .await;
                         }
                     }
@@ -447,13 +444,7 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
             "-T",
         ])
         .arg(&file)
-        .args([
-            "-H",
-            &format!(
-                "Fencing-Token: {}",
-                a["fencing_token"].as_str().expect("token")
-            ),
-        ])
+        .args(["-H", &format!("Fencing-Token: {}", &a.fencing_token)])
         .arg(format!("{}/{BUCKET}/paused.bin", s.proxy.url))
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -463,7 +454,7 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
     kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
 
     // A's lease runs out while it is stopped; B takes over and writes.
-    let expires = a["expires_at_ms"].as_u64().expect("expiry");
+    let expires = a.expires_at_ms;
     tokio::time::sleep(Duration::from_millis(
         expires.saturating_sub(support::unix_ms()) + 100,
     ))
@@ -476,7 +467,7 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
         &http,
         &s.proxy.url,
         "paused.bin",
-        b["fencing_token"].as_str().expect("token"),
+        &b.fencing_token,
         "from B",
     )
     .await;
@@ -499,7 +490,7 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         stored(&s.backend, BUCKET, "paused.bin").await,
-        Some((b"from B".to_vec(), b["token"].as_u64())),
+        Some((b"from B".to_vec(), Some(b.token))),
         "the object is B's"
     );
 }
@@ -516,8 +507,8 @@ async fn a_write_whose_client_hangs_up_after_the_body_lands_whole() {
     let lease = acquire(&http, &s.locksvc.url, "hangup", 30_000, 0)
         .await
         .expect("lease");
-    let token = lease["token"].as_u64().expect("token");
-    let signed = lease["fencing_token"].as_str().expect("signed");
+    let token = lease.token;
+    let signed = lease.fencing_token.as_str();
     let body: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
 
     let addr = s.proxy.url.trim_start_matches("http://");
@@ -645,9 +636,9 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
                             }
                             continue;
                         };
-                        let token = l["token"].as_u64().expect("token");
+                        let token = l.token;
                         returned.fetch_max(token, Ordering::AcqRel);
-                        let signed = l["fencing_token"].as_str().expect("signed");
+                        let signed = l.fencing_token.as_str();
                         for (j, key) in keys.iter().enumerate() {
                             let payload = format!("w{w}-c{cycle}-i{i}-{j}-t{token}");
                             let status = put(&http, &proxy, key, signed, &payload).await;
@@ -663,13 +654,10 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
                                 None => return, // the proxy is gone
                             }
                         }
-                        let _ = http
-                            .post(format!("{locksvc}{}", path::release(BUCKET)))
-                            .json(&ReleaseRequest {
-                                token: signed_token(signed),
-                            })
-                            .send()
-                            .await;
+                        let req = ReleaseRequest {
+                            token: signed_token(signed),
+                        };
+                        let _ = lease_api(&http, &locksvc).release(BUCKET, &req, None).await;
                     }
                 })
             })
@@ -689,25 +677,17 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
         s.proxy.restart().await;
         // Another lock: the writers' leases may still be live after the
         // crash (they keep their remaining time). Tokens are global.
-        let next: Value = http()
-            .post(format!(
-                "{}{}",
-                s.locksvc.url,
-                path::acquire(&format!("probe-{cycle}"))
-            ))
-            .json(&AcquireRequest {
-                owner: "probe".into(),
-                ttl_ms: Some(1000),
-                wait_ms: None,
-                idempotency_key: None,
-            })
-            .send()
+        let req = AcquireRequest {
+            owner: "probe".into(),
+            ttl_ms: Some(1000),
+            wait_ms: None,
+            idempotency_key: None,
+        };
+        let next = lease_api(&http(), &s.locksvc.url)
+            .acquire(&format!("probe-{cycle}"), &req, None)
             .await
-            .expect("locksvc is back")
-            .json()
-            .await
-            .expect("json");
-        let next_token = next["token"].as_u64().expect("token after restart");
+            .expect("locksvc is back");
+        let next_token = next.token;
         assert!(
             next_token > max_token_returned,
             "cycle {cycle}: token {next_token} after restart is not above {max_token_returned}"

@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use fencegate_core::FencingToken;
-use fencegate_lease_api::{AcquireRequest, LeaseResponse, ReleaseRequest, RenewRequest, path};
+use fencegate_lease_api::{AcquireRequest, ReleaseRequest, RenewRequest, path};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -87,22 +87,29 @@ impl JsonApi {
     }
 }
 
-/// A lease service client (one per worker: its own connection).
+/// A lease service client (one per worker: its own connection): the API's
+/// own client, plus a plain GET for /metrics.
 #[derive(Debug, Clone)]
 pub struct LockClient {
-    api: JsonApi,
+    api: fencegate_lease_api::Client,
+    http: reqwest::Client,
+    base: String,
 }
 
 impl LockClient {
     pub fn new(base: &str) -> anyhow::Result<LockClient> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()?;
         Ok(LockClient {
-            api: JsonApi::new(base)?,
+            api: fencegate_lease_api::Client::new(http.clone(), base, None),
+            http,
+            base: base.to_owned(),
         })
     }
 
-    async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
-        let text = self.api.post(path, body).await?;
-        serde_json::from_str(&text).with_context(|| format!("{path}: not JSON: {text}"))
+    fn token(token: &str) -> anyhow::Result<FencingToken> {
+        FencingToken::parse(token).map_err(|e| anyhow::anyhow!("token {token:?}: {e}"))
     }
 
     /// Acquires `lock`; returns the signed `fencing_token`, which is what
@@ -114,25 +121,15 @@ impl LockClient {
             wait_ms: None,
             idempotency_key: None,
         };
-        let v = self
-            .post(&path::acquire(lock), serde_json::to_value(req)?)
-            .await?;
-        let lease: LeaseResponse =
-            serde_json::from_value(v).context("unexpected acquire answer")?;
-        Ok(lease.fencing_token)
-    }
-
-    fn token(token: &str) -> anyhow::Result<FencingToken> {
-        FencingToken::parse(token).map_err(|e| anyhow::anyhow!("token {token:?}: {e}"))
+        Ok(self.api.acquire(lock, &req, None).await?.fencing_token)
     }
 
     pub async fn release(&self, lock: &str, token: &str) -> anyhow::Result<()> {
         let req = ReleaseRequest {
             token: Self::token(token)?,
         };
-        self.post(&path::release(lock), serde_json::to_value(req)?)
-            .await
-            .map(drop)
+        self.api.release(lock, &req, None).await?;
+        Ok(())
     }
 
     pub async fn renew(&self, lock: &str, token: &str, ttl_ms: u64) -> anyhow::Result<()> {
@@ -140,17 +137,15 @@ impl LockClient {
             token: Self::token(token)?,
             ttl_ms: Some(ttl_ms),
         };
-        self.post(&path::renew(lock), serde_json::to_value(req)?)
-            .await
-            .map(drop)
+        self.api.renew(lock, &req, None).await?;
+        Ok(())
     }
 
     /// Group-commit figures from /metrics.
     pub async fn engine_stats(&self) -> anyhow::Result<EngineStats> {
         let text = self
-            .api
             .http
-            .get(format!("{}/metrics", self.api.base))
+            .get(format!("{}{}", self.base, path::METRICS))
             .send()
             .await?
             .text()

@@ -14,9 +14,15 @@
 //!
 //! Every refusal is an [`ErrorResponse`]: `{"error": {"code", "message",
 //! ...}}`, its [`ErrorCode`] knowing its HTTP status.
+//!
+//! [`Client`] is the one client of the API: the CLI, the proxy's check of
+//! plain tokens, the bench and the tests' async code all call it.
 
 use fencegate_core::FencingToken;
 use serde::{Deserialize, Serialize};
+
+pub mod client;
+pub use client::{Client, ClientError};
 
 /// The paths of the API.
 pub mod path {

@@ -19,9 +19,7 @@ use std::time::Duration;
 /// The lease service, as the proxy asks it about plain tokens.
 #[derive(Debug)]
 pub struct Issuer {
-    url: String,
-    api_key: Option<String>,
-    http: reqwest::Client,
+    api: fencegate_lease_api::Client,
     /// The highest token confirmed per lock.
     confirmed: Mutex<HashMap<String, u64>>,
 }
@@ -42,10 +40,9 @@ impl Issuer {
         timeout: Duration,
         tls: &fencegate_net::tls::ClientTls,
     ) -> anyhow::Result<Issuer> {
+        let http = tls.http_client()?.timeout(timeout).build()?;
         Ok(Issuer {
-            url: url.trim_end_matches('/').to_owned(),
-            api_key: api_key.filter(|k| !k.is_empty()),
-            http: tls.http_client()?.timeout(timeout).build()?,
+            api: fencegate_lease_api::Client::new(http, url, api_key),
             confirmed: Mutex::new(HashMap::new()),
         })
     }
@@ -56,26 +53,15 @@ impl Issuer {
         if self.already_confirmed(lock, token) {
             return Ok(Answer::Issued);
         }
-        let mut req = self.http.get(format!(
-            "{}{}",
-            self.url,
-            fencegate_lease_api::path::status(lock)
-        ));
-        if let Some(key) = &self.api_key {
-            req = req.bearer_auth(key);
-        }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| format!("cannot reach the lease service at {}: {e}", self.url))?;
-        let status = resp.status();
-        if !status.is_success() {
-            return Err(format!("the lease service answered {status}"));
-        }
-        let body: fencegate_lease_api::LockStatusResponse = resp
-            .json()
-            .await
-            .map_err(|e| format!("the lease service's answer is not a lock status: {e}"))?;
+        let body = self.api.status(lock, None).await.map_err(|e| match e {
+            fencegate_lease_api::ClientError::Refused { status, error } => format!(
+                "the lease service at {} answered {status} {}: {}",
+                self.api.base(),
+                error.code.as_str(),
+                error.message
+            ),
+            other => other.to_string(),
+        })?;
         if body.token != Some(token) {
             return Ok(Answer::NotIssued);
         }
