@@ -247,14 +247,6 @@ fn storage(e: etcd_client::Error) -> EngineError {
     EngineError::Storage(format!("etcd: {e}"))
 }
 
-/// One etcd client over every member of `config` (TLS, auth, timeouts),
-/// for one-off tools such as `migrate`.
-pub async fn client(config: &EtcdConfig) -> anyhow::Result<Client> {
-    Client::connect(&config.endpoints, Some(connect_options(config)?))
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to etcd {:?}: {e}", config.endpoints))
-}
-
 /// One member of the cluster, as a replica reaches it: its client,
 /// connected when first needed (with etcd auth, connecting is a request,
 /// which a member that is down at start would fail), and again after a
@@ -420,6 +412,10 @@ impl EtcdLeases {
         self.key("meta/epoch")
     }
 
+    fn floor_key(&self) -> String {
+        self.key("meta/floor")
+    }
+
     /// Runs one etcd call, within `request_timeout` in all: on the member
     /// that answered last, then, if it fails or is silent for its share of
     /// the time, on the next. A paused or dead member costs a request
@@ -527,52 +523,72 @@ impl EtcdLeases {
         }
     }
 
+    /// Refuses an epoch below the cluster's, or one that does not clear
+    /// the floor `migrate` recorded; then raises the cluster's epoch to
+    /// this replica's.
     async fn register_epoch(&self) -> Result<(), Startup> {
+        let mine = self.inner.epoch;
+        let (_, floor) = self.read_number(self.floor_key()).await?;
+        if floor >= epoch_base(mine) && floor > 0 {
+            return Err(Startup::Refused(anyhow::anyhow!(
+                "tokens up to {floor} were issued before these locks moved to etcd (fencegate locksvc migrate); epoch {mine} would issue tokens below them. Set etcd.epoch to at least {}",
+                (floor >> REVISION_BITS) + 1
+            )));
+        }
+        let before = self.raise(self.epoch_key(), u64::from(mine)).await?;
+        if before > u64::from(mine) {
+            return Err(Startup::Refused(anyhow::anyhow!(
+                "the etcd cluster has served epoch {before}, and this replica is configured with epoch {mine}: its tokens would be below ones already issued. Set etcd.epoch (or FENCEGATE_ETCD_EPOCH) to at least {before}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Records SQLite's last token as the floor no epoch may issue below
+    /// (`migrate`).
+    pub async fn record_floor(&self, last_token: u64) -> anyhow::Result<()> {
+        match self.raise(self.floor_key(), last_token).await {
+            Ok(_) => Ok(()),
+            Err(Startup::Refused(e)) => Err(e),
+            Err(Startup::Unavailable(why)) => anyhow::bail!("cannot record the floor: {why}"),
+        }
+    }
+
+    /// Whether `key` exists, and the number it holds (0 if none).
+    async fn read_number(&self, key: String) -> Result<(Option<KeyValue>, u64), Startup> {
+        let resp = self
+            .txn_at_start(Txn::new().and_then([TxnOp::get(key, None)]))
+            .await?;
+        let kv = gets(&resp)
+            .into_iter()
+            .next()
+            .and_then(|kvs| kvs.into_iter().next());
+        let n = kv
+            .as_ref()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok())
+            .unwrap_or(0);
+        Ok((kv, n))
+    }
+
+    /// Raises the number under `key` to `value`, by compare-and-set; never
+    /// lowers it, and writes it when the key is missing. Returns what was
+    /// there before (0 if nothing).
+    async fn raise(&self, key: String, value: u64) -> Result<u64, Startup> {
         loop {
-            let resp = self
-                .txn_at_start(Txn::new().and_then([
-                    TxnOp::get(self.epoch_key(), None),
-                    TxnOp::get(self.key("meta/floor"), None),
-                ]))
-                .await?;
-            let gets = gets(&resp);
-            let stored = gets.first().and_then(|kvs| kvs.first()).cloned();
-            let floor = gets
-                .get(1)
-                .and_then(|kvs| kvs.first())
-                .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<u64>().ok());
-            let mine = self.inner.epoch;
-            let stored_epoch = stored
-                .as_ref()
-                .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<u16>().ok());
-            if let Some(e) = stored_epoch.filter(|e| *e > mine) {
-                return Err(Startup::Refused(anyhow::anyhow!(
-                    "the etcd cluster has served epoch {e}, and this replica is configured with epoch {mine}: its tokens would be below ones already issued. Set etcd.epoch (or FENCEGATE_ETCD_EPOCH) to at least {e}"
-                )));
+            let (kv, before) = self.read_number(key.clone()).await?;
+            if kv.is_some() && before >= value {
+                return Ok(before);
             }
-            if let Some(f) = floor.filter(|f| *f >= epoch_base(mine)) {
-                return Err(Startup::Refused(anyhow::anyhow!(
-                    "tokens up to {f} were issued before these locks moved to etcd (fencegate locksvc migrate); epoch {mine} would issue tokens below them. Set etcd.epoch to at least {}",
-                    (f >> REVISION_BITS) + 1
-                )));
-            }
-            if stored_epoch == Some(mine) {
-                return Ok(());
-            }
-            let seen = stored.as_ref().map_or(0, KeyValue::mod_revision);
+            let seen = kv.as_ref().map_or(0, KeyValue::mod_revision);
             let put = self
                 .txn_at_start(
                     Txn::new()
-                        .when([Compare::mod_revision(
-                            self.epoch_key(),
-                            CompareOp::Equal,
-                            seen,
-                        )])
-                        .and_then([TxnOp::put(self.epoch_key(), mine.to_string(), None)]),
+                        .when([Compare::mod_revision(key.clone(), CompareOp::Equal, seen)])
+                        .and_then([TxnOp::put(key.clone(), value.to_string(), None)]),
                 )
                 .await?;
             if put.succeeded() {
-                return Ok(());
+                return Ok(before);
             }
         }
     }

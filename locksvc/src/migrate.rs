@@ -7,19 +7,18 @@
 //!
 //! 1. Read the counter `c` and the live leases from SQLite.
 //! 2. Refuse unless the configured epoch clears `c` (`epoch << 47 > c`).
-//! 3. Record `c` as `P/meta/floor` (raising it, never lowering it): every
-//!    replica refuses to start with an epoch that does not clear the floor.
-//! 4. Register the epoch, as a replica does at start: replicas still
+//! 3. Register the epoch, as a replica does at start: replicas still
 //!    running with a lower epoch can no longer grant.
+//! 4. Record `c` as `P/meta/floor` (raising it, never lowering it): every
+//!    replica refuses to start with an epoch that does not clear the floor.
 //! 5. Copy each live lease with its token, so its holder keeps renewing
 //!    and releasing it on etcd; a lock that already has a lease in etcd
 //!    keeps it.
 
 use crate::config::EtcdConfig;
-use crate::etcd::{self, EtcdLeases, REVISION_BITS, epoch_base};
+use crate::etcd::{EtcdLeases, REVISION_BITS, epoch_base};
 use crate::metrics::Metrics;
 use crate::store::Store;
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,35 +50,9 @@ pub async fn migrate(db: &Path, config: &EtcdConfig) -> anyhow::Result<Migrated>
         "the SQLite database issued tokens up to {last_token}; etcd.epoch {} would issue tokens below them. Set etcd.epoch (or FENCEGATE_ETCD_EPOCH) to at least {needed}, for the migration and for every replica",
         config.epoch
     );
-    let mut client = etcd::client(config).await?;
-    let floor_key = format!("{}meta/floor", config.prefix);
-    loop {
-        let current = client.get(floor_key.clone(), None).await?;
-        let kv = current.kvs().first();
-        let floor = kv
-            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<u64>().ok())
-            .unwrap_or(0);
-        if floor >= last_token {
-            break;
-        }
-        let seen = kv.map_or(0, |kv| kv.mod_revision());
-        let put = client
-            .txn(
-                Txn::new()
-                    .when([Compare::mod_revision(
-                        floor_key.clone(),
-                        CompareOp::Equal,
-                        seen,
-                    )])
-                    .and_then([TxnOp::put(floor_key.clone(), last_token.to_string(), None)]),
-            )
-            .await?;
-        if put.succeeded() {
-            break;
-        }
-    }
     let target =
         EtcdLeases::start(config, Arc::new(Metrics::new()), 1, Duration::from_secs(10)).await?;
+    target.record_floor(last_token).await?;
     let now = crate::clock::now();
     let (mut copied, mut skipped) = (0, 0);
     for lease in leases.iter().filter(|l| l.is_live(now)) {
