@@ -15,8 +15,8 @@
 //!   cannot set a new TTL, it proves nothing (anyone with the lease ID can
 //!   keep it alive), and etcd's leader answers it without a Raft write.
 
-use crate::leases::{LockClient, Workload};
-use crate::util::{Proc, Series, SeriesSummary, ratio, timed_round};
+use crate::leases::{LockClient, Locksvc, PAIR_TTL_MS, RENEW_TTL_MS, Workload, locksvc_round};
+use crate::util::{Series, SeriesSummary, ratio, timed_round};
 use anyhow::Context as _;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use serde::Serialize;
@@ -25,9 +25,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
-
-const PAIR_TTL_MS: u64 = 30_000;
-const RENEW_TTL_MS: u64 = 600_000;
 
 /// Three etcd members on loopback (flags of ha-design.md).
 #[derive(Debug)]
@@ -214,57 +211,6 @@ pub struct HaReport {
     pub levels: Vec<HaLevel>,
 }
 
-async fn start_locksvc(
-    fencegate: &Path,
-    tmp: &Path,
-    etcd: Option<&[String]>,
-) -> anyhow::Result<(Proc, tempfile::TempDir)> {
-    let dir = tempfile::Builder::new()
-        .prefix("locksvc-")
-        .tempdir_in(tmp)?;
-    let mut cmd = Command::new(fencegate);
-    cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--db"])
-        .arg(dir.path().join("locksvc.db"))
-        .env("FENCEGATE_SIGNING_KEYS", crate::util::SIGNING_KEY)
-        .env("FENCEGATE_LOG", "warn");
-    if let Some(endpoints) = etcd {
-        cmd.env("FENCEGATE_ETCD_ENDPOINTS", endpoints.join(","))
-            .env("FENCEGATE_ETCD_PREFIX", "/bench-locksvc/");
-    }
-    let log = dir.path().join("locksvc.log");
-    let proc = tokio::task::spawn_blocking(move || Proc::start_fencegate(cmd, log)).await??;
-    Ok((proc, dir))
-}
-
-async fn locksvc_round(
-    clients: &Arc<Vec<LockClient>>,
-    held: &Arc<Vec<(String, String)>>,
-    workload: Workload,
-    tag: &'static str,
-    c: usize,
-    dur: Duration,
-) -> crate::util::RoundResult {
-    let (clients, held) = (clients.clone(), held.clone());
-    timed_round(c, dur, move |w, _| {
-        let (clients, held) = (clients.clone(), held.clone());
-        async move {
-            let cl = &clients[w];
-            match workload {
-                Workload::AcquireRelease => {
-                    let lock = format!("{tag}-pair-c{c}-w{w}");
-                    let t = cl.acquire(&lock, &format!("w{w}"), PAIR_TTL_MS).await?;
-                    cl.release(&lock, &t).await
-                }
-                Workload::Renew => {
-                    let (lock, t) = &held[w];
-                    cl.renew(lock, t, RENEW_TTL_MS).await
-                }
-            }
-        }
-    })
-    .await
-}
-
 async fn raw_round(
     raws: &Arc<Vec<Raw>>,
     workload: Workload,
@@ -292,8 +238,16 @@ async fn raw_round(
 
 pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<HaReport> {
     let cluster = Cluster::start(&opts.etcd_bin, tmp).await?;
-    let (on_etcd, _d1) = start_locksvc(fencegate, tmp, Some(&cluster.endpoints)).await?;
-    let (on_sqlite, _d2) = start_locksvc(fencegate, tmp, None).await?;
+    let on_etcd = Locksvc::start_with(
+        fencegate,
+        tmp,
+        &[
+            ("FENCEGATE_ETCD_ENDPOINTS", cluster.endpoints.join(",")),
+            ("FENCEGATE_ETCD_PREFIX", "/bench-locksvc/".into()),
+        ],
+    )
+    .await?;
+    let on_sqlite = Locksvc::start(fencegate, tmp).await?;
     let mut levels = Vec::new();
     for workload in [Workload::AcquireRelease, Workload::Renew] {
         for &c in &opts.concurrency {
@@ -305,7 +259,7 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
                         .collect::<anyhow::Result<Vec<_>>>()?,
                 ))
             };
-            let (ec, sc) = (make(&on_etcd.url)?, make(&on_sqlite.url)?);
+            let (ec, sc) = (make(&on_etcd.proc.url)?, make(&on_sqlite.proc.url)?);
             let mut raws = Vec::new();
             for _ in 0..c {
                 raws.push(Raw {
@@ -351,8 +305,8 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
             }
             let (eheld, sheld, raws) = (Arc::new(eheld), Arc::new(sheld), Arc::new(raws));
             let warm = opts.round / 4;
-            let _ = locksvc_round(&ec, &eheld, workload, "etcd", c, warm).await;
-            let _ = locksvc_round(&sc, &sheld, workload, "sqlite", c, warm).await;
+            let _ = locksvc_round(&ec, &eheld, workload, c, warm).await;
+            let _ = locksvc_round(&sc, &sheld, workload, c, warm).await;
             let _ = raw_round(&raws, workload, false, c, warm).await;
             let renew = workload == Workload::Renew;
             if renew {
@@ -370,9 +324,9 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
                 for k in 0..variants {
                     let d = opts.round;
                     match (r + k) % variants {
-                        0 => es.add(locksvc_round(&ec, &eheld, workload, "etcd", c, d).await),
+                        0 => es.add(locksvc_round(&ec, &eheld, workload, c, d).await),
                         1 => rs.add(raw_round(&raws, workload, false, c, d).await),
-                        2 => ss.add(locksvc_round(&sc, &sheld, workload, "sqlite", c, d).await),
+                        2 => ss.add(locksvc_round(&sc, &sheld, workload, c, d).await),
                         _ => ks.add(raw_round(&raws, workload, true, c, d).await),
                     }
                 }

@@ -24,9 +24,9 @@ use std::time::Duration;
 
 /// TTL of the leases taken by pair workloads (ms); long enough never to
 /// expire during a round.
-const PAIR_TTL_MS: u64 = 30_000;
+pub(crate) const PAIR_TTL_MS: u64 = 30_000;
 /// TTL of the leases being renewed.
-const RENEW_TTL_MS: u64 = 600_000;
+pub(crate) const RENEW_TTL_MS: u64 = 600_000;
 
 // ---------------------------------------------------------------- locksvc
 
@@ -40,6 +40,15 @@ pub struct Locksvc {
 
 impl Locksvc {
     pub async fn start(fencegate: &Path, tmp: &Path) -> anyhow::Result<Locksvc> {
+        Locksvc::start_with(fencegate, tmp, &[]).await
+    }
+
+    /// With more environment (`FENCEGATE_ETCD_*` for the etcd backend).
+    pub async fn start_with(
+        fencegate: &Path,
+        tmp: &Path,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Locksvc> {
         let dir = tempfile::Builder::new()
             .prefix("locksvc-")
             .tempdir_in(tmp)?;
@@ -48,6 +57,9 @@ impl Locksvc {
             .arg(dir.path().join("locksvc.db"))
             .env("FENCEGATE_SIGNING_KEYS", crate::util::SIGNING_KEY)
             .env("FENCEGATE_LOG", "warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         let log = dir.path().join("locksvc.log");
         let proc = tokio::task::spawn_blocking(move || Proc::start_fencegate(cmd, log)).await??;
         Ok(Locksvc { proc, _dir: dir })
@@ -391,7 +403,7 @@ pub struct LeaseReport {
     pub levels: Vec<LeaseLevel>,
 }
 
-async fn locksvc_round(
+pub(crate) async fn locksvc_round(
     clients: &Arc<Vec<LockClient>>,
     held: &Arc<Vec<(String, String)>>,
     workload: Workload,
