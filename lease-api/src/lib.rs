@@ -214,6 +214,32 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in declaration order.
+    pub const ALL: [ErrorCode; 19] = {
+        use ErrorCode::*;
+        [
+            InvalidRequest,
+            InvalidLockName,
+            InvalidOwner,
+            InvalidTtl,
+            InvalidWait,
+            InvalidIdempotencyKey,
+            SignedTokenRequired,
+            Unauthorized,
+            LockNotAllowed,
+            FencingTokenSignatureInvalid,
+            FencingTokenWrongLock,
+            NotFound,
+            MethodNotAllowed,
+            LockHeld,
+            LeaseLost,
+            BodyTooLarge,
+            TooManyWaiters,
+            StorageUnavailable,
+            ShuttingDown,
+        ]
+    };
+
     /// The HTTP status every answer with this code has.
     pub fn status(self) -> u16 {
         use ErrorCode::*;
@@ -332,29 +358,13 @@ mod tests {
     }
 
     #[test]
-    fn every_code_is_spelled_on_the_wire_as_its_name() {
-        use ErrorCode::*;
-        for code in [
-            InvalidRequest,
-            InvalidLockName,
-            InvalidOwner,
-            InvalidTtl,
-            InvalidWait,
-            InvalidIdempotencyKey,
-            SignedTokenRequired,
-            Unauthorized,
-            LockNotAllowed,
-            FencingTokenSignatureInvalid,
-            FencingTokenWrongLock,
-            NotFound,
-            MethodNotAllowed,
-            LockHeld,
-            LeaseLost,
-            BodyTooLarge,
-            TooManyWaiters,
-            StorageUnavailable,
-            ShuttingDown,
-        ] {
+    fn every_code_is_spelled_on_the_wire_as_its_name_and_is_a_refusal() {
+        let mut names: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ErrorCode::ALL.len(), "codes are distinct");
+        for code in ErrorCode::ALL {
+            assert!((400..600).contains(&code.status()), "{}", code.as_str());
             let json = serde_json::to_string(&code).expect("encodes");
             assert_eq!(json, format!("\"{}\"", code.as_str()));
         }
