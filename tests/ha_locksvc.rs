@@ -67,6 +67,19 @@ fn replica(dir: &Path, cluster: &EtcdCluster) -> Service {
     Service::start(replica_cmd(dir, cluster, "/ha/", 0))
 }
 
+/// Waits (up to 10 s) until `lock`'s line, as `api`'s replica reports it,
+/// holds `n` waiters.
+fn wait_for_line(api: &Api, lock: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api.status(lock).1["waiting"] != n {
+        assert!(
+            Instant::now() < deadline,
+            "{lock}: {n} waiters never queued"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// What one client saw of one grant.
 #[derive(Debug, Clone)]
 struct Grant {
@@ -221,19 +234,12 @@ fn two_replicas_serve_the_same_locks_and_the_same_line() {
         let a1 = a1.clone();
         std::thread::spawn(move || a1.acquire_wait("shared", "W1", 10_000, 20_000))
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while a2.status("shared").1["waiting"] != 1 {
-        assert!(Instant::now() < deadline, "W1 never queued");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_line(&a2, "shared", 1);
     let w2 = {
         let a2 = a2.clone();
         std::thread::spawn(move || a2.acquire_wait("shared", "W2", 10_000, 20_000))
     };
-    while a1.status("shared").1["waiting"] != 2 {
-        assert!(Instant::now() < deadline, "W2 never queued");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_line(&a1, "shared", 2);
     // The release on replica 1 goes to the first in line, W1.
     assert_eq!(a1.release("shared", signed_of(&a)).0, 200);
     let (s, w1) = w1.join().expect("W1");
@@ -414,24 +420,26 @@ fn kill_9_of_a_replica_under_load_leaves_the_others_serving() {
     let w1 = std::thread::spawn(move || {
         let t = Instant::now();
         let r = reqwest::blocking::Client::new()
-            .post(format!("{}/v1/locks/line/acquire", on_doomed.url))
-            .json(&json!({"owner": "W1", "ttl_ms": 10_000, "wait_ms": 30_000}))
+            .post(format!(
+                "{}{}",
+                on_doomed.url,
+                fencegate_lease_api::path::acquire("line")
+            ))
+            .json(&fencegate_lease_api::AcquireRequest {
+                owner: "W1".into(),
+                ttl_ms: Some(10_000),
+                wait_ms: Some(30_000),
+                idempotency_key: None,
+            })
             .send();
         (r.is_err(), t.elapsed())
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while on_survivor.status("line").1["waiting"] != 1 {
-        assert!(Instant::now() < deadline, "W1 never queued");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_line(&on_survivor, "line", 1);
     let w2 = {
         let a = on_survivor.clone();
         std::thread::spawn(move || a.acquire_wait("line", "W2", 10_000, 30_000))
     };
-    while on_survivor.status("line").1["waiting"] != 2 {
-        assert!(Instant::now() < deadline, "W2 never queued");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_line(&on_survivor, "line", 2);
     let load = Load::start(std::slice::from_ref(&survivor.url), 2, |c| {
         format!("load-{c}")
     });
