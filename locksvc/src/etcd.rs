@@ -788,11 +788,7 @@ impl EtcdLeases {
         let expires = now.saturating_add(ttl);
         let mut when = held.unchanged(self.owner_key(lock), self.expiry_key(lock));
         // Still live when etcd applies it, as the fast path checks.
-        when.push(Compare::value(
-            self.expiry_key(lock),
-            CompareOp::Greater,
-            expiry_value(now),
-        ));
+        when.push(self.live_at(lock, now));
         let resp = self
             .txn(Txn::new().when(when).and_then([TxnOp::put(
                 self.expiry_key(lock),
@@ -811,14 +807,13 @@ impl EtcdLeases {
         )))
     }
 
-    /// The conditions under which `token` is the live lease of `lock`, in
-    /// one transaction: the owner key is the key this token's grant created
-    /// (its create revision, under the epoch the token was issued in:
-    /// revisions never repeat within an epoch), and its expiry is after
-    /// `now`. A migrated lease's token is not a revision: it takes the slow
-    /// path (read, then compare-and-set).
-    fn holds(&self, lock: &LockName, token: u64, now: Timestamp) -> Vec<Compare> {
-        vec![
+    /// The condition, inside one transaction, that the owner key of `lock`
+    /// is the one `token`'s grant created: its create revision, under the
+    /// epoch the token was issued in (revisions never repeat within an
+    /// epoch). A migrated lease's token is not a revision: it takes the
+    /// slow path (read, then compare-and-set).
+    fn granted(&self, lock: &LockName, token: u64) -> [Compare; 2] {
+        [
             Compare::create_revision(
                 self.owner_key(lock),
                 CompareOp::Equal,
@@ -829,8 +824,12 @@ impl EtcdLeases {
                 CompareOp::Equal,
                 (token >> REVISION_BITS).to_string(),
             ),
-            Compare::value(self.expiry_key(lock), CompareOp::Greater, expiry_value(now)),
         ]
+    }
+
+    /// The condition that `lock`'s lease has not expired at `now`.
+    fn live_at(&self, lock: &LockName, now: Timestamp) -> Compare {
+        Compare::value(self.expiry_key(lock), CompareOp::Greater, expiry_value(now))
     }
 
     /// TTL of a waiter's etcd lease: [`WAITER_TTL_S`], or more when
@@ -1050,7 +1049,13 @@ impl EtcdLeases {
         let (resp, retried) = self
             .txn_tracked(
                 Txn::new()
-                    .when(self.holds(lock, token, now))
+                    .when(
+                        [
+                            self.granted(lock, token).as_slice(),
+                            &[self.live_at(lock, now)],
+                        ]
+                        .concat(),
+                    )
                     .and_then([
                         TxnOp::put(self.expiry_key(lock), expiry_value(expires), None),
                         TxnOp::get(self.owner_key(lock), None),
@@ -1119,9 +1124,8 @@ impl EtcdLeases {
             TxnOp::delete(self.expiry_key(lock), None),
         ];
         // The usual case in one round trip: the owner key is the one this
-        // token's grant created (see `holds`; live or not).
-        let mut when = self.holds(lock, token, clock::now());
-        when.truncate(2);
+        // token's grant created, live or not.
+        let when = self.granted(lock, token);
         let resp = self
             .txn(Txn::new().when(when).and_then(delete.clone()).or_else([
                 TxnOp::get(self.owner_key(lock), None),
