@@ -7,6 +7,9 @@
 //!   state machine of design rules 1 and 2);
 //! - [`line`]: who waits for a held lock, in which order, until when;
 //! - [`fence`]: whether a write carrying a token is admitted (rule 3);
+//! - [`replicas`]: how proxy replicas share one fence: when a replica may
+//!   admit at all, and when a raise written to the shared store may be
+//!   admitted (acks, evictions, the lock delay);
 //! - [`token`]: how a token travels in the `Fencing-Token` header, plain or
 //!   signed with HMAC-SHA256;
 //! - [`credentials`]: how it travels in S3 credentials, for tools that
@@ -23,6 +26,7 @@ pub mod fence;
 pub mod lease;
 pub mod line;
 pub mod name;
+pub mod replicas;
 pub mod time;
 pub mod token;
 

@@ -1,0 +1,364 @@
+//! How proxy replicas share one fence (Chubby-style invalidation): when a
+//! replica may admit writes at all, and when a raise one replica wrote to
+//! the shared store may be admitted.
+//!
+//! The shared store (etcd, in the proxy) holds, per lock, the max token;
+//! per replica *incarnation* (one run of one replica), a permanent member
+//! record written before it admits anything, a registration on a lease of
+//! TTL `ttl`, and its acknowledgements (the max it applied per lock, on the
+//! same lease). A raise to `t` writes the max and the raiser's own ack in one
+//! transaction at revision `rev`, and is admitted only when every member
+//! that joined before `rev`:
+//!
+//! - acknowledged `t` (it cut and drained its own writes below `t` first);
+//! - or has been seen without a registration for `lock_delay` on the
+//!   raiser's clock (its registration expired, was revoked early, or was
+//!   evicted by a raiser after `ack_timeout`): by then it has fenced itself
+//!   ([`Standing`]) and whatever it had sent the store has been decided.
+//!
+//! A member that joined after `rev` read the max after `rev`, so it holds
+//! `t` already. A member record is removed (retired) only by a raiser that
+//! waited its lock delay, so a replica that died is waited for once, by
+//! whichever raise comes first, however long ago it died.
+//!
+//! Times are milliseconds of the caller's monotonic clock ([`Ms`]); no
+//! synchronized clocks are assumed, only rates within `1 ± drift`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Milliseconds on one replica's monotonic clock.
+pub type Ms = u64;
+
+fn ms(d: Duration) -> Ms {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The protocol's time constants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// The registration lease's TTL.
+    pub ttl: Duration,
+    /// Bound on clock rate error, both ways (0.01: clocks run at 99-101 %
+    /// of real time).
+    pub drift: f64,
+    /// How long a store may take to decide a request it was fully sent, or
+    /// whose connection closed.
+    pub store_decision: Duration,
+    /// How long a raiser waits for a registered member's ack before it
+    /// evicts that member (revokes its registration).
+    pub ack_timeout: Duration,
+    /// How long a raiser waits after it saw a member without registration.
+    pub lock_delay: Duration,
+}
+
+/// Why a [`Timing`] is unsafe.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TimingError {
+    #[error("drift must be in [0, 0.5), got {0}")]
+    Drift(f64),
+    #[error("the registration TTL must be at least 1 s, got {0:?}")]
+    Ttl(Duration),
+    #[error(
+        "lock_delay {got:?} is below ttl·(1+drift)/(1-drift) + store_decision = {min:?}: a replica that lost its registration could still admit or land writes after it"
+    )]
+    LockDelay { got: Duration, min: Duration },
+}
+
+impl Timing {
+    /// The shortest safe lock delay: a member whose registration is gone may
+    /// believe it valid for up to `ttl` of its own clock after its last
+    /// renewal (at most `ttl·(1+drift)/(1-drift)` of the raiser's), and a
+    /// write it had fully sent is decided `store_decision` after that.
+    pub fn min_lock_delay(ttl: Duration, drift: f64, store_decision: Duration) -> Duration {
+        ttl.mul_f64((1.0 + drift) / (1.0 - drift)) + store_decision
+    }
+
+    /// `self`, or the first rule it breaks.
+    pub fn checked(self) -> Result<Timing, TimingError> {
+        if !(0.0..0.5).contains(&self.drift) {
+            return Err(TimingError::Drift(self.drift));
+        }
+        if self.ttl < Duration::from_secs(1) {
+            return Err(TimingError::Ttl(self.ttl));
+        }
+        let min = Timing::min_lock_delay(self.ttl, self.drift, self.store_decision);
+        if self.lock_delay < min {
+            return Err(TimingError::LockDelay {
+                got: self.lock_delay,
+                min,
+            });
+        }
+        Ok(self)
+    }
+
+    /// How long after sending a renewal that succeeded a replica may go on
+    /// admitting: `ttl·(1-drift)` less a margin of a tenth of it for the
+    /// work between a check and the write it allows.
+    pub fn standing(&self) -> Duration {
+        self.ttl.mul_f64((1.0 - self.drift) * 0.9)
+    }
+}
+
+/// Whether this replica may admit writes: until `standing` after the send
+/// of its last renewal that the store answered as alive. Checked before
+/// every admission and every body chunk forwarded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    valid_until: Option<Ms>,
+}
+
+impl Standing {
+    /// A registration renewed by a request sent at `sent_at` (not when its
+    /// answer came: the store's lease runs from some moment after the send).
+    pub fn renewed(&mut self, sent_at: Ms, timing: &Timing) {
+        let until = sent_at.saturating_add(ms(timing.standing()));
+        self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// The registration is gone or was never made: nothing is admitted until
+    /// the replica joins again.
+    pub fn lost(&mut self) {
+        self.valid_until = None;
+    }
+
+    pub fn admits(&self, now: Ms) -> bool {
+        self.valid_until.is_some_and(|u| now < u)
+    }
+
+    /// Until when it admits, if at all.
+    pub fn valid_until(&self) -> Option<Ms> {
+        self.valid_until
+    }
+}
+
+/// One member as the raiser read it from the store (one read, after its
+/// raise was written).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    /// The incarnation's name (`<replica>-<incarnation>`).
+    pub id: String,
+    /// Revision at which it joined (its member record was created).
+    pub joined_rev: i64,
+    /// Whether its registration exists.
+    pub registered: bool,
+    /// Its ack for the lock being raised (0: none).
+    pub acked: u64,
+}
+
+/// What the raiser does next.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Next {
+    /// Every member acked or is out: admit the raise.
+    pub admit: bool,
+    /// Members to evict (revoke their registration): no ack within
+    /// `ack_timeout`.
+    pub evict: Vec<String>,
+    /// Members whose lock delay has passed: their record may be removed.
+    pub retire: Vec<String>,
+    /// When to look again, if not admitted (the earliest deadline; a new
+    /// ack may come sooner).
+    pub wake_at: Option<Ms>,
+}
+
+/// Why a member holds up a raise (what the status shows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holdup {
+    /// Registered, no ack yet; evicted at `evict_at`.
+    Ack { evict_at: Ms },
+    /// Gone since `since`; out at `since + lock_delay`.
+    LockDelay { since: Ms, out_at: Ms },
+}
+
+/// One raise waiting for the other members.
+#[derive(Debug, Clone)]
+pub struct RaiseWait {
+    token: u64,
+    rev: i64,
+    me: String,
+    started: Ms,
+    timing: Timing,
+    /// When this raiser first saw each member without registration.
+    gone: BTreeMap<String, Ms>,
+    holdups: BTreeMap<String, Holdup>,
+}
+
+impl RaiseWait {
+    /// A raise of `token`, written by member `me` at revision `rev`, at
+    /// `now`.
+    pub fn new(token: u64, rev: i64, me: &str, now: Ms, timing: Timing) -> RaiseWait {
+        RaiseWait {
+            token,
+            rev,
+            me: me.to_owned(),
+            started: now,
+            timing,
+            gone: BTreeMap::new(),
+            holdups: BTreeMap::new(),
+        }
+    }
+
+    /// Decides on one read of the members (all of them: every member
+    /// record, with its registration and its ack of this lock).
+    pub fn next(&mut self, members: &[MemberView], now: Ms) -> Next {
+        let mut next = Next::default();
+        let mut wake: Option<Ms> = None;
+        let mut wake_at = |t: Ms| wake = Some(wake.map_or(t, |w: Ms| w.min(t)));
+        self.holdups.clear();
+        for m in members {
+            if m.id == self.me || m.joined_rev > self.rev {
+                continue;
+            }
+            if m.registered {
+                if m.acked >= self.token {
+                    continue;
+                }
+                let evict_at = self.started.saturating_add(ms(self.timing.ack_timeout));
+                if now >= evict_at {
+                    next.evict.push(m.id.clone());
+                    // Gone from the moment it is revoked: the lock delay
+                    // runs from the next read that shows it so.
+                }
+                wake_at(evict_at.max(now));
+                self.holdups.insert(m.id.clone(), Holdup::Ack { evict_at });
+                continue;
+            }
+            let since = *self.gone.entry(m.id.clone()).or_insert(now);
+            let out_at = since.saturating_add(ms(self.timing.lock_delay));
+            if now >= out_at {
+                next.retire.push(m.id.clone());
+                continue;
+            }
+            wake_at(out_at);
+            self.holdups
+                .insert(m.id.clone(), Holdup::LockDelay { since, out_at });
+        }
+        next.admit = self.holdups.is_empty();
+        next.wake_at = if next.admit { None } else { wake };
+        next
+    }
+
+    /// Who held the raise up at the last [`RaiseWait::next`], and why.
+    pub fn holdups(&self) -> &BTreeMap<String, Holdup> {
+        &self.holdups
+    }
+
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    pub fn started(&self) -> Ms {
+        self.started
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing() -> Timing {
+        Timing {
+            ttl: Duration::from_secs(10),
+            drift: 0.01,
+            store_decision: Duration::from_secs(10),
+            ack_timeout: Duration::from_secs(5),
+            lock_delay: Duration::from_millis(20_300),
+        }
+    }
+
+    fn member(id: &str, rev: i64, registered: bool, acked: u64) -> MemberView {
+        MemberView {
+            id: id.into(),
+            joined_rev: rev,
+            registered,
+            acked,
+        }
+    }
+
+    #[test]
+    fn the_lock_delay_covers_a_full_standing_and_the_store() {
+        let min = Timing::min_lock_delay(Duration::from_secs(10), 0.01, Duration::from_secs(10));
+        assert!(min > Duration::from_millis(20_200) && min < Duration::from_millis(20_210));
+        assert!(timing().checked().is_ok());
+        let short = Timing {
+            lock_delay: Duration::from_secs(20),
+            ..timing()
+        };
+        assert!(matches!(
+            short.checked(),
+            Err(TimingError::LockDelay { .. })
+        ));
+        let wild = Timing {
+            drift: 0.7,
+            ..timing()
+        };
+        assert_eq!(wild.checked(), Err(TimingError::Drift(0.7)));
+        // Standing ends before the store's lease can, on any clock within
+        // the drift: 9 s of local clock is at most 9.09 s of real time.
+        assert_eq!(timing().standing(), Duration::from_millis(8_910));
+    }
+
+    #[test]
+    fn standing_runs_from_the_send_and_never_shrinks() {
+        let t = timing();
+        let mut s = Standing::default();
+        assert!(!s.admits(0), "not before joining");
+        s.renewed(1_000, &t);
+        assert!(s.admits(9_909) && !s.admits(9_910));
+        s.renewed(500, &t); // a late answer to an older renewal
+        assert_eq!(s.valid_until(), Some(9_910));
+        s.lost();
+        assert!(!s.admits(1_001));
+    }
+
+    #[test]
+    fn a_raise_waits_for_every_earlier_members_ack() {
+        let mut w = RaiseWait::new(7, 100, "me-1", 0, timing());
+        let view = [
+            member("me-1", 10, true, 7),
+            member("a-1", 20, true, 6),
+            member("b-1", 150, true, 0), // joined after the raise
+        ];
+        let n = w.next(&view, 10);
+        assert!(!n.admit);
+        assert_eq!(n.wake_at, Some(5_000));
+        assert!(matches!(
+            w.holdups().get("a-1"),
+            Some(Holdup::Ack { evict_at: 5_000 })
+        ));
+        let view = [member("me-1", 10, true, 7), member("a-1", 20, true, 7)];
+        assert!(w.next(&view, 20).admit);
+    }
+
+    #[test]
+    fn a_silent_member_is_evicted_then_waited_out() {
+        let t = timing();
+        let mut w = RaiseWait::new(7, 100, "me-1", 0, t);
+        let registered = [member("a-1", 20, true, 0)];
+        assert!(w.next(&registered, 4_999).evict.is_empty());
+        let n = w.next(&registered, 5_000);
+        assert_eq!(n.evict, vec!["a-1".to_owned()]);
+        assert!(!n.admit);
+        let gone = [member("a-1", 20, false, 0)];
+        let n = w.next(&gone, 5_010);
+        assert!(!n.admit);
+        assert_eq!(n.wake_at, Some(5_010 + 20_300));
+        assert!(!w.next(&gone, 25_309).admit);
+        let n = w.next(&gone, 25_310);
+        assert!(n.admit);
+        assert_eq!(n.retire, vec!["a-1".to_owned()]);
+    }
+
+    #[test]
+    fn a_member_gone_before_the_raise_is_waited_out_once_and_a_retired_one_not_at_all() {
+        let mut w = RaiseWait::new(3, 100, "me-1", 1_000, timing());
+        let n = w.next(&[member("dead-1", 5, false, 0)], 1_000);
+        assert!(!n.admit);
+        assert!(matches!(
+            w.holdups().get("dead-1"),
+            Some(Holdup::LockDelay { since: 1_000, .. })
+        ));
+        // Retired by another raiser meanwhile: nothing left to wait for.
+        assert!(w.next(&[], 2_000).admit);
+    }
+}
