@@ -191,6 +191,21 @@ impl EtcdConfig {
         Some((nonempty(&self.username)?, nonempty(&self.password)?))
     }
 
+    /// How to reach the cluster.
+    pub fn connection(&self) -> fencegate_etcd::Connection {
+        fencegate_etcd::Connection {
+            endpoints: self.endpoints.clone(),
+            credentials: self
+                .credentials()
+                .map(|(u, p)| (u.to_owned(), p.to_owned())),
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            request_timeout: self.request_timeout,
+            connect_timeout: self.connect_timeout,
+        }
+    }
+
     /// Applies the `FENCEGATE_ETCD_*` overrides to `etcd`; setting
     /// endpoints creates the table.
     fn apply_env(etcd: &mut Option<EtcdConfig>, var: &impl Fn(&str) -> Option<String>) {

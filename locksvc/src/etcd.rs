@@ -55,14 +55,14 @@ use crate::engine::{EngineError, LockStatus};
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
-    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
+use fencegate_etcd::{CallError, Etcd, Retried};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bits of a token that hold the etcd revision; the epoch is above them.
@@ -110,10 +110,6 @@ struct Record {
     #[serde(default)]
     grant: u64,
 }
-
-/// Whether an answer came from a retry (see [`EtcdLeases::call_tracked`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Retried(bool);
 
 /// A random number naming one grant: replicas (all PID 1 in their
 /// containers, perhaps started in the same millisecond) cannot derive the
@@ -223,10 +219,8 @@ pub struct EtcdLeases {
 }
 
 struct Inner {
-    /// One client per member, and the member tried first (the last one
-    /// that answered).
-    members: Vec<Member>,
-    preferred: AtomicUsize,
+    /// One client per member, failed over call by call.
+    etcd: Etcd,
     prefix: String,
     epoch: u16,
     request_timeout: Duration,
@@ -247,101 +241,12 @@ fn storage(e: etcd_client::Error) -> EngineError {
     EngineError::Storage(format!("etcd: {e}"))
 }
 
-/// One member of the cluster, as a replica reaches it: its client,
-/// connected when first needed (with etcd auth, connecting is a request,
-/// which a member that is down at start would fail), and again after a
-/// failed connect.
-struct Member {
-    endpoint: String,
-    options: ConnectOptions,
-    client: tokio::sync::Mutex<Option<Client>>,
-}
-
-impl Member {
-    async fn client(&self) -> Result<Client, etcd_client::Error> {
-        let mut slot = self.client.lock().await;
-        if let Some(c) = &*slot {
-            return Ok(c.clone());
-        }
-        let c = Client::connect([&self.endpoint], Some(self.options.clone())).await?;
-        *slot = Some(c.clone());
-        Ok(c)
-    }
-}
-
-/// The members of `config`, not connected yet.
-fn members(config: &EtcdConfig) -> anyhow::Result<Vec<Member>> {
-    let options = connect_options(config)?;
-    Ok(config
-        .endpoints
-        .iter()
-        .map(|e| Member {
-            endpoint: e.clone(),
-            options: options.clone(),
-            client: tokio::sync::Mutex::new(None),
-        })
-        .collect())
-}
-
-/// Why a call failed: every member was tried and none answered, or one
-/// answered with a refusal that any member would give (bad credentials, a
-/// request etcd rejects).
-enum CallError {
-    Unavailable(String),
-    Refused(etcd_client::Error),
-}
-
 impl From<CallError> for EngineError {
     fn from(e: CallError) -> EngineError {
         match e {
             CallError::Unavailable(why) => EngineError::Storage(why),
             CallError::Refused(e) => storage(e),
         }
-    }
-}
-
-fn connect_options(config: &EtcdConfig) -> anyhow::Result<ConnectOptions> {
-    let mut opts = ConnectOptions::new()
-        .with_timeout(config.request_timeout)
-        .with_connect_timeout(config.connect_timeout)
-        .with_keep_alive(Duration::from_secs(2), config.request_timeout);
-    if let Some((user, password)) = config.credentials() {
-        opts = opts.with_user(user, password);
-    }
-    if config.ca_file.is_some() || config.cert_file.is_some() {
-        let mut tls = TlsOptions::new();
-        if let Some(ca) = &config.ca_file {
-            let pem = std::fs::read(ca)
-                .map_err(|e| anyhow::anyhow!("etcd.ca_file {}: {e}", ca.display()))?;
-            tls = tls.ca_certificate(Certificate::from_pem(pem));
-        }
-        if let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) {
-            let c = std::fs::read(cert)
-                .map_err(|e| anyhow::anyhow!("etcd.cert_file {}: {e}", cert.display()))?;
-            let k = std::fs::read(key)
-                .map_err(|e| anyhow::anyhow!("etcd.key_file {}: {e}", key.display()))?;
-            tls = tls.identity(Identity::from_pem(c, k));
-        }
-        opts = opts.with_tls(tls);
-    }
-    Ok(opts)
-}
-
-/// Whether another member may answer what this one refused: everything
-/// but the answers that would be the same anywhere.
-fn retryable(e: &etcd_client::Error) -> bool {
-    use tonic::Code;
-    match e {
-        etcd_client::Error::LeaseKeepAliveError(_) => false,
-        etcd_client::Error::GRpcStatus(s) => !matches!(
-            s.code(),
-            Code::NotFound
-                | Code::InvalidArgument
-                | Code::FailedPrecondition
-                | Code::PermissionDenied
-                | Code::Unauthenticated
-        ),
-        _ => true,
     }
 }
 
@@ -356,11 +261,10 @@ impl EtcdLeases {
         max_waiters: usize,
         startup: Duration,
     ) -> anyhow::Result<EtcdLeases> {
-        let members = members(config)?;
+        let etcd = Etcd::new(&config.connection())?;
         let leases = EtcdLeases {
             inner: Arc::new(Inner {
-                members,
-                preferred: AtomicUsize::new(0),
+                etcd,
                 prefix: config.prefix.clone(),
                 epoch: config.epoch,
                 request_timeout: config.request_timeout,
@@ -451,46 +355,7 @@ impl EtcdLeases {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let members = &self.inner.members;
-        let n = members.len().max(1);
-        let total = self.inner.request_timeout;
-        let deadline = Instant::now() + total;
-        let share = (total / u32::try_from(n).unwrap_or(1)).max(Duration::from_millis(200));
-        let first = self.inner.preferred.load(Ordering::Relaxed);
-        let mut last = String::from("no member tried");
-        for i in 0..n {
-            let m = (first + i) % n;
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let limit = if i + 1 == n { left } else { share.min(left) };
-            let attempt = async {
-                let client = members[m].client().await?;
-                f(client).await
-            };
-            match tokio::time::timeout(limit, attempt).await {
-                Ok(Ok(v)) => {
-                    if i > 0 {
-                        self.inner.preferred.store(m, Ordering::Relaxed);
-                    }
-                    return Ok((v, Retried(i > 0)));
-                }
-                Ok(Err(e)) if !retryable(&e) => return Err(CallError::Refused(e)),
-                Ok(Err(e)) => last = e.to_string(),
-                Err(_) => {
-                    last = format!(
-                        "member {} silent for {}",
-                        m + 1,
-                        humantime::format_duration(limit)
-                    )
-                }
-            }
-        }
-        Err(CallError::Unavailable(format!(
-            "no etcd member answered within {} (request_timeout; last: {last}); is a quorum of members up?",
-            humantime::format_duration(total)
-        )))
+        self.inner.etcd.call(f).await
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, EngineError> {

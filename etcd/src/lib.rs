@@ -1,0 +1,248 @@
+//! fencegate's etcd client, shared by the lease service (`locksvc::etcd`)
+//! and the proxy's replicas (`proxy::cluster`): one client per member,
+//! connected when first needed (with etcd auth, connecting is a request,
+//! which a member that is down at start would fail), and every call bounded
+//! by `request_timeout` in all, failing over from a silent member to the
+//! next. A paused or dead member costs a call some latency, not an error;
+//! without a quorum no member answers and the call fails when its time is
+//! up.
+
+pub use etcd_client;
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How to reach a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Connection {
+    /// Client URLs of the members.
+    pub endpoints: Vec<String>,
+    /// etcd user and password, if etcd auth is on.
+    pub credentials: Option<(String, String)>,
+    /// PEM CA certificate(s) to trust for `https://` endpoints.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for mutual TLS.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// Longest one call may take, over every member tried.
+    pub request_timeout: Duration,
+    /// Longest a connection to one member may take to open.
+    pub connect_timeout: Duration,
+}
+
+/// Whether an answer came from a retry on another member after an attempt
+/// that may have been applied (it timed out or failed after being sent): a
+/// compare-and-set retried then may find its own effect and must recognise
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retried(pub bool);
+
+/// Why a call failed: every member was tried and none answered, or one
+/// answered with a refusal that any member would give (bad credentials, a
+/// request etcd rejects).
+#[derive(Debug)]
+pub enum CallError {
+    Unavailable(String),
+    Refused(etcd_client::Error),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Unavailable(why) => f.write_str(why),
+            CallError::Refused(e) => write!(f, "etcd refused: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+struct Member {
+    endpoint: String,
+    options: ConnectOptions,
+    client: tokio::sync::Mutex<Option<Client>>,
+}
+
+impl Member {
+    async fn client(&self) -> Result<Client, etcd_client::Error> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = &*slot {
+            return Ok(c.clone());
+        }
+        let c = Client::connect([&self.endpoint], Some(self.options.clone())).await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+}
+
+/// A cluster's members, each reached on its own client.
+pub struct Etcd {
+    members: Vec<Member>,
+    /// The member that answered last: tried first.
+    preferred: AtomicUsize,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field(
+                "endpoints",
+                &self.members.iter().map(|m| &m.endpoint).collect::<Vec<_>>(),
+            )
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
+}
+
+fn connect_options(c: &Connection) -> anyhow::Result<ConnectOptions> {
+    let mut opts = ConnectOptions::new()
+        .with_timeout(c.request_timeout)
+        .with_connect_timeout(c.connect_timeout)
+        .with_keep_alive(Duration::from_secs(2), c.request_timeout);
+    if let Some((user, password)) = &c.credentials {
+        opts = opts.with_user(user, password);
+    }
+    if c.ca_file.is_some() || c.cert_file.is_some() {
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &c.ca_file {
+            let pem = std::fs::read(ca)
+                .map_err(|e| anyhow::anyhow!("etcd ca_file {}: {e}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let (Some(cert), Some(key)) = (&c.cert_file, &c.key_file) {
+            let cert_pem = std::fs::read(cert)
+                .map_err(|e| anyhow::anyhow!("etcd cert_file {}: {e}", cert.display()))?;
+            let key_pem = std::fs::read(key)
+                .map_err(|e| anyhow::anyhow!("etcd key_file {}: {e}", key.display()))?;
+            tls = tls.identity(Identity::from_pem(cert_pem, key_pem));
+        }
+        opts = opts.with_tls(tls);
+    }
+    Ok(opts)
+}
+
+/// Whether another member may answer what this one refused: everything
+/// but the answers that would be the same anywhere.
+pub fn retryable(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(_) => false,
+        etcd_client::Error::GRpcStatus(s) => !matches!(
+            s.code(),
+            Code::NotFound
+                | Code::InvalidArgument
+                | Code::FailedPrecondition
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+        ),
+        _ => true,
+    }
+}
+
+impl Etcd {
+    /// The members of `c`, not connected yet (reading its TLS files).
+    pub fn new(c: &Connection) -> anyhow::Result<Etcd> {
+        let options = connect_options(c)?;
+        Ok(Etcd {
+            members: c
+                .endpoints
+                .iter()
+                .map(|e| Member {
+                    endpoint: e.clone(),
+                    options: options.clone(),
+                    client: tokio::sync::Mutex::new(None),
+                })
+                .collect(),
+            preferred: AtomicUsize::new(0),
+            request_timeout: c.request_timeout,
+        })
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// A client of the member that answered last (for streams: watches,
+    /// keep-alives, which are not failed over call by call).
+    pub async fn client(&self) -> Result<Client, etcd_client::Error> {
+        let n = self.members.len().max(1);
+        let first = self.preferred.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..n {
+            let m = (first + i) % n;
+            match self.members[m].client().await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(etcd_client::Error::InvalidArgs("no etcd endpoints".into())))
+    }
+
+    /// Tries the next member first from now on (the preferred one went
+    /// silent on a stream).
+    pub fn prefer_next(&self) {
+        let n = self.members.len().max(1);
+        let p = self.preferred.load(Ordering::Relaxed);
+        self.preferred.store((p + 1) % n, Ordering::Relaxed);
+    }
+
+    /// Runs one call, within `request_timeout` in all: on the member that
+    /// answered last, then, if it fails or is silent for its share of the
+    /// time, on the next.
+    ///
+    /// A write retried on another member may also have been applied by the
+    /// first (it was sent, the answer was lost): the answer says so
+    /// ([`Retried`]), and a compare-and-set must then recognise its own
+    /// effect.
+    pub async fn call<T, F, Fut>(&self, f: F) -> Result<(T, Retried), CallError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let members = &self.members;
+        let n = members.len().max(1);
+        let total = self.request_timeout;
+        let deadline = Instant::now() + total;
+        let share = (total / u32::try_from(n).unwrap_or(1)).max(Duration::from_millis(200));
+        let first = self.preferred.load(Ordering::Relaxed);
+        let mut last = String::from("no member tried");
+        for i in 0..n {
+            let m = (first + i) % n;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let limit = if i + 1 == n { left } else { share.min(left) };
+            let attempt = async {
+                let client = members[m].client().await?;
+                f(client).await
+            };
+            match tokio::time::timeout(limit, attempt).await {
+                Ok(Ok(v)) => {
+                    if i > 0 {
+                        self.preferred.store(m, Ordering::Relaxed);
+                    }
+                    return Ok((v, Retried(i > 0)));
+                }
+                Ok(Err(e)) if !retryable(&e) => return Err(CallError::Refused(e)),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => {
+                    last = format!(
+                        "member {} silent for {}",
+                        m + 1,
+                        humantime::format_duration(limit)
+                    )
+                }
+            }
+        }
+        Err(CallError::Unavailable(format!(
+            "no etcd member answered within {} (request_timeout; last: {last}); is a quorum of members up?",
+            humantime::format_duration(total)
+        )))
+    }
+}
