@@ -80,6 +80,10 @@ pub fn unless_stalled(watch: Option<&BodyWatch>, e: s3s::S3Error) -> s3s::S3Erro
 pub struct Cancellable {
     inner: StreamingBlob,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// With replicas: the replica's standing, checked before every chunk
+    /// (a replica resumed after a pause may poll the body before its own
+    /// standing check has run and cut it).
+    standing: Option<crate::cluster::Cluster>,
     remaining: Option<usize>,
     watch: BodyWatch,
     idle: Pin<Box<Sleep>>,
@@ -95,6 +99,7 @@ impl Cancellable {
     pub fn wrap(
         inner: StreamingBlob,
         cancel: CancellationToken,
+        standing: Option<crate::cluster::Cluster>,
         watch: &BodyWatch,
     ) -> StreamingBlob {
         let remaining = inner.remaining_length().exact();
@@ -107,6 +112,7 @@ impl Cancellable {
         StreamingBlob::new(Cancellable {
             inner,
             cancelled: Box::pin(cancel.cancelled_owned()),
+            standing,
             remaining,
             idle: Box::pin(tokio::time::sleep(watch.idle)),
             waiting_since: None,
@@ -121,7 +127,9 @@ impl Stream for Cancellable {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         // Checked before every chunk, and woken by the cancellation itself
         // while the client is silent (a paused writer sends nothing).
-        if self.cancelled.as_mut().poll(cx).is_ready() {
+        if self.cancelled.as_mut().poll(cx).is_ready()
+            || self.standing.as_ref().is_some_and(|c| !c.admits())
+        {
             return Poll::Ready(Some(Err(Box::new(Cut))));
         }
         let polled = Pin::new(&mut self.inner).poll_next(cx);

@@ -118,6 +118,10 @@ pub struct ProxyConfig {
     pub serving_threads: usize,
     /// Serve HTTPS (S3 clients then need the CA of the certificate).
     pub tls: TlsConfig,
+    /// Run as one of several replicas sharing their fences and upload
+    /// bindings through etcd (ARCHITECTURE.md, "Replicas"). Without it the
+    /// proxy is the only replica and keeps them in `db`.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 /// The S3 server behind the proxy.
@@ -215,6 +219,7 @@ impl Default for ProxyConfig {
             max_connections: 1024,
             serving_threads: 0,
             tls: TlsConfig::default(),
+            cluster: None,
         }
     }
 }
@@ -275,6 +280,7 @@ impl ProxyConfig {
             self.locksvc_client_key_file = Some(v.into());
         }
         self.tls.apply_env(&var);
+        crate::cluster::ClusterConfig::apply_env(&mut self.cluster, &var);
         if let Some(v) = var(ENV_BACKEND_ACCESS_KEY) {
             self.backend.access_key = v;
         }
@@ -470,6 +476,11 @@ impl ProxyConfig {
         }
         if self.max_buffered_body_bytes < self.max_xml_body_bytes {
             p.push("max_buffered_body_bytes must be at least max_xml_body_bytes".into());
+        }
+        if let Some(c) = &self.cluster {
+            p.extend(c.problems(std::time::Duration::from_secs(
+                self.backend.store_decision_secs,
+            )));
         }
         p
     }

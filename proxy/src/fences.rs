@@ -36,11 +36,23 @@
 //! (`papaya`, lock-free, was tried first: in the growth bench its lookups
 //! cost 2-2.5 times the old global mutex's at 10 000 to 100 000 scopes,
 //! its entries being allocated apart from its table.)
+//!
+//! **With replicas** (`cluster`), the max is kept in etcd instead of
+//! SQLite, and a raise, after draining this replica's epoch, waits until
+//! every other replica has drained too (or is out). A max learned from
+//! another replica (its watch, or at join) is *unconfirmed*: writes below
+//! it are refused at once, but a write of that very token waits, like a
+//! raise, until the raise is complete everywhere; only then is the lock
+//! confirmed and equal tokens are admitted with no etcd round trip. (The
+//! simulation found the alternative unsafe: a replica admitting the token
+//! it had just acked, while a third one still had older writes in flight.)
+//! And nothing is admitted while the replica's standing has run out.
 
+use crate::cluster::{Cluster, Raised};
 use crate::db::Db;
 use dashmap::DashMap;
 use fencegate_core::fence::{Verdict, decide};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Mutex as AsyncMutex, OwnedRwLockReadGuard, RwLock};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +69,9 @@ struct ScopeFence {
     /// The highest token that has started a raise (cut the epoch), even
     /// if it is not admitted yet: what a cut write is told it lost to.
     pending: AtomicU64,
+    /// Whether the raise to `max` is known complete on every replica
+    /// (always, with one replica).
+    confirmed: AtomicBool,
 }
 
 impl ScopeFence {
@@ -67,7 +82,16 @@ impl ScopeFence {
             cancel: Mutex::new(CancellationToken::new()),
             raising: AsyncMutex::new(()),
             pending: AtomicU64::new(max),
+            confirmed: AtomicBool::new(true),
         }
+    }
+
+    /// Ends the current epoch: every body in flight is cut; writes
+    /// admitted from now on get a fresh cancellation.
+    fn renew_cancel(&self) {
+        let mut c = self.cancel.lock().unwrap_or_else(|p| p.into_inner());
+        c.cancel();
+        *c = CancellationToken::new();
     }
 
     fn current_cancel(&self) -> CancellationToken {
@@ -99,6 +123,19 @@ pub enum FenceError {
     Stale { token: u64, max: u64 },
     #[error("cannot persist the new max token: {0}")]
     Storage(String),
+    /// This replica cannot admit now (its cluster standing ran out, or the
+    /// raise could not complete in the cluster).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Where maxes are kept.
+#[derive(Debug, Clone)]
+enum Durable {
+    /// One replica: SQLite.
+    Db(Db),
+    /// Replicas: etcd, through the cluster protocol.
+    Cluster(Cluster),
 }
 
 /// All scopes' fences.
@@ -107,7 +144,7 @@ pub struct Fences {
     /// Read under a shard's shared lock; written once per scope (its
     /// first admit).
     scopes: Arc<DashMap<String, Arc<ScopeFence>>>,
-    db: Db,
+    durable: Durable,
     /// Until when a write of the process's last run may still commit.
     settled: tokio::time::Instant,
 }
@@ -123,9 +160,69 @@ impl Fences {
         }
         Ok(Fences {
             scopes: Arc::new(scopes),
-            db,
+            durable: Durable::Db(db),
             settled: tokio::time::Instant::now() + store_decision,
         })
+    }
+
+    /// Fences kept in the cluster: empty until `Cluster::start` loads them.
+    /// (A replica's predecessors are waited out by the raise protocol, per
+    /// member, so there is no settling time here.)
+    pub fn shared(cluster: Cluster) -> Fences {
+        Fences {
+            scopes: Arc::new(DashMap::new()),
+            durable: Durable::Cluster(cluster),
+            settled: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The cluster, if the fences are shared.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        match &self.durable {
+            Durable::Cluster(c) => Some(c),
+            Durable::Db(_) => None,
+        }
+    }
+
+    /// Applies a max learned from the cluster (another replica's raise, or
+    /// the maxes read at join): the lock's writes below `token` are cut and
+    /// drained, then `token` is its max, unconfirmed. Whether it changed
+    /// anything (then the caller acks it).
+    pub async fn apply(&self, scope: &str, token: u64) -> bool {
+        let fence = self.scope(scope);
+        let _raising = fence.raising.lock().await;
+        if fence.max.load(Ordering::Acquire) >= token {
+            return false;
+        }
+        fence.pending.fetch_max(token, Ordering::AcqRel);
+        fence.current_cancel().cancel();
+        let exclusive = fence.epoch.write().await;
+        fence.max.store(token, Ordering::Release);
+        fence.confirmed.store(false, Ordering::Release);
+        *fence.cancel.lock().unwrap_or_else(|p| p.into_inner()) = CancellationToken::new();
+        drop(exclusive);
+        true
+    }
+
+    /// Cuts every body in flight, in every lock (the replica lost its
+    /// standing).
+    pub fn cut_all(&self) {
+        for f in self.scopes.iter() {
+            f.value().renew_cancel();
+        }
+    }
+
+    /// Whether the replica may admit at all (always, with one replica).
+    fn standing(&self) -> Result<(), FenceError> {
+        match &self.durable {
+            Durable::Cluster(c) if !c.admits() => Err(FenceError::Unavailable(c.why_not())),
+            _ => Ok(()),
+        }
+    }
+
+    /// A check for each body chunk: `None` with one replica.
+    pub fn standing_check(&self) -> Option<Cluster> {
+        self.cluster().cloned()
     }
 
     /// Whether every write the process's last run may have left in flight
@@ -201,19 +298,22 @@ impl Fences {
         let mut raised = false;
         let mut waited = std::time::Duration::ZERO;
         loop {
+            self.standing()?;
+            let confirmed = fence.confirmed.load(Ordering::Acquire);
             match decide(fence.max.load(Ordering::Acquire), token) {
                 Verdict::Stale { max } => return Err(FenceError::Stale { token, max }),
-                Verdict::Admit { raises: false } => {
+                Verdict::Admit { raises: false } if confirmed => {
                     let hold = fence.epoch.clone().read_owned().await;
                     // A raise may have completed while we waited in line.
                     let max = fence.max.load(Ordering::Acquire);
                     if token < max {
                         return Err(FenceError::Stale { token, max });
                     }
-                    if token > max {
+                    if token > max || !fence.confirmed.load(Ordering::Acquire) {
                         drop(hold);
                         continue;
                     }
+                    self.standing()?;
                     return Ok(Admission {
                         _hold: hold,
                         cancel: fence.current_cancel(),
@@ -222,13 +322,15 @@ impl Fences {
                         waited,
                     });
                 }
-                Verdict::Admit { raises: true } => {
+                Verdict::Admit { .. } => {
+                    // Higher than the max, or the max not confirmed yet.
                     let _raising = fence.raising.lock().await;
                     // Every write of the last run first (see the module
                     // doc), before this epoch is cut: its writes go on
                     // meanwhile.
                     tokio::time::sleep_until(self.settled).await;
-                    if fence.max.load(Ordering::Acquire) >= token {
+                    let max = fence.max.load(Ordering::Acquire);
+                    if max > token || (max == token && fence.confirmed.load(Ordering::Acquire)) {
                         continue;
                     }
                     // Cut every write of the old epoch, wait for them to let
@@ -238,14 +340,39 @@ impl Fences {
                     let cut_at = std::time::Instant::now();
                     let exclusive = fence.epoch.write().await;
                     waited = cut_at.elapsed();
-                    let db = self.db.clone();
-                    let id = scope.to_owned();
-                    let persisted = tokio::task::spawn_blocking(move || db.raise(&id, token))
-                        .await
-                        .map_err(|e| FenceError::Storage(e.to_string()))
-                        .and_then(|r| r.map_err(|e| FenceError::Storage(e.to_string())));
+                    let persisted = match &self.durable {
+                        Durable::Db(db) => {
+                            let (db, id) = (db.clone(), scope.to_owned());
+                            tokio::task::spawn_blocking(move || db.raise(&id, token))
+                                .await
+                                .map_err(|e| FenceError::Storage(e.to_string()))
+                                .and_then(|r| r.map_err(|e| FenceError::Storage(e.to_string())))
+                        }
+                        Durable::Cluster(c) => match c.raise(scope, token).await {
+                            Ok(Raised::Complete) => Ok(()),
+                            Ok(Raised::Higher(v)) => {
+                                // Stale after all. This replica has drained
+                                // below `token` and admitted nothing at or
+                                // above it: it can ack `v` as it is.
+                                if v > fence.max.load(Ordering::Acquire) {
+                                    fence.max.store(v, Ordering::Release);
+                                    fence.confirmed.store(false, Ordering::Release);
+                                }
+                                fence.pending.store(v, Ordering::Release);
+                                *fence.cancel.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    CancellationToken::new();
+                                drop(exclusive);
+                                c.ack(scope, v).await;
+                                return Err(FenceError::Stale { token, max: v });
+                            }
+                            Err(e) => Err(FenceError::Unavailable(format!(
+                                "the raise to token {token} could not complete in the cluster: {e}"
+                            ))),
+                        },
+                    };
                     if persisted.is_ok() {
                         fence.max.store(token, Ordering::Release);
+                        fence.confirmed.store(true, Ordering::Release);
                     } else {
                         // Not admitted: a later cut must not name it.
                         fence

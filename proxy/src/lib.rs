@@ -23,7 +23,8 @@
 //! - [`body`]: request bodies a newer epoch can cut; [`trailer`]:
 //!   `aws-chunked` trailing checksums checked before the last byte goes on;
 //! - [`backend`]: the backend SDK client; [`probe`]: does it enforce CAS?;
-//! - [`db`]: SQLite (max_token, upload bindings); [`errors`]: S3 errors;
+//! - [`db`]: SQLite (max_token, upload bindings); [`cluster`]: the same
+//!   shared by replicas through etcd; [`errors`]: S3 errors;
 //!   [`metrics`]; [`config`].
 //!
 //! **Architecture invariant:** no request reaches the backend's write API
@@ -38,6 +39,7 @@ pub mod access;
 pub mod backend;
 pub mod body;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod db;
 pub mod devstore;
@@ -89,7 +91,15 @@ impl Proxy {
         let config = config.validated()?;
         let options = config.server_options()?;
         let db = db::Db::open(&config.db)?;
-        let gate = Arc::new(gate::Gate::new(&config, db)?);
+        let cluster = config
+            .cluster
+            .as_ref()
+            .map(|c| {
+                cluster::Cluster::new(c, Duration::from_secs(config.backend.store_decision_secs))
+            })
+            .transpose()?;
+        let gate = Arc::new(gate::Gate::new(&config, db, cluster)?);
+        gate.join_cluster(PROBE_PATIENCE).await?;
         let probe_bucket = config
             .probe_bucket
             .clone()

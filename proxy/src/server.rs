@@ -70,7 +70,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             let started = Instant::now();
             let (method, path) = (req.method().clone(), req.uri().path().to_owned());
             if let Some(endpoint) = this.endpoint(&req) {
-                return Ok(this.ops(endpoint));
+                return Ok(this.ops(endpoint).await);
             }
             let _held = match crate::early::check(&req, &this.hosts, this.gate.body_budget()) {
                 Ok(held) => held,
@@ -256,10 +256,10 @@ fn json(status: StatusCode, body: String) -> Response<Body> {
 }
 
 impl Router {
-    fn ops(&self, endpoint: &str) -> Response<Body> {
+    async fn ops(&self, endpoint: &str) -> Response<Body> {
         match endpoint {
             "health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
-            "status" => json(StatusCode::OK, self.status().to_string()),
+            "status" => json(StatusCode::OK, self.gate.status().await.to_string()),
             "metrics" => {
                 let mut r = Response::new(Body::from(self.gate.metrics().encode()));
                 r.headers_mut().insert(
@@ -273,10 +273,6 @@ impl Router {
                 r#"{"error":"unknown endpoint; try /_fencegate/health, /_fencegate/status or /_fencegate/metrics"}"#.into(),
             ),
         }
-    }
-
-    fn status(&self) -> serde_json::Value {
-        self.gate.status()
     }
 }
 

@@ -236,7 +236,11 @@ async fn linger<T>(
 }
 
 impl Gate {
-    pub fn new(config: &ProxyConfig, db: Db) -> anyhow::Result<Gate> {
+    pub fn new(
+        config: &ProxyConfig,
+        db: Db,
+        cluster: Option<crate::cluster::Cluster>,
+    ) -> anyhow::Result<Gate> {
         let keys = if config.signing_keys.is_empty() {
             None
         } else {
@@ -252,8 +256,9 @@ impl Gate {
             )
         };
         // A run that did not end cleanly may have left writes in flight that
-        // the store can still commit: raises wait them out.
-        let settle = if db.begin_run()? {
+        // the store can still commit: raises wait them out. (Replicas wait
+        // out their predecessors in the raise protocol instead.)
+        let settle = if cluster.is_some() || db.begin_run()? {
             Duration::ZERO
         } else {
             let settle = Duration::from_secs(config.backend.store_decision_secs);
@@ -273,7 +278,10 @@ impl Gate {
                 db.raise(s.fence(), old)?;
             }
         }
-        let fences = Fences::load(db.clone(), settle)?;
+        let fences = match cluster {
+            Some(c) => Fences::shared(c),
+            None => Fences::load(db.clone(), settle)?,
+        };
         for (lock, max) in fences.snapshot() {
             if lock.contains('/') {
                 continue; // a scope's row from before fences were per lock
@@ -350,6 +358,16 @@ impl Gate {
     /// may yet commit it, so [`Gate::finish`] keeps its admission and key
     /// until it can no longer commit (see [`linger`]).
     async fn call_write<T>(&self, mut fut: Pending<T>, watch: Option<BodyWatch>) -> Sent<T> {
+        if let Some(c) = self.fences.cluster()
+            && !c.admits()
+        {
+            // Checked again just before the request goes out (a held body
+            // is sent in one piece, after its chunks were checked).
+            return Sent::Answered(Err(errors::storage(format!(
+                "{}; nothing was sent to the store",
+                c.why_not()
+            ))));
+        }
         let timeout = self.backend_timeout;
         let sent = watch.as_ref().map(|w| w.sent.clone());
         let deadline = async {
@@ -374,7 +392,12 @@ impl Gate {
         cancel: &CancellationToken,
     ) -> Option<BodyWatch> {
         let watch = BodyWatch::new(self.client_idle);
-        *body = Some(Cancellable::wrap(body.take()?, cancel.clone(), &watch));
+        *body = Some(Cancellable::wrap(
+            body.take()?,
+            cancel.clone(),
+            self.fences.standing_check(),
+            &watch,
+        ));
         Some(watch)
     }
 
@@ -538,9 +561,42 @@ impl Gate {
         Ok(())
     }
 
+    /// With replicas: joins the cluster (waiting up to `patience` for
+    /// etcd), then raises the cluster's maxes to at least what this
+    /// proxy's SQLite database kept from running alone, so that turning
+    /// replicas on never lets a token go back.
+    pub async fn join_cluster(&self, patience: Duration) -> anyhow::Result<()> {
+        let Some(c) = self.fences.cluster() else {
+            return Ok(());
+        };
+        c.start(&self.fences, patience).await?;
+        for (lock, max) in self.db.load_fences()? {
+            if lock.contains('/') || max <= self.fences.max(&lock) {
+                continue;
+            }
+            match self.fences.admit(&lock, max).await {
+                Ok(_) | Err(FenceError::Stale { .. }) => {}
+                Err(e) => {
+                    anyhow::bail!("cannot carry lock {lock}'s max {max} into the cluster: {e}")
+                }
+            }
+            tracing::info!(
+                lock,
+                max,
+                "carried a max from the SQLite database into the cluster"
+            );
+        }
+        Ok(())
+    }
+
     /// What `/_fencegate/status` shows.
-    pub fn status(&self) -> serde_json::Value {
+    pub async fn status(&self) -> serde_json::Value {
+        let cluster = match self.fences.cluster() {
+            Some(c) => c.status().await,
+            None => serde_json::Value::Null,
+        };
         serde_json::json!({
+            "cluster": cluster,
             "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| serde_json::json!({"lock": lock, "max_token": max})).collect::<Vec<_>>(),
             "configured_scopes": self.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
             "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({"report": r, "safe": r.safe(), "summary": r.summary()})).collect::<Vec<_>>(),
@@ -748,6 +804,10 @@ impl Gate {
             Err(FenceError::Storage(e)) => Err(errors::storage(format!(
                 "cannot persist the new max token: {e}; nothing was written"
             ))),
+            Err(FenceError::Unavailable(e)) => {
+                self.count(op, scope, "unavailable");
+                Err(errors::storage(format!("{e}; nothing was written")))
+            }
         }
     }
 
@@ -859,6 +919,18 @@ impl Gate {
         admission: Admission,
     ) -> S3Error {
         drop(admission);
+        if let Some(c) = self.fences.cluster()
+            && !c.admits()
+            && self.fences.cut_by(scope.fence()) <= token
+        {
+            // Cut because this replica lost its standing, not by a newer
+            // token: the writer may still hold the lease.
+            self.count(op, scope, "unavailable");
+            return errors::storage(format!(
+                "{}; this request was cut in flight and nothing of it was committed",
+                c.why_not()
+            ));
+        }
         self.count(op, scope, "stale");
         let by = self
             .fences
@@ -923,7 +995,9 @@ impl Gate {
             Err(e) => {
                 // Whatever happened, the proxy no longer knows the key.
                 w.key.forget();
-                if w.admission.cancel.is_cancelled() {
+                if w.admission.cancel.is_cancelled()
+                    || self.fences.cluster().is_some_and(|c| !c.admits())
+                {
                     let Write {
                         op,
                         scope,
@@ -973,8 +1047,16 @@ impl Gate {
         }
     }
 
-    /// Records the token a new upload was created with, durably.
+    /// Records the token a new upload was created with, durably (in etcd
+    /// with replicas, so that any replica can continue it).
     pub async fn bind_upload(&self, b: UploadBinding) -> S3Result<()> {
+        if let Some(c) = self.fences.cluster() {
+            return c.bind_upload(&b).await.map_err(|e| {
+                errors::storage(format!(
+                    "cannot record the upload's token in the cluster: {e}"
+                ))
+            });
+        }
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || db.bind_upload(&b))
             .await
@@ -984,16 +1066,30 @@ impl Gate {
 
     /// The token an upload was created with.
     pub async fn upload(&self, upload_id: &str) -> S3Result<UploadBinding> {
-        let db = self.db.clone();
-        let id = upload_id.to_owned();
-        tokio::task::spawn_blocking(move || db.upload(&id))
-            .await
-            .map_err(|e| errors::storage(e.to_string()))?
-            .map_err(|e| errors::storage(format!("cannot read the upload's token: {e}")))?
-            .ok_or_else(|| errors::unknown_upload(upload_id))
+        let found = if let Some(c) = self.fences.cluster() {
+            c.upload(upload_id).await.map_err(|e| {
+                errors::storage(format!(
+                    "cannot read the upload's token from the cluster: {e}"
+                ))
+            })?
+        } else {
+            let db = self.db.clone();
+            let id = upload_id.to_owned();
+            tokio::task::spawn_blocking(move || db.upload(&id))
+                .await
+                .map_err(|e| errors::storage(e.to_string()))?
+                .map_err(|e| errors::storage(format!("cannot read the upload's token: {e}")))?
+        };
+        found.ok_or_else(|| errors::unknown_upload(upload_id))
     }
 
     pub async fn forget_upload(&self, upload_id: &str) {
+        if let Some(c) = self.fences.cluster() {
+            if let Err(e) = c.forget_upload(upload_id).await {
+                tracing::warn!(upload_id, error = %e, "could not forget a finished upload's binding");
+            }
+            return;
+        }
         let db = self.db.clone();
         let id = upload_id.to_owned();
         let r = tokio::task::spawn_blocking(move || db.forget_upload(&id)).await;
