@@ -12,6 +12,7 @@
 #[macro_use]
 pub mod s3;
 pub mod etcd;
+pub mod harness;
 #[allow(
     unused_imports,
     reason = "each test file uses a different part of the harness"

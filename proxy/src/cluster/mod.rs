@@ -116,6 +116,8 @@ struct Inner {
     rejoining: AtomicBool,
     raises: Mutex<BTreeMap<String, RaiseStatus>>,
     evictions: AtomicU64,
+    /// Raises this replica took to etcd (steady-state writes take none).
+    raises_in_etcd: AtomicU64,
     uploads: DashMap<String, UploadBinding>,
 }
 
@@ -155,6 +157,7 @@ impl Cluster {
                 rejoining: AtomicBool::new(false),
                 raises: Mutex::new(BTreeMap::new()),
                 evictions: AtomicU64::new(0),
+                raises_in_etcd: AtomicU64::new(0),
                 uploads: DashMap::new(),
             }),
         })
@@ -523,6 +526,7 @@ impl Cluster {
         let me = self
             .me()
             .ok_or_else(|| ClusterError::Unavailable(self.why_not()))?;
+        self.inner.raises_in_etcd.fetch_add(1, Ordering::Relaxed);
         let fence = self.key(&format!("fences/{lock}"));
         let ack = self.key(&format!("acks/{lock}/{}", me.id));
         let put_ack = TxnOp::put(
@@ -835,6 +839,7 @@ impl Cluster {
             "ack_timeout_ms": self.inner.timing.ack_timeout.as_millis() as u64,
             "lock_delay_ms": self.inner.timing.lock_delay.as_millis() as u64,
             "evictions": self.inner.evictions.load(Ordering::Relaxed),
+            "raises_in_etcd": self.inner.raises_in_etcd.load(Ordering::Relaxed),
             "raises_waiting": raises,
         });
         let read = async {

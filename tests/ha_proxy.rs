@@ -1,0 +1,352 @@
+//! Proxy replicas sharing their fences through a real 3-member etcd
+//! cluster (issue 13): the one-machine guarantee across replicas, on real
+//! processes (the proxies, etcd), on s3s-fs and on moto.
+//!
+//! The replicas run with a 3 s registration, a 1 s ack timeout and
+//! `store_decision_secs = 1`, so the lock delay is about 4.1 s.
+
+mod support;
+
+use nix::sys::signal::Signal;
+use std::time::{Duration, Instant};
+use support::harness::{BUCKET, Env, Harness};
+use support::s3::*;
+
+/// 3 s · 1.01/0.99 + 1 s.
+const LOCK_DELAY: Duration = Duration::from_millis(4_060);
+
+fn replicas(kind: BackendKind, n: usize) -> Harness {
+    Harness::new(kind)
+        .etcd(3)
+        .proxies(n)
+        .backend_options("store_decision_secs = 1")
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+/// An anonymous PUT with a signed token: status and error code.
+async fn put(p: &Proxy, key: &str, token: u64, body: &str) -> (u16, String) {
+    let r = http()
+        .put(format!("{}/{BUCKET}/{key}", p.url))
+        .header("fencing-token", signed(BUCKET, token))
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("the proxy answers");
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap_or_default();
+    let code = text
+        .split("<Code>")
+        .nth(1)
+        .and_then(|s| s.split("</Code>").next())
+        .unwrap_or("")
+        .to_owned();
+    (status, code)
+}
+
+/// A PUT of `total` bytes of which only `first` are sent until `rest` is
+/// signalled: a writer paused in the middle of its upload.
+struct Stalled {
+    rest: tokio::sync::oneshot::Sender<()>,
+    answer: tokio::task::JoinHandle<u16>,
+}
+
+async fn stalled_put(p: &Proxy, key: &str, token: u64, first: usize, total: usize) -> Stalled {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let head = vec![b's'; first];
+    let tail = vec![b't'; total - first];
+    let body = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(head))]).chain(
+        futures::stream::once(async move {
+            let _ = rx.await;
+            Ok(bytes::Bytes::from(tail))
+        }),
+    );
+    let req = http()
+        .put(format!("{}/{BUCKET}/{key}", p.url))
+        .header("fencing-token", signed(BUCKET, token))
+        .header("content-length", total.to_string())
+        .body(reqwest::Body::wrap_stream(body));
+    let answer = tokio::spawn(async move { req.send().await.map_or(0, |r| r.status().as_u16()) });
+    Stalled { rest: tx, answer }
+}
+
+use futures::StreamExt as _;
+
+async fn status(p: &Proxy) -> serde_json::Value {
+    p.status().await["cluster"].clone()
+}
+
+/// Waits until replica `p` admits again (it rejoined after losing its
+/// standing).
+async fn wait_admitting(p: &Proxy, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = status(p).await;
+        if s["admitting"] == true {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replica never admitted again: {s}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn both_backends<F, Fut>(f: F)
+where
+    F: Fn(BackendKind) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    f(BackendKind::S3Fs).await;
+    f(BackendKind::Moto).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_through_one_replica_refuses_lower_tokens_on_every_replica_for_new_keys_too() {
+    both_backends(|kind| async move {
+        let env = replicas(kind, 3).start().await;
+        let [a, b, c] = [&env.proxies[0], &env.proxies[1], &env.proxies[2]];
+        assert_eq!(put(a, "k", 1, "one").await.0, 200);
+        assert_eq!(put(b, "k", 2, "two").await.0, 200, "a raise through b");
+        for p in [a, b, c] {
+            let (s, code) = put(p, "never-written", 1, "stale").await;
+            assert_eq!((s, code.as_str()), (409, "FencingTokenStale"), "{}", p.url);
+        }
+        assert_eq!(stored(&env.backend, BUCKET, "never-written").await, None);
+        // The same token through the others, after their first write of it
+        // confirmed the raise, is admitted with no etcd round trip.
+        for p in [a, c] {
+            assert_eq!(put(p, "fresh", 2, "ok").await.0, 200);
+        }
+        let raises: Vec<u64> = {
+            let mut v = Vec::new();
+            for p in [a, b, c] {
+                v.push(status(p).await["raises_in_etcd"].as_u64().expect("count"));
+            }
+            v
+        };
+        for i in 0..20 {
+            let p = [a, b, c][i % 3];
+            assert_eq!(put(p, &format!("steady/{i}"), 2, "x").await.0, 200);
+        }
+        for (p, before) in [a, b, c].into_iter().zip(raises) {
+            assert_eq!(
+                status(p).await["raises_in_etcd"].as_u64(),
+                Some(before),
+                "steady-state writes went to etcd on {}",
+                p.url
+            );
+        }
+        let view = status(a).await;
+        let members = view["members"].as_array().expect("members");
+        assert_eq!(members.len(), 3, "{view}");
+        assert!(members.iter().all(|m| m["registered"] == true), "{view}");
+        assert!(
+            members.iter().all(|m| m["acks"][BUCKET].as_u64() == Some(2)),
+            "every replica acked token 2: {view}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_new_key_upload_stalled_on_one_replica_is_cut_before_a_higher_token_is_admitted_on_another()
+ {
+    both_backends(|kind| async move {
+        let env = replicas(kind, 2).start().await;
+        let (a, b) = (&env.proxies[0], &env.proxies[1]);
+        assert_eq!(put(a, "warm", 1, "x").await.0, 200);
+        let stale = stalled_put(a, "stale-new", 1, 64 * 1024, 256 * 1024).await;
+        a.wait_for_inflight_writes(1).await;
+        let started = Instant::now();
+        assert_eq!(put(b, "other", 2, "new holder").await.0, 200);
+        let raise = started.elapsed();
+        // Cut before the raise was admitted: its answer is already there.
+        assert!(
+            stale.answer.is_finished() || {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                stale.answer.is_finished()
+            },
+            "the stale upload was still running after the raise on the other replica"
+        );
+        let _ = stale.rest.send(());
+        let code = stale.answer.await.expect("joined");
+        assert!(matches!(code, 409 | 0), "the cut upload got {code}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(stored(&env.backend, BUCKET, "stale-new").await, None);
+        assert!(
+            raise < Duration::from_secs(2),
+            "a raise with every replica up took {raise:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_replica_mid_upload_holds_the_raise_for_the_lock_delay_and_its_bytes_never_land()
+ {
+    let env = replicas(BackendKind::Moto, 2).start().await;
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm", 1, "x").await.0, 200);
+    let stale = stalled_put(a, "paused", 1, 64 * 1024, 256 * 1024).await;
+    a.wait_for_inflight_writes(1).await;
+    let service = a.service.as_ref().expect("running");
+    service.signal(Signal::SIGSTOP);
+    let started = Instant::now();
+    assert_eq!(put(b, "other", 2, "new holder").await.0, 200);
+    let raise = started.elapsed();
+    assert!(
+        raise >= LOCK_DELAY,
+        "the raise did not wait out the stopped replica: {raise:?}"
+    );
+    let view = status(b).await;
+    assert!(view["evictions"].as_u64() >= Some(1), "{view}");
+    // The writer and the replica wake up; the rest of the body goes out.
+    let _ = stale.rest.send(());
+    service.signal(Signal::SIGCONT);
+    let code = stale.answer.await.expect("joined");
+    assert!(matches!(code, 409 | 503 | 0), "the stale upload got {code}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stored(&env.backend, BUCKET, "paused").await, None);
+    // The woken replica rejoined: it refuses the old token, takes the new.
+    wait_admitting(a, Duration::from_secs(15)).await;
+    assert_eq!(put(a, "after", 1, "stale").await.1, "FencingTokenStale");
+    assert_eq!(put(a, "after", 2, "current").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_is_waited_out_once_its_uploads_continue_elsewhere_and_it_rejoins() {
+    use aws_sdk_s3::primitives::ByteStream;
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let mut env: Env = replicas(BackendKind::Moto, 2).start().await;
+    assert_eq!(put(&env.proxies[0], "warm", 3, "x").await.0, 200);
+    // An upload created through replica 0 ...
+    let created = fenced!(
+        env.proxies[0]
+            .client()
+            .create_multipart_upload()
+            .bucket(BUCKET)
+            .key("mp"),
+        signed(BUCKET, 3)
+    )
+    .send()
+    .await
+    .expect("created");
+    let id = created.upload_id().expect("id").to_owned();
+    env.proxies[0].kill9();
+    // ... continues through replica 1 after replica 0 died.
+    let b = &env.proxies[1];
+    let part = fenced!(
+        b.client()
+            .upload_part()
+            .bucket(BUCKET)
+            .key("mp")
+            .upload_id(&id)
+            .part_number(1)
+            .body(ByteStream::from(vec![b'p'; 1024])),
+        signed(BUCKET, 3)
+    )
+    .send()
+    .await
+    .expect("a part through the other replica");
+    fenced!(
+        b.client()
+            .complete_multipart_upload()
+            .bucket(BUCKET)
+            .key("mp")
+            .upload_id(&id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .parts(
+                        CompletedPart::builder()
+                            .part_number(1)
+                            .e_tag(part.e_tag().expect("etag"))
+                            .build()
+                    )
+                    .build()
+            ),
+        signed(BUCKET, 3)
+    )
+    .send()
+    .await
+    .expect("completed through the other replica");
+    assert_eq!(stored_token(&env.backend, BUCKET, "mp").await, Some(3));
+    // The first raise after the death waits the dead replica out ...
+    let started = Instant::now();
+    assert_eq!(put(b, "k", 4, "after").await.0, 200);
+    let first = started.elapsed();
+    assert!(first >= LOCK_DELAY, "the raise did not wait out the dead replica: {first:?}");
+    // ... and only that one: it was retired.
+    let started = Instant::now();
+    assert_eq!(put(b, "k", 5, "later").await.0, 200);
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // Restarted, it joins as a new incarnation with the cluster's max.
+    env.proxies[0].restart().await;
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "k2", 4, "stale").await.1, "FencingTokenStale");
+    assert_eq!(put(a, "k2", 5, "current").await.0, 200);
+    let view = status(b).await;
+    assert_eq!(view["members"].as_array().map(Vec::len), Some(2), "{view}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_etcd_leader_costs_brief_refusals_and_a_lost_quorum_fails_closed_then_recovers() {
+    let env = replicas(BackendKind::S3Fs, 2).start().await;
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "k", 1, "x").await.0, 200);
+    assert_eq!(put(b, "k", 1, "y").await.0, 200);
+    let etcd = env.etcd();
+
+    // The leader paused: same-token writes need no etcd and go on; a
+    // raise may be refused (503) while a new leader is elected, never
+    // admitted wrongly, and works again after.
+    let leader = etcd.wait_for_leader(Duration::from_secs(10));
+    etcd.members[leader].pause();
+    for i in 0..10 {
+        assert_eq!(put(&env.proxies[i % 2], &format!("l/{i}"), 1, "x").await.0, 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match put(b, "raised", 2, "two").await {
+            (200, _) => break,
+            (503, _) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            other => panic!("a raise with the leader paused got {other:?}"),
+        }
+    }
+    assert_eq!(put(a, "stale", 1, "x").await.1, "FencingTokenStale");
+    etcd.members[leader].resume();
+    etcd.wait_for_leader(Duration::from_secs(20));
+
+    // No quorum: writes stop once the standing runs out (fail closed) ...
+    let stopped: Vec<usize> = (0..3).filter(|&i| i != etcd.wait_for_leader(Duration::from_secs(10))).collect();
+    for &i in &stopped {
+        etcd.members[i].pause();
+    }
+    let cut_off = Instant::now();
+    let refused_after = loop {
+        let (s, _) = put(a, "q", 2, "x").await;
+        if s == 503 {
+            break cut_off.elapsed();
+        }
+        assert_eq!(s, 200);
+        assert!(cut_off.elapsed() < Duration::from_secs(10), "still admitting without a quorum");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(refused_after <= Duration::from_secs(4), "{refused_after:?}");
+    let (s, code) = put(b, "q", 3, "raise").await;
+    assert_eq!((s, code.as_str()), (503, "ServiceUnavailable"));
+    // ... and start again by themselves when it is back.
+    for &i in &stopped {
+        etcd.members[i].resume();
+    }
+    etcd.wait_for_leader(Duration::from_secs(20));
+    wait_admitting(a, Duration::from_secs(20)).await;
+    wait_admitting(b, Duration::from_secs(20)).await;
+    assert_eq!(put(a, "q", 3, "raise").await.0, 200);
+    assert_eq!(put(b, "q", 2, "stale").await.1, "FencingTokenStale");
+}
