@@ -15,6 +15,7 @@ mod support;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use std::time::Duration;
+use support::harness::{Env, Harness};
 use support::s3::*;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -24,36 +25,21 @@ const OTHER: &str = "other";
 /// A second client key: valid proxy credentials, no lease.
 const MALLORY_KEY: (&str, &str) = ("mallory-key", "mallory-secret-123");
 
-struct Env {
-    backend: Backend,
-    proxy: Proxy,
-    _dir: tempfile::TempDir,
-}
-
 async fn env_with(kind: BackendKind, extra: &str) -> Env {
-    let backend = Backend::start(kind).await;
-    backend.create_bucket(BUCKET).await;
-    backend.create_bucket(OTHER).await;
-    let dir = tempfile::tempdir().expect("tempdir");
     let extra = format!(
         "{extra}\n[[clients]]\naccess_key = \"{}\"\nsecret_key = \"{}\"\n",
         MALLORY_KEY.0, MALLORY_KEY.1
     );
-    let proxy = Proxy::start(
-        &proxy_toml(&backend, dir.path(), BUCKET, &extra),
-        dir.path(),
-    )
-    .await;
-    Env {
-        backend,
-        proxy,
-        _dir: dir,
-    }
+    Harness::new(kind)
+        .bucket(OTHER)
+        .proxy_config(&extra)
+        .start()
+        .await
 }
 
 impl Env {
     fn addr(&self) -> String {
-        self.proxy.url.trim_start_matches("http://").to_owned()
+        self.proxy().url.trim_start_matches("http://").to_owned()
     }
 
     /// One raw HTTP/1.1 request, sent byte for byte (no URL
@@ -97,7 +83,7 @@ impl Env {
         body: &str,
     ) -> Result<(), (Option<u16>, String)> {
         let req = self
-            .proxy
+            .proxy()
             .client()
             .put_object()
             .bucket(BUCKET)
@@ -111,7 +97,7 @@ impl Env {
     }
 
     fn proxy_pid(&self) -> i32 {
-        self.proxy.service.as_ref().expect("running").pid()
+        self.proxy().service.as_ref().expect("running").pid()
     }
 }
 
@@ -214,13 +200,13 @@ async fn h1_keys_with_dot_or_empty_segments_are_refused_before_any_work(kind: Ba
         "no bucket was removed"
     );
     assert_eq!(
-        e.proxy.max_token(BUCKET).await,
+        e.proxy().max_token(BUCKET).await,
         None,
         "nothing reached the fence"
     );
 
     // A copy whose source escapes, and a batch delete naming one such key.
-    let c = e.proxy.client();
+    let c = e.proxy().client();
     let copy = c
         .copy_object()
         .bucket(BUCKET)
@@ -352,7 +338,7 @@ async fn h2_a_buggy_client_echoing_the_max_cannot_write(kind: BackendKind) {
         Some((b"bob".to_vec(), Some(2)))
     );
     assert_eq!(
-        e.proxy.max_token(BUCKET).await,
+        e.proxy().max_token(BUCKET).await,
         Some(2),
         "no plain number raised the max"
     );
@@ -366,7 +352,7 @@ async fn h3_role_clients_with_proxy_credentials_but_no_lease_cannot_write(kind: 
     e.put_signed("k", &signed(BUCKET, 4), "holder")
         .await
         .expect("holder");
-    let mallory = sdk_client(&e.proxy.url, MALLORY_KEY);
+    let mallory = sdk_client(&e.proxy().url, MALLORY_KEY);
     let put = || {
         mallory
             .put_object()
@@ -404,7 +390,7 @@ async fn h3_role_clients_with_proxy_credentials_but_no_lease_cannot_write(kind: 
 /// Anonymous clients create nothing.
 async fn h4_create_bucket_cannot_change_an_existing_bucket(kind: BackendKind) {
     let e = env_with(kind, "").await;
-    let c = e.proxy.client();
+    let c = e.proxy().client();
     let err = c
         .create_bucket()
         .bucket(BUCKET)
@@ -476,7 +462,7 @@ async fn h8_delete_objects_takes_at_most_1000_keys(kind: BackendKind) {
                 .expect("id")
         })
         .collect();
-    let batch = e.proxy.client().delete_objects().bucket(BUCKET).delete(
+    let batch = e.proxy().client().delete_objects().bucket(BUCKET).delete(
         Delete::builder()
             .set_objects(Some(ids))
             .build()
@@ -520,8 +506,8 @@ async fn unknown_query_parameters_are_refused(kind: BackendKind) {
 /// abort; an anonymous upload answers only to its token.
 async fn uploads_answer_only_to_their_creator(kind: BackendKind) {
     let e = env_with(kind, "").await;
-    let owner = e.proxy.client();
-    let mallory = sdk_client(&e.proxy.url, MALLORY_KEY);
+    let owner = e.proxy().client();
+    let mallory = sdk_client(&e.proxy().url, MALLORY_KEY);
     let t = signed(BUCKET, 3);
     let up = fenced!(
         owner.create_multipart_upload().bucket(BUCKET).key("mpu"),
@@ -640,7 +626,7 @@ async fn scopes_sharing_a_lock_share_its_fence(kind: BackendKind) {
         .expect_err("stale");
     assert_eq!(err, (Some(409), "FencingTokenStale".into()));
     assert_eq!(stored(&e.backend, BUCKET, "b/y").await, None);
-    assert_eq!(e.proxy.max_token("shared").await, Some(2));
+    assert_eq!(e.proxy().max_token("shared").await, Some(2));
 }
 
 /// H3: a replica whose cache says a key is absent does not delete it
@@ -785,7 +771,7 @@ async fn h5_unauthenticated_bodies_do_not_grow_the_proxy() {
 async fn h7_made_up_buckets_leave_no_trace() {
     let e = env_with(BackendKind::S3Fs, "").await;
     let metrics = || async {
-        reqwest::get(format!("{}/_fencegate/metrics", e.proxy.url))
+        reqwest::get(format!("{}/_fencegate/metrics", e.proxy().url))
             .await
             .expect("metrics")
             .text()
@@ -815,7 +801,7 @@ async fn h7_made_up_buckets_leave_no_trace() {
         text.len()
     );
     assert_eq!(
-        e.proxy
+        e.proxy()
             .metric(
                 "fencegate_proxy_writes_total",
                 &[
@@ -828,7 +814,7 @@ async fn h7_made_up_buckets_leave_no_trace() {
         Some(300.0),
         "every refusal is counted, in the one series for unknown locks"
     );
-    let st = e.proxy.status().await;
+    let st = e.proxy().status().await;
     assert!(!st.to_string().contains("made-up-"), "{st}");
 }
 
@@ -892,17 +878,10 @@ async fn a_cut_upload_always_learns_it_is_stale(kind: BackendKind) {
 /// nothing, even carrying the holder's signed token, and reads nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_clients_change_nothing_when_anonymous_is_off() {
-    let backend = Backend::start(BackendKind::S3Fs).await;
-    backend.create_bucket(BUCKET).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml(&backend, dir.path(), BUCKET, "")
-        .replace("allow_anonymous = true", "allow_anonymous = false");
-    let proxy = Proxy::start(&toml, dir.path()).await;
-    let e = Env {
-        backend,
-        proxy,
-        _dir: dir,
-    };
+    let e = Harness::new(BackendKind::S3Fs)
+        .anonymous(false)
+        .start()
+        .await;
     e.put_signed("k", &signed(BUCKET, 1), "holder")
         .await
         .expect("a signed client writes");
@@ -999,7 +978,7 @@ async fn a_trickled_xml_body_cannot_pin_the_budget() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let batch = || {
-        e.proxy.client().delete_objects().bucket(BUCKET).delete(
+        e.proxy().client().delete_objects().bucket(BUCKET).delete(
             Delete::builder()
                 .objects(ObjectIdentifier::builder().key("k").build().expect("id"))
                 .build()

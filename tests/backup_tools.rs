@@ -12,44 +12,22 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
+use support::harness::{Env, Harness};
 use support::s3::*;
 
 const BUCKET: &str = "bkt";
 
 /// Backend + lease service + proxy, with `bkt` fenced by lock `nightly`.
-struct Env {
-    backend: Backend,
-    proxy: Proxy,
-    locksvc: support::Service,
-    dir: tempfile::TempDir,
-}
-
 async fn env() -> Env {
     env_on(BackendKind::S3Fs).await
 }
 
 async fn env_on(kind: BackendKind) -> Env {
-    let backend = Backend::start(kind).await;
-    backend.create_bucket(BUCKET).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let scopes = "[[scopes]]\nbucket = \"bkt\"\nlock = \"nightly\"\n";
-    let proxy = Proxy::start(
-        &proxy_toml(&backend, dir.path(), BUCKET, scopes),
-        dir.path(),
-    )
-    .await;
-    let locksvc = {
-        let p = dir.path().to_owned();
-        tokio::task::spawn_blocking(move || support::start_locksvc(&p))
-            .await
-            .expect("locksvc")
-    };
-    Env {
-        backend,
-        proxy,
-        locksvc,
-        dir,
-    }
+    Harness::new(kind)
+        .proxy_config("[[scopes]]\nbucket = \"bkt\"\nlock = \"nightly\"")
+        .locksvc(1)
+        .start()
+        .await
 }
 
 impl Env {
@@ -76,13 +54,13 @@ impl Env {
             std::env::var("PATH").unwrap_or_default()
         );
         cmd.env("PATH", path)
-            .env("FENCEGATE_LOCKSVC", &self.locksvc.url)
+            .env("FENCEGATE_LOCKSVC", &self.locksvc().url)
             .env("FENCEGATE_LOG", "warn")
-            .env("PROXY", &self.proxy.url)
-            .env("PROXY_HOST", self.proxy.url.trim_start_matches("http://"))
+            .env("PROXY", &self.proxy().url)
+            .env("PROXY_HOST", self.proxy().url.trim_start_matches("http://"))
             .env("RCLONE_CONFIG_FG_TYPE", "s3")
             .env("RCLONE_CONFIG_FG_PROVIDER", "Other")
-            .env("RCLONE_CONFIG_FG_ENDPOINT", &self.proxy.url)
+            .env("RCLONE_CONFIG_FG_ENDPOINT", &self.proxy().url)
             .env("RCLONE_CONFIG_FG_ACCESS_KEY_ID", CLIENT_KEY.0)
             .env("RCLONE_CONFIG_FG_SECRET_ACCESS_KEY", CLIENT_KEY.1)
             .env("RCLONE_CONFIG_FG_FORCE_PATH_STYLE", "true")
@@ -339,7 +317,7 @@ async fn forged_lease_credentials_are_refused_and_write_nothing() {
         .expect("secret")
         .to_owned();
     let token = lease["token"].as_u64().expect("token");
-    let sdk = |k: &str, s: &str| sdk_client(&e.proxy.url, (k, s));
+    let sdk = |k: &str, s: &str| sdk_client(&e.proxy().url, (k, s));
     let put = |c: aws_sdk_s3::Client, key: &'static str| async move {
         c.put_object()
             .bucket(BUCKET)
@@ -408,7 +386,7 @@ async fn forged_lease_credentials_are_refused_and_write_nothing() {
         "nothing written"
     );
     assert_eq!(
-        e.proxy.max_token("nightly").await,
+        e.proxy().max_token("nightly").await,
         Some(token),
         "max of the scope's lock unchanged"
     );

@@ -4,26 +4,13 @@
 mod support;
 
 use std::process::{Command, Output};
+use support::harness::{Env, Harness};
 use support::s3::*;
 
 const BUCKET: &str = "bkt";
 
-struct Env {
-    backend: Backend,
-    proxy: Proxy,
-    _dir: tempfile::TempDir,
-}
-
 async fn env(kind: BackendKind) -> Env {
-    let backend = Backend::start(kind).await;
-    backend.create_bucket(BUCKET).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let proxy = Proxy::start(&proxy_toml(&backend, dir.path(), BUCKET, ""), dir.path()).await;
-    Env {
-        backend,
-        proxy,
-        _dir: dir,
-    }
+    Harness::new(kind).start().await
 }
 
 async fn run(mut cmd: Command) -> Output {
@@ -64,7 +51,7 @@ on_both_backends!(
 );
 
 async fn raise_max_to(e: &Env, token: u64) {
-    let c = e.proxy.client();
+    let c = e.proxy().client();
     fenced!(
         c.put_object()
             .bucket(BUCKET)
@@ -82,7 +69,7 @@ async fn boto3_every_write_is_fenced(kind: BackendKind) {
     raise_max_to(&e, 5).await;
     let mut cmd = Command::new(venv_bin("python"));
     cmd.arg(script("boto3_fenced.py"))
-        .args([&e.proxy.url, BUCKET, CLIENT_KEY.0, CLIENT_KEY.1])
+        .args([&e.proxy().url, BUCKET, CLIENT_KEY.0, CLIENT_KEY.1])
         .arg(signed(BUCKET, 4))
         .arg(signed(BUCKET, 5));
     let out = run(cmd).await;
@@ -129,7 +116,7 @@ async fn curl(args: &[&str]) -> (u16, String) {
 async fn curl_every_write_is_fenced(kind: BackendKind) {
     let e = env(kind).await;
     raise_max_to(&e, 5).await;
-    let url = |k: &str| format!("{}/{BUCKET}/{k}", e.proxy.url);
+    let url = |k: &str| format!("{}/{BUCKET}/{k}", e.proxy().url);
     let (stale, current) = (
         format!("Fencing-Token: {}", signed(BUCKET, 4)),
         format!("Fencing-Token: {}", signed(BUCKET, 5)),
@@ -337,7 +324,7 @@ async fn dump_headers(args: &[&str]) -> String {
 async fn virtual_hosted_style_is_fenced_like_path_style(kind: BackendKind) {
     let e = env(kind).await;
     raise_max_to(&e, 5).await;
-    let addr = e.proxy.url.trim_start_matches("http://").to_owned();
+    let addr = e.proxy().url.trim_start_matches("http://").to_owned();
     let port = addr.rsplit_once(':').expect("port").1.to_owned();
     let vhost = format!("{BUCKET}.localhost:{port}");
     let connect = format!("{vhost}:{addr}");

@@ -14,19 +14,22 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::harness::Harness;
 use support::s3::*;
 
 const BUCKET: &str = "bkt";
 
-/// A backend, a lease service and a proxy fencing `bkt` with lock `bkt`.
-/// In an etcd pass, a second lease-service replica on the same locks
-/// (`replica`): the histories' clients then spread over both.
+/// A backend, a lease service and a proxy fencing `bkt` with lock `bkt`
+/// (or several proxy replicas sharing an etcd cluster: the histories'
+/// clients then spread over them). In an etcd pass, a second lease-service
+/// replica on the same locks (`replica`): the clients spread over both.
 struct System {
     backend: Backend,
-    proxy: Proxy,
+    proxies: Vec<Proxy>,
     locksvc: support::Service,
     replica: Option<support::Service>,
     dir: tempfile::TempDir,
+    _etcd: Option<support::etcd::EtcdCluster>,
 }
 
 impl System {
@@ -37,34 +40,46 @@ impl System {
             _ => &self.locksvc.url,
         }
     }
+
+    /// The proxy client `c` writes through.
+    fn proxy_for(&self, c: usize) -> &str {
+        &self.proxies[c % self.proxies.len()].url
+    }
+
+    fn proxy(&self) -> &Proxy {
+        &self.proxies[0]
+    }
 }
 
 async fn system() -> System {
-    let backend = Backend::start(BackendKind::S3Fs).await;
-    backend.create_bucket(BUCKET).await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    system_of(Harness::new(BackendKind::S3Fs)).await
+}
+
+/// `n` proxy replicas on a 3-member etcd cluster.
+async fn replicated_system(n: usize) -> System {
+    system_of(Harness::new(BackendKind::S3Fs).etcd(3).proxies(n)).await
+}
+
+async fn system_of(harness: Harness) -> System {
     // The store is in this process and decides at once; a short decision
     // time keeps the raises after each kill -9 of the proxy (which wait it
     // out) within the test's cycles.
-    let toml = proxy_toml_to(
-        &backend,
-        dir.path(),
-        BUCKET,
-        &backend.endpoint,
-        "store_decision_secs = 1",
-    );
-    let proxy = Proxy::start(&toml, dir.path()).await;
-    let locksvc = start_locksvc(dir.path()).await;
+    let env = harness
+        .backend_options("store_decision_secs = 1")
+        .start()
+        .await;
+    let locksvc = start_locksvc(env.dir.path()).await;
     let replica = match support::lease_backend() {
-        support::LeaseBackend::Etcd => Some(start_locksvc(dir.path()).await),
+        support::LeaseBackend::Etcd => Some(start_locksvc(env.dir.path()).await),
         support::LeaseBackend::Sqlite => None,
     };
     System {
-        backend,
-        proxy,
+        backend: env.backend,
+        proxies: env.proxies,
         locksvc,
         replica,
-        dir,
+        dir: env.dir,
+        _etcd: env.etcd,
     }
 }
 
@@ -229,7 +244,7 @@ async fn record_history(s: &Arc<System>, seed: u64, target: Target, keys: &[Stri
                             let sent = start.elapsed();
                             let status = match target {
                                 Target::Proxy => {
-                                    put(&http, &s.proxy.url, &key, &signed, &payload).await
+                                    put(&http, s.proxy_for(c), &key, &signed, &payload).await
                                 }
                                 Target::Unfenced => direct
                                     .put_object()
@@ -396,6 +411,43 @@ async fn a_random_multi_client_history_checks_out() {
     }
 }
 
+/// The same history with its writers spread over two proxy replicas that
+/// share their fences through etcd (issue 13): one proxy's guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_random_multi_client_history_over_proxy_replicas_checks_out() {
+    let seed = history_seed();
+    let s = Arc::new(replicated_system(2).await);
+    let keys: Vec<String> = (0..5).map(|i| format!("r/k{i}")).collect();
+    let ops = record_history(&s, seed, Target::Proxy, &keys).await;
+    let acks = ops.iter().filter(|o| o.status == Some(200)).count();
+    let stale = ops.iter().filter(|o| o.status == Some(409)).count();
+    println!(
+        "{} writes over 2 replicas: {acks} acknowledged, {stale} stale",
+        ops.len()
+    );
+    assert!(acks > 10, "too few acknowledged writes ({acks})");
+    assert!(
+        stale > 0,
+        "no stale write: the schedule did not exercise the fence"
+    );
+    for r in 0..2 {
+        let through = ops
+            .iter()
+            .filter(|o| o.client % 2 == r && o.status == Some(200))
+            .count();
+        assert!(through > 0, "no write was acknowledged through replica {r}");
+    }
+    if let Some(bad) = ops
+        .iter()
+        .find(|o| !matches!(o.status, Some(200 | 409 | 503)))
+    {
+        panic!("seed {seed}: unexpected answer {bad:?}");
+    }
+    if let Err(e) = check_history(&ops, &s.backend, &keys).await {
+        panic!("seed {seed}: {e}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_history_checker_catches_an_unfenced_store() {
     // The same clients and schedule, writing straight to the store: the
@@ -445,12 +497,12 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
         ])
         .arg(&file)
         .args(["-H", &format!("Fencing-Token: {}", &a.fencing_token)])
-        .arg(format!("{}/{BUCKET}/paused.bin", s.proxy.url))
+        .arg(format!("{}/{BUCKET}/paused.bin", s.proxy().url))
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("curl");
     let pid = Pid::from_raw(i32::try_from(curl.id()).expect("pid"));
-    s.proxy.wait_for_inflight_writes(1).await;
+    s.proxy().wait_for_inflight_writes(1).await;
     kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
 
     // A's lease runs out while it is stopped; B takes over and writes.
@@ -465,7 +517,7 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
     let started = Instant::now();
     let status = put(
         &http,
-        &s.proxy.url,
+        &s.proxy().url,
         "paused.bin",
         &b.fencing_token,
         "from B",
@@ -511,7 +563,7 @@ async fn a_write_whose_client_hangs_up_after_the_body_lands_whole() {
     let signed = lease.fencing_token.as_str();
     let body: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
 
-    let addr = s.proxy.url.trim_start_matches("http://");
+    let addr = s.proxy().url.trim_start_matches("http://");
     let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let head = format!(
         "PUT /{BUCKET}/hangup.bin HTTP/1.1\r\nHost: {addr}\r\nFencing-Token: {signed}\r\nContent-Length: {}\r\n\r\n",
@@ -546,7 +598,7 @@ async fn a_write_whose_client_hangs_up_after_the_body_lands_whole() {
     // The proxy recorded the write: the holder's next write goes straight
     // through (a stale view of the key would cost it a 503 first).
     assert_eq!(
-        put(&http, &s.proxy.url, "hangup.bin", signed, "again").await,
+        put(&http, &s.proxy().url, "hangup.bin", signed, "again").await,
         Some(200)
     );
 }
@@ -620,7 +672,7 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
         let writers: Vec<_> = (0..3usize)
             .map(|w| {
                 let (locksvc, proxy, keys) =
-                    (s.locksvc.url.clone(), s.proxy.url.clone(), keys.clone());
+                    (s.locksvc.url.clone(), s.proxy().url.clone(), keys.clone());
                 let (results, returned) = (results.clone(), returned.clone());
                 tokio::spawn(async move {
                     let http = http();
@@ -663,7 +715,7 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(400)).await;
-        if let Some(p) = s.proxy.service.as_mut() {
+        if let Some(p) = s.proxies[0].service.as_mut() {
             p.kill9();
         }
         s.locksvc.kill9();
@@ -674,7 +726,7 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
         max_token_returned = max_token_returned.max(returned.load(Ordering::Acquire));
 
         s.locksvc = start_locksvc(s.dir.path()).await;
-        s.proxy.restart().await;
+        s.proxies[0].restart().await;
         // Another lock: the writers' leases may still be live after the
         // crash (they keep their remaining time). Tokens are global.
         let req = AcquireRequest {
@@ -699,7 +751,7 @@ async fn kill_9_of_locksvc_and_proxy_under_load_loses_nothing() {
             .max()
             .unwrap_or(0);
         // Unlisted means nothing admitted: right only if nothing was acked.
-        let max = s.proxy.max_token(BUCKET).await;
+        let max = s.proxy().max_token(BUCKET).await;
         assert!(
             max.unwrap_or(0) >= acked_max,
             "cycle {cycle}: the proxy's max {max:?} went below an acknowledged token {acked_max}"

@@ -77,6 +77,11 @@ async fn stalled_put(p: &Proxy, key: &str, token: u64, first: usize, total: usiz
 
 use futures::StreamExt as _;
 
+/// The etcd harness's status reads block.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
 async fn status(p: &Proxy) -> serde_json::Value {
     p.status().await["cluster"].clone()
 }
@@ -90,7 +95,10 @@ async fn wait_admitting(p: &Proxy, within: Duration) {
         if s["admitting"] == true {
             return;
         }
-        assert!(Instant::now() < deadline, "replica never admitted again: {s}");
+        assert!(
+            Instant::now() < deadline,
+            "replica never admitted again: {s}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -145,7 +153,9 @@ async fn a_raise_through_one_replica_refuses_lower_tokens_on_every_replica_for_n
         assert_eq!(members.len(), 3, "{view}");
         assert!(members.iter().all(|m| m["registered"] == true), "{view}");
         assert!(
-            members.iter().all(|m| m["acks"][BUCKET].as_u64() == Some(2)),
+            members
+                .iter()
+                .all(|m| m["acks"][BUCKET].as_u64() == Some(2)),
             "every replica acked token 2: {view}"
         );
     })
@@ -278,11 +288,18 @@ async fn a_killed_replica_is_waited_out_once_its_uploads_continue_elsewhere_and_
     let started = Instant::now();
     assert_eq!(put(b, "k", 4, "after").await.0, 200);
     let first = started.elapsed();
-    assert!(first >= LOCK_DELAY, "the raise did not wait out the dead replica: {first:?}");
+    assert!(
+        first >= LOCK_DELAY,
+        "the raise did not wait out the dead replica: {first:?}"
+    );
     // ... and only that one: it was retired.
     let started = Instant::now();
     assert_eq!(put(b, "k", 5, "later").await.0, 200);
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     // Restarted, it joins as a new incarnation with the cluster's max.
     env.proxies[0].restart().await;
     let (a, b) = (&env.proxies[0], &env.proxies[1]);
@@ -303,10 +320,13 @@ async fn a_paused_etcd_leader_costs_brief_refusals_and_a_lost_quorum_fails_close
     // The leader paused: same-token writes need no etcd and go on; a
     // raise may be refused (503) while a new leader is elected, never
     // admitted wrongly, and works again after.
-    let leader = etcd.wait_for_leader(Duration::from_secs(10));
+    let leader = blocking(|| etcd.wait_for_leader(Duration::from_secs(10)));
     etcd.members[leader].pause();
     for i in 0..10 {
-        assert_eq!(put(&env.proxies[i % 2], &format!("l/{i}"), 1, "x").await.0, 200);
+        assert_eq!(
+            put(&env.proxies[i % 2], &format!("l/{i}"), 1, "x").await.0,
+            200
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -320,10 +340,10 @@ async fn a_paused_etcd_leader_costs_brief_refusals_and_a_lost_quorum_fails_close
     }
     assert_eq!(put(a, "stale", 1, "x").await.1, "FencingTokenStale");
     etcd.members[leader].resume();
-    etcd.wait_for_leader(Duration::from_secs(20));
+    let leader = blocking(|| etcd.wait_for_leader(Duration::from_secs(20)));
 
     // No quorum: writes stop once the standing runs out (fail closed) ...
-    let stopped: Vec<usize> = (0..3).filter(|&i| i != etcd.wait_for_leader(Duration::from_secs(10))).collect();
+    let stopped: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     for &i in &stopped {
         etcd.members[i].pause();
     }
@@ -334,7 +354,10 @@ async fn a_paused_etcd_leader_costs_brief_refusals_and_a_lost_quorum_fails_close
             break cut_off.elapsed();
         }
         assert_eq!(s, 200);
-        assert!(cut_off.elapsed() < Duration::from_secs(10), "still admitting without a quorum");
+        assert!(
+            cut_off.elapsed() < Duration::from_secs(10),
+            "still admitting without a quorum"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(refused_after <= Duration::from_secs(4), "{refused_after:?}");
@@ -344,7 +367,7 @@ async fn a_paused_etcd_leader_costs_brief_refusals_and_a_lost_quorum_fails_close
     for &i in &stopped {
         etcd.members[i].resume();
     }
-    etcd.wait_for_leader(Duration::from_secs(20));
+    blocking(|| etcd.wait_for_leader(Duration::from_secs(20)));
     wait_admitting(a, Duration::from_secs(20)).await;
     wait_admitting(b, Duration::from_secs(20)).await;
     assert_eq!(put(a, "q", 3, "raise").await.0, 200);

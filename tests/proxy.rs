@@ -7,35 +7,17 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
 use base64::Engine as _;
 use std::time::{Duration, Instant};
+use support::harness::{Env, Harness};
 use support::s3::*;
 
 const BUCKET: &str = "bkt";
-
-/// A backend with the test bucket and a proxy in front of it.
-struct Env {
-    backend: Backend,
-    proxy: Proxy,
-    dir: tempfile::TempDir,
-}
 
 async fn env(kind: BackendKind) -> Env {
     env_with(kind, "").await
 }
 
 async fn env_with(kind: BackendKind, extra_toml: &str) -> Env {
-    let backend = Backend::start(kind).await;
-    backend.create_bucket(BUCKET).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let proxy = Proxy::start(
-        &proxy_toml(&backend, dir.path(), BUCKET, extra_toml),
-        dir.path(),
-    )
-    .await;
-    Env {
-        backend,
-        proxy,
-        dir,
-    }
+    Harness::new(kind).proxy_config(extra_toml).start().await
 }
 
 impl Env {
@@ -46,7 +28,7 @@ impl Env {
         body: &str,
     ) -> Result<(), (Option<u16>, String, Option<String>)> {
         let req = self
-            .proxy
+            .proxy()
             .client()
             .put_object()
             .bucket(BUCKET)
@@ -143,7 +125,7 @@ async fn trailer_put(
         .as_bytes(),
     );
     // `key` may carry a query (an UploadPart's).
-    let url = format!("{}/{BUCKET}/{key}", e.proxy.url);
+    let url = format!("{}/{BUCKET}/{key}", e.proxy().url);
     let declared = declared.to_string();
     let headers = client_signed(
         &url,
@@ -223,7 +205,7 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
 
     // An upload's part, the same way.
     let up = fenced!(
-        e.proxy
+        e.proxy()
             .client()
             .create_multipart_upload()
             .bucket(BUCKET)
@@ -286,7 +268,7 @@ async fn hand_signed_put(
     signature_ok: bool,
 ) -> (u16, String) {
     use sha2::Digest as _;
-    let url = format!("{}/{BUCKET}/{key}", e.proxy.url);
+    let url = format!("{}/{BUCKET}/{key}", e.proxy().url);
     let hash = hex::encode(sha2::Sha256::digest(signed_body));
     let mut headers = client_signed(&url, body.len(), &[], &hash);
     if !signature_ok {
@@ -395,7 +377,7 @@ async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_noth
 ) {
     let e = env(kind).await;
     let edge = || async {
-        e.proxy
+        e.proxy()
             .metric("fencegate_proxy_edge_puts_total", &[])
             .await
             .unwrap_or(0.0)
@@ -470,19 +452,12 @@ async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_noth
 async fn a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_after_the_store_refuses(
     kind: BackendKind,
 ) {
-    let backend = Backend::start(kind).await;
-    backend.create_bucket(BUCKET).await;
+    let harness = Harness::new(kind);
+    let backend = harness.backend().await;
     let (relay, seen) =
         support::relay::recording_relay(backend.endpoint.trim_start_matches("http://").to_owned())
             .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, "");
-    let proxy = Proxy::start(&toml, dir.path()).await;
-    let e = Env {
-        backend,
-        proxy,
-        dir,
-    };
+    let e = harness.first_proxy_via(&relay).start_on(backend).await;
     let direct_put = |key: &'static str, token: &'static str| {
         e.backend
             .direct()
@@ -551,14 +526,14 @@ async fn the_lean_put_forwards_what_describes_the_object_and_nothing_else(kind: 
     let e = env(kind).await;
     let http = reqwest::Client::new();
     let before = e
-        .proxy
+        .proxy()
         .metric("fencegate_proxy_lean_forwards_total", &[])
         .await
         .unwrap_or(0.0);
     for key in ["plain", "a b/c+d%e", "ünï/cödé~x"] {
         let url = format!(
             "{}/{BUCKET}/{}",
-            e.proxy.url,
+            e.proxy().url,
             fencegate_proxy::lean::encode_key(key)
         );
         let r = http
@@ -619,7 +594,7 @@ async fn the_lean_put_forwards_what_describes_the_object_and_nothing_else(kind: 
     // A second write of a key goes out with If-Match of the first: a
     // client's own If-None-Match: * is checked by the proxy (the key
     // exists) and refused, not sent.
-    let url = format!("{}/{BUCKET}/plain", e.proxy.url);
+    let url = format!("{}/{BUCKET}/plain", e.proxy().url);
     let r = http
         .put(&url)
         .header("fencing-token", signed(BUCKET, 1))
@@ -630,7 +605,7 @@ async fn the_lean_put_forwards_what_describes_the_object_and_nothing_else(kind: 
         .expect("sent");
     assert_eq!(r.status(), 412);
     let after = e
-        .proxy
+        .proxy()
         .metric("fencegate_proxy_lean_forwards_total", &[])
         .await
         .expect("counted");
@@ -722,7 +697,7 @@ async fn equal_tokens_accepted_higher_raises_and_max_survives_kill_9(kind: Backe
             .await
             .expect("equal token accepted");
     }
-    assert_eq!(e.proxy.max_token(BUCKET).await, Some(5));
+    assert_eq!(e.proxy().max_token(BUCKET).await, Some(5));
     let err = e
         .put("k", &signed(BUCKET, 4), "old")
         .await
@@ -731,12 +706,12 @@ async fn equal_tokens_accepted_higher_raises_and_max_survives_kill_9(kind: Backe
     e.put("k", &signed(BUCKET, 7), "v7")
         .await
         .expect("higher accepted");
-    assert_eq!(e.proxy.max_token(BUCKET).await, Some(7));
+    assert_eq!(e.proxy().max_token(BUCKET).await, Some(7));
 
-    e.proxy.kill9();
-    e.proxy.restart().await;
+    e.proxies[0].kill9();
+    e.proxies[0].restart().await;
     assert_eq!(
-        e.proxy.max_token(BUCKET).await,
+        e.proxy().max_token(BUCKET).await,
         Some(7),
         "max survives kill -9"
     );
@@ -767,7 +742,7 @@ macro_rules! assert_refused {
 
 async fn every_write_operation_is_fenced(kind: BackendKind) {
     let e = env(kind).await;
-    let c = e.proxy.client();
+    let c = e.proxy().client();
     let t = |n: u64| signed(BUCKET, n);
     e.put("src", &t(10), "source").await.expect("max is now 10");
 
@@ -1052,7 +1027,7 @@ async fn complete(
 
 async fn multipart_token_binds_at_create_and_a_new_holder_stops_complete(kind: BackendKind) {
     let e = env(kind).await;
-    let c = e.proxy.client();
+    let c = e.proxy().client();
     // As s3cmd does it: the token only on Create.
     let up = fenced!(
         c.create_multipart_upload().bucket(BUCKET).key("big"),
@@ -1097,9 +1072,9 @@ async fn multipart_token_binds_at_create_and_a_new_holder_stops_complete(kind: B
     // The binding survives a proxy restart: a restarted proxy still knows
     // the upload's token and still refuses it.
     let mut e = e;
-    e.proxy.kill9();
-    e.proxy.restart().await;
-    let c = e.proxy.client();
+    e.proxies[0].kill9();
+    e.proxies[0].restart().await;
+    let c = e.proxy().client();
     let err = complete(&c, "big", &id, vec![(1, p1.e_tag().map(str::to_owned))])
         .await
         .expect_err("stale after restart");
@@ -1114,7 +1089,7 @@ async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
         .expect("token 1 admitted");
 
     // A token-1 writer starts a 4 MiB upload, sends half, and stalls.
-    let addr = e.proxy.url.trim_start_matches("http://").to_owned();
+    let addr = e.proxy().url.trim_start_matches("http://").to_owned();
     let mut slow = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
@@ -1127,7 +1102,7 @@ async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
     slow.write_all(&vec![b'1'; total / 2])
         .await
         .expect("first half");
-    e.proxy.wait_for_inflight_writes(1).await;
+    e.proxy().wait_for_inflight_writes(1).await;
 
     // The new holder's write is admitted in bounded time: the stalled
     // upload is cut, not waited for.
@@ -1268,7 +1243,7 @@ async fn forged_tokens_are_refused_and_leave_max_unchanged(kind: BackendKind) {
         );
     }
     assert_eq!(
-        e.proxy.max_token(BUCKET).await,
+        e.proxy().max_token(BUCKET).await,
         Some(3),
         "no forged token raised the max"
     );
@@ -1281,7 +1256,7 @@ async fn forged_tokens_are_refused_and_leave_max_unchanged(kind: BackendKind) {
 async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) {
     let e = env(kind).await;
     let http = reqwest::Client::new();
-    let url = |path: &str| format!("{}/{BUCKET}/{path}", e.proxy.url);
+    let url = |path: &str| format!("{}/{BUCKET}/{path}", e.proxy().url);
     let token = signed(BUCKET, 1);
     let check = |resp: reqwest::Response, status: u16, code: &'static str| async move {
         let got = resp.status().as_u16();
@@ -1295,7 +1270,7 @@ async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) 
 
     // Malformed XML bodies.
     let r = http
-        .post(format!("{}?delete", e.proxy.url.clone() + "/" + BUCKET))
+        .post(format!("{}?delete", e.proxy().url.clone() + "/" + BUCKET))
         .header("fencing-token", &token)
         .body("<Delete><Object>")
         .send()
@@ -1321,7 +1296,7 @@ async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) 
         .expect("sent");
     check(r, 501, "NotImplemented").await;
     let r = http
-        .delete(format!("{}/{BUCKET}", e.proxy.url))
+        .delete(format!("{}/{BUCKET}", e.proxy().url))
         .send()
         .await
         .expect("sent");
@@ -1344,7 +1319,7 @@ async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) 
     }
 
     // Wrong credentials.
-    let bad_secret = sdk_client(&e.proxy.url, (CLIENT_KEY.0, "wrong-secret-123"));
+    let bad_secret = sdk_client(&e.proxy().url, (CLIENT_KEY.0, "wrong-secret-123"));
     assert_refused!(
         fenced!(
             bad_secret
@@ -1359,7 +1334,7 @@ async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) 
         "SignatureDoesNotMatch",
         "wrong secret"
     );
-    let unknown = sdk_client(&e.proxy.url, ("nobody", "wrong-secret-123"));
+    let unknown = sdk_client(&e.proxy().url, ("nobody", "wrong-secret-123"));
     assert_refused!(
         fenced!(
             unknown
@@ -1381,13 +1356,13 @@ async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) 
         "nothing was written"
     );
     assert_eq!(
-        e.proxy.max_token(BUCKET).await,
+        e.proxy().max_token(BUCKET).await,
         None,
         "no refused request reached the fence"
     );
     // The proxy is still healthy.
     let health = http
-        .get(format!("{}/_fencegate/health", e.proxy.url))
+        .get(format!("{}/_fencegate/health", e.proxy().url))
         .send()
         .await
         .expect("health");
@@ -1402,7 +1377,7 @@ async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) 
 async fn writes_the_store_refuses_leave_the_object_as_it_was(kind: BackendKind) {
     let e = env(kind).await;
     let http = reqwest::Client::new();
-    let url = |path: &str| format!("{}/{BUCKET}/{path}", e.proxy.url);
+    let url = |path: &str| format!("{}/{BUCKET}/{path}", e.proxy().url);
     let token = signed(BUCKET, 1);
     e.put("k", &token, "original").await.expect("first write");
     let error_of = |resp: reqwest::Response| async move {
@@ -1463,7 +1438,7 @@ async fn writes_the_store_refuses_leave_the_object_as_it_was(kind: BackendKind) 
     assert_eq!(stored(&e.backend, BUCKET, "copy").await, None);
 
     let r = http
-        .put(format!("{}/no-such-bucket/k", e.proxy.url))
+        .put(format!("{}/no-such-bucket/k", e.proxy().url))
         .header("fencing-token", signed("no-such-bucket", 1))
         .body("x")
         .send()
@@ -1643,7 +1618,7 @@ async fn a_refused_upload_leaves_its_connection_usable() {
     e.put("k", &signed(BUCKET, 2), "current")
         .await
         .expect("raise to 2");
-    let c = e.proxy.client();
+    let c = e.proxy().client();
     for round in 0..10 {
         let stale = fenced!(
             c.put_object()
@@ -1669,7 +1644,7 @@ async fn a_refused_upload_leaves_its_connection_usable() {
     }
     // The same, on one connection: the 409, then the next request's answer.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = e.proxy.url.trim_start_matches("http://").to_owned();
+    let addr = e.proxy().url.trim_start_matches("http://").to_owned();
     let mut conn = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
@@ -1720,7 +1695,7 @@ async fn a_refused_upload_leaves_its_connection_usable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_upload_does_not_follow_its_key_into_another_scope() {
     let mut e = env(BackendKind::S3Fs).await;
-    let c = e.proxy.client();
+    let c = e.proxy().client();
     let up = fenced!(
         c.create_multipart_upload().bucket(BUCKET).key("scoped/big"),
         signed(BUCKET, 7)
@@ -1730,17 +1705,17 @@ async fn an_open_upload_does_not_follow_its_key_into_another_scope() {
     .expect("create");
     let id = up.upload_id().expect("id").to_owned();
 
-    e.proxy.kill9();
+    e.proxies[0].kill9();
     let toml = proxy_toml(
         &e.backend,
-        e.dir.path(),
+        &e.proxy_dir(0),
         BUCKET,
         "unscoped_writes = \"bucket-lock\"\n[[scopes]]\nbucket = \"bkt\"\nprefix = \"scoped/\"\nlock = \"other\"",
     );
-    std::fs::write(&e.proxy.config, toml).expect("rewrite config");
-    e.proxy.restart().await;
+    std::fs::write(&e.proxy().config, toml).expect("rewrite config");
+    e.proxies[0].restart().await;
 
-    let c = e.proxy.client();
+    let c = e.proxy().client();
     assert_refused!(
         c.upload_part()
             .bucket(BUCKET)
@@ -1753,7 +1728,7 @@ async fn an_open_upload_does_not_follow_its_key_into_another_scope() {
         "FencingScopeChanged",
         "a part after the scopes changed"
     );
-    let st = e.proxy.status().await;
+    let st = e.proxy().status().await;
     let raised: Vec<&serde_json::Value> = st["locks"]
         .as_array()
         .expect("locks")

@@ -30,6 +30,7 @@ pub struct Harness {
     locksvc: usize,
     proxies: usize,
     relay: Option<String>,
+    anonymous: bool,
 }
 
 /// What was started.
@@ -55,7 +56,14 @@ impl Harness {
             locksvc: 0,
             proxies: 1,
             relay: None,
+            anonymous: true,
         }
+    }
+
+    /// Whether the proxies accept unsigned requests (default: yes).
+    pub fn anonymous(mut self, allowed: bool) -> Harness {
+        self.anonymous = allowed;
+        self
     }
 
     /// Another bucket to create.
@@ -129,6 +137,9 @@ impl Harness {
     /// The config of proxy `i`.
     fn proxy_toml(&self, backend: &Backend, dir: &Path, i: usize, etcd: Option<&str>) -> String {
         let mut toml = proxy_toml(backend, dir, BUCKET, &self.proxy_extra);
+        if !self.anonymous {
+            toml = toml.replace("allow_anonymous = true", "allow_anonymous = false");
+        }
         let endpoint = match (i, &self.relay) {
             (0, Some(relay)) => relay.clone(),
             _ => backend.endpoint.clone(),
@@ -215,9 +226,16 @@ impl Env {
         &self.proxies[0]
     }
 
+    /// The directory of proxy `i`'s config and database.
+    pub fn proxy_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("proxy{i}"))
+    }
+
     /// The first lease service.
     pub fn locksvc(&self) -> &Service {
-        self.locksvc.first().expect("the harness has no lease service")
+        self.locksvc
+            .first()
+            .expect("the harness has no lease service")
     }
 
     pub fn etcd(&self) -> &EtcdCluster {

@@ -110,6 +110,10 @@ struct Inner {
     /// `Standing::valid_until` + 1 (0: none), read on every admission.
     admits_until: AtomicU64,
     incarnation: Mutex<Option<Incarnation>>,
+    /// The lease of the last incarnation, revoked at the next join: a
+    /// registration it left behind would make raises wait `ack_timeout`
+    /// for an ack that cannot come.
+    last_lease: AtomicU64,
     incarnations: AtomicU64,
     /// Why the replica does not admit, for its 503s.
     why_not: Mutex<String>,
@@ -152,6 +156,7 @@ impl Cluster {
                 standing: Mutex::new(Standing::default()),
                 admits_until: AtomicU64::new(0),
                 incarnation: Mutex::new(None),
+                last_lease: AtomicU64::new(0),
                 incarnations: AtomicU64::new(0),
                 why_not: Mutex::new("the replica has not joined the cluster yet".into()),
                 rejoining: AtomicBool::new(false),
@@ -240,6 +245,14 @@ impl Cluster {
     /// One join: a new incarnation's lease, member record and registration,
     /// then every lock's max, then the watch from there.
     async fn join(&self, fences: &Fences) -> Result<(), JoinError> {
+        let old = self.inner.last_lease.load(Ordering::Acquire) as i64;
+        if old != 0 {
+            let _ = self
+                .inner
+                .etcd
+                .call(|mut c| async move { c.lease_revoke(old).await })
+                .await;
+        }
         let ttl = i64::try_from(self.inner.timing.ttl.as_secs()).unwrap_or(i64::MAX);
         let sent = self.now();
         let (lease, _) = self
@@ -248,6 +261,7 @@ impl Cluster {
             .call(|mut c| async move { c.lease_grant(ttl, None).await })
             .await?;
         let lease = lease.id();
+        self.inner.last_lease.store(lease as u64, Ordering::Release);
         let number = self.inner.incarnations.fetch_add(1, Ordering::AcqRel) + 1;
         let id = format!(
             "{}.{:x}{number:02x}",
