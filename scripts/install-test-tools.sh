@@ -6,6 +6,8 @@
 #     its tests on a 3-member cluster of it
 #   - protoc and the protobuf include files (Debian protobuf-compiler and
 #     libprotobuf-dev): the etcd-client crate compiles etcd's protos
+#   - nginx (Debian nginx-light): the deployment test checks the load
+#     balancer config of docker-compose.ha.yml with `nginx -t`
 # Safe to run repeatedly; does nothing when all is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,7 @@ done
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # protoc alone fails on google/protobuf/descriptor.proto.
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${missing[*]} from Debian"
   SUDO=""
@@ -37,4 +40,8 @@ fi
 # costs nothing (when systemd runs it; harmless otherwise).
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
   ${SUDO:-} systemctl stop etcd || true
+fi
+# The same for the nginx package's system server on port 80.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet nginx 2>/dev/null; then
+  ${SUDO:-} systemctl stop nginx || true
 fi

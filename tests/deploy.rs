@@ -300,6 +300,7 @@ fn example_configs_show_every_option() {
                 ("[backend]", "backend"),
                 ("[[scopes]]", "scopes"),
                 ("[[clients]]", "clients"),
+                ("[cluster]", "cluster"),
             ],
             "locksvc" => &[("[[api_keys]]", "api_keys"), ("[etcd]", "etcd")],
             _ => &[],
@@ -1133,7 +1134,7 @@ fn etcd_flag(args: &[String], name: &str) -> String {
 }
 
 #[test]
-fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_the_proxy() {
+fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_behind_nginx() {
     let doc = compose_ha();
     let etcd_names = ["etcd1", "etcd2", "etcd3"];
     // The members: consistent names and URLs, one cluster, flags that the
@@ -1185,7 +1186,7 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_the_proxy() {
     // The replicas: valid with their command and environment, on every
     // member, started after them, on distinct loopback ports.
     let mut ports = Vec::new();
-    let proxy_env = environment(service(&doc, "proxy"));
+    let proxy_env = environment(service(&doc, "proxy1"));
     for name in ["locksvc1", "locksvc2"] {
         let svc = service(&doc, name);
         let args = command_in_repo(name, svc);
@@ -1222,13 +1223,108 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_the_proxy() {
         "the replicas need a host port each: {ports:?}"
     );
 
-    // The rest is the single-host file's: MinIO unpublished, the proxy valid.
+    // The rest is the single-host file's: MinIO unpublished.
     let minio = service(&doc, "minio");
     assert!(published("minio", minio).iter().all(|(_, _, c)| *c != 9000));
-    let proxy = service(&doc, "proxy");
-    let mut cmd = clean_fencegate();
-    cmd.args(command_in_repo("proxy", proxy))
-        .arg("--check")
-        .envs(&proxy_env);
-    expect_valid(cmd);
+
+    // The proxy replicas: valid with their environment, sharing the etcd
+    // members, each with its own id, verifying what the lease service
+    // signs, reached only through the load balancer.
+    let locksvc_keys = environment(service(&doc, "locksvc1"))
+        .get("FENCEGATE_SIGNING_KEYS")
+        .cloned();
+    let mut ids = Vec::new();
+    let mut upstreams = Vec::new();
+    for name in ["proxy1", "proxy2"] {
+        let svc = service(&doc, name);
+        let args = command_in_repo(name, svc);
+        assert_eq!(args[0], "proxy");
+        let env = environment(svc);
+        let mut cmd = clean_fencegate();
+        cmd.args(&args).arg("--check").envs(&env);
+        expect_valid(cmd);
+        let endpoints: Vec<&str> = env
+            .get("FENCEGATE_CLUSTER_ENDPOINTS")
+            .map(|e| e.split(',').collect())
+            .unwrap_or_else(|| panic!("{name} is not a replica (no FENCEGATE_CLUSTER_ENDPOINTS)"));
+        assert_eq!(endpoints, client_urls, "{name}'s etcd endpoints");
+        ids.push(env.get("FENCEGATE_REPLICA_ID").cloned().unwrap_or_default());
+        assert_eq!(
+            env.get("FENCEGATE_SIGNING_KEYS").cloned(),
+            locksvc_keys,
+            "{name}'s keys"
+        );
+        for member in etcd_names {
+            assert_eq!(depends_on_condition(svc, member), "service_healthy");
+        }
+        assert!(
+            published(name, svc).is_empty(),
+            "{name} is reached through the load balancer only"
+        );
+        upstreams.push(format!("{name}:{}", listen_addr(name, svc).port()));
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "the replicas need distinct ids: {ids:?}");
+
+    // The load balancer: publishes the S3 port on loopback, its config is
+    // the repository's, lists exactly the replicas, streams bodies, and
+    // nginx accepts it.
+    let lb = service(&doc, "loadbalancer");
+    let ports = published("loadbalancer", lb);
+    assert_eq!(ports.len(), 1, "{ports:?}");
+    assert_eq!(ports[0].0, "127.0.0.1");
+    let mount = words(&lb["volumes"])
+        .into_iter()
+        .find(|v| v.ends_with(":/etc/nginx/nginx.conf:ro"))
+        .expect("the load balancer mounts its nginx.conf");
+    let conf_path = mount
+        .split(':')
+        .next()
+        .expect("source")
+        .trim_start_matches("./");
+    let conf = read_repo(conf_path);
+    let servers: Vec<String> = conf
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("server "))
+        .filter(|l| l.ends_with(';'))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|s| s.trim_end_matches(';').to_owned())
+        .collect();
+    assert_eq!(servers, upstreams, "the upstream servers are the replicas");
+    for needle in [
+        "proxy_request_buffering off;",
+        "client_max_body_size 0;",
+        "proxy_set_header Host $http_host;",
+    ] {
+        assert!(conf.contains(needle), "{conf_path} lacks {needle}");
+    }
+    let dir = tempdir();
+    let mut local = conf.clone();
+    for u in &upstreams {
+        local = local.replace(u.as_str(), "127.0.0.1:9");
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let local = local.replace("listen 9000;", &format!("listen 127.0.0.1:{port};"));
+    let file = write(dir.path(), "nginx.conf", &local);
+    let out = Command::new("nginx")
+        .arg("-t")
+        .arg("-p")
+        .arg(dir.path())
+        .arg("-e")
+        .arg(dir.path().join("error.log"))
+        .arg("-c")
+        .arg(&file)
+        .arg("-g")
+        .arg(format!("pid {};", dir.path().join("nginx.pid").display()))
+        .output()
+        .expect("nginx runs (scripts/install-test-tools.sh installs nginx-light)");
+    assert!(
+        out.status.success(),
+        "nginx -t refuses {conf_path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

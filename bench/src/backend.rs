@@ -308,11 +308,22 @@ impl ProxyProc {
         backend: &Backend,
         tmp: &std::path::Path,
     ) -> anyhow::Result<ProxyProc> {
+        ProxyProc::start_with(fencegate, backend, tmp, String::new()).await
+    }
+
+    /// [`ProxyProc::start`] with `extra` appended to the config (a
+    /// `[cluster]` table).
+    pub async fn start_with(
+        fencegate: &std::path::Path,
+        backend: &Backend,
+        tmp: &std::path::Path,
+        extra: String,
+    ) -> anyhow::Result<ProxyProc> {
         let dir = tempfile::Builder::new().prefix("proxy-").tempdir_in(tmp)?;
         let config = dir.path().join("proxy.toml");
         std::fs::write(
             &config,
-            proxy_toml(&backend.endpoint, &dir.path().join("proxy.db")),
+            proxy_toml(&backend.endpoint, &dir.path().join("proxy.db")) + &extra,
         )?;
         let mut cmd = std::process::Command::new(fencegate);
         cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])

@@ -14,6 +14,7 @@ mod ha;
 mod large;
 mod leases;
 mod nginx;
+mod replicas;
 mod roundtrips;
 mod small;
 mod util;
@@ -113,6 +114,10 @@ enum Command {
     /// The lease service on a 3-member etcd cluster against raw etcd on the
     /// same cluster and against the lease service on SQLite, interleaved.
     Ha,
+    /// Proxy replicas on a 3-member etcd cluster: steady-state PUTs
+    /// through a replica against a single proxy, and raise latency with 2
+    /// and 3 replicas.
+    Replicas,
     /// Everything above (the lease service with etcd side by side).
     All,
     /// Redraws the small section's chart from a results file (to --chart,
@@ -158,6 +163,8 @@ struct Results {
     growth: Option<growth::GrowthReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ha: Option<ha::HaReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replicas: Option<replicas::ReplicaReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -339,6 +346,21 @@ fn targets(r: &Results) -> Vec<Target> {
                     l.raw_etcd.median_ops_per_sec
                 ),
                 met: Some(l.ratio_over_raw_etcd >= 0.8),
+            });
+        }
+    }
+    if let Some(r) = &r.replicas {
+        for l in &r.steady {
+            t.push(Target {
+                target: format!(
+                    "replicas c={}: a replica of 2 >= 0.97 x a single proxy (steady state)",
+                    l.concurrency
+                ),
+                measured: format!(
+                    "{:.4} ({:.1} vs {:.1} ops/s)",
+                    l.ratio, l.replica.median_ops_per_sec, l.single.median_ops_per_sec
+                ),
+                met: Some(l.ratio >= 0.97),
             });
         }
     }
@@ -534,11 +556,19 @@ async fn main() -> anyhow::Result<()> {
         Command::Locksvc => (false, false, false, true, false, false),
         Command::Etcd => (false, false, false, true, false, true),
         Command::Growth => (false, false, false, false, true, false),
-        Command::Ha => (false, false, false, false, false, false),
+        Command::Ha | Command::Replicas => (false, false, false, false, false, false),
         Command::All => (true, true, true, true, true, true),
         Command::Chart { .. } => unreachable!("handled above"),
     };
     let do_ha = matches!(cli.command, Command::Ha | Command::All);
+    let do_replicas = matches!(cli.command, Command::Replicas | Command::All);
+    let replica_opts = replicas::ReplicaOpts {
+        concurrency: g.concurrency.clone(),
+        rounds: g.rounds.unwrap_or(if quick { 2 } else { 6 }),
+        round,
+        raises: if quick { 20 } else { 200 },
+        etcd_bin: g.etcd.clone(),
+    };
     let ha_opts = ha::HaOpts {
         concurrency: g.concurrency.clone(),
         rounds: g.rounds.unwrap_or(if quick { 2 } else { 4 }),
@@ -629,6 +659,17 @@ async fn main() -> anyhow::Result<()> {
                 report.results.ha = Some(r);
             }
             Err(e) => report.failures.push(format!("ha: {e:#}")),
+        }
+        checkpoint(&mut report)?;
+    }
+
+    if do_replicas {
+        match replicas::run(&ctx, &replica_opts).await {
+            Ok(r) => {
+                replicas::print(&r);
+                report.results.replicas = Some(r);
+            }
+            Err(e) => report.failures.push(format!("replicas: {e:#}")),
         }
         checkpoint(&mut report)?;
     }

@@ -358,7 +358,7 @@ impl Fences {
                                     fence.max.store(v, Ordering::Release);
                                     fence.confirmed.store(false, Ordering::Release);
                                 }
-                                fence.pending.store(v, Ordering::Release);
+                                fence.pending.fetch_max(v, Ordering::AcqRel);
                                 *fence.cancel.lock().unwrap_or_else(|p| p.into_inner()) =
                                     CancellationToken::new();
                                 drop(exclusive);

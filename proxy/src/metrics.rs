@@ -51,6 +51,15 @@ pub struct Metrics {
     pub edge_puts: Counter,
     /// How long a raise waited for the older epoch to let go.
     pub raise_wait_seconds: Family<LockLabels, Histogram>,
+    /// With replicas: 1 while this replica admits writes (its registration
+    /// is current), 0 while it refuses them.
+    pub cluster_admitting: Gauge,
+    /// With replicas: how long the cluster part of a raise took (the
+    /// transaction and the wait for every replica's ack or lock delay).
+    pub cluster_raise_seconds: Histogram,
+    /// With replicas: replicas this one evicted for not acknowledging a
+    /// raise within `ack_timeout`.
+    pub cluster_evictions: Counter,
 }
 
 impl Metrics {
@@ -104,6 +113,24 @@ impl Metrics {
             "How long a raise of the max waited for the older token's writes to finish or become unable to commit",
             raise_wait_seconds.clone(),
         );
+        let cluster_admitting = Gauge::default();
+        let cluster_raise_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 18));
+        let cluster_evictions = Counter::default();
+        registry.register(
+            "cluster_admitting",
+            "With replicas: 1 while this replica's registration is current and it admits writes, 0 while it refuses them",
+            cluster_admitting.clone(),
+        );
+        registry.register(
+            "cluster_raise_seconds",
+            "With replicas: how long a raise took in the cluster (its transaction and the wait for every replica's ack or lock delay)",
+            cluster_raise_seconds.clone(),
+        );
+        registry.register(
+            "cluster_evictions",
+            "With replicas: replicas this one evicted for not acknowledging a raise in time",
+            cluster_evictions.clone(),
+        );
         registry.register(
             "lean_forwards",
             "PutObjects sent by the lean forwarder (the others went through the SDK)",
@@ -125,6 +152,9 @@ impl Metrics {
             lean_forwards,
             edge_puts,
             raise_wait_seconds,
+            cluster_admitting,
+            cluster_raise_seconds,
+            cluster_evictions,
         }
     }
 

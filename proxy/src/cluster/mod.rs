@@ -123,6 +123,7 @@ struct Inner {
     /// Raises this replica took to etcd (steady-state writes take none).
     raises_in_etcd: AtomicU64,
     uploads: DashMap<String, UploadBinding>,
+    metrics: std::sync::OnceLock<Arc<crate::metrics::Metrics>>,
 }
 
 fn pad(token: u64) -> String {
@@ -164,6 +165,7 @@ impl Cluster {
                 evictions: AtomicU64::new(0),
                 raises_in_etcd: AtomicU64::new(0),
                 uploads: DashMap::new(),
+                metrics: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -203,6 +205,10 @@ impl Cluster {
             s.valid_until().map_or(0, |u| u.saturating_add(1)),
             Ordering::Release,
         );
+        if let Some(m) = self.inner.metrics.get() {
+            m.cluster_admitting
+                .set(i64::from(s.valid_until().is_some()));
+        }
     }
 
     fn me(&self) -> Option<Incarnation> {
@@ -216,7 +222,13 @@ impl Cluster {
     /// Joins (retrying while etcd cannot be reached, for `patience`),
     /// loads every lock's max into `fences`, and starts the renewal, the
     /// standing check and the watch. Writes are admitted from its return.
-    pub async fn start(&self, fences: &Fences, patience: Duration) -> anyhow::Result<()> {
+    pub async fn start(
+        &self,
+        fences: &Fences,
+        patience: Duration,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> anyhow::Result<()> {
+        let _ = self.inner.metrics.set(metrics);
         let deadline = Instant::now() + patience;
         loop {
             match self.join(fences).await {
@@ -639,6 +651,9 @@ impl Cluster {
             for id in &next.evict {
                 if let Some(&lease) = leases.get(id) {
                     self.inner.evictions.fetch_add(1, Ordering::Relaxed);
+                    if let Some(m) = self.inner.metrics.get() {
+                        m.cluster_evictions.inc();
+                    }
                     tracing::warn!(member = %id, lock, token, "evicting a replica that did not acknowledge a raise in time");
                     let _ = self
                         .inner

@@ -569,7 +569,8 @@ impl Gate {
         let Some(c) = self.fences.cluster() else {
             return Ok(());
         };
-        c.start(&self.fences, patience).await?;
+        c.start(&self.fences, patience, self.metrics.clone())
+            .await?;
         for (lock, max) in self.db.load_fences()? {
             if lock.contains('/') || max <= self.fences.max(&lock) {
                 continue;
