@@ -4,7 +4,7 @@
 #   scripts/bench.sh                 # everything, full sizes (~10 min on 2 cores)
 #   scripts/bench.sh --quick         # smoke test: small counts, no 1 GiB object
 #   scripts/bench.sh --out my.json   # any fencegate-bench option is passed on
-#   scripts/bench.sh small           # one section: small | large | roundtrips | locksvc | etcd | growth | ha | all
+#   scripts/bench.sh small           # one section: small | large | roundtrips | locksvc | etcd | growth | ha | replicas | all
 #   scripts/bench.sh small --baseline-rev 4c198a5
 #                                    # before/after: the fencegate of commit 4c198a5 runs as
 #                                    # a fourth variant in the same rounds as direct, nginx
@@ -48,7 +48,7 @@ fi
 
 section=all
 case "${1:-}" in
-    small | large | roundtrips | locksvc | etcd | growth | ha | all)
+    small | large | roundtrips | locksvc | etcd | growth | ha | replicas | all)
         section=$1
         shift
         ;;

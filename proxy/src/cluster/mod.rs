@@ -46,6 +46,12 @@ const POLL: Duration = Duration::from_millis(5);
 /// How often the standing is checked against the clock (the body check
 /// per chunk does not depend on it).
 const STANDING_CHECK: Duration = Duration::from_millis(50);
+/// Most upload bindings a replica keeps copies of; then it starts over
+/// (etcd has them all).
+const UPLOAD_COPIES: usize = 100_000;
+/// How long the cluster view in the status is reused: a status request
+/// costs etcd at most one read per this.
+const STATUS_REUSE: Duration = Duration::from_secs(1);
 
 /// Why the cluster could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +111,8 @@ struct Inner {
     prefix: String,
     replica: String,
     timing: Timing,
-    origin: Instant,
+    /// `clock::boot_ms` at start: the protocol's times count from it.
+    origin: u64,
     standing: Mutex<Standing>,
     /// `Standing::valid_until` + 1 (0: none), read on every admission.
     admits_until: AtomicU64,
@@ -124,6 +131,8 @@ struct Inner {
     raises_in_etcd: AtomicU64,
     uploads: DashMap<String, UploadBinding>,
     metrics: std::sync::OnceLock<Arc<crate::metrics::Metrics>>,
+    /// The members part of the last status, and when it was read.
+    status_members: tokio::sync::Mutex<Option<(Instant, serde_json::Value)>>,
 }
 
 fn pad(token: u64) -> String {
@@ -153,7 +162,7 @@ impl Cluster {
                 prefix: config.prefix.clone(),
                 replica: config.replica_id.clone(),
                 timing: config.timing(store_decision).checked()?,
-                origin: Instant::now(),
+                origin: crate::clock::boot_ms(),
                 standing: Mutex::new(Standing::default()),
                 admits_until: AtomicU64::new(0),
                 incarnation: Mutex::new(None),
@@ -166,12 +175,14 @@ impl Cluster {
                 raises_in_etcd: AtomicU64::new(0),
                 uploads: DashMap::new(),
                 metrics: std::sync::OnceLock::new(),
+                status_members: tokio::sync::Mutex::new(None),
             }),
         })
     }
 
+    /// The protocol's clock (suspend included, see `clock::boot_ms`).
     fn now(&self) -> Ms {
-        u64::try_from(self.inner.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+        crate::clock::boot_ms().saturating_sub(self.inner.origin)
     }
 
     fn key(&self, rest: &str) -> String {
@@ -209,6 +220,13 @@ impl Cluster {
             m.cluster_admitting
                 .set(i64::from(s.valid_until().is_some()));
         }
+    }
+
+    fn keep_copy(&self, b: &UploadBinding) {
+        if self.inner.uploads.len() >= UPLOAD_COPIES {
+            self.inner.uploads.clear();
+        }
+        self.inner.uploads.insert(b.upload_id.clone(), b.clone());
     }
 
     fn me(&self) -> Option<Incarnation> {
@@ -792,6 +810,90 @@ impl Cluster {
         Ok((view, leases))
     }
 
+    /// Every member with its registration and acks per lock, read at most
+    /// once per [`STATUS_REUSE`] (a status request is not authenticated:
+    /// it must not cost etcd a read each).
+    async fn members_view(&self) -> serde_json::Value {
+        let mut cached = self.inner.status_members.lock().await;
+        if let Some((at, v)) = &*cached
+            && at.elapsed() < STATUS_REUSE
+        {
+            return v.clone();
+        }
+        let me = self.me();
+        let read = async {
+            let (m, p, a) = (
+                self.key("members/"),
+                self.key("proxies/"),
+                self.key("acks/"),
+            );
+            let txn = Txn::new().and_then([
+                TxnOp::get(m.clone(), Some(GetOptions::new().with_prefix())),
+                TxnOp::get(
+                    p.clone(),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                ),
+                TxnOp::get(
+                    a.clone(),
+                    Some(GetOptions::new().with_prefix().with_limit(1000)),
+                ),
+            ]);
+            let (resp, _) = self
+                .inner
+                .etcd
+                .call(|mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await?;
+            Ok::<_, CallError>((resp, m, p, a))
+        };
+        let view = match read.await {
+            Ok((resp, m, p, a)) => {
+                let ops = resp.op_responses();
+                let registered: std::collections::BTreeSet<String> = ops
+                    .get(1)
+                    .map(gets)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|kv| String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned())
+                    .collect();
+                let mut acks: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+                for kv in ops.get(2).map(gets).unwrap_or_default() {
+                    let rest = String::from_utf8_lossy(&kv.key()[a.len()..]).into_owned();
+                    if let Some((lock, id)) = rest.split_once('/') {
+                        acks.entry(id.to_owned())
+                            .or_default()
+                            .insert(lock.to_owned(), parse_token(kv.value()));
+                    }
+                }
+                let members: Vec<_> = ops
+                    .first()
+                    .map(gets)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|kv| {
+                        let id = String::from_utf8_lossy(&kv.key()[m.len()..]).into_owned();
+                        let record = serde_json::from_slice::<MemberRecord>(kv.value()).ok();
+                        serde_json::json!({
+                            "id": id,
+                            "replica": record.as_ref().map(|r| r.replica.clone()),
+                            "started_unix_ms": record.as_ref().map(|r| r.started_unix_ms),
+                            "registered": registered.contains(&id),
+                            "joined_revision": kv.create_revision(),
+                            "acks": acks.remove(&id).unwrap_or_default(),
+                            "this_replica": me.as_ref().is_some_and(|m| m.id == id),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({ "members": members })
+            }
+            Err(e) => serde_json::json!({ "members_error": e.to_string() }),
+        };
+        *cached = Some((Instant::now(), view.clone()));
+        view
+    }
+
     /// Records a new upload's binding in etcd (before its id is returned).
     pub async fn bind_upload(&self, b: &UploadBinding) -> Result<(), ClusterError> {
         let key = self.key(&format!("uploads/{}", b.upload_id));
@@ -804,7 +906,7 @@ impl Cluster {
                 async move { c.put(key, value, None).await }
             })
             .await?;
-        self.inner.uploads.insert(b.upload_id.clone(), b.clone());
+        self.keep_copy(b);
         Ok(())
     }
 
@@ -828,7 +930,7 @@ impl Cluster {
         };
         let b: UploadBinding = serde_json::from_slice(kv.value())
             .map_err(|e| ClusterError::Unavailable(format!("unreadable upload binding: {e}")))?;
-        self.inner.uploads.insert(upload_id.to_owned(), b.clone());
+        self.keep_copy(&b);
         Ok(Some(b))
     }
 
@@ -871,74 +973,9 @@ impl Cluster {
             "raises_in_etcd": self.inner.raises_in_etcd.load(Ordering::Relaxed),
             "raises_waiting": raises,
         });
-        let read = async {
-            let (m, p, a) = (
-                self.key("members/"),
-                self.key("proxies/"),
-                self.key("acks/"),
-            );
-            let txn = Txn::new().and_then([
-                TxnOp::get(m.clone(), Some(GetOptions::new().with_prefix())),
-                TxnOp::get(
-                    p.clone(),
-                    Some(GetOptions::new().with_prefix().with_keys_only()),
-                ),
-                TxnOp::get(
-                    a.clone(),
-                    Some(GetOptions::new().with_prefix().with_limit(1000)),
-                ),
-            ]);
-            let (resp, _) = self
-                .inner
-                .etcd
-                .call(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await?;
-            Ok::<_, CallError>((resp, m, p, a))
-        };
-        match read.await {
-            Ok((resp, m, p, a)) => {
-                let ops = resp.op_responses();
-                let registered: std::collections::BTreeSet<String> = ops
-                    .get(1)
-                    .map(gets)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|kv| String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned())
-                    .collect();
-                let mut acks: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-                for kv in ops.get(2).map(gets).unwrap_or_default() {
-                    let rest = String::from_utf8_lossy(&kv.key()[a.len()..]).into_owned();
-                    if let Some((lock, id)) = rest.split_once('/') {
-                        acks.entry(id.to_owned())
-                            .or_default()
-                            .insert(lock.to_owned(), parse_token(kv.value()));
-                    }
-                }
-                let members: Vec<_> = ops
-                    .first()
-                    .map(gets)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|kv| {
-                        let id = String::from_utf8_lossy(&kv.key()[m.len()..]).into_owned();
-                        let record = serde_json::from_slice::<MemberRecord>(kv.value()).ok();
-                        serde_json::json!({
-                            "id": id,
-                            "replica": record.as_ref().map(|r| r.replica.clone()),
-                            "started_unix_ms": record.as_ref().map(|r| r.started_unix_ms),
-                            "registered": registered.contains(&id),
-                            "joined_revision": kv.create_revision(),
-                            "acks": acks.remove(&id).unwrap_or_default(),
-                            "this_replica": me.as_ref().is_some_and(|m| m.id == id),
-                        })
-                    })
-                    .collect();
-                out["members"] = serde_json::Value::Array(members);
-            }
-            Err(e) => out["members_error"] = serde_json::Value::String(e.to_string()),
+        let members = self.members_view().await;
+        if let (Some(o), serde_json::Value::Object(m)) = (out.as_object_mut(), members) {
+            o.extend(m);
         }
         out
     }
