@@ -162,6 +162,9 @@ async fn a_raise_through_one_replica_refuses_lower_tokens_on_every_replica_for_n
     .await;
 }
 
+/// (On loopback the stalled replica's watch usually cuts its upload before
+/// a raise without ack wait would be answered anyway; the next test is the
+/// one that fails without it, and the simulation shows why in general.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_new_key_upload_stalled_on_one_replica_is_cut_before_a_higher_token_is_admitted_on_another()
  {
@@ -174,13 +177,12 @@ async fn a_stale_new_key_upload_stalled_on_one_replica_is_cut_before_a_higher_to
         let started = Instant::now();
         assert_eq!(put(b, "other", 2, "new holder").await.0, 200);
         let raise = started.elapsed();
-        // Cut before the raise was admitted: its answer is already there.
-        assert!(
-            stale.answer.is_finished() || {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                stale.answer.is_finished()
-            },
-            "the stale upload was still running after the raise on the other replica"
+        // Cut before the raise was admitted: when b answers, a holds no
+        // write (a write counted in flight still holds its admission).
+        assert_eq!(
+            a.metric("fencegate_proxy_inflight_writes", &[]).await,
+            Some(0.0),
+            "the stale upload was still in flight on a when b admitted token 2"
         );
         let _ = stale.rest.send(());
         let code = stale.answer.await.expect("joined");
@@ -193,6 +195,54 @@ async fn a_stale_new_key_upload_stalled_on_one_replica_is_cut_before_a_higher_to
         );
     })
     .await;
+}
+
+/// The other half of the guarantee: a stale write whose bytes all reached
+/// the store (here a relay holds them, as a slow store would) cannot be cut;
+/// the raise on the other replica waits until the store decided it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_write_the_store_still_holds_is_decided_before_a_raise_elsewhere_is_admitted() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    let harness = replicas(BackendKind::S3Fs, 2);
+    let backend = harness.backend().await;
+    let hold = Duration::from_millis(1_500);
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        "HELD-BY-THE-STORE",
+        hold,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .await;
+    let env = harness.first_proxy_via(&relay).start_on(backend).await;
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm", 1, "x").await.0, 200);
+    let held = {
+        let url = a.url.clone();
+        tokio::spawn(async move {
+            http()
+                .put(format!("{url}/{BUCKET}/held"))
+                .header("fencing-token", signed(BUCKET, 1))
+                .body("HELD-BY-THE-STORE")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    a.wait_for_inflight_writes(1).await;
+    let started = Instant::now();
+    assert_eq!(put(b, "other", 2, "new holder").await.0, 200);
+    let raise = started.elapsed();
+    // Admitted only once the held write was decided: it is in the store.
+    assert_eq!(
+        stored(&env.backend, BUCKET, "held")
+            .await
+            .map(|(body, t)| (body, t)),
+        Some((b"HELD-BY-THE-STORE".to_vec(), Some(1))),
+        "token 2 was admitted on b before a's token-1 write was decided (after {raise:?})"
+    );
+    assert!(raise >= hold / 2, "{raise:?}");
+    assert_eq!(held.await.expect("joined").expect("answered"), 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

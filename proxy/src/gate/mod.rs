@@ -154,6 +154,9 @@ impl WriteOp {
 /// can send an object write (see [`write`]).
 #[derive(Debug)]
 pub struct Write {
+    /// First, so it is dropped first: a write counted in flight still
+    /// holds its admission (a raise admitted elsewhere finds it at 0).
+    inflight: Inflight,
     op: WriteOp,
     scope: Scope,
     token: u64,
@@ -164,7 +167,6 @@ pub struct Write {
     /// [`Gate::begin_put`]).
     presumed: bool,
     started: Instant,
-    inflight: Inflight,
 }
 
 /// Counts a write in `inflight_writes` for as long as it lives.
