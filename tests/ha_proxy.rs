@@ -235,9 +235,7 @@ async fn a_stale_write_the_store_still_holds_is_decided_before_a_raise_elsewhere
     let raise = started.elapsed();
     // Admitted only once the held write was decided: it is in the store.
     assert_eq!(
-        stored(&env.backend, BUCKET, "held")
-            .await
-            .map(|(body, t)| (body, t)),
+        stored(&env.backend, BUCKET, "held").await,
         Some((b"HELD-BY-THE-STORE".to_vec(), Some(1))),
         "token 2 was admitted on b before a's token-1 write was decided (after {raise:?})"
     );
