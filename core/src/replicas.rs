@@ -17,7 +17,10 @@
 //!   ([`Standing`]) and whatever it had sent the store has been decided.
 //!
 //! A member that joined after `rev` read the max after `rev`, so it holds
-//! `t` already. A member record is removed (retired) only by a raiser that
+//! `t` already. A member that learned `t` (from its watch, or at join)
+//! refuses writes below it at once, but admits `t` itself only after it
+//! waited for the raise as its raiser does: its own ack says it has drained,
+//! not that the others have. A member record is removed (retired) only by a raiser that
 //! waited its lock delay, so a replica that died is waited for once, by
 //! whichever raise comes first, however long ago it died.
 //!

@@ -293,10 +293,17 @@ impl Cluster {
         let lease = lease.id();
         self.inner.last_lease.store(lease as u64, Ordering::Release);
         let number = self.inner.incarnations.fetch_add(1, Ordering::AcqRel) + 1;
+        // Random too: two processes misconfigured with one replica_id must
+        // still be two members (one's ack must never count for the other).
+        let mut salt = [0u8; 4];
+        getrandom::getrandom(&mut salt).map_err(|e| {
+            JoinError::Unavailable(format!("no randomness for an incarnation id: {e}"))
+        })?;
         let id = format!(
-            "{}.{:x}{number:02x}",
+            "{}.{:x}{number:02x}{}",
             self.inner.replica,
-            crate::clock::unix_ms()
+            crate::clock::unix_ms(),
+            hex::encode(salt)
         );
         let record = serde_json::to_string(&MemberRecord {
             replica: self.inner.replica.clone(),
@@ -479,8 +486,12 @@ impl Cluster {
                     continue;
                 }
             };
+            // A stream that went quiet is asked for progress; one that does
+            // not answer is opened again elsewhere, soon enough that this
+            // replica still acks a raise within `ack_timeout` (a watch on a
+            // paused member would otherwise get it evicted).
+            let quiet = (self.inner.timing.ttl / 3).min(self.inner.timing.ack_timeout / 4);
             loop {
-                let quiet = self.inner.timing.ttl / 3;
                 let msg = tokio::time::timeout(quiet, stream.message()).await;
                 if self.me().is_none_or(|m| m.number != number) {
                     return;
