@@ -41,8 +41,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long a raise polls the members between reads when nothing is due.
-const POLL: Duration = Duration::from_millis(5);
+/// How long a raise waits between two reads of the members: from the first
+/// to the last, doubling (acks come within milliseconds when every replica
+/// is up; a raise that waits for an eviction or a lock delay reads less).
+const POLL_FIRST: Duration = Duration::from_millis(1);
+const POLL_LAST: Duration = Duration::from_millis(20);
 /// How often the standing is checked against the clock (the body check
 /// per chunk does not depend on it).
 const STANDING_CHECK: Duration = Duration::from_millis(50);
@@ -673,6 +676,7 @@ impl Cluster {
         // Past this, something is wrong beyond what the protocol waits for.
         let give_up =
             Instant::now() + t.ack_timeout + t.lock_delay + 4 * self.inner.etcd.request_timeout();
+        let mut poll = POLL_FIRST;
         loop {
             let (view, leases) = self.members(lock).await?;
             let now = self.now();
@@ -718,8 +722,9 @@ impl Cluster {
             }
             let due = next
                 .wake_at
-                .map_or(POLL, |w| Duration::from_millis(w.saturating_sub(now)));
-            tokio::time::sleep(due.min(POLL)).await;
+                .map_or(poll, |w| Duration::from_millis(w.saturating_sub(now)));
+            tokio::time::sleep(due.min(poll)).await;
+            poll = (poll * 2).min(POLL_LAST);
         }
     }
 
