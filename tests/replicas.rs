@@ -1,6 +1,8 @@
 //! Two proxy replicas on one store, each with its own fence database, on
-//! s3s-fs and on moto: what holds across replicas today, and what does not
-//! (until replicas share their fences, issue 13).
+//! s3s-fs and on moto: what holds across replicas that do not share their
+//! fences, and what does not; and, last, the same gap closed by replicas
+//! that share them through etcd (`[cluster]`, tests/ha_proxy.rs for the
+//! rest).
 //!
 //! In every test replica 1 saw only token 1 (its max stays 1) while bob
 //! wrote with token 2 through replica 2, so replica 1's own fence cannot
@@ -14,43 +16,26 @@ use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+use support::harness::{Env, Harness};
 use support::s3::*;
 
 const BUCKET: &str = "bkt";
 
-/// A backend with the test bucket and two proxies in front of it.
-struct Replicas {
-    backend: Backend,
-    r1: Proxy,
-    r2: Proxy,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-}
-
-/// Two replicas; replica 1 reaches the store at `r1_endpoint` if given (a
-/// relay), else directly.
-async fn replicas_via(backend: Backend, r1_endpoint: Option<&str>) -> Replicas {
-    let (d1, d2) = (support::tempdir(), support::tempdir());
-    let t1 = proxy_toml_to(
-        &backend,
-        d1.path(),
-        BUCKET,
-        r1_endpoint.unwrap_or(&backend.endpoint),
-        "",
-    );
-    let r1 = Proxy::start(&t1, d1.path()).await;
-    let r2 = Proxy::start(&proxy_toml(&backend, d2.path(), BUCKET, ""), d2.path()).await;
-    Replicas {
-        backend,
-        r1,
-        r2,
-        _dirs: (d1, d2),
+/// Two proxies of `harness` in front of one store (each with its own
+/// fences, unless the harness shares them); replica 1 reaches the store
+/// through `relay` if given.
+async fn replicas_via(harness: Harness, backend: Backend, relay: Option<&str>) -> Env {
+    let harness = harness.proxies(2);
+    match relay {
+        Some(r) => harness.first_proxy_via(r).start_on(backend).await,
+        None => harness.start_on(backend).await,
     }
 }
 
-async fn replicas(kind: BackendKind) -> Replicas {
-    let backend = Backend::start(kind).await;
-    backend.create_bucket(BUCKET).await;
-    replicas_via(backend, None).await
+async fn replicas(kind: BackendKind) -> Env {
+    let harness = Harness::new(kind).shared(false);
+    let backend = harness.backend().await;
+    replicas_via(harness, backend, None).await
 }
 
 async fn put(p: &Proxy, key: &str, token: u64, body: &str) -> Result<(), (Option<u16>, String)> {
@@ -112,6 +97,7 @@ on_both_backends!(
     a_stale_delete_through_the_other_replica_is_refused,
     a_stale_complete_through_the_other_replica_is_refused,
     a_delayed_write_over_identical_bytes_lands_through_the_other_replica,
+    with_shared_fences_the_delayed_write_is_decided_before_the_newer_holder_writes,
 );
 
 /// PUT over a cached ETag: the store refuses the condition (412), and
@@ -120,11 +106,16 @@ async fn a_stale_put_through_the_other_replica_fails_at_the_store_and_is_redecid
     kind: BackendKind,
 ) {
     let r = replicas(kind).await;
-    put(&r.r1, "k", 1, "alice").await.expect("alice via r1");
-    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
-    stale(put(&r.r1, "k", 1, "alice again").await, "alice's stale PUT");
+    put(&r.proxies[0], "k", 1, "alice")
+        .await
+        .expect("alice via r1");
+    put(&r.proxies[1], "k", 2, "bob").await.expect("bob via r2");
+    stale(
+        put(&r.proxies[0], "k", 1, "alice again").await,
+        "alice's stale PUT",
+    );
     assert_eq!(
-        writes(&r.r1, "PutObject", "conflict").await,
+        writes(&r.proxies[0], "PutObject", "conflict").await,
         1.0,
         "the store refused replica 1's condition, which then re-decided"
     );
@@ -139,16 +130,21 @@ async fn a_stale_put_through_the_other_replica_fails_at_the_store_and_is_redecid
 /// reads it and refuses a token below the one stored on the object.
 async fn a_replica_that_never_saw_the_key_refuses_by_the_stored_token(kind: BackendKind) {
     let r = replicas(kind).await;
-    put(&r.r1, "warm", 1, "alice").await.expect("alice via r1");
-    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
-    stale(put(&r.r1, "k", 1, "alice").await, "alice's stale PUT");
+    put(&r.proxies[0], "warm", 1, "alice")
+        .await
+        .expect("alice via r1");
+    put(&r.proxies[1], "k", 2, "bob").await.expect("bob via r2");
+    stale(
+        put(&r.proxies[0], "k", 1, "alice").await,
+        "alice's stale PUT",
+    );
     assert_eq!(
-        writes(&r.r1, "PutObject", "stale").await,
+        writes(&r.proxies[0], "PutObject", "stale").await,
         1.0,
         "refused as stale by the stored token"
     );
     assert_eq!(
-        r.r1.max_token(BUCKET).await,
+        r.proxies[0].max_token(BUCKET).await,
         Some(1),
         "replica 1 never saw token 2"
     );
@@ -160,15 +156,19 @@ async fn a_replica_that_never_saw_the_key_refuses_by_the_stored_token(kind: Back
 
 async fn a_stale_copy_through_the_other_replica_is_refused(kind: BackendKind) {
     let r = replicas(kind).await;
-    put(&r.r1, "src", 1, "source").await.expect("alice via r1");
-    put(&r.r1, "k", 1, "alice").await.expect("alice via r1");
-    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
-    let copy =
-        r.r1.client()
-            .copy_object()
-            .bucket(BUCKET)
-            .key("k")
-            .copy_source(format!("{BUCKET}/src"));
+    put(&r.proxies[0], "src", 1, "source")
+        .await
+        .expect("alice via r1");
+    put(&r.proxies[0], "k", 1, "alice")
+        .await
+        .expect("alice via r1");
+    put(&r.proxies[1], "k", 2, "bob").await.expect("bob via r2");
+    let copy = r.proxies[0]
+        .client()
+        .copy_object()
+        .bucket(BUCKET)
+        .key("k")
+        .copy_source(format!("{BUCKET}/src"));
     let e = fenced!(copy, signed(BUCKET, 1))
         .send()
         .await
@@ -182,9 +182,15 @@ async fn a_stale_copy_through_the_other_replica_is_refused(kind: BackendKind) {
 
 async fn a_stale_delete_through_the_other_replica_is_refused(kind: BackendKind) {
     let r = replicas(kind).await;
-    put(&r.r1, "k", 1, "alice").await.expect("alice via r1");
-    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
-    let delete = r.r1.client().delete_object().bucket(BUCKET).key("k");
+    put(&r.proxies[0], "k", 1, "alice")
+        .await
+        .expect("alice via r1");
+    put(&r.proxies[1], "k", 2, "bob").await.expect("bob via r2");
+    let delete = r.proxies[0]
+        .client()
+        .delete_object()
+        .bucket(BUCKET)
+        .key("k");
     let e = fenced!(delete, signed(BUCKET, 1))
         .send()
         .await
@@ -200,8 +206,10 @@ async fn a_stale_delete_through_the_other_replica_is_refused(kind: BackendKind) 
 /// replica 1 (which still admits token 1).
 async fn a_stale_complete_through_the_other_replica_is_refused(kind: BackendKind) {
     let r = replicas(kind).await;
-    put(&r.r1, "k", 1, "alice").await.expect("alice via r1");
-    let c = r.r1.client();
+    put(&r.proxies[0], "k", 1, "alice")
+        .await
+        .expect("alice via r1");
+    let c = r.proxies[0].client();
     let up = fenced!(
         c.create_multipart_upload().bucket(BUCKET).key("k"),
         signed(BUCKET, 1)
@@ -222,7 +230,7 @@ async fn a_stale_complete_through_the_other_replica_is_refused(kind: BackendKind
     .send()
     .await
     .expect("part");
-    put(&r.r2, "k", 2, "bob").await.expect("bob via r2");
+    put(&r.proxies[1], "k", 2, "bob").await.expect("bob via r2");
     let done = CompletedMultipartUpload::builder()
         .parts(
             CompletedPart::builder()
@@ -254,12 +262,13 @@ async fn a_stale_complete_through_the_other_replica_is_refused(kind: BackendKind
 /// write is conditioned on, so the store lets hers replace his (content,
 /// token and all). With different bytes the ETag changes and the store
 /// refuses her. One proxy prevents both (its epoch holds bob's raise until
-/// alice's write is decided: tests/faults.rs); across replicas this is what
-/// fails today, and what issue 13 (shared fences) fixes.
+/// alice's write is decided: tests/faults.rs); across replicas without
+/// shared fences this is what fails, and what shared fences fix (the next
+/// test).
 async fn a_delayed_write_over_identical_bytes_lands_through_the_other_replica(kind: BackendKind) {
     const HOLD: Duration = Duration::from_secs(3);
-    let backend = Backend::start(kind).await;
-    backend.create_bucket(BUCKET).await;
+    let harness = Harness::new(kind).shared(false);
+    let backend = harness.backend().await;
     let relay = support::relay::holding_relay(
         backend.endpoint.trim_start_matches("http://").to_owned(),
         "alice, late",
@@ -267,13 +276,15 @@ async fn a_delayed_write_over_identical_bytes_lands_through_the_other_replica(ki
         Arc::new(AtomicBool::new(false)),
     )
     .await;
-    let r = replicas_via(backend, Some(&relay)).await;
+    let r = replicas_via(harness, backend, Some(&relay)).await;
     // Replica 1 writes the first pack, so it knows its ETag: alice's later
     // write through it is conditioned on that ETag.
     for key in ["pack-same", "pack-diff"] {
-        put(&r.r1, key, 1, "pack v1").await.expect("the first pack");
+        put(&r.proxies[0], key, 1, "pack v1")
+            .await
+            .expect("the first pack");
     }
-    let (r1, r2) = (&r.r1, &r.r2);
+    let (r1, r2) = (&r.proxies[0], &r.proxies[1]);
     let alice = |key: &'static str| async move { put(r1, key, 1, "alice, late").await };
     let bob = |key: &'static str, body: &'static str| async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -297,7 +308,54 @@ async fn a_delayed_write_over_identical_bytes_lands_through_the_other_replica(ki
     assert_eq!(
         stored(&r.backend, BUCKET, "pack-same").await,
         Some((b"alice, late".to_vec(), Some(1))),
-        "documents the cross-replica gap (issue 13): if this fails, update README \"Several proxies\""
+        "documents the gap between unshared replicas: if this fails, update README \"Several proxies\""
+    );
+}
+
+/// The same schedule through replicas that share their fences: bob's raise
+/// on replica 2 waits until replica 1 has drained, that is until the store
+/// decided alice's held write; then bob writes over it. Her write landed
+/// before his was admitted (allowed: it was admitted first), and his is
+/// what stays. (The hold is longer than the harness's 1 s ack timeout, so
+/// replica 1 is evicted while it drains and bob's raise then waits the lock
+/// delay: the slow path, still in order.)
+async fn with_shared_fences_the_delayed_write_is_decided_before_the_newer_holder_writes(
+    kind: BackendKind,
+) {
+    const HOLD: Duration = Duration::from_secs(3);
+    let harness = Harness::new(kind)
+        .etcd(3)
+        .backend_options("store_decision_secs = 1");
+    let backend = harness.backend().await;
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        "alice, late",
+        HOLD,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .await;
+    let r = replicas_via(harness, backend, Some(&relay)).await;
+    put(&r.proxies[0], "pack-same", 1, "pack v1")
+        .await
+        .expect("the first pack");
+    let (r1, r2) = (&r.proxies[0], &r.proxies[1]);
+    let started = std::time::Instant::now();
+    let (a, b) = tokio::join!(put(r1, "pack-same", 1, "alice, late"), async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let b = put(r2, "pack-same", 2, "pack v1").await;
+        (b, started.elapsed())
+    });
+    let (b, bob_done) = b;
+    a.expect("alice's write was admitted before bob's token and landed first");
+    b.expect("bob via r2");
+    assert!(
+        bob_done >= HOLD,
+        "bob was admitted after {bob_done:?}, before alice's held write was decided"
+    );
+    assert_eq!(
+        stored(&r.backend, BUCKET, "pack-same").await,
+        Some((b"pack v1".to_vec(), Some(2))),
+        "the newer holder's write is what stays"
     );
 }
 
@@ -320,7 +378,7 @@ async fn the_probe_finds_what_each_store_enforces() {
     ];
     for (kind, flags) in expected {
         let r = replicas(kind).await;
-        let st = r.r1.status().await;
+        let st = r.proxies[0].status().await;
         let report = &st["probe"][0]["report"];
         let found: Vec<bool> = [
             "put_if_none_match",

@@ -31,6 +31,7 @@ pub struct Harness {
     proxies: usize,
     relay: Option<String>,
     anonymous: bool,
+    shared: Option<bool>,
 }
 
 /// What was started.
@@ -57,7 +58,21 @@ impl Harness {
             proxies: 1,
             relay: None,
             anonymous: true,
+            shared: None,
         }
+    }
+
+    /// Whether the proxies share their fences through etcd (default: when
+    /// there is more than one). `false` starts proxies that each keep their
+    /// own, side by side: what the README warns against, for the tests of
+    /// what then still holds.
+    pub fn shared(mut self, shared: bool) -> Harness {
+        self.shared = Some(shared);
+        self
+    }
+
+    fn is_shared(&self) -> bool {
+        self.shared.unwrap_or(self.proxies > 1 || self.etcd > 0)
     }
 
     /// Whether the proxies accept unsigned requests (default: yes).
@@ -168,7 +183,7 @@ impl Harness {
 
     pub async fn start_on(self, backend: Backend) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
-        let etcd = if self.etcd > 0 || self.proxies > 1 {
+        let etcd = if self.etcd > 0 || self.is_shared() {
             let n = self.etcd.max(1);
             Some(
                 tokio::task::spawn_blocking(move || EtcdCluster::start(n))
@@ -183,9 +198,7 @@ impl Harness {
         for i in 0..self.proxies {
             let pdir: PathBuf = dir.path().join(format!("proxy{i}"));
             std::fs::create_dir_all(&pdir).expect("proxy dir");
-            let shared = (self.proxies > 1 || self.etcd > 0)
-                .then_some(endpoints.as_deref())
-                .flatten();
+            let shared = self.is_shared().then_some(endpoints.as_deref()).flatten();
             let toml = self.proxy_toml(&backend, &pdir, i, shared);
             proxies.push(Proxy::start(&toml, &pdir).await);
         }
