@@ -32,7 +32,8 @@ use crate::fences::Fences;
 use dashmap::DashMap;
 use fencegate_core::replicas::{Holdup, MemberView, Ms, RaiseWait, Standing, Timing};
 use fencegate_etcd::etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    WatchOptions,
 };
 use fencegate_etcd::{CallError, Etcd};
 use serde::{Deserialize, Serialize};
@@ -192,6 +193,19 @@ impl Cluster {
         format!("{}{rest}", self.inner.prefix)
     }
 
+    /// One transaction, failed over like every call.
+    async fn txn(&self, txn: &Txn) -> Result<TxnResponse, CallError> {
+        let (resp, _) = self
+            .inner
+            .etcd
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        Ok(resp)
+    }
+
     /// Whether this replica may admit a write now: its registration was
     /// renewed recently enough. One atomic load and a clock read.
     pub fn admits(&self) -> bool {
@@ -322,13 +336,7 @@ impl Cluster {
                 Some(PutOptions::new().with_lease(lease)),
             ),
         ]);
-        self.inner
-            .etcd
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        self.txn(&txn).await?;
         // The lease runs from its grant, after `sent`.
         let timing = self.inner.timing;
         self.set_standing(|s| s.renewed(sent, &timing));
@@ -611,14 +619,7 @@ impl Cluster {
                 .or_else([TxnOp::get(fence.clone(), None)]);
             let mut found = None;
             for txn in [txn, created] {
-                let (resp, _) = self
-                    .inner
-                    .etcd
-                    .call(|mut c| {
-                        let txn = txn.clone();
-                        async move { c.txn(txn).await }
-                    })
-                    .await?;
+                let resp = self.txn(&txn).await?;
                 let wrote = resp.succeeded();
                 if let Some(kv) = resp.op_responses().iter().flat_map(gets).next() {
                     found = Some((parse_token(kv.value()), kv.mod_revision(), wrote));
@@ -632,14 +633,7 @@ impl Cluster {
                         // Another replica's raise to the same token: ack it
                         // (this replica drained below it) and wait for it
                         // like its raiser.
-                        let op = put_ack.clone();
-                        self.inner
-                            .etcd
-                            .call(|mut c| {
-                                let op = op.clone();
-                                async move { c.txn(Txn::new().and_then([op])).await }
-                            })
-                            .await?;
+                        self.txn(&Txn::new().and_then([put_ack.clone()])).await?;
                     }
                     break (v, rev);
                 }
@@ -778,14 +772,7 @@ impl Cluster {
             ),
             TxnOp::get(acks.clone(), Some(GetOptions::new().with_prefix())),
         ]);
-        let (resp, _) = self
-            .inner
-            .etcd
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.txn(&txn).await?;
         let ops = resp.op_responses();
         let name = |kv: &fencegate_etcd::etcd_client::KeyValue, p: &str| {
             String::from_utf8_lossy(&kv.key()[p.len()..]).into_owned()
@@ -854,14 +841,7 @@ impl Cluster {
                     Some(GetOptions::new().with_prefix().with_limit(1000)),
                 ),
             ]);
-            let (resp, _) = self
-                .inner
-                .etcd
-                .call(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await?;
+            let resp = self.txn(&txn).await?;
             Ok::<_, CallError>((resp, m, p, a))
         };
         let view = match read.await {
