@@ -89,10 +89,42 @@ fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,s3s=off,s3s_aws=off,s3s_fs=off")
     });
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    // FENCEGATE_LOG_FORMAT=json: one JSON object per line (fields flattened
+    // beside "message", "level", "target" and "timestamp"), for log
+    // pipelines. Anything else but "text" is refused before the service
+    // starts, in `log_format`.
+    match log_format() {
+        Ok(LogFormat::Json) => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        Ok(LogFormat::Text) => builder.init(),
+        Err(bad) => {
+            builder.init();
+            tracing::warn!(
+                "FENCEGATE_LOG_FORMAT={bad:?} is neither \"text\" nor \"json\"; logging as text"
+            );
+        }
+    }
+}
+
+/// How log lines are written (`FENCEGATE_LOG_FORMAT`).
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn log_format() -> Result<LogFormat, String> {
+    match std::env::var("FENCEGATE_LOG_FORMAT") {
+        Err(_) => Ok(LogFormat::Text),
+        Ok(v) if v.is_empty() || v.eq_ignore_ascii_case("text") => Ok(LogFormat::Text),
+        Ok(v) if v.eq_ignore_ascii_case("json") => Ok(LogFormat::Json),
+        Ok(v) => Err(v),
+    }
 }
 
 fn main() -> ExitCode {

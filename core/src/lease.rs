@@ -172,6 +172,14 @@ impl LockTable {
         }
     }
 
+    /// The locks whose latest lease is live at `now`.
+    pub fn live_locks(&self, now: Timestamp) -> impl Iterator<Item = &LockName> {
+        self.leases
+            .values()
+            .filter(move |l| l.is_live(now))
+            .map(|l| &l.lock)
+    }
+
     /// The last token issued (0 if none).
     pub fn counter(&self) -> u64 {
         self.counter

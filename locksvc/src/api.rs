@@ -119,6 +119,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/locks/{lock}/renew", post(renew))
         .route("/v1/locks/{lock}/release", post(release))
         .route("/v1/locks/{lock}", get(status))
+        .route("/", get(page))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
         .merge(api)
@@ -529,6 +530,31 @@ async fn status(
     }))
 }
 
+/// Locks the status page shows at most.
+const PAGE_LOCKS: usize = 500;
+
+/// The status page: the locks the caller may inspect, each with its
+/// holder, token, expiry (counting down) and waiters.
+async fn page(
+    State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> Result<Response, ApiError> {
+    let listed = state.inner.engine.list(PAGE_LOCKS).await?;
+    let listed: Vec<_> = listed
+        .into_iter()
+        .filter(|(lock, _)| caller.allows(lock))
+        .collect();
+    let html = crate::page::render(&listed, state.inner.engine.kind(), PAGE_LOCKS);
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        html.into_string(),
+    )
+        .into_response())
+}
+
 async fn health() -> axum::Json<Value> {
     axum::Json(json!({ "status": "ok" }))
 }
@@ -576,7 +602,11 @@ async fn authenticate(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
-            .and_then(|presented| ring.identify(presented))
+            .map(str::to_owned)
+            // A browser (the status page) sends the key as a Basic
+            // password; the user name is not checked.
+            .or_else(|| fencegate_page::basic_credentials(&headers).map(|(_, key)| key))
+            .and_then(|presented| ring.identify(&presented))
     };
     match caller {
         Some(caller) => {
@@ -585,11 +615,18 @@ async fn authenticate(
         }
         None => {
             state.inner.metrics.refused("unauthorized");
-            ApiError::new(
+            let mut resp = ApiError::new(
                 ErrorCode::Unauthorized,
-                "missing or invalid API key: send Authorization: Bearer <key>",
+                "missing or invalid API key: send Authorization: Bearer <key> (a browser: the key as the password)",
             )
-            .into_response()
+            .into_response();
+            if req.uri().path() == "/" {
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static(fencegate_page::CHALLENGE),
+                );
+            }
+            resp
         }
     }
 }

@@ -19,6 +19,14 @@ pub enum Leases {
 }
 
 impl Leases {
+    /// Which backend, as the status page names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Leases::Sqlite(_) => "SQLite",
+            Leases::Etcd(_) => "etcd",
+        }
+    }
+
     pub async fn acquire(
         &self,
         lock: LockName,
@@ -51,6 +59,15 @@ impl Leases {
         match self {
             Leases::Sqlite(e) => e.status(lock).await,
             Leases::Etcd(e) => e.status(lock).await,
+        }
+    }
+
+    /// The locks held or waited for, in name order, at most `limit` (for
+    /// the status page).
+    pub async fn list(&self, limit: usize) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
+        match self {
+            Leases::Sqlite(e) => e.list(limit).await,
+            Leases::Etcd(e) => e.list(limit).await,
         }
     }
 }

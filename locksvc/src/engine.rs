@@ -83,6 +83,11 @@ pub enum Command {
         lock: LockName,
         reply: Reply<LockStatus>,
     },
+    /// The locks held or waited for, by name, at most `limit`.
+    List {
+        limit: usize,
+        reply: Reply<Vec<(LockName, LockStatus)>>,
+    },
     Stop,
 }
 
@@ -102,6 +107,10 @@ enum Pending {
     Lease(Reply<Lease>, Result<Lease, EngineError>),
     Unit(Reply<()>, Result<(), EngineError>),
     Status(Reply<LockStatus>, LockStatus),
+    List(
+        Reply<Vec<(LockName, LockStatus)>>,
+        Vec<(LockName, LockStatus)>,
+    ),
 }
 
 impl Pending {
@@ -128,6 +137,12 @@ impl Pending {
             Pending::Status(tx, s) => {
                 let _ = tx.send(match commit {
                     Ok(()) => Ok(s),
+                    Err(e) => Err(fail(e)),
+                });
+            }
+            Pending::List(tx, l) => {
+                let _ = tx.send(match commit {
+                    Ok(()) => Ok(l),
                     Err(e) => Err(fail(e)),
                 });
             }
@@ -255,6 +270,10 @@ impl EngineHandle {
 
     pub async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
         self.call(|reply| Command::Status { lock, reply }).await
+    }
+
+    pub async fn list(&self, limit: usize) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
+        self.call(|reply| Command::List { limit, reply }).await
     }
 }
 
@@ -481,6 +500,25 @@ impl EngineState {
                     waiting: self.lines.len(&lock),
                 };
                 batch.replies.push(Pending::Status(reply, status));
+            }
+            Command::List { limit, reply } => {
+                let mut locks: Vec<LockName> = self.table.live_locks(now).cloned().collect();
+                locks.extend(self.lines.locks());
+                locks.sort();
+                locks.dedup();
+                locks.truncate(limit);
+                let listed = locks
+                    .into_iter()
+                    .map(|lock| {
+                        let status = LockStatus {
+                            lease: self.table.live(&lock, now),
+                            last_token: self.table.counter(),
+                            waiting: self.lines.len(&lock),
+                        };
+                        (lock, status)
+                    })
+                    .collect();
+                batch.replies.push(Pending::List(reply, listed));
             }
             Command::Stop => {}
         }

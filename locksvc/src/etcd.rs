@@ -87,6 +87,10 @@ const LINE_HANDOVER: Duration = Duration::from_millis(300);
 const MAX_CONFLICTS: usize = 32;
 
 /// The first token of `epoch`: every token it issues is above it.
+/// Keys the status page's list reads at most (owner, expiry and waiter
+/// keys of every lock, in key order).
+const LIST_KEYS_READ: i64 = 20_000;
+
 pub fn epoch_base(epoch: u16) -> u64 {
     u64::from(epoch) << REVISION_BITS
 }
@@ -1058,6 +1062,51 @@ impl EtcdLeases {
                 | u64::try_from(revision).unwrap_or(0),
             waiting: seen.waiters,
         })
+    }
+
+    /// The locks with an owner record, in name order, at most `limit`,
+    /// each with its status (for the status page: one range read of the
+    /// keys, then one status read per lock shown).
+    pub async fn list(&self, limit: usize) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
+        let prefix = self.key("locks/");
+        let resp = self
+            .txn(Txn::new().and_then(vec![TxnOp::get(
+                prefix.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(LIST_KEYS_READ),
+                ),
+            )]))
+            .await?;
+        let mut locks = Vec::new();
+        for op in resp.op_responses() {
+            let TxnOpResponse::Get(g) = op else { continue };
+            for kv in g.kvs() {
+                let Ok(key) = std::str::from_utf8(kv.key()) else {
+                    continue;
+                };
+                if let Some(name) = key
+                    .strip_prefix(prefix.as_str())
+                    .and_then(|rest| rest.strip_suffix("/owner"))
+                    .and_then(|name| LockName::new(name).ok())
+                {
+                    locks.push(name);
+                }
+            }
+        }
+        locks.sort();
+        locks.dedup();
+        locks.truncate(limit);
+        let mut listed = Vec::with_capacity(locks.len());
+        for lock in locks {
+            let status = self.status(lock.clone()).await?;
+            if status.lease.is_some() || status.waiting > 0 {
+                listed.push((lock, status));
+            }
+        }
+        Ok(listed)
     }
 
     /// Writes a lease migrated from SQLite, keeping its token; `false` if

@@ -42,6 +42,7 @@ pub mod engine;
 pub mod etcd;
 pub mod metrics;
 pub mod migrate;
+pub mod page;
 pub mod proof;
 pub mod store;
 

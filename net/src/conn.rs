@@ -213,6 +213,7 @@ pub(crate) async fn serve_connection<S, B>(
 {
     let watch = Arc::new(Watch::new(Instant::now()));
     let timeouts = shared.timeouts;
+    let peer = tcp.peer_addr().ok().map(PeerAddr);
     let stream = match &shared.tls {
         None => Stream::Plain(tcp),
         Some(acceptor) => {
@@ -244,6 +245,7 @@ pub(crate) async fn serve_connection<S, B>(
         Watched {
             inner: service,
             watch: watch.clone(),
+            peer,
         },
     );
     tokio::pin!(conn);
@@ -425,7 +427,13 @@ struct BodyWatch(Arc<Watch>);
 struct Watched<S> {
     inner: S,
     watch: Arc<Watch>,
+    peer: Option<PeerAddr>,
 }
+
+/// The address a request's connection came from, in every request's
+/// extensions (for logs and fence events: who sent it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Watched<S>
 where
@@ -438,6 +446,9 @@ where
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         let busy = Busy::new(self.watch.clone());
         req.extensions_mut().insert(BodyWatch(self.watch.clone()));
+        if let Some(peer) = self.peer {
+            req.extensions_mut().insert(peer);
+        }
         WatchedFuture {
             inner: self.inner.call(req),
             busy: Some(busy),

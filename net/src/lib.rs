@@ -31,7 +31,7 @@ mod refuse;
 pub mod tls;
 pub mod workers;
 
-pub use conn::{RequestBody, track_request_body};
+pub use conn::{PeerAddr, RequestBody, track_request_body};
 pub use workers::Workers;
 
 use bytes::Bytes;

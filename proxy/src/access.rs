@@ -126,3 +126,68 @@ impl S3Access for Access {
         Ok(())
     }
 }
+
+/// Who may read the status page and the fence events (`/_fencegate/` and
+/// `/_fencegate/events`): anyone if the proxy serves anonymous requests;
+/// otherwise a configured client (`clients`), by HTTP Basic with its access
+/// key id as the user and its secret key as the password, as a browser
+/// asks for them. Lease-bound credentials do not open it: they are a
+/// job's, for its lock. Compared in constant time over every client.
+pub struct Viewers {
+    open: bool,
+    clients: Vec<([u8; 32], [u8; 32])>,
+}
+
+impl std::fmt::Debug for Viewers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Viewers")
+            .field("open", &self.open)
+            .field("clients", &self.clients.len())
+            .finish()
+    }
+}
+
+impl Viewers {
+    pub fn new(clients: &[ClientKey], allow_anonymous: bool) -> Viewers {
+        Viewers {
+            open: allow_anonymous,
+            clients: clients
+                .iter()
+                .map(|c| (digest(&c.access_key), digest(&c.secret_key)))
+                .collect(),
+        }
+    }
+
+    /// Whether a request with `headers` may read the page.
+    pub fn admit(&self, headers: &http::HeaderMap) -> Result<(), &'static str> {
+        if self.open {
+            return Ok(());
+        }
+        if self.clients.is_empty() {
+            return Err(
+                "the status page needs a configured client key (clients) to sign in with, or allow_anonymous",
+            );
+        }
+        let Some((user, password)) = fencegate_page::basic_credentials(headers) else {
+            return Err(
+                "sign in with a client's access key id as the user and its secret key as the password",
+            );
+        };
+        let (user, password) = (digest(&user), digest(&password));
+        let mut found = subtle::Choice::from(0);
+        for (u, p) in &self.clients {
+            use subtle::ConstantTimeEq as _;
+            found |= u.ct_eq(&user) & p.ct_eq(&password);
+        }
+        if bool::from(found) {
+            Ok(())
+        } else {
+            Err("unknown access key id or wrong secret key")
+        }
+    }
+}
+
+fn digest(s: &str) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(s.as_bytes()).into()
+}

@@ -77,6 +77,9 @@ pub struct ProxyConfig {
     /// Most keys whose ETag and token the proxy remembers (a bounded cache;
     /// a miss costs one HEAD).
     pub etag_cache_entries: usize,
+    /// Fence events (refused writes) kept in memory for
+    /// `/_fencegate/events` and the status page: the newest this many.
+    pub fence_events_kept: usize,
     /// Largest XML request body (CompleteMultipartUpload, DeleteObjects,
     /// CreateBucket). These bodies are read whole before they are parsed.
     pub max_xml_body_bytes: usize,
@@ -210,6 +213,7 @@ impl Default for ProxyConfig {
             probe_bucket: None,
             accept_weak_backend: false,
             etag_cache_entries: 100_000,
+            fence_events_kept: crate::events::DEFAULT_KEPT,
             max_xml_body_bytes: 8 * 1024 * 1024,
             max_buffered_body_bytes: 16 * 1024 * 1024,
             client_idle_timeout_secs: 60,
@@ -467,6 +471,9 @@ impl ProxyConfig {
                     ));
                 }
             }
+        }
+        if !(1..=100_000).contains(&self.fence_events_kept) {
+            p.push("fence_events_kept must be between 1 and 100000".into());
         }
         if self.etag_cache_entries == 0 {
             p.push("etag_cache_entries must be at least 1".into());

@@ -46,6 +46,7 @@ pub mod devstore;
 pub mod early;
 pub mod edge;
 pub mod errors;
+pub mod events;
 pub mod fences;
 pub mod gate;
 pub mod host;
@@ -55,6 +56,7 @@ pub mod lean;
 pub mod metrics;
 pub mod object_key;
 pub mod ops;
+pub mod page;
 pub mod probe;
 pub mod query;
 pub mod scope;
@@ -77,6 +79,7 @@ pub struct Proxy {
     service: S3Service,
     edge: edge::Edge,
     hosts: host::VirtualHosts,
+    viewers: access::Viewers,
     options: fencegate_net::ServerOptions,
 }
 
@@ -158,6 +161,7 @@ impl Proxy {
             service: builder.build(),
             edge,
             hosts,
+            viewers: access::Viewers::new(&config.clients, config.allow_anonymous),
             options,
         })
     }
@@ -181,10 +185,13 @@ impl Proxy {
         );
         server::serve(
             listener,
-            self.service,
-            self.edge,
+            server::Front {
+                s3: self.service,
+                edge: self.edge,
+                hosts: self.hosts,
+                viewers: self.viewers,
+            },
             self.gate,
-            self.hosts,
             self.options,
             shutdown,
         )

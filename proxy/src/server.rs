@@ -38,6 +38,7 @@ struct Router {
     edge: Arc<Edge>,
     gate: Arc<Gate>,
     hosts: Arc<VirtualHosts>,
+    viewers: Arc<crate::access::Viewers>,
 }
 
 impl Router {
@@ -66,11 +67,15 @@ impl hyper::service::Service<Request<Incoming>> for Router {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let this = self.clone();
-        Box::pin(async move {
+        let remote = req
+            .extensions()
+            .get::<fencegate_net::PeerAddr>()
+            .map(|p| p.0);
+        Box::pin(crate::events::attempt(remote, async move {
             let started = Instant::now();
             let (method, path) = (req.method().clone(), req.uri().path().to_owned());
             if let Some(endpoint) = this.endpoint(&req) {
-                return Ok(this.ops(endpoint).await);
+                return Ok(this.ops(endpoint, req.headers()).await);
             }
             let _held = match crate::early::check(&req, &this.hosts, this.gate.body_budget()) {
                 Ok(held) => held,
@@ -130,7 +135,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 tracing::debug!(%method, %path, %status, elapsed = ?started.elapsed(), "request");
             }
             Ok(resp)
-        })
+        }))
     }
 }
 
@@ -256,10 +261,44 @@ fn json(status: StatusCode, body: String) -> Response<Body> {
 }
 
 impl Router {
-    async fn ops(&self, endpoint: &str) -> Response<Body> {
+    async fn ops(&self, endpoint: &str, headers: &http::HeaderMap) -> Response<Body> {
         match endpoint {
             "health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
             "status" => json(StatusCode::OK, self.gate.status().await.to_string()),
+            "" | "events" => {
+                if let Err(why) = self.viewers.admit(headers) {
+                    let mut r = json(
+                        StatusCode::UNAUTHORIZED,
+                        serde_json::json!({ "error": why }).to_string(),
+                    );
+                    r.headers_mut().insert(
+                        http::header::WWW_AUTHENTICATE,
+                        http::HeaderValue::from_static(fencegate_page::CHALLENGE),
+                    );
+                    return r;
+                }
+                let events = self.gate.events();
+                if endpoint == "events" {
+                    return json(StatusCode::OK, events.to_json().to_string());
+                }
+                let (recent, recorded) = events.recent(crate::page::EVENTS_SHOWN);
+                let page = crate::page::render(
+                    &self.gate.status().await,
+                    &recent,
+                    recorded,
+                    events.capacity(),
+                );
+                let mut r = Response::new(Body::from(page.into_string()));
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/html; charset=utf-8"),
+                );
+                r.headers_mut().insert(
+                    http::header::CACHE_CONTROL,
+                    http::HeaderValue::from_static("no-store"),
+                );
+                r
+            }
             "metrics" => {
                 let mut r = Response::new(Body::from(self.gate.metrics().encode()));
                 r.headers_mut().insert(
@@ -270,7 +309,7 @@ impl Router {
             }
             _ => json(
                 StatusCode::NOT_FOUND,
-                r#"{"error":"unknown endpoint; try /_fencegate/health, /_fencegate/status or /_fencegate/metrics"}"#.into(),
+                r#"{"error":"unknown endpoint; try /_fencegate/ (the status page), /_fencegate/health, /_fencegate/status, /_fencegate/events or /_fencegate/metrics"}"#.into(),
             ),
         }
     }
@@ -350,24 +389,31 @@ impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
     }
 }
 
-/// Serves `s3` on `listener` until `shutdown`, then stops accepting and
+/// What answers requests in front of the gate: s3s, the edge's fast path
+/// for PutObject, the virtual hosts, and who may read the status page.
+#[derive(Debug)]
+pub struct Front {
+    pub s3: S3Service,
+    pub edge: Edge,
+    pub hosts: VirtualHosts,
+    pub viewers: crate::access::Viewers,
+}
+
+/// Serves `front` on `listener` until `shutdown`, then stops accepting and
 /// waits (up to [`DRAIN_TIMEOUT`]) for in-flight requests.
 pub async fn serve(
     listener: TcpListener,
-    s3: S3Service,
-    edge: Edge,
+    front: Front,
     gate: Arc<Gate>,
-    hosts: VirtualHosts,
     options: fencegate_net::ServerOptions,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let hosts = Arc::new(hosts);
-    let edge = Arc::new(edge);
     let router = Router {
-        s3,
-        edge,
+        s3: front.s3,
+        edge: Arc::new(front.edge),
         gate: gate.clone(),
-        hosts,
+        hosts: Arc::new(front.hosts),
+        viewers: Arc::new(front.viewers),
     };
     if serve_detached(listener, router, options, shutdown).await? {
         gate.end_run();

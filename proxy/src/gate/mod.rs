@@ -25,6 +25,7 @@ use crate::body::{BodyWatch, Cancellable};
 use crate::config::ProxyConfig;
 use crate::db::{Db, UploadBinding};
 use crate::errors;
+use crate::events::{FenceEvents, Kind, Refusal};
 use crate::fences::{Admission, FenceError, Fences};
 use crate::issuer::{Answer, Issuer};
 use crate::keys::{KeyGuard, Keys, Known};
@@ -57,6 +58,11 @@ pub struct Gate {
     tokens: TokenPolicy,
     /// Checks plain tokens with the lease service, when configured.
     issuer: Option<Issuer>,
+    /// The lease service (`locksvc_url`), asked after each raise who the
+    /// new token's owner is, for fence events.
+    lease_service: Option<fencegate_lease_api::Client>,
+    /// Recent refusals (see `events`).
+    events: Arc<FenceEvents>,
     metrics: Arc<Metrics>,
     accept_weak_backend: bool,
     /// How long the backend has to answer once a request is fully sent.
@@ -318,6 +324,23 @@ impl Gate {
                     )
                 })
                 .transpose()?,
+            lease_service: config
+                .locksvc_url
+                .as_deref()
+                .map(|url| -> anyhow::Result<_> {
+                    let http = config
+                        .locksvc_tls()
+                        .http_client()?
+                        .timeout(Duration::from_secs(config.backend.timeout_secs))
+                        .build()?;
+                    Ok(fencegate_lease_api::Client::new(
+                        http,
+                        url,
+                        config.locksvc_api_key.clone(),
+                    ))
+                })
+                .transpose()?,
+            events: Arc::new(FenceEvents::new(config.fence_events_kept)),
             metrics,
             accept_weak_backend: config.accept_weak_backend,
             backend_timeout: Duration::from_secs(config.backend.timeout_secs),
@@ -553,12 +576,7 @@ impl Gate {
     pub fn refuse_if_stale(&self, op: &'static str, scope: &Scope, token: u64) -> S3Result<()> {
         let max = self.fences.max(scope.fence());
         if token < max {
-            self.count(op, scope, "stale");
-            return Err(errors::stale(
-                token,
-                max,
-                &format!(" for lock {}", scope.lock),
-            ));
+            return Err(self.stale(op, scope, token, max, &format!(" for lock {}", scope.lock)));
         }
         Ok(())
     }
@@ -600,7 +618,12 @@ impl Gate {
         };
         serde_json::json!({
             "cluster": cluster,
-            "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| serde_json::json!({"lock": lock, "max_token": max})).collect::<Vec<_>>(),
+            "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| {
+                let holder = self.events.owner_of(&lock, max);
+                serde_json::json!({"lock": lock, "max_token": max, "holder": holder})
+            }).collect::<Vec<_>>(),
+            "inflight_writes": self.metrics.inflight_writes.get(),
+            "lingering_writes": self.metrics.lingering_writes.get(),
             "configured_scopes": self.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
             "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({"report": r, "safe": r.safe(), "summary": r.summary()})).collect::<Vec<_>>(),
             "accept_weak_backend": self.accept_weak_backend,
@@ -700,9 +723,19 @@ impl Gate {
 
     /// The scope fencing `bucket/key`.
     pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scope> {
+        crate::events::note_target(op, bucket, key);
         self.scopes.resolve(bucket, key).map_err(|u| {
             self.metrics.write(op, UNKNOWN_LOCK, "unscoped");
-            errors::unscoped(&u.bucket, &u.key, &u.configured)
+            let e = errors::unscoped(&u.bucket, &u.key, &u.configured);
+            self.events.refused(Refusal {
+                kind: Kind::Unscoped,
+                op,
+                scope: None,
+                token: None,
+                max: None,
+                reason: e.message().unwrap_or_default().to_owned(),
+            });
+            e
         })
     }
 
@@ -716,10 +749,10 @@ impl Gate {
         req: RequestToken<'_>,
         scope: &Scope,
     ) -> S3Result<Option<u64>> {
-        let refuse = |r: Rejection| {
-            self.count(op, scope, "invalid_token");
-            errors::rejected(&r)
-        };
+        if let Some(k) = req.access_key {
+            crate::events::note_client(k);
+        }
+        let refuse = |r: Rejection| self.forged(op, scope, presented_number(&req), &r);
         let Some(presented) = self
             .tokens
             .from_request(req.headers, req.access_key, scope)
@@ -752,6 +785,86 @@ impl Gate {
         }
     }
 
+    /// Refuses a stale write: counts it, records its fence event, and
+    /// answers the 409 that says so (every stale refusal goes through here).
+    pub fn stale(
+        &self,
+        op: &'static str,
+        scope: &Scope,
+        token: u64,
+        max: u64,
+        detail: &str,
+    ) -> S3Error {
+        self.count(op, scope, "stale");
+        let e = errors::stale(token, max, detail);
+        self.events.refused(Refusal {
+            kind: Kind::Stale,
+            op,
+            scope: Some(scope),
+            token: Some(token),
+            max: Some(max),
+            reason: e.message().unwrap_or_default().to_owned(),
+        });
+        e
+    }
+
+    /// Refuses a token the proxy cannot verify, as [`Gate::stale`] does a
+    /// stale one; `token` is the number it presented, if readable.
+    pub fn forged(
+        &self,
+        op: &'static str,
+        scope: &Scope,
+        token: Option<u64>,
+        why: &Rejection,
+    ) -> S3Error {
+        self.count(op, scope, "invalid_token");
+        let e = errors::rejected(why);
+        self.refused_token(op, scope, token, &e);
+        e
+    }
+
+    /// Records a token refusal answered with `e` as a forged-token event.
+    pub fn refused_token(&self, op: &'static str, scope: &Scope, token: Option<u64>, e: &S3Error) {
+        self.events.refused(Refusal {
+            kind: Kind::Forged,
+            op,
+            scope: Some(scope),
+            token,
+            max: None,
+            reason: e.message().unwrap_or_default().to_owned(),
+        });
+    }
+
+    /// The recent fence events.
+    pub fn events(&self) -> &FenceEvents {
+        &self.events
+    }
+
+    /// Asks the lease service, off the write path, whose lease `token` of
+    /// `lock` is, so fence events can name the zombie and the holder.
+    fn learn_owner(&self, lock: &str, token: u64) {
+        let (Some(api), Ok(rt)) = (
+            self.lease_service.clone(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let (events, lock) = (self.events.clone(), lock.to_owned());
+        rt.spawn(async move {
+            match api.status(&lock, None).await {
+                Ok(s) if s.token == Some(token) => {
+                    if let Some(owner) = s.owner {
+                        events.learn_owner(&lock, token, owner);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(%lock, token, error = %e, "cannot learn the owner of a new token from the lease service");
+                }
+            }
+        });
+    }
+
     /// Like [`Gate::token`], but a missing token is an error (428).
     pub async fn required_token(
         &self,
@@ -781,6 +894,7 @@ impl Gate {
             Ok(a) => {
                 if a.raised {
                     tracing::info!(lock = %scope.lock, scope = %scope.id, token, waited_ms = a.waited.as_millis(), "fence raised");
+                    self.learn_owner(scope.lock.as_str(), token);
                     self.metrics
                         .raise_wait_seconds
                         .get_or_create(&LockLabels {
@@ -797,12 +911,7 @@ impl Gate {
                 Ok(a)
             }
             Err(FenceError::Stale { token, max }) => {
-                self.count(op, scope, "stale");
-                Err(errors::stale(
-                    token,
-                    max,
-                    &format!(" for lock {}", scope.lock),
-                ))
+                Err(self.stale(op, scope, token, max, &format!(" for lock {}", scope.lock)))
             }
             Err(FenceError::Storage(e)) => Err(errors::storage(format!(
                 "cannot persist the new max token: {e}; nothing was written"
@@ -886,8 +995,9 @@ impl Gate {
             }
         };
         if known.token() > token {
-            self.count(op, &scope, "stale");
-            return Err(errors::stale(
+            return Err(self.stale(
+                op,
+                &scope,
                 token,
                 known.token(),
                 &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
@@ -939,11 +1049,20 @@ impl Gate {
             .fences
             .cut_by(scope.fence())
             .max(token.saturating_add(1));
-        errors::stale(
+        let e = errors::stale(
             token,
             by,
             &format!(" for lock {} while this request was in flight", scope.lock),
-        )
+        );
+        self.events.refused(Refusal {
+            kind: Kind::Cut,
+            op,
+            scope: Some(scope),
+            token: Some(token),
+            max: Some(by),
+            reason: e.message().unwrap_or_default().to_owned(),
+        });
+        e
     }
 
     /// Ends a write: records the outcome and what the store now holds.
@@ -1039,10 +1158,13 @@ impl Gate {
             .call(Box::pin(self.backend.head(bucket, key)), None)
             .await
         {
-            Ok(k) if k.token() > token => {
-                self.count(op, scope, "stale");
-                errors::stale(token, k.token(), &format!(" on s3://{bucket}/{key}"))
-            }
+            Ok(k) if k.token() > token => self.stale(
+                op,
+                scope,
+                token,
+                k.token(),
+                &format!(" on s3://{bucket}/{key}"),
+            ),
             Ok(_) => errors::retry(format!(
                 "s3://{bucket}/{key} changed in the store while this write was decided; retry"
             )),
@@ -1100,4 +1222,19 @@ impl Gate {
             tracing::warn!(upload_id, "could not forget a finished upload's binding");
         }
     }
+}
+
+/// The token number a request presents, if it can be read (for fence
+/// events of refused tokens): its header's, or its lease-bound access key's.
+fn presented_number(req: &RequestToken<'_>) -> Option<u64> {
+    req.headers
+        .get(crate::tokens::FENCING_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| fencegate_core::FencingToken::parse(v).ok())
+        .map(|t| t.number())
+        .or_else(|| {
+            req.access_key
+                .and_then(|k| fencegate_core::credentials::parse_access_key(k).ok())
+                .map(|k| k.token)
+        })
 }

@@ -153,8 +153,9 @@ impl Write {
         };
         self.key.remember(stored.clone());
         if stored.token() > token {
-            gate.count(self.op.name(), &self.scope, "stale");
-            return Err(crate::errors::stale(
+            return Err(gate.stale(
+                self.op.name(),
+                &self.scope,
                 token,
                 stored.token(),
                 &format!(" on s3://{bucket}/{key} (by another writer of this store)"),

@@ -132,11 +132,9 @@ async fn bound<T: UploadRequest>(
         && sent != binding.token
     {
         gate.count(op, &scope, "invalid_token");
-        return Err(errors::upload_token_mismatch(
-            upload_id,
-            binding.token,
-            sent,
-        ));
+        let e = errors::upload_token_mismatch(upload_id, binding.token, sent);
+        gate.refused_token(op, &scope, Some(sent), &e);
+        return Err(e);
     }
     // Only the upload's creator may touch it; an upload whose creator had
     // no identity (anonymous, or bound before identities were recorded)

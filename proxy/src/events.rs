@@ -1,0 +1,444 @@
+//! Fence events: the recent fence decisions that refused something.
+//!
+//! When a backup job is fenced at 3 a.m., the operator asks which job was
+//! the zombie, what it tried to write and who holds the lock now. Each
+//! refusal of a write by the fence (a token below the max, a token the
+//! proxy cannot verify, a key no scope fences, a write cut in flight by a
+//! newer token) becomes one [`FenceEvent`]: kept in a bounded ring (the
+//! newest [`FenceEvents::capacity`]; a burst of refusals replaces old events
+//! and never grows memory), served as JSON at `/_fencegate/events` and on
+//! the status page, and logged as one structured line (at most 100 lines a
+//! second: a burst is summarised by one line saying how many were not).
+//!
+//! An event holds numbers and names only: the token number, never the
+//! signed token; the access key id of a configured client, never a secret;
+//! a lease-bound access key as its lock and token (`lease-bound:<lock>:<n>`).
+//!
+//! What a refusal site does not know (the request's key, its client, where
+//! it came from) comes from the request's [`Attempt`], a task-local the
+//! server opens around each request and the gate fills in as it learns.
+
+use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Mutex;
+
+/// Events kept by default.
+pub const DEFAULT_KEPT: usize = 1000;
+/// Longest key kept in an event (longer ones are cut, marked with `…`).
+const MAX_KEY_CHARS: usize = 1024;
+/// Tokens per lock whose lease owner is remembered.
+const OWNERS_PER_LOCK: usize = 16;
+/// Locks whose owners are remembered.
+const OWNER_LOCKS: usize = 4096;
+/// Event lines logged per second at most; beyond, the next line after the
+/// second says how many were not (all are in the ring and the metrics).
+const LOG_LINES_PER_SEC: u32 = 100;
+
+/// What the fence refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A token below the lock's max, or below the key's stored token.
+    Stale,
+    /// A write admitted, then cut in flight by a newer token.
+    Cut,
+    /// A token the proxy cannot verify: bad signature, another lock's,
+    /// unsigned where signed ones are required, not issued, malformed.
+    Forged,
+    /// A key no configured scope fences.
+    Unscoped,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Stale => "stale",
+            Kind::Cut => "cut",
+            Kind::Forged => "forged",
+            Kind::Unscoped => "unscoped",
+        }
+    }
+}
+
+/// One refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FenceEvent {
+    /// Numbers the events of this run in order, from 1.
+    pub seq: u64,
+    /// When, in Unix milliseconds.
+    pub at_ms: u64,
+    pub kind: Kind,
+    /// The S3 operation (`PutObject`, ...).
+    pub op: String,
+    pub bucket: String,
+    pub key: String,
+    /// The fence scope (`bucket` or `bucket/prefix`), if the key has one.
+    pub scope: Option<String>,
+    pub lock: Option<String>,
+    /// The token number presented.
+    pub token: Option<u64>,
+    /// The max it was refused against (for stale and cut writes).
+    pub max: Option<u64>,
+    /// Who sent it: the access key id, or `lease-bound:<lock>:<token>`.
+    pub client: Option<String>,
+    /// The lease owner the presented token was issued to, when the proxy
+    /// learned it from the lease service.
+    pub owner: Option<String>,
+    /// The owner of the max's lease (who holds the lock now, or last did).
+    pub holder: Option<String>,
+    /// Where the request came from.
+    pub remote: Option<String>,
+    /// The refusal, as the client was told.
+    pub reason: String,
+}
+
+/// What is known of the request being served, as the gate learns it.
+#[derive(Debug, Default, Clone)]
+pub struct Attempt {
+    pub remote: Option<SocketAddr>,
+    pub op: Option<&'static str>,
+    pub bucket: Option<String>,
+    pub key: Option<String>,
+    pub client: Option<String>,
+}
+
+tokio::task_local! {
+    static ATTEMPT: RefCell<Attempt>;
+}
+
+/// Runs `fut` (one request) with an [`Attempt`] that starts with its
+/// remote address.
+pub async fn attempt<F: std::future::Future>(remote: Option<SocketAddr>, fut: F) -> F::Output {
+    ATTEMPT
+        .scope(
+            RefCell::new(Attempt {
+                remote,
+                ..Attempt::default()
+            }),
+            fut,
+        )
+        .await
+}
+
+/// Records what the request writes (outside a request: nothing).
+pub fn note_target(op: &'static str, bucket: &str, key: &str) {
+    let _ = ATTEMPT.try_with(|a| {
+        let mut a = a.borrow_mut();
+        a.op = Some(op);
+        if a.bucket.as_deref() != Some(bucket) {
+            a.bucket = Some(bucket.to_owned());
+        }
+        if a.key.as_deref() != Some(key) {
+            a.key = Some(key.to_owned());
+        }
+    });
+}
+
+/// Records who sent the request: a configured access key id as it is, a
+/// lease-bound one as its lock and token (see the module docs).
+pub fn note_client(access_key: &str) {
+    use fencegate_core::credentials::{is_lease_access_key, parse_access_key};
+    let client = if is_lease_access_key(access_key) {
+        match parse_access_key(access_key) {
+            Ok(k) => format!("lease-bound:{}:{}", k.lock, k.token),
+            Err(_) => "lease-bound:(unreadable)".to_owned(),
+        }
+    } else {
+        access_key.to_owned()
+    };
+    let _ = ATTEMPT.try_with(|a| a.borrow_mut().client = Some(client));
+}
+
+fn current() -> Attempt {
+    ATTEMPT.try_with(|a| a.borrow().clone()).unwrap_or_default()
+}
+
+/// What a refusal site knows.
+#[derive(Debug, Clone)]
+pub struct Refusal<'a> {
+    pub kind: Kind,
+    pub op: &'static str,
+    pub scope: Option<&'a crate::scope::Scope>,
+    pub token: Option<u64>,
+    pub max: Option<u64>,
+    pub reason: String,
+}
+
+/// The ring of recent events, and the lease owners learned per token.
+#[derive(Debug)]
+pub struct FenceEvents {
+    capacity: usize,
+    ring: Mutex<Ring>,
+    owners: Mutex<HashMap<String, VecDeque<(u64, String)>>>,
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    events: VecDeque<FenceEvent>,
+    recorded: u64,
+    log: LogBudget,
+}
+
+/// How many event lines this second may still log.
+#[derive(Debug, Default)]
+struct LogBudget {
+    second: Option<std::time::Instant>,
+    logged: u32,
+    suppressed: u64,
+}
+
+impl LogBudget {
+    /// Whether to log one more line now; `Some(n)` also when `n` lines
+    /// were held back in the second that just ended.
+    fn take(&mut self, now: std::time::Instant) -> (bool, u64) {
+        let mut held_back = 0;
+        if self
+            .second
+            .is_none_or(|s| now.duration_since(s) >= std::time::Duration::from_secs(1))
+        {
+            self.second = Some(now);
+            self.logged = 0;
+            held_back = std::mem::take(&mut self.suppressed);
+        }
+        if self.logged < LOG_LINES_PER_SEC {
+            self.logged += 1;
+            (true, held_back)
+        } else {
+            self.suppressed += 1;
+            (false, held_back)
+        }
+    }
+}
+
+impl FenceEvents {
+    pub fn new(capacity: usize) -> FenceEvents {
+        FenceEvents {
+            capacity: capacity.max(1),
+            ring: Mutex::new(Ring::default()),
+            owners: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// How many events are kept at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Records a refusal with what the request's [`Attempt`] knows, and
+    /// logs it as one structured line.
+    pub fn refused(&self, r: Refusal<'_>) {
+        let a = current();
+        let lock = r.scope.map(|s| s.lock.to_string());
+        let owner = match (&lock, r.token) {
+            (Some(l), Some(t)) => self.owner_of(l, t),
+            _ => None,
+        };
+        let holder = match (&lock, r.max) {
+            (Some(l), Some(m)) => self.owner_of(l, m),
+            _ => None,
+        };
+        let mut key = a.key.unwrap_or_default();
+        if key.chars().count() > MAX_KEY_CHARS {
+            key = key.chars().take(MAX_KEY_CHARS).collect::<String>() + "…";
+        }
+        let mut event = FenceEvent {
+            seq: 0,
+            at_ms: crate::clock::unix_ms(),
+            kind: r.kind,
+            op: a.op.unwrap_or(r.op).to_owned(),
+            bucket: a
+                .bucket
+                .or_else(|| r.scope.map(|s| s.bucket.clone()))
+                .unwrap_or_default(),
+            key,
+            scope: r.scope.map(|s| s.id.clone()),
+            lock,
+            token: r.token,
+            max: r.max,
+            client: a.client,
+            owner,
+            holder,
+            remote: a.remote.map(|r| r.to_string()),
+            reason: r.reason,
+        };
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let (log, held_back) = ring.log.take(std::time::Instant::now());
+        if held_back > 0 {
+            tracing::warn!(
+                target: "fencegate::fence_event",
+                not_logged = held_back,
+                "more than {LOG_LINES_PER_SEC} fence events in a second: {held_back} were not logged (each is in /_fencegate/events while kept, and in fencegate_proxy_writes)"
+            );
+        }
+        if log {
+            Self::log(&event);
+        }
+        ring.recorded += 1;
+        event.seq = ring.recorded;
+        if ring.events.len() == self.capacity {
+            ring.events.pop_front();
+        }
+        ring.events.push_back(event);
+    }
+
+    /// The event's structured line.
+    fn log(event: &FenceEvent) {
+        tracing::warn!(
+            target: "fencegate::fence_event",
+            kind = event.kind.as_str(),
+            op = %event.op,
+            bucket = %event.bucket,
+            key = %event.key,
+            scope = event.scope.as_deref().unwrap_or(""),
+            lock = event.lock.as_deref().unwrap_or(""),
+            token = event.token,
+            max = event.max,
+            client = event.client.as_deref().unwrap_or(""),
+            owner = event.owner.as_deref().unwrap_or(""),
+            holder = event.holder.as_deref().unwrap_or(""),
+            remote = event.remote.as_deref().unwrap_or(""),
+            reason = %event.reason,
+            "fence refused a write"
+        );
+    }
+
+    /// The kept events, newest first, and how many were recorded in all.
+    pub fn recent(&self, limit: usize) -> (Vec<FenceEvent>, u64) {
+        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            ring.events.iter().rev().take(limit).cloned().collect(),
+            ring.recorded,
+        )
+    }
+
+    /// The events as `/_fencegate/events` serves them.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (events, recorded) = self.recent(self.capacity);
+        serde_json::json!({
+            "capacity": self.capacity,
+            "recorded": recorded,
+            "kept": events.len(),
+            "events": events,
+        })
+    }
+
+    /// Remembers that `token` of `lock` was issued to `owner` (learned from
+    /// the lease service). Bounded: a few tokens per lock, a few thousand
+    /// locks.
+    pub fn learn_owner(&self, lock: &str, token: u64, owner: String) {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        if !owners.contains_key(lock) && owners.len() >= OWNER_LOCKS {
+            return;
+        }
+        let tokens = owners.entry(lock.to_owned()).or_default();
+        if tokens.iter().any(|(t, _)| *t == token) {
+            return;
+        }
+        if tokens.len() == OWNERS_PER_LOCK {
+            tokens.pop_front();
+        }
+        tokens.push_back((token, owner));
+    }
+
+    /// The owner `token` of `lock` was issued to, if learned.
+    pub fn owner_of(&self, lock: &str, token: u64) -> Option<String> {
+        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners
+            .get(lock)?
+            .iter()
+            .find(|(t, _)| *t == token)
+            .map(|(_, o)| o.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope() -> crate::scope::Scope {
+        crate::scope::Scope {
+            id: "b/p".into(),
+            bucket: "b".into(),
+            prefix: "p".into(),
+            lock: fencegate_core::LockName::new("db").expect("lock"),
+        }
+    }
+
+    fn stale(events: &FenceEvents, token: u64) {
+        events.refused(Refusal {
+            kind: Kind::Stale,
+            op: "PutObject",
+            scope: Some(&scope()),
+            token: Some(token),
+            max: Some(token + 1),
+            reason: "stale".into(),
+        });
+    }
+
+    #[tokio::test]
+    async fn the_ring_keeps_the_newest_and_counts_all() {
+        let events = FenceEvents::new(3);
+        for t in 1..=10 {
+            stale(&events, t);
+        }
+        let (kept, recorded) = events.recent(100);
+        assert_eq!(recorded, 10);
+        assert_eq!(
+            kept.iter().map(|e| e.token).collect::<Vec<_>>(),
+            vec![Some(10), Some(9), Some(8)]
+        );
+        assert_eq!(kept[0].seq, 10);
+    }
+
+    #[tokio::test]
+    async fn an_event_takes_the_request_attempt_and_the_learned_owners() {
+        let events = FenceEvents::new(10);
+        events.learn_owner("db", 4, "job-a".into());
+        events.learn_owner("db", 5, "job-b".into());
+        let remote: SocketAddr = "127.0.0.1:4000".parse().expect("addr");
+        attempt(Some(remote), async {
+            note_target("PutObject", "b", "p/x");
+            note_client("AKIDJOB");
+            stale(&events, 4);
+        })
+        .await;
+        let (kept, _) = events.recent(1);
+        let e = &kept[0];
+        assert_eq!(e.key, "p/x");
+        assert_eq!(e.client.as_deref(), Some("AKIDJOB"));
+        assert_eq!(e.owner.as_deref(), Some("job-a"));
+        assert_eq!(e.holder.as_deref(), Some("job-b"));
+        assert_eq!(e.remote.as_deref(), Some("127.0.0.1:4000"));
+        assert_eq!(e.lock.as_deref(), Some("db"));
+    }
+
+    #[test]
+    fn log_lines_are_limited_per_second_and_the_rest_counted() {
+        let mut budget = LogBudget::default();
+        let t0 = std::time::Instant::now();
+        let logged = (0..250).filter(|_| budget.take(t0).0).count();
+        assert_eq!(logged, LOG_LINES_PER_SEC as usize);
+        let (log, held_back) = budget.take(t0 + std::time::Duration::from_secs(1));
+        assert!(log);
+        assert_eq!(held_back, 150);
+    }
+
+    #[test]
+    fn owners_are_bounded_per_lock() {
+        let events = FenceEvents::new(1);
+        for t in 0..100 {
+            events.learn_owner("db", t, format!("o{t}"));
+        }
+        assert_eq!(events.owner_of("db", 0), None);
+        assert_eq!(events.owner_of("db", 99).as_deref(), Some("o99"));
+        let n = events
+            .owners
+            .lock()
+            .expect("lock")
+            .get("db")
+            .map(VecDeque::len);
+        assert_eq!(n, Some(OWNERS_PER_LOCK));
+    }
+}
