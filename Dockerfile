@@ -34,6 +34,7 @@ RUN apt-get update \
 COPY rust-toolchain.toml Cargo.toml Cargo.lock ./
 COPY core core
 COPY net net
+COPY page page
 COPY etcd etcd
 COPY lease-api lease-api
 COPY locksvc locksvc

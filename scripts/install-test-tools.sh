@@ -8,6 +8,8 @@
 #     libprotobuf-dev): the etcd-client crate compiles etcd's protos
 #   - nginx (Debian nginx-light): the deployment test checks the load
 #     balancer config of docker-compose.ha.yml with `nginx -t`
+#   - chromium (Debian): the status pages are read and photographed in a
+#     real browser, headless (tests/status_page.rs)
 # Safe to run repeatedly; does nothing when all is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,7 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # protoc alone fails on google/protobuf/descriptor.proto.
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${missing[*]} from Debian"
   SUDO=""

@@ -1120,6 +1120,113 @@ fn dockerignore_keeps_local_state_out_and_what_the_build_copies_in() {
     }
 }
 
+#[test]
+fn compose_scrapes_both_services_and_grafana_shows_the_dashboard() {
+    let doc = compose();
+    // Prometheus scrapes each service where it listens, on its metrics path.
+    let prom = service(&doc, "prometheus");
+    assert!(
+        scalar(&prom["image"]).starts_with("prom/prometheus:v"),
+        "the official image, a pinned version"
+    );
+    let mounts: Vec<String> = words(&prom["volumes"]);
+    assert!(
+        mounts.contains(&"./config/prometheus.yml:/etc/prometheus/prometheus.yml:ro".to_owned()),
+        "{mounts:?}"
+    );
+    assert!(
+        words(&prom["command"])
+            .contains(&"--config.file=/etc/prometheus/prometheus.yml".to_owned())
+    );
+    let config: Yaml = serde_yaml::from_str(&read_repo("config/prometheus.yml"))
+        .unwrap_or_else(|e| panic!("config/prometheus.yml is not YAML: {e}"));
+    let jobs = config["scrape_configs"]
+        .as_sequence()
+        .expect("scrape_configs");
+    for (name, path) in [("proxy", "/_fencegate/metrics"), ("locksvc", "/metrics")] {
+        let port = listen_addr(name, service(&doc, name)).port();
+        let target = format!("{name}:{port}");
+        let job = jobs
+            .iter()
+            .find(|j| {
+                j["static_configs"]
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| words(&c["targets"]).contains(&target))
+            })
+            .unwrap_or_else(|| panic!("Prometheus does not scrape {target}"));
+        assert_eq!(scalar(&job["metrics_path"]), path, "{name}'s metrics path");
+    }
+    for (ip, _, _) in published("prometheus", prom) {
+        assert_eq!(ip, "127.0.0.1", "Prometheus is published on loopback only");
+    }
+    // Grafana: provisioning and dashboards from config/grafana, the data
+    // source the dashboard names, and no default open door.
+    let grafana = service(&doc, "grafana");
+    assert!(scalar(&grafana["image"]).starts_with("grafana/grafana:1"));
+    for (ip, _, _) in published("grafana", grafana) {
+        assert_eq!(ip, "127.0.0.1", "Grafana is published on loopback only");
+    }
+    let env = environment(grafana);
+    assert_eq!(
+        env.get("GF_AUTH_ANONYMOUS_ENABLED").map(String::as_str),
+        Some("false")
+    );
+    let volumes = words(&grafana["volumes"]);
+    let mounted = |dir: &str| {
+        volumes
+            .iter()
+            .find_map(|v| {
+                v.strip_prefix("./")
+                    .and_then(|v| v.split_once(':'))
+                    .filter(|(_, c)| c.starts_with(dir))
+                    .map(|(h, _)| h.to_owned())
+            })
+            .unwrap_or_else(|| panic!("grafana mounts nothing at {dir}: {volumes:?}"))
+    };
+    let provisioning = mounted("/etc/grafana/provisioning");
+    let dashboards = mounted("/var/lib/grafana/dashboards");
+    let datasources: Yaml = serde_yaml::from_str(&read_repo(&format!(
+        "{provisioning}/datasources/prometheus.yml"
+    )))
+    .expect("datasource YAML");
+    let source = &datasources["datasources"][0];
+    assert_eq!(scalar(&source["url"]), "http://prometheus:9090");
+    let providers: Yaml = serde_yaml::from_str(&read_repo(&format!(
+        "{provisioning}/dashboards/fencegate.yml"
+    )))
+    .expect("dashboard provider YAML");
+    assert_eq!(
+        scalar(&providers["providers"][0]["options"]["path"]),
+        "/var/lib/grafana/dashboards"
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read_repo(&format!("{dashboards}/fencegate.json")))
+            .expect("the dashboard is JSON");
+    let home = env
+        .get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
+        .expect("a home dashboard");
+    assert_eq!(home, "/var/lib/grafana/dashboards/fencegate.json");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        assert_eq!(
+            p["datasource"]["uid"].as_str(),
+            Some(scalar(&source["uid"]).as_str()),
+            "panel {:?} names another data source",
+            p["title"]
+        );
+        assert!(
+            p["targets"].as_array().is_some_and(|t| !t.is_empty()),
+            "panel {:?} plots nothing",
+            p["title"]
+        );
+    }
+    // Which series exist is checked against the running services in
+    // tests/status_page.rs.
+}
+
 // ---------------------------------------------------------------------------
 // docker-compose.ha.yml
 

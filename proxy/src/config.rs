@@ -38,10 +38,13 @@ pub struct ProxyConfig {
     /// every real holder out). Without `signing_keys` it must be set to
     /// true explicitly.
     pub accept_unsigned_tokens: Option<bool>,
-    /// With `accept_unsigned_tokens = true`: the lease service, asked
-    /// whether a plain token is the lock's current token (once per new
-    /// number at or above the max), so made-up numbers are refused. Still
-    /// no protection against a client that echoes the current number.
+    /// The lease service. Asked, after each raise of a lock's max, whose
+    /// lease the new token is, so fence events name the zombie's lease
+    /// owner and the holder (off the write path; nothing waits for it).
+    /// With `accept_unsigned_tokens = true` also asked whether a plain
+    /// token is the lock's current token (once per new number at or above
+    /// the max), so made-up numbers are refused; still no protection
+    /// against a client that echoes the current number.
     pub locksvc_url: Option<String>,
     /// API key for `locksvc_url`, if the lease service requires one.
     /// Override with `FENCEGATE_API_KEY`.
@@ -379,11 +382,6 @@ impl ProxyConfig {
                 "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so only tokens it signed are accepted, or accept_unsigned_tokens = true to accept plain numbers from clients you trust"
             ));
         }
-        if self.locksvc_url.is_some() && self.accept_unsigned_tokens != Some(true) {
-            p.push(
-                "locksvc_url only checks plain tokens, which are refused unless accept_unsigned_tokens = true: remove locksvc_url (signed tokens need no check), or accept plain tokens from trusted clients".into(),
-            );
-        }
         if let Some(url) = &self.locksvc_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
@@ -576,10 +574,14 @@ mod tests {
             problems("accept_unsigned_tokens = true"),
             Vec::<String>::new()
         );
-        let alone = problems(r#"locksvc_url = "http://127.0.0.1:7070""#);
+        // With signed tokens only, the lease service names owners in
+        // fence events.
         assert!(
-            alone.iter().any(|p| p.contains("only checks plain tokens")),
-            "{alone:?}"
+            problems(&format!(
+                "locksvc_url = \"http://127.0.0.1:7070\"\nsigning_keys = [\"{}\"]",
+                "k".repeat(32)
+            ))
+            .is_empty()
         );
         assert_eq!(
             problems("locksvc_url = \"http://127.0.0.1:7070\"\naccept_unsigned_tokens = true"),

@@ -84,7 +84,8 @@ pub struct FenceEvent {
     /// Who sent it: the access key id, or `lease-bound:<lock>:<token>`.
     pub client: Option<String>,
     /// The lease owner the presented token was issued to, when the proxy
-    /// learned it from the lease service.
+    /// learned it from the lease service (never for a forged token: its
+    /// number is only a claim).
     pub owner: Option<String>,
     /// The owner of the max's lease (who holds the lock now, or last did).
     pub holder: Option<String>,
@@ -231,8 +232,10 @@ impl FenceEvents {
     pub fn refused(&self, r: Refusal<'_>) {
         let a = current();
         let lock = r.scope.map(|s| s.lock.to_string());
-        let owner = match (&lock, r.token) {
-            (Some(l), Some(t)) => self.owner_of(l, t),
+        // The owner of the presented token, if the token is genuine: a
+        // forged one's number names somebody else's lease.
+        let owner = match (&lock, r.token, r.kind) {
+            (Some(l), Some(t), Kind::Stale | Kind::Cut) => self.owner_of(l, t),
             _ => None,
         };
         let holder = match (&lock, r.max) {

@@ -8,7 +8,7 @@
 //! Read-only and behind the proxy's client credentials (see
 //! [`crate::server`]); the frame is `fencegate_page`'s.
 
-use crate::events::FenceEvent;
+use crate::events::{FenceEvent, Kind};
 use fencegate_page::{Markup, document, html, tag, utc};
 use serde_json::Value;
 
@@ -69,7 +69,11 @@ fn fence_events(events: &[FenceEvent], recorded: u64, kept_max: usize) -> Markup
                                 @if let Some(m) = e.max {
                                     dt { "max" } dd data-field="max" { (m) }
                                 }
-                                dt { "owner" } dd data-field="owner" { (e.owner.as_deref().unwrap_or("unknown")) }
+                                @if e.kind == Kind::Forged {
+                                    dt { "owner" } dd data-field="owner" { "not verified (the token is not genuine)" }
+                                } @else {
+                                    dt { "owner" } dd data-field="owner" { (e.owner.as_deref().unwrap_or("unknown")) }
+                                }
                                 @if let Some(h) = &e.holder {
                                     dt { "holder" } dd data-field="holder" { (h) }
                                 }

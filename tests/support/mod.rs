@@ -66,10 +66,15 @@ pub struct Service {
 
 impl Service {
     /// Starts `fencegate <args>` and waits for its "listening on" line.
-    pub fn start(mut cmd: Command) -> Service {
+    pub fn start(cmd: Command) -> Service {
+        Service::start_logging(cmd, Stdio::inherit())
+    }
+
+    /// [`Service::start`] with the service's log (stderr) sent to `log`.
+    pub fn start_logging(mut cmd: Command, log: impl Into<Stdio>) -> Service {
         let mut child = cmd
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("fencegate starts");
         let stdout = child.stdout.take().expect("stdout piped");
