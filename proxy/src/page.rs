@@ -113,8 +113,9 @@ fn locks(status: &Value) -> Markup {
                                 td data-field="max" { (l["max_token"]) }
                                 td { (l["holder"].as_str().unwrap_or("unknown")) }
                                 td.mono {
-                                    @for s in scopes.iter().filter(|s| s["lock"].as_str() == Some(name)) {
-                                        (s["scope"].as_str().unwrap_or("")) " "
+                                    @let mine: Vec<&Value> = scopes.iter().filter(|s| s["lock"].as_str() == Some(name)).collect();
+                                    @if mine.is_empty() { "bucket " (name) } @else {
+                                        @for s in mine { (s["scope"].as_str().unwrap_or("")) " " }
                                     }
                                 }
                             }
