@@ -17,7 +17,8 @@ cargo test --workspace --locked
 # The lease-service tests again, every lease service on a 3-member etcd
 # cluster instead of SQLite (tests/support/etcd.rs): the same tests, not a
 # copy. The history checker of tests/faults.rs then spreads its clients
-# over two replicas.
+# over two replicas; the status page lists locks from etcd.
 echo "==> cargo test, lease services on etcd"
 FENCEGATE_TEST_LEASE_BACKEND=etcd cargo test --workspace --locked \
-  --test locksvc --test adversarial_locksvc --test run_cmd --test rotation --test tls --test faults
+  --test locksvc --test adversarial_locksvc --test run_cmd --test rotation --test tls --test faults \
+  --test status_page

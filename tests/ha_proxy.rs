@@ -158,6 +158,24 @@ async fn a_raise_through_one_replica_refuses_lower_tokens_on_every_replica_for_n
                 .all(|m| m["acks"][BUCKET].as_u64() == Some(2)),
             "every replica acked token 2: {view}"
         );
+        // The status page of a replica shows the cluster: every member,
+        // and this replica admitting; the stale writes are events on the
+        // replica that refused each.
+        let page = reqwest::get(format!("{}/_fencegate/", c.url))
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("html");
+        assert!(
+            page.contains("replica p2") && page.contains("ADMITTING"),
+            "{page}"
+        );
+        for m in members {
+            let id = m["id"].as_str().expect("member id");
+            assert!(page.contains(id), "member {id} is not on the page");
+        }
+        assert!(page.contains("data-kind=\"stale\""), "{page}");
     })
     .await;
 }

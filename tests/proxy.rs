@@ -1128,6 +1128,26 @@ async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
             && answer.to_ascii_lowercase().contains("fencing-max-token: 2"),
         "the stale upload was not answered stale: {answer}"
     );
+    // Operators see it: a cut event, with the token it lost to.
+    let events: serde_json::Value = reqwest::get(format!("{}/_fencegate/events", e.proxy().url))
+        .await
+        .expect("events")
+        .json()
+        .await
+        .expect("json");
+    let cut = events["events"]
+        .as_array()
+        .and_then(|l| l.iter().find(|ev| ev["kind"] == "cut"))
+        .unwrap_or_else(|| panic!("no cut event: {events}"));
+    assert_eq!(
+        (
+            cut["key"].as_str(),
+            cut["token"].as_u64(),
+            cut["max"].as_u64()
+        ),
+        (Some("epoch"), Some(1), Some(2)),
+        "{cut}"
+    );
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(

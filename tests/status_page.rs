@@ -370,22 +370,8 @@ async fn a_zombie_write_is_an_event_on_the_status_page_in_a_real_browser() {
     // Every series the Grafana dashboard plots is one the services export.
     let exported = format!(
         "{}{}",
-        http()
-            .get(format!("{}/_fencegate/metrics", proxy.url))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text"),
-        http()
-            .get(format!("{}/metrics", locksvc.url))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text")
+        fetch_text(&format!("{}/_fencegate/metrics", proxy.url)).await,
+        fetch_text(&format!("{}/metrics", locksvc.url)).await
     );
     let families: Vec<&str> = exported
         .lines()
@@ -415,6 +401,12 @@ async fn a_zombie_write_is_an_event_on_the_status_page_in_a_real_browser() {
         }
     }
     assert!(plotted > 15, "the dashboard plots {plotted} series");
+}
+
+async fn fetch_text(url: &str) -> String {
+    let resp = http().get(url).send().await.expect("sent");
+    assert!(resp.status().is_success(), "{url}: {}", resp.status());
+    resp.text().await.expect("text")
 }
 
 /// The `fencegate_*` metric names in a PromQL expression.
@@ -460,7 +452,10 @@ async fn fence_events_are_json_log_lines_with_format_json() {
     let dir = tempfile::tempdir().expect("dir");
     let backend = Harness::new(BackendKind::S3Fs).backend().await;
     let log = dir.path().join("proxy.log");
-    let toml = support::s3::proxy_toml(&backend, dir.path(), BUCKET, "");
+    // One scope, `db/`: a key outside it is refused (unscoped_writes deny).
+    let scopes =
+        format!("[[scopes]]\nbucket = \"{BUCKET}\"\nprefix = \"db/\"\nlock = \"{BUCKET}\"");
+    let toml = support::s3::proxy_toml(&backend, dir.path(), BUCKET, &scopes);
     let proxy = tokio::task::spawn_blocking({
         let (d, l) = (dir.path().to_owned(), log.clone());
         move || {
@@ -476,13 +471,25 @@ async fn fence_events_are_json_log_lines_with_format_json() {
     .expect("proxy");
     let client = http();
     assert_eq!(
-        raw_put(&client, &proxy.url, "k", &signed(BUCKET, 2)).await,
+        raw_put(&client, &proxy.url, "db/k", &signed(BUCKET, 2)).await,
         200
     );
     assert_eq!(
-        raw_put(&client, &proxy.url, "k", &signed(BUCKET, 1)).await,
+        raw_put(&client, &proxy.url, "db/k", &signed(BUCKET, 1)).await,
         409
     );
+    assert_eq!(
+        raw_put(&client, &proxy.url, "tmp/k", &signed(BUCKET, 2)).await,
+        403
+    );
+    let doc = events(&proxy.url).await;
+    let unscoped = &doc["events"][0];
+    assert_eq!(unscoped["kind"], "unscoped", "{doc}");
+    assert_eq!(
+        (unscoped["bucket"].as_str(), unscoped["key"].as_str()),
+        (Some(BUCKET), Some("tmp/k"))
+    );
+    assert!(unscoped["lock"].is_null(), "no scope, no lock: {unscoped}");
     let mut found = None;
     for _ in 0..100 {
         let text = std::fs::read_to_string(&log).expect("log");
@@ -504,7 +511,8 @@ async fn fence_events_are_json_log_lines_with_format_json() {
     assert_eq!(line["kind"], "stale");
     assert_eq!(line["token"], 1);
     assert_eq!(line["max"], 2);
-    assert_eq!(line["key"], "k");
+    assert_eq!(line["key"], "db/k");
+    assert_eq!(line["scope"], format!("{BUCKET}/db/"));
     assert_eq!(line["lock"], BUCKET);
     assert_eq!(line["client"], "", "anonymous");
     assert!(
