@@ -91,6 +91,18 @@ impl Keys {
     pub fn cached(&self) -> usize {
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
+
+    /// The keys a write holds or waits for now, as `(bucket, key)`, at
+    /// most `limit` of them in name order, and how many there are.
+    pub fn busy(&self, limit: usize) -> (Vec<(String, String)>, usize) {
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys: Vec<(String, String)> = locks.keys().cloned().collect();
+        drop(locks);
+        let total = keys.len();
+        keys.sort();
+        keys.truncate(limit);
+        (keys, total)
+    }
 }
 
 impl KeyGuard {

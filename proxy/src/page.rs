@@ -14,6 +14,8 @@ use serde_json::Value;
 
 /// Events shown on the page (the JSON has every kept one).
 pub const EVENTS_SHOWN: usize = 100;
+/// Locks shown on the page, by name (`/_fencegate/status` has them all).
+const LOCKS_SHOWN: usize = 500;
 
 /// Renders the page from the status JSON, the newest events and how many
 /// were recorded in all.
@@ -92,7 +94,10 @@ fn fence_events(events: &[FenceEvent], recorded: u64, kept_max: usize) -> Markup
 }
 
 fn locks(status: &Value) -> Markup {
-    let locks = status["locks"].as_array().cloned().unwrap_or_default();
+    let mut locks = status["locks"].as_array().cloned().unwrap_or_default();
+    let total = locks.len();
+    locks.sort_by(|a, b| a["lock"].as_str().cmp(&b["lock"].as_str()));
+    locks.truncate(LOCKS_SHOWN);
     let scopes = status["configured_scopes"]
         .as_array()
         .cloned()
@@ -100,6 +105,9 @@ fn locks(status: &Value) -> Markup {
     html! {
         section #locks {
             h2 { "Locks" }
+            @if total > locks.len() {
+                p.meta { "the first " (locks.len()) " of " (total) " locks by name (all: " code { "/_fencegate/status" } ")" }
+            }
             @if locks.is_empty() {
                 p.empty { "No fenced write has been admitted yet." }
             } @else {
@@ -178,6 +186,14 @@ fn writes(status: &Value) -> Markup {
             h2 { "Writes" }
             dl.card {
                 dt { "in flight" } dd data-field="inflight" { (status["inflight_writes"]) }
+                dt { "keys being written" } dd {
+                    @let shown = status["busy_keys"]["shown"].as_array().cloned().unwrap_or_default();
+                    @if shown.is_empty() { "none" }
+                    @for k in &shown { code { (k.as_str().unwrap_or("")) } br; }
+                    @if status["busy_keys"]["total"].as_u64().unwrap_or(0) > shown.len() as u64 {
+                        span.meta { "(" (status["busy_keys"]["total"]) " in all)" }
+                    }
+                }
                 dt { "lingering" } dd { (status["lingering_writes"]) " (sent, unanswered in time, held until the store can no longer commit them)" }
                 dt { "ETag cache" } dd { (status["etag_cache_entries"]) " keys" }
             }

@@ -44,6 +44,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+/// Keys being written that `/_fencegate/status` lists at most.
+const BUSY_KEYS_SHOWN: usize = 50;
+
 /// The metric label of writes refused before their lock was known.
 pub const UNKNOWN_LOCK: &str = "(none)";
 
@@ -616,6 +619,11 @@ impl Gate {
             Some(c) => c.status().await,
             None => serde_json::Value::Null,
         };
+        let (keys, total) = self.keys.busy(BUSY_KEYS_SHOWN);
+        let busy = serde_json::json!({
+            "total": total,
+            "shown": keys.into_iter().map(|(b, k)| format!("s3://{b}/{k}")).collect::<Vec<_>>(),
+        });
         serde_json::json!({
             "cluster": cluster,
             "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| {
@@ -623,6 +631,7 @@ impl Gate {
                 serde_json::json!({"lock": lock, "max_token": max, "holder": holder})
             }).collect::<Vec<_>>(),
             "inflight_writes": self.metrics.inflight_writes.get(),
+            "busy_keys": busy,
             "lingering_writes": self.metrics.lingering_writes.get(),
             "configured_scopes": self.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
             "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({"report": r, "safe": r.safe(), "summary": r.summary()})).collect::<Vec<_>>(),
