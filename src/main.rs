@@ -94,8 +94,7 @@ fn init_tracing() {
         .with_writer(std::io::stderr);
     // FENCEGATE_LOG_FORMAT=json: one JSON object per line (fields flattened
     // beside "message", "level", "target" and "timestamp"), for log
-    // pipelines. Anything else but "text" is refused before the service
-    // starts, in `log_format`.
+    // pipelines. Any other value logs as text, with a warning first.
     match log_format() {
         Ok(LogFormat::Json) => builder
             .json()

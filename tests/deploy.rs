@@ -300,6 +300,7 @@ fn example_configs_show_every_option() {
                 ("[backend]", "backend"),
                 ("[[scopes]]", "scopes"),
                 ("[[clients]]", "clients"),
+                ("[[viewers]]", "viewers"),
                 ("[cluster]", "cluster"),
             ],
             "locksvc" => &[("[[api_keys]]", "api_keys"), ("[etcd]", "etcd")],

@@ -539,20 +539,18 @@ async fn page(
     State(state): State<AppState>,
     axum::Extension(caller): axum::Extension<Caller>,
 ) -> Result<Response, ApiError> {
-    let listed = state.inner.engine.list(PAGE_LOCKS).await?;
-    let listed: Vec<_> = listed
-        .into_iter()
-        .filter(|(lock, _)| caller.allows(lock))
-        .collect();
+    let listed = state
+        .inner
+        .engine
+        .list(PAGE_LOCKS, move |lock| caller.allows(lock))
+        .await?;
     let html = crate::page::render(&listed, state.inner.engine.kind(), PAGE_LOCKS);
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        html.into_string(),
-    )
-        .into_response())
+    let mut resp = html.into_string().into_response();
+    for (name, value) in fencegate_page::HEADERS {
+        resp.headers_mut()
+            .insert(name.clone(), header::HeaderValue::from_static(value));
+    }
+    Ok(resp)
 }
 
 async fn health() -> axum::Json<Value> {
@@ -594,6 +592,7 @@ async fn authenticate(
     next: Next,
 ) -> Response {
     let ring = &state.inner.api_keys;
+    let page = req.uri().path() == "/" && req.method() == axum::http::Method::GET;
     let caller = if ring.is_empty() {
         Some(Caller::Open)
     } else {
@@ -604,8 +603,15 @@ async fn authenticate(
             .map(str::trim)
             .map(str::to_owned)
             // A browser (the status page) sends the key as a Basic
-            // password; the user name is not checked.
-            .or_else(|| fencegate_page::basic_credentials(&headers).map(|(_, key)| key))
+            // password; the user name is not checked. Only for the page:
+            // a browser sends saved Basic credentials with any request to
+            // the host, also one a hostile site makes it send (an acquire),
+            // so the API itself takes Bearer only.
+            .or_else(|| {
+                page.then(|| fencegate_page::basic_credentials(&headers))
+                    .flatten()
+                    .map(|(_, key)| key)
+            })
             .and_then(|presented| ring.identify(&presented))
     };
     match caller {
@@ -620,7 +626,7 @@ async fn authenticate(
                 "missing or invalid API key: send Authorization: Bearer <key> (a browser: the key as the password)",
             )
             .into_response();
-            if req.uri().path() == "/" {
+            if page {
                 resp.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
                     header::HeaderValue::from_static(fencegate_page::CHALLENGE),

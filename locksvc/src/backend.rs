@@ -64,10 +64,18 @@ impl Leases {
 
     /// The locks held or waited for, in name order, at most `limit` (for
     /// the status page).
-    pub async fn list(&self, limit: usize) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
+    /// Only locks `allow` admits are listed (the caller's API key's).
+    pub async fn list(
+        &self,
+        limit: usize,
+        allow: impl Fn(&LockName) -> bool + Send + Sync + 'static,
+    ) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
         match self {
-            Leases::Sqlite(e) => e.list(limit).await,
-            Leases::Etcd(e) => e.list(limit).await,
+            Leases::Sqlite(e) => {
+                e.list(limit, crate::engine::LockFilter(Box::new(allow)))
+                    .await
+            }
+            Leases::Etcd(e) => e.list(limit, &allow).await,
         }
     }
 }

@@ -83,12 +83,23 @@ pub enum Command {
         lock: LockName,
         reply: Reply<LockStatus>,
     },
-    /// The locks held or waited for, by name, at most `limit`.
+    /// The locks held or waited for that `allow` admits, by name, at most
+    /// `limit`.
     List {
         limit: usize,
+        allow: LockFilter,
         reply: Reply<Vec<(LockName, LockStatus)>>,
     },
     Stop,
+}
+
+/// Which locks a list may name (the caller's API key's).
+pub struct LockFilter(pub Box<dyn Fn(&LockName) -> bool + Send>);
+
+impl std::fmt::Debug for LockFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LockFilter")
+    }
 }
 
 /// What a status request returns.
@@ -272,8 +283,17 @@ impl EngineHandle {
         self.call(|reply| Command::Status { lock, reply }).await
     }
 
-    pub async fn list(&self, limit: usize) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
-        self.call(|reply| Command::List { limit, reply }).await
+    pub async fn list(
+        &self,
+        limit: usize,
+        allow: LockFilter,
+    ) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
+        self.call(|reply| Command::List {
+            limit,
+            allow,
+            reply,
+        })
+        .await
     }
 }
 
@@ -501,9 +521,18 @@ impl EngineState {
                 };
                 batch.replies.push(Pending::Status(reply, status));
             }
-            Command::List { limit, reply } => {
-                let mut locks: Vec<LockName> = self.table.live_locks(now).cloned().collect();
-                locks.extend(self.lines.locks());
+            Command::List {
+                limit,
+                allow,
+                reply,
+            } => {
+                let mut locks: Vec<LockName> = self
+                    .table
+                    .live_locks(now)
+                    .filter(|l| (allow.0)(l))
+                    .cloned()
+                    .collect();
+                locks.extend(self.lines.locks().into_iter().filter(|l| (allow.0)(l)));
                 locks.sort();
                 locks.dedup();
                 locks.truncate(limit);

@@ -1067,7 +1067,11 @@ impl EtcdLeases {
     /// The locks with an owner record, in name order, at most `limit`,
     /// each with its status (for the status page: one range read of the
     /// keys, then one status read per lock shown).
-    pub async fn list(&self, limit: usize) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
+    pub async fn list(
+        &self,
+        limit: usize,
+        allow: &(dyn Fn(&LockName) -> bool + Send + Sync),
+    ) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
         let prefix = self.key("locks/");
         let resp = self
             .txn(Txn::new().and_then(vec![TxnOp::get(
@@ -1087,10 +1091,13 @@ impl EtcdLeases {
                 let Ok(key) = std::str::from_utf8(kv.key()) else {
                     continue;
                 };
+                // `locks/<lock>/owner`, `.../expiry`, `.../wait/<id>`: a
+                // lock name has no `/`, so the first segment is the lock.
                 if let Some(name) = key
                     .strip_prefix(prefix.as_str())
-                    .and_then(|rest| rest.strip_suffix("/owner"))
-                    .and_then(|name| LockName::new(name).ok())
+                    .and_then(|rest| rest.split_once('/'))
+                    .and_then(|(name, _)| LockName::new(name).ok())
+                    .filter(|name| allow(name))
                 {
                     locks.push(name);
                 }

@@ -139,6 +139,20 @@ pub fn basic_credentials(headers: &http::HeaderMap) -> Option<(String, String)> 
     Some((user.to_owned(), password.to_owned()))
 }
 
+/// The headers of a page: HTML, never cached, and nothing but its own
+/// inline style and script (no frames, no fetches, no referrer).
+pub const HEADERS: &[(http::HeaderName, &str)] = &[
+    (http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+    (http::header::CACHE_CONTROL, "no-store"),
+    (
+        http::header::CONTENT_SECURITY_POLICY,
+        "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    ),
+    (http::header::X_FRAME_OPTIONS, "DENY"),
+    (http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    (http::header::REFERRER_POLICY, "no-referrer"),
+];
+
 /// The `WWW-Authenticate` value that makes a browser ask for credentials.
 pub const CHALLENGE: &str = "Basic realm=\"fencegate\", charset=\"UTF-8\"";
 

@@ -94,6 +94,10 @@ impl S3Access for Access {
         if let s3s::path::S3Path::Object { key, .. } = cx.s3_path() {
             crate::object_key::require(key)?;
         }
+        // Who is asking, for the fence event of any refusal that follows.
+        if let Some(c) = cx.credentials() {
+            crate::events::note_client(&c.access_key);
+        }
         if cx.credentials().is_none() {
             if op == "CreateBucket" {
                 return Err(s3_error!(
@@ -128,32 +132,32 @@ impl S3Access for Access {
 }
 
 /// Who may read the status page and the fence events (`/_fencegate/` and
-/// `/_fencegate/events`): anyone if the proxy serves anonymous requests;
-/// otherwise a configured client (`clients`), by HTTP Basic with its access
-/// key id as the user and its secret key as the password, as a browser
-/// asks for them. Lease-bound credentials do not open it: they are a
-/// job's, for its lock. Compared in constant time over every client.
+/// `/_fencegate/events`): the configured `viewers`, by HTTP Basic with
+/// their name and password, compared in constant time over every viewer.
+/// S3 credentials never open it (a browser would send the secret with
+/// every reload; SigV4 never sends it at all). Without viewers, anyone if
+/// the proxy serves anonymous requests, nobody otherwise.
 pub struct Viewers {
     open: bool,
-    clients: Vec<([u8; 32], [u8; 32])>,
+    viewers: Vec<([u8; 32], [u8; 32])>,
 }
 
 impl std::fmt::Debug for Viewers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Viewers")
             .field("open", &self.open)
-            .field("clients", &self.clients.len())
+            .field("viewers", &self.viewers.len())
             .finish()
     }
 }
 
 impl Viewers {
-    pub fn new(clients: &[ClientKey], allow_anonymous: bool) -> Viewers {
+    pub fn new(viewers: &[crate::config::Viewer], allow_anonymous: bool) -> Viewers {
         Viewers {
-            open: allow_anonymous,
-            clients: clients
+            open: allow_anonymous && viewers.is_empty(),
+            viewers: viewers
                 .iter()
-                .map(|c| (digest(&c.access_key), digest(&c.secret_key)))
+                .map(|v| (digest(&v.name), digest(&v.password)))
                 .collect(),
         }
     }
@@ -163,26 +167,24 @@ impl Viewers {
         if self.open {
             return Ok(());
         }
-        if self.clients.is_empty() {
+        if self.viewers.is_empty() {
             return Err(
-                "the status page needs a configured client key (clients) to sign in with, or allow_anonymous",
+                "the status page needs a viewer: add [[viewers]] (or FENCEGATE_VIEWERS) to the proxy's config",
             );
         }
         let Some((user, password)) = fencegate_page::basic_credentials(headers) else {
-            return Err(
-                "sign in with a client's access key id as the user and its secret key as the password",
-            );
+            return Err("sign in with a viewer's name and password ([[viewers]])");
         };
         let (user, password) = (digest(&user), digest(&password));
         let mut found = subtle::Choice::from(0);
-        for (u, p) in &self.clients {
+        for (u, p) in &self.viewers {
             use subtle::ConstantTimeEq as _;
             found |= u.ct_eq(&user) & p.ct_eq(&password);
         }
         if bool::from(found) {
             Ok(())
         } else {
-            Err("unknown access key id or wrong secret key")
+            Err("unknown viewer or wrong password")
         }
     }
 }

@@ -81,8 +81,16 @@ pub struct ProxyConfig {
     /// a miss costs one HEAD).
     pub etag_cache_entries: usize,
     /// Fence events (refused writes) kept in memory for
-    /// `/_fencegate/events` and the status page: the newest this many.
+    /// `/_fencegate/events` and the status page: the newest this many of
+    /// each kind (stale, cut, forged, unscoped).
     pub fence_events_kept: usize,
+    /// Who may read the status page (`/_fencegate/`) and the fence events
+    /// (`/_fencegate/events`), by HTTP Basic: a name and a password of
+    /// their own, never an S3 secret (a browser sends Basic credentials with
+    /// every reload). Without any, the page is open if `allow_anonymous`,
+    /// and closed otherwise. Override with `FENCEGATE_VIEWERS`
+    /// (`name:password,...`).
+    pub viewers: Vec<Viewer>,
     /// Largest XML request body (CompleteMultipartUpload, DeleteObjects,
     /// CreateBucket). These bodies are read whole before they are parsed.
     pub max_xml_body_bytes: usize,
@@ -165,6 +173,23 @@ pub struct ClientKey {
     pub secret_key: String,
 }
 
+/// A reader of the status page: a name and a password (at least 12
+/// characters).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Viewer {
+    pub name: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Viewer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Viewer")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for ClientKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientKey")
@@ -217,6 +242,7 @@ impl Default for ProxyConfig {
             accept_weak_backend: false,
             etag_cache_entries: 100_000,
             fence_events_kept: crate::events::DEFAULT_KEPT,
+            viewers: Vec::new(),
             max_xml_body_bytes: 8 * 1024 * 1024,
             max_buffered_body_bytes: 16 * 1024 * 1024,
             client_idle_timeout_secs: 60,
@@ -250,6 +276,8 @@ pub const ENV_BACKEND_ACCESS_KEY: &str = "FENCEGATE_BACKEND_ACCESS_KEY";
 pub const ENV_BACKEND_SECRET_KEY: &str = "FENCEGATE_BACKEND_SECRET_KEY";
 /// `ACCESS:SECRET[,ACCESS:SECRET...]`, replacing `clients`.
 pub const ENV_CLIENT_KEYS: &str = "FENCEGATE_CLIENT_KEYS";
+/// The status page's readers (`viewers`), as `name:password,...`.
+pub const ENV_VIEWERS: &str = "FENCEGATE_VIEWERS";
 /// The lease service API key (`locksvc_api_key`); the CLI reads it too.
 pub const ENV_LOCKSVC_API_KEY: &str = "FENCEGATE_API_KEY";
 /// The CA of an `https://` lease service (`locksvc_ca_file`); the CLI reads
@@ -302,6 +330,18 @@ impl ProxyConfig {
                     Some(ClientKey {
                         access_key: a.to_owned(),
                         secret_key: s.to_owned(),
+                    })
+                })
+                .collect();
+        }
+        if let Some(v) = var(ENV_VIEWERS) {
+            self.viewers = split_list(&v)
+                .into_iter()
+                .filter_map(|pair| {
+                    let (n, p) = pair.split_once(':')?;
+                    Some(Viewer {
+                        name: n.to_owned(),
+                        password: p.to_owned(),
                     })
                 })
                 .collect();
@@ -360,6 +400,13 @@ impl ProxyConfig {
             p.push(format!(
                 "nobody could use the proxy: add [[clients]] (or {ENV_CLIENT_KEYS}), allow anonymous access, or set signing_keys so lease-bound credentials work"
             ));
+        }
+        for (i, v) in self.viewers.iter().enumerate() {
+            if v.name.is_empty() || v.name.contains(':') || v.password.len() < 12 {
+                p.push(format!(
+                    "viewers[{i}]: name must be set (without ':') and password be at least 12 characters"
+                ));
+            }
         }
         for (i, c) in self.clients.iter().enumerate() {
             if c.access_key.is_empty() || c.secret_key.len() < 8 {

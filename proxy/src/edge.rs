@@ -106,6 +106,9 @@ impl Edge {
         }
         gate.metrics().edge_puts.inc();
         let s3_req = verified.into_request(req);
+        if let Some(c) = &s3_req.credentials {
+            crate::events::note_client(&c.access_key);
+        }
         Ok(match crate::ops::put::put_object(gate, s3_req).await {
             Ok(resp) => ok_response(resp.output, resp.headers),
             Err(e) => error_response(e),

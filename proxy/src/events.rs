@@ -52,6 +52,12 @@ pub enum Kind {
 }
 
 impl Kind {
+    const COUNT: usize = 4;
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Stale => "stale",
@@ -103,6 +109,10 @@ pub struct Attempt {
     pub bucket: Option<String>,
     pub key: Option<String>,
     pub client: Option<String>,
+    /// Whether the token presented was verified (signed, lease-bound,
+    /// confirmed by the lease service, or trusted by the operator's
+    /// `accept_unsigned_tokens`): only then does its number name an owner.
+    pub verified: bool,
 }
 
 tokio::task_local! {
@@ -152,6 +162,11 @@ pub fn note_client(access_key: &str) {
     let _ = ATTEMPT.try_with(|a| a.borrow_mut().client = Some(client));
 }
 
+/// Records that the request's token is genuine (see [`Attempt::verified`]).
+pub fn note_verified() {
+    let _ = ATTEMPT.try_with(|a| a.borrow_mut().verified = true);
+}
+
 fn current() -> Attempt {
     ATTEMPT.try_with(|a| a.borrow().clone()).unwrap_or_default()
 }
@@ -167,19 +182,31 @@ pub struct Refusal<'a> {
     pub reason: String,
 }
 
-/// The ring of recent events, and the lease owners learned per token.
+/// The rings of recent events (one per kind, so a flood of one kind,
+/// forged tokens say, cannot push a zombie's stale write out of sight),
+/// and the lease owners learned per token.
 #[derive(Debug)]
 pub struct FenceEvents {
     capacity: usize,
-    ring: Mutex<Ring>,
-    owners: Mutex<HashMap<String, VecDeque<(u64, String)>>>,
+    ring: Mutex<Rings>,
+    owners: Mutex<Owners>,
 }
 
 #[derive(Debug, Default)]
-struct Ring {
-    events: VecDeque<FenceEvent>,
+struct Rings {
+    /// Indexed by [`Kind::index`].
+    events: [VecDeque<FenceEvent>; Kind::COUNT],
+    /// And a log budget per kind.
+    log: [LogBudget; Kind::COUNT],
     recorded: u64,
-    log: LogBudget,
+}
+
+/// Owners per lock, the locks in the order first seen (the oldest is
+/// forgotten when there are too many).
+#[derive(Debug, Default)]
+struct Owners {
+    by_lock: HashMap<String, VecDeque<(u64, String)>>,
+    order: VecDeque<String>,
 }
 
 /// How many event lines this second may still log.
@@ -217,12 +244,12 @@ impl FenceEvents {
     pub fn new(capacity: usize) -> FenceEvents {
         FenceEvents {
             capacity: capacity.max(1),
-            ring: Mutex::new(Ring::default()),
-            owners: Mutex::new(HashMap::new()),
+            ring: Mutex::new(Rings::default()),
+            owners: Mutex::new(Owners::default()),
         }
     }
 
-    /// How many events are kept at most.
+    /// How many events of each kind are kept at most.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -235,7 +262,7 @@ impl FenceEvents {
         // The owner of the presented token, if the token is genuine: a
         // forged one's number names somebody else's lease.
         let owner = match (&lock, r.token, r.kind) {
-            (Some(l), Some(t), Kind::Stale | Kind::Cut) => self.owner_of(l, t),
+            (Some(l), Some(t), Kind::Stale | Kind::Cut) if a.verified => self.owner_of(l, t),
             _ => None,
         };
         let holder = match (&lock, r.max) {
@@ -250,7 +277,7 @@ impl FenceEvents {
             seq: 0,
             at_ms: crate::clock::unix_ms(),
             kind: r.kind,
-            op: a.op.unwrap_or(r.op).to_owned(),
+            op: r.op.to_owned(),
             bucket: a
                 .bucket
                 .or_else(|| r.scope.map(|s| s.bucket.clone()))
@@ -266,24 +293,33 @@ impl FenceEvents {
             remote: a.remote.map(|r| r.to_string()),
             reason: r.reason,
         };
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        let (log, held_back) = ring.log.take(std::time::Instant::now());
+        let k = event.kind.index();
+        let (log, held_back) = {
+            let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+            let budget = ring.log[k].take(std::time::Instant::now());
+            ring.recorded += 1;
+            event.seq = ring.recorded;
+            let kept = &mut ring.events[k];
+            if kept.len() == self.capacity {
+                kept.pop_front();
+            }
+            let log = budget.0.then(|| event.clone());
+            kept.push_back(event);
+            (log, budget.1)
+        };
+        // Logged outside the lock: a slow stderr holds up no refusal.
         if held_back > 0 {
             tracing::warn!(
                 target: "fencegate::fence_event",
                 not_logged = held_back,
-                "more than {LOG_LINES_PER_SEC} fence events in a second: {held_back} were not logged (each is in /_fencegate/events while kept, and in fencegate_proxy_writes)"
+                kind = r.kind.as_str(),
+                "more than {LOG_LINES_PER_SEC} {} fence events in a second: {held_back} were not logged (each is in /_fencegate/events while kept, and in fencegate_proxy_writes)",
+                r.kind.as_str()
             );
         }
-        if log {
+        if let Some(event) = log {
             Self::log(&event);
         }
-        ring.recorded += 1;
-        event.seq = ring.recorded;
-        if ring.events.len() == self.capacity {
-            ring.events.pop_front();
-        }
-        ring.events.push_back(event);
     }
 
     /// The event's structured line.
@@ -292,33 +328,38 @@ impl FenceEvents {
             target: "fencegate::fence_event",
             kind = event.kind.as_str(),
             op = %event.op,
-            bucket = %event.bucket,
-            key = %event.key,
-            scope = event.scope.as_deref().unwrap_or(""),
+            bucket = %line_safe(&event.bucket),
+            key = %line_safe(&event.key),
+            scope = %line_safe(event.scope.as_deref().unwrap_or("")),
             lock = event.lock.as_deref().unwrap_or(""),
             token = event.token,
             max = event.max,
-            client = event.client.as_deref().unwrap_or(""),
-            owner = event.owner.as_deref().unwrap_or(""),
-            holder = event.holder.as_deref().unwrap_or(""),
+            client = %line_safe(event.client.as_deref().unwrap_or("")),
+            owner = %line_safe(event.owner.as_deref().unwrap_or("")),
+            holder = %line_safe(event.holder.as_deref().unwrap_or("")),
             remote = event.remote.as_deref().unwrap_or(""),
-            reason = %event.reason,
+            reason = %line_safe(&event.reason),
             "fence refused a write"
         );
     }
 
-    /// The kept events, newest first, and how many were recorded in all.
+    /// The newest `limit` kept events of every kind, newest first, and
+    /// how many were recorded in all.
     pub fn recent(&self, limit: usize) -> (Vec<FenceEvent>, u64) {
         let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        (
-            ring.events.iter().rev().take(limit).cloned().collect(),
-            ring.recorded,
-        )
+        let mut newest: Vec<&FenceEvent> = ring
+            .events
+            .iter()
+            .flat_map(|kind| kind.iter().rev().take(limit))
+            .collect();
+        newest.sort_unstable_by_key(|e| std::cmp::Reverse(e.seq));
+        newest.truncate(limit);
+        (newest.into_iter().cloned().collect(), ring.recorded)
     }
 
     /// The events as `/_fencegate/events` serves them.
     pub fn to_json(&self) -> serde_json::Value {
-        let (events, recorded) = self.recent(self.capacity);
+        let (events, recorded) = self.recent(self.capacity * Kind::COUNT);
         serde_json::json!({
             "capacity": self.capacity,
             "recorded": recorded,
@@ -332,10 +373,16 @@ impl FenceEvents {
     /// locks.
     pub fn learn_owner(&self, lock: &str, token: u64, owner: String) {
         let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        if !owners.contains_key(lock) && owners.len() >= OWNER_LOCKS {
-            return;
+        let Owners { by_lock, order } = &mut *owners;
+        if !by_lock.contains_key(lock) {
+            if by_lock.len() >= OWNER_LOCKS
+                && let Some(oldest) = order.pop_front()
+            {
+                by_lock.remove(&oldest);
+            }
+            order.push_back(lock.to_owned());
         }
-        let tokens = owners.entry(lock.to_owned()).or_default();
+        let tokens = by_lock.entry(lock.to_owned()).or_default();
         if tokens.iter().any(|(t, _)| *t == token) {
             return;
         }
@@ -349,10 +396,21 @@ impl FenceEvents {
     pub fn owner_of(&self, lock: &str, token: u64) -> Option<String> {
         let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
         owners
+            .by_lock
             .get(lock)?
             .iter()
             .find(|(t, _)| *t == token)
             .map(|(_, o)| o.clone())
+    }
+}
+
+/// `s` with control characters escaped, for a text log line: a key may
+/// hold a newline, which would otherwise start a forged line.
+fn line_safe(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(s.escape_debug().to_string())
+    } else {
+        std::borrow::Cow::Borrowed(s)
     }
 }
 
@@ -404,6 +462,7 @@ mod tests {
         attempt(Some(remote), async {
             note_target("PutObject", "b", "p/x");
             note_client("AKIDJOB");
+            note_verified();
             stale(&events, 4);
         })
         .await;
@@ -415,6 +474,45 @@ mod tests {
         assert_eq!(e.holder.as_deref(), Some("job-b"));
         assert_eq!(e.remote.as_deref(), Some("127.0.0.1:4000"));
         assert_eq!(e.lock.as_deref(), Some("db"));
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_forged_tokens_does_not_push_a_stale_write_out() {
+        let events = FenceEvents::new(5);
+        stale(&events, 1);
+        for _ in 0..100 {
+            events.refused(Refusal {
+                kind: Kind::Forged,
+                op: "PutObject",
+                scope: Some(&scope()),
+                token: Some(9),
+                max: None,
+                reason: "bad signature".into(),
+            });
+        }
+        let (kept, recorded) = events.recent(100);
+        assert_eq!(recorded, 101);
+        assert_eq!(kept.len(), 6, "five forged and the stale one");
+        assert_eq!(kept.last().map(|e| e.kind), Some(Kind::Stale));
+        assert!(kept.windows(2).all(|w| w[0].seq > w[1].seq), "newest first");
+    }
+
+    #[tokio::test]
+    async fn an_unverified_number_names_no_owner() {
+        let events = FenceEvents::new(10);
+        events.learn_owner("db", 4, "job-a".into());
+        attempt(None, async { stale(&events, 4) }).await;
+        assert_eq!(
+            events.recent(1).0[0].owner,
+            None,
+            "a claimed 4 is not job-a's"
+        );
+    }
+
+    #[test]
+    fn control_characters_are_escaped_for_a_log_line() {
+        assert_eq!(line_safe("a/b"), "a/b");
+        assert_eq!(line_safe("a\nWARN forged"), "a\\nWARN forged");
     }
 
     #[test]
@@ -440,6 +538,7 @@ mod tests {
             .owners
             .lock()
             .expect("lock")
+            .by_lock
             .get("db")
             .map(VecDeque::len);
         assert_eq!(n, Some(OWNERS_PER_LOCK));

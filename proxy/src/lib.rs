@@ -161,7 +161,7 @@ impl Proxy {
             service: builder.build(),
             edge,
             hosts,
-            viewers: access::Viewers::new(&config.clients, config.allow_anonymous),
+            viewers: access::Viewers::new(&config.viewers, config.allow_anonymous),
             options,
         })
     }

@@ -5,7 +5,7 @@
 //! holder, the probe's findings per bucket, writes in flight, and the
 //! cluster view when replicas share fences.
 //!
-//! Read-only and behind the proxy's client credentials (see
+//! Read-only and behind the proxy's `viewers` (see `access::Viewers` and
 //! [`crate::server`]); the frame is `fencegate_page`'s.
 
 use crate::events::{FenceEvent, Kind};

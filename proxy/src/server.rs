@@ -279,24 +279,25 @@ impl Router {
                 }
                 let events = self.gate.events();
                 if endpoint == "events" {
-                    return json(StatusCode::OK, events.to_json().to_string());
+                    let mut r = json(StatusCode::OK, events.to_json().to_string());
+                    r.headers_mut().insert(
+                        http::header::CACHE_CONTROL,
+                        http::HeaderValue::from_static("no-store"),
+                    );
+                    return r;
                 }
                 let (recent, recorded) = events.recent(crate::page::EVENTS_SHOWN);
                 let page = crate::page::render(
-                    &self.gate.status().await,
+                    &self.gate.status_for_viewers().await,
                     &recent,
                     recorded,
                     events.capacity(),
                 );
                 let mut r = Response::new(Body::from(page.into_string()));
-                r.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("text/html; charset=utf-8"),
-                );
-                r.headers_mut().insert(
-                    http::header::CACHE_CONTROL,
-                    http::HeaderValue::from_static("no-store"),
-                );
+                for (name, value) in fencegate_page::HEADERS {
+                    r.headers_mut()
+                        .insert(name.clone(), http::HeaderValue::from_static(value));
+                }
                 r
             }
             "metrics" => {

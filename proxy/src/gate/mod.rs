@@ -64,6 +64,11 @@ pub struct Gate {
     /// The lease service (`locksvc_url`), asked after each raise who the
     /// new token's owner is, for fence events.
     lease_service: Option<fencegate_lease_api::Client>,
+    /// Questions about owners in flight at once, at most (a burst of raises
+    /// asks about a few, not all).
+    owner_questions: Arc<tokio::sync::Semaphore>,
+    /// When the last failed question was logged (Unix ms; one a minute).
+    owner_warned_ms: Arc<std::sync::atomic::AtomicU64>,
     /// Recent refusals (see `events`).
     events: Arc<FenceEvents>,
     metrics: Arc<Metrics>,
@@ -344,6 +349,8 @@ impl Gate {
                 })
                 .transpose()?,
             events: Arc::new(FenceEvents::new(config.fence_events_kept)),
+            owner_questions: Arc::new(tokio::sync::Semaphore::new(4)),
+            owner_warned_ms: Arc::default(),
             metrics,
             accept_weak_backend: config.accept_weak_backend,
             backend_timeout: Duration::from_secs(config.backend.timeout_secs),
@@ -615,29 +622,45 @@ impl Gate {
 
     /// What `/_fencegate/status` shows.
     pub async fn status(&self) -> serde_json::Value {
+        self.status_as(false).await
+    }
+
+    /// What the status page shows (behind its sign-in): `status`, and the
+    /// lease owner holding each lock's max and the keys being written,
+    /// which the open `/_fencegate/status` leaves out.
+    pub async fn status_for_viewers(&self) -> serde_json::Value {
+        self.status_as(true).await
+    }
+
+    async fn status_as(&self, viewer: bool) -> serde_json::Value {
         let cluster = match self.fences.cluster() {
             Some(c) => c.status().await,
             None => serde_json::Value::Null,
         };
-        let (keys, total) = self.keys.busy(BUSY_KEYS_SHOWN);
-        let busy = serde_json::json!({
-            "total": total,
-            "shown": keys.into_iter().map(|(b, k)| format!("s3://{b}/{k}")).collect::<Vec<_>>(),
-        });
-        serde_json::json!({
+        let mut status = serde_json::json!({
             "cluster": cluster,
             "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| {
-                let holder = self.events.owner_of(&lock, max);
-                serde_json::json!({"lock": lock, "max_token": max, "holder": holder})
+                let mut l = serde_json::json!({"lock": lock, "max_token": max});
+                if viewer {
+                    l["holder"] = self.events.owner_of(&lock, max).into();
+                }
+                l
             }).collect::<Vec<_>>(),
             "inflight_writes": self.metrics.inflight_writes.get(),
-            "busy_keys": busy,
             "lingering_writes": self.metrics.lingering_writes.get(),
             "configured_scopes": self.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
             "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({"report": r, "safe": r.safe(), "summary": r.summary()})).collect::<Vec<_>>(),
             "accept_weak_backend": self.accept_weak_backend,
             "etag_cache_entries": self.keys.cached(),
-        })
+        });
+        if viewer {
+            let (keys, total) = self.keys.busy(BUSY_KEYS_SHOWN);
+            status["busy_keys"] = serde_json::json!({
+                "total": total,
+                "shown": keys.into_iter().map(|(b, k)| format!("s3://{b}/{k}")).collect::<Vec<_>>(),
+            });
+        }
+        status
     }
 
     /// Probe reports so far, by bucket.
@@ -771,6 +794,7 @@ impl Gate {
         };
         let token = presented.token;
         if presented.vouched {
+            crate::events::note_verified();
             return Ok(Some(token));
         }
         let Some(issuer) = &self.issuer else {
@@ -781,7 +805,10 @@ impl Gate {
         }
         // Boxed: an HTTP call, rare, and large (see `Call`).
         match Box::pin(issuer.check(scope.lock.as_str(), token)).await {
-            Ok(Answer::Issued) => Ok(Some(token)),
+            Ok(Answer::Issued) => {
+                crate::events::note_verified();
+                Ok(Some(token))
+            }
             // The lock's current token stays out of the answer: a client
             // that cannot present it should not learn it here.
             Ok(Answer::NotIssued) => Err(refuse(Rejection::NotIssued {
@@ -858,8 +885,16 @@ impl Gate {
         ) else {
             return;
         };
-        let (events, lock) = (self.events.clone(), lock.to_owned());
+        let Ok(permit) = self.owner_questions.clone().try_acquire_owned() else {
+            return; // enough questions in flight; this owner stays unknown
+        };
+        let (events, lock, warned) = (
+            self.events.clone(),
+            lock.to_owned(),
+            self.owner_warned_ms.clone(),
+        );
         rt.spawn(async move {
+            let _permit = permit;
             match api.status(&lock, None).await {
                 Ok(s) if s.token == Some(token) => {
                     if let Some(owner) = s.owner {
@@ -868,7 +903,12 @@ impl Gate {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::debug!(%lock, token, error = %e, "cannot learn the owner of a new token from the lease service");
+                    let now = crate::clock::unix_ms();
+                    let last = warned.load(std::sync::atomic::Ordering::Relaxed);
+                    if now.saturating_sub(last) >= 60_000 {
+                        warned.store(now, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(%lock, token, error = %e, "cannot learn the owner of a new token from the lease service (locksvc_url): fence events will not name it (logged once a minute)");
+                    }
                 }
             }
         });
@@ -974,6 +1014,9 @@ impl Gate {
         presume_absent: bool,
     ) -> S3Result<Write> {
         let op = write.name();
+        // A many-key request (DeleteObjects) resolves every scope first,
+        // then begins each key: its refusals must name the key begun.
+        crate::events::note_target(op, bucket, key);
         let admission = self.admit(op, bucket, &scope, token).await?;
         let cut = admission.cancel.clone();
         let guard = tokio::select! {
