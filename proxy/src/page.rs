@@ -47,7 +47,7 @@ fn fence_events(events: &[FenceEvent], recorded: u64, kept_max: usize) -> Markup
             h2 { "Fence events" }
             p.meta {
                 (recorded) " refused since start; the newest " (events.len().min(EVENTS_SHOWN))
-                " shown, " (kept_max) " kept (all kept ones: " code { "/_fencegate/events" } ")"
+                " shown, " (kept_max) " of each kind kept (all kept ones: " code { "/_fencegate/events" } ")"
             }
             @if events.is_empty() {
                 p.empty { "No write has been refused since the proxy started." }
