@@ -696,9 +696,10 @@ async fn h3_a_replica_never_deletes_without_a_verified_condition() {
 }
 
 /// H5, role 4: POST form uploads are refused before their body is read,
-/// and bodies read whole share a bounded budget: the proxy stays under
-/// 64 MiB through a 1 GiB anonymous POST, 100 concurrent 8 MiB POSTs and
-/// 40 concurrent 8 MiB DeleteObjects bodies.
+/// and bodies read whole share a bounded budget: through a 1 GiB
+/// anonymous POST, 100 concurrent 8 MiB POSTs and 40 concurrent 8 MiB
+/// DeleteObjects bodies, the proxy grows by no more than its connections'
+/// read buffers (a few tens of MiB, not the 2 GiB sent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h5_unauthenticated_bodies_do_not_grow_the_proxy() {
     let e = env_with(BackendKind::S3Fs, "").await;
@@ -758,7 +759,19 @@ async fn h5_unauthenticated_bodies_do_not_grow_the_proxy() {
         );
     }
     let after = rss_mib(pid);
-    assert!(after < 64, "proxy RSS {after} MiB (was {before} MiB)");
+    // What a correct proxy may hold at the peak (glibc keeps it as RSS):
+    // what it held before, hyper's read buffer on each of the 100
+    // connections at once (at most 8 KiB + 400 KiB each, hyper's default),
+    // and 16 MiB for allocator arenas. One that read these bodies would
+    // hold their 2 GiB. (The bound was a flat 64 MiB, which a correct proxy
+    // crossed now and then: 50-61 MiB before the fence events, 41-65 after,
+    // in runs of this test alone.)
+    let ceiling = before + (100 * (8 + 400)) / 1024 + 16;
+    println!("proxy RSS {before} MiB before, {after} MiB after (ceiling {ceiling} MiB)");
+    assert!(
+        after < ceiling,
+        "proxy RSS {after} MiB (was {before} MiB; ceiling {ceiling} MiB)"
+    );
     // And the proxy still serves.
     e.put_signed("after", &signed(BUCKET, 1), "ok")
         .await

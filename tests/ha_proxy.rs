@@ -161,12 +161,7 @@ async fn a_raise_through_one_replica_refuses_lower_tokens_on_every_replica_for_n
         // The status page of a replica shows the cluster: every member,
         // and this replica admitting; the stale writes are events on the
         // replica that refused each.
-        let page = reqwest::get(format!("{}/_fencegate/", c.url))
-            .await
-            .expect("page")
-            .text()
-            .await
-            .expect("html");
+        let page = c.page().await;
         assert!(
             page.contains("replica p2") && page.contains("ADMITTING"),
             "{page}"

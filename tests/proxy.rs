@@ -1103,12 +1103,7 @@ async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
         .await
         .expect("first half");
     e.proxy().wait_for_inflight_writes(1).await;
-    let page = reqwest::get(format!("{}/_fencegate/", e.proxy().url))
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+    let page = e.proxy().page().await;
     assert!(
         page.contains(&format!("<code>s3://{BUCKET}/epoch</code>")),
         "the status page names the key being written: {page}"

@@ -276,6 +276,14 @@ pub const ENV_BACKEND_ACCESS_KEY: &str = "FENCEGATE_BACKEND_ACCESS_KEY";
 pub const ENV_BACKEND_SECRET_KEY: &str = "FENCEGATE_BACKEND_SECRET_KEY";
 /// `ACCESS:SECRET[,ACCESS:SECRET...]`, replacing `clients`.
 pub const ENV_CLIENT_KEYS: &str = "FENCEGATE_CLIENT_KEYS";
+/// `A:B,C:D` as pairs (an item without `:` is left out).
+fn colon_pairs(v: &str) -> impl Iterator<Item = (String, String)> {
+    split_list(v).into_iter().filter_map(|pair| {
+        let (a, b) = pair.split_once(':')?;
+        Some((a.to_owned(), b.to_owned()))
+    })
+}
+
 /// The status page's readers (`viewers`), as `name:password,...`.
 pub const ENV_VIEWERS: &str = "FENCEGATE_VIEWERS";
 /// The lease service API key (`locksvc_api_key`); the CLI reads it too.
@@ -323,27 +331,16 @@ impl ProxyConfig {
             self.backend.secret_key = v;
         }
         if let Some(v) = var(ENV_CLIENT_KEYS) {
-            self.clients = split_list(&v)
-                .into_iter()
-                .filter_map(|pair| {
-                    let (a, s) = pair.split_once(':')?;
-                    Some(ClientKey {
-                        access_key: a.to_owned(),
-                        secret_key: s.to_owned(),
-                    })
+            self.clients = colon_pairs(&v)
+                .map(|(access_key, secret_key)| ClientKey {
+                    access_key,
+                    secret_key,
                 })
                 .collect();
         }
         if let Some(v) = var(ENV_VIEWERS) {
-            self.viewers = split_list(&v)
-                .into_iter()
-                .filter_map(|pair| {
-                    let (n, p) = pair.split_once(':')?;
-                    Some(Viewer {
-                        name: n.to_owned(),
-                        password: p.to_owned(),
-                    })
-                })
+            self.viewers = colon_pairs(&v)
+                .map(|(name, password)| Viewer { name, password })
                 .collect();
         }
     }

@@ -399,6 +399,17 @@ impl Proxy {
             .expect("json")
     }
 
+    /// The proxy's status page (open: the harness's proxies serve
+    /// anonymous requests and have no viewers).
+    pub async fn page(&self) -> String {
+        reqwest::get(format!("{}/_fencegate/", self.url))
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("html")
+    }
+
     /// The proxy's metrics.
     pub async fn metrics(&self) -> super::Metrics {
         let text = reqwest::get(format!("{}/_fencegate/metrics", self.url))
