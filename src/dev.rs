@@ -255,7 +255,14 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.proxy_listen))?;
     let proxy_addr = proxy_listener.local_addr()?;
-    let proxy_config = args.proxy_config(proxy_addr, backend_addr, key);
+    let mut proxy_config = args.proxy_config(proxy_addr, backend_addr, key);
+    // The proxy asks the lease service who owns each new token, so the
+    // status page (/_fencegate/) names the zombie and the holder. Not when
+    // the dev config trusts plain numbers: with locksvc_url, the proxy
+    // would check each plain number with the lease service instead.
+    if !args.accept_unsigned_tokens {
+        proxy_config.locksvc_url = Some(format!("http://{locksvc_addr}"));
+    }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -86,6 +86,25 @@ fn the_readme_walkthrough_works_verbatim_against_fencegate_dev() {
         stdout.trim_end().ends_with("from bob"),
         "the object is bob's: {stdout}"
     );
+    // The page names them: alice's late write, with bob holding the lock
+    // (the dev proxy asks the dev lease service who owns each token).
+    let events = Command::new("curl")
+        .args(["-sS", &format!("{}/_fencegate/events", dev.url)])
+        .output()
+        .expect("curl runs");
+    let events: serde_json::Value =
+        serde_json::from_slice(&events.stdout).expect("events are JSON");
+    let late = &events["events"][0];
+    assert_eq!(
+        (
+            late["kind"].as_str(),
+            late["key"].as_str(),
+            late["owner"].as_str(),
+            late["holder"].as_str()
+        ),
+        (Some("stale"), Some("hello.txt"), Some("alice"), Some("bob")),
+        "{events}"
+    );
 
     // Plain numbers prove nothing (every refusal publishes the current
     // one): the dev proxy refuses them, even the lock's current number,

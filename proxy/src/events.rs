@@ -99,6 +99,10 @@ pub struct FenceEvent {
     pub remote: Option<String>,
     /// The refusal, as the client was told.
     pub reason: String,
+    /// Whether the presented token was verified (then its owner may be
+    /// filled in when learned later).
+    #[serde(skip)]
+    verified: bool,
 }
 
 /// What is known of the request being served, as the gate learns it.
@@ -292,6 +296,7 @@ impl FenceEvents {
             holder,
             remote: a.remote.map(|r| r.to_string()),
             reason: r.reason,
+            verified: a.verified,
         };
         let k = event.kind.index();
         let (log, held_back) = {
@@ -347,6 +352,7 @@ impl FenceEvents {
     /// how many were recorded in all.
     pub fn recent(&self, limit: usize) -> (Vec<FenceEvent>, u64) {
         let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let ring_recorded = ring.recorded;
         let mut newest: Vec<&FenceEvent> = ring
             .events
             .iter()
@@ -354,7 +360,26 @@ impl FenceEvents {
             .collect();
         newest.sort_unstable_by_key(|e| std::cmp::Reverse(e.seq));
         newest.truncate(limit);
-        (newest.into_iter().cloned().collect(), ring.recorded)
+        let mut out: Vec<FenceEvent> = newest.into_iter().cloned().collect();
+        drop(ring);
+        // Owners are learned off the write path, so one may arrive after
+        // the event: a token's owner never changes, so fill it in now.
+        for e in &mut out {
+            let Some(lock) = e.lock.clone() else { continue };
+            if e.holder.is_none()
+                && let Some(max) = e.max
+            {
+                e.holder = self.owner_of(&lock, max);
+            }
+            if e.owner.is_none()
+                && e.verified
+                && matches!(e.kind, Kind::Stale | Kind::Cut)
+                && let Some(token) = e.token
+            {
+                e.owner = self.owner_of(&lock, token);
+            }
+        }
+        (out, ring_recorded)
     }
 
     /// The events as `/_fencegate/events` serves them.
@@ -524,6 +549,24 @@ mod tests {
         let (log, held_back) = budget.take(t0 + std::time::Duration::from_secs(1));
         assert!(log);
         assert_eq!(held_back, 150);
+    }
+
+    #[tokio::test]
+    async fn an_owner_learned_after_the_event_is_filled_in() {
+        let events = FenceEvents::new(10);
+        attempt(None, async {
+            note_verified();
+            stale(&events, 4);
+        })
+        .await;
+        assert_eq!(events.recent(1).0[0].holder, None);
+        events.learn_owner("db", 4, "job-a".into());
+        events.learn_owner("db", 5, "job-b".into());
+        let e = &events.recent(1).0[0];
+        assert_eq!(
+            (e.owner.as_deref(), e.holder.as_deref()),
+            (Some("job-a"), Some("job-b"))
+        );
     }
 
     #[test]
