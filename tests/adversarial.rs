@@ -762,10 +762,11 @@ async fn h5_unauthenticated_bodies_do_not_grow_the_proxy() {
     // What a correct proxy may hold at the peak (glibc keeps it as RSS):
     // what it held before, hyper's read buffer on each of the 100
     // connections at once (at most 8 KiB + 400 KiB each, hyper's default),
-    // and 16 MiB for allocator arenas. One that read these bodies would
-    // hold their 2 GiB. (The bound was a flat 64 MiB, which a correct proxy
-    // crossed now and then: 50-61 MiB before the fence events, 41-65 after,
-    // in runs of this test alone.)
+    // and the whole-read body budget the DeleteObjects bodies share
+    // (`max_buffered_body_bytes`, 16 MiB by default). One that read these
+    // bodies would hold their 2 GiB. (The bound was a flat 64 MiB, which a
+    // correct proxy crossed now and then: 50-61 MiB before the fence
+    // events, 41-65 after, in runs of this test alone.)
     let ceiling = before + (100 * (8 + 400)) / 1024 + 16;
     println!("proxy RSS {before} MiB before, {after} MiB after (ceiling {ceiling} MiB)");
     assert!(

@@ -155,13 +155,21 @@ fn screenshot(url: &str, name: &str, width: u32, height: u32, dir: &Path) -> Pat
     path
 }
 
+/// GET `url`, signed in as `who` (user, password) if given.
+async fn get_as(url: &str, who: Option<(&str, &str)>) -> reqwest::Response {
+    let mut req = http().get(url);
+    if let Some((user, password)) = who {
+        req = req.basic_auth(user, Some(password));
+    }
+    req.send().await.expect("sent")
+}
+
 async fn events(proxy: &str) -> Value {
-    let resp = http()
-        .get(format!("{proxy}/_fencegate/events"))
-        .basic_auth(VIEWER.0, Some(VIEWER.1))
-        .send()
-        .await
-        .expect("events");
+    let resp = get_as(
+        &format!("{proxy}/_fencegate/events"),
+        Some((VIEWER.0, VIEWER.1)),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     resp.json().await.expect("json")
 }
@@ -170,15 +178,14 @@ async fn events(proxy: &str) -> Value {
 /// lock (the page names the holder of each lock's max).
 async fn wait_for_holder(proxy: &support::s3::Proxy, owner: &str) {
     for _ in 0..200 {
-        let page = http()
-            .get(format!("{}/_fencegate/", proxy.url))
-            .basic_auth(VIEWER.0, Some(VIEWER.1))
-            .send()
-            .await
-            .expect("page")
-            .text()
-            .await
-            .expect("html");
+        let page = get_as(
+            &format!("{}/_fencegate/", proxy.url),
+            Some((VIEWER.0, VIEWER.1)),
+        )
+        .await
+        .text()
+        .await
+        .expect("html");
         if page.contains(&format!("<td>{owner}</td>")) {
             return;
         }
@@ -246,11 +253,7 @@ async fn a_zombie_write_is_an_event_on_the_status_page_in_a_real_browser() {
     );
 
     // The events, as JSON: only with a client's credentials.
-    let anonymous = http()
-        .get(format!("{}/_fencegate/events", proxy.url))
-        .send()
-        .await
-        .expect("events");
+    let anonymous = get_as(&format!("{}/_fencegate/events", proxy.url), None).await;
     assert_eq!(anonymous.status(), 401);
     assert!(
         anonymous
@@ -262,12 +265,11 @@ async fn a_zombie_write_is_an_event_on_the_status_page_in_a_real_browser() {
     // A wrong password, and S3 credentials (a browser would send the
     // secret with every reload), do not open the page.
     for (user, password) in [(VIEWER.0, "not-the-password"), CLIENT_KEY] {
-        let refused = http()
-            .get(format!("{}/_fencegate/", proxy.url))
-            .basic_auth(user, Some(password))
-            .send()
-            .await
-            .expect("page");
+        let refused = get_as(
+            &format!("{}/_fencegate/", proxy.url),
+            Some((user, password)),
+        )
+        .await;
         assert_eq!(refused.status(), 401, "{user}");
     }
     // The open status names no owner and no key being written.
@@ -324,12 +326,11 @@ async fn a_zombie_write_is_an_event_on_the_status_page_in_a_real_browser() {
 
     // The page, in a real browser: the DOM after chromium has run it.
     let page_url = with_credentials(&proxy.url, VIEWER.0, VIEWER.1, "/_fencegate/");
-    let head = http()
-        .get(format!("{}/_fencegate/", proxy.url))
-        .basic_auth(VIEWER.0, Some(VIEWER.1))
-        .send()
-        .await
-        .expect("page");
+    let head = get_as(
+        &format!("{}/_fencegate/", proxy.url),
+        Some((VIEWER.0, VIEWER.1)),
+    )
+    .await;
     assert!(
         head.headers()
             .get("content-security-policy")
@@ -381,19 +382,10 @@ async fn a_zombie_write_is_an_event_on_the_status_page_in_a_real_browser() {
 
     // The lease service's page: holder, token, expiry, waiters; behind its
     // API key (a browser sends it as the password).
-    let bare = http()
-        .get(format!("{}/", locksvc.url))
-        .send()
-        .await
-        .expect("page");
+    let bare = get_as(&format!("{}/", locksvc.url), None).await;
     assert_eq!(bare.status(), 401);
     assert!(bare.headers().contains_key("www-authenticate"));
-    let wrong = http()
-        .get(format!("{}/", locksvc.url))
-        .basic_auth("ops", Some("not-the-key"))
-        .send()
-        .await
-        .expect("page");
+    let wrong = get_as(&format!("{}/", locksvc.url), Some(("ops", "not-the-key"))).await;
     assert_eq!(wrong.status(), 401);
     // The API takes Bearer only: a browser's saved Basic credentials, sent
     // by a hostile site's form, acquire nothing.

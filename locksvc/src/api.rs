@@ -623,7 +623,11 @@ async fn authenticate(
             state.inner.metrics.refused("unauthorized");
             let mut resp = ApiError::new(
                 ErrorCode::Unauthorized,
-                "missing or invalid API key: send Authorization: Bearer <key> (a browser: the key as the password)",
+                if page {
+                    "missing or invalid API key: sign in with the API key as the password"
+                } else {
+                    "missing or invalid API key: send Authorization: Bearer <key>"
+                },
             )
             .into_response();
             if page {

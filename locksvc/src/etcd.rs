@@ -1064,9 +1064,9 @@ impl EtcdLeases {
         })
     }
 
-    /// The locks with an owner record, in name order, at most `limit`,
-    /// each with its status (for the status page: one range read of the
-    /// keys, then one status read per lock shown).
+    /// The locks `allow` admits that are held or waited for, in name
+    /// order, at most `limit`, each with its status (for the status page:
+    /// one range read of the keys, then one status read per lock shown).
     pub async fn list(
         &self,
         limit: usize,

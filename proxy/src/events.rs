@@ -109,7 +109,6 @@ pub struct FenceEvent {
 #[derive(Debug, Default, Clone)]
 pub struct Attempt {
     pub remote: Option<SocketAddr>,
-    pub op: Option<&'static str>,
     pub bucket: Option<String>,
     pub key: Option<String>,
     pub client: Option<String>,
@@ -138,10 +137,9 @@ pub async fn attempt<F: std::future::Future>(remote: Option<SocketAddr>, fut: F)
 }
 
 /// Records what the request writes (outside a request: nothing).
-pub fn note_target(op: &'static str, bucket: &str, key: &str) {
+pub fn note_target(bucket: &str, key: &str) {
     let _ = ATTEMPT.try_with(|a| {
         let mut a = a.borrow_mut();
-        a.op = Some(op);
         if a.bucket.as_deref() != Some(bucket) {
             a.bucket = Some(bucket.to_owned());
         }
@@ -262,17 +260,6 @@ impl FenceEvents {
     /// logs it as one structured line.
     pub fn refused(&self, r: Refusal<'_>) {
         let a = current();
-        let lock = r.scope.map(|s| s.lock.to_string());
-        // The owner of the presented token, if the token is genuine: a
-        // forged one's number names somebody else's lease.
-        let owner = match (&lock, r.token, r.kind) {
-            (Some(l), Some(t), Kind::Stale | Kind::Cut) if a.verified => self.owner_of(l, t),
-            _ => None,
-        };
-        let holder = match (&lock, r.max) {
-            (Some(l), Some(m)) => self.owner_of(l, m),
-            _ => None,
-        };
         let mut key = a.key.unwrap_or_default();
         if key.chars().count() > MAX_KEY_CHARS {
             key = key.chars().take(MAX_KEY_CHARS).collect::<String>() + "…";
@@ -288,16 +275,17 @@ impl FenceEvents {
                 .unwrap_or_default(),
             key,
             scope: r.scope.map(|s| s.id.clone()),
-            lock,
+            lock: r.scope.map(|s| s.lock.to_string()),
             token: r.token,
             max: r.max,
             client: a.client,
-            owner,
-            holder,
+            owner: None,
+            holder: None,
             remote: a.remote.map(|r| r.to_string()),
             reason: r.reason,
             verified: a.verified,
         };
+        self.fill_owners(&mut event);
         let k = event.kind.index();
         let (log, held_back) = {
             let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
@@ -362,24 +350,33 @@ impl FenceEvents {
         newest.truncate(limit);
         let mut out: Vec<FenceEvent> = newest.into_iter().cloned().collect();
         drop(ring);
-        // Owners are learned off the write path, so one may arrive after
-        // the event: a token's owner never changes, so fill it in now.
         for e in &mut out {
-            let Some(lock) = e.lock.clone() else { continue };
-            if e.holder.is_none()
-                && let Some(max) = e.max
-            {
-                e.holder = self.owner_of(&lock, max);
-            }
-            if e.owner.is_none()
-                && e.verified
-                && matches!(e.kind, Kind::Stale | Kind::Cut)
-                && let Some(token) = e.token
-            {
-                e.owner = self.owner_of(&lock, token);
-            }
+            self.fill_owners(e);
         }
         (out, ring_recorded)
+    }
+
+    /// Names the owner of the presented token (only if the token was
+    /// verified: an unverified number names somebody else's lease) and the
+    /// holder of the max, as far as they are known. Owners are learned off
+    /// the write path, so one may arrive after its event; a token's owner
+    /// never changes, so this runs again when the events are read.
+    fn fill_owners(&self, e: &mut FenceEvent) {
+        let Some(lock) = e.lock.as_deref() else {
+            return;
+        };
+        if e.holder.is_none()
+            && let Some(max) = e.max
+        {
+            e.holder = self.owner_of(lock, max);
+        }
+        if e.owner.is_none()
+            && e.verified
+            && matches!(e.kind, Kind::Stale | Kind::Cut)
+            && let Some(token) = e.token
+        {
+            e.owner = self.owner_of(lock, token);
+        }
     }
 
     /// The events as `/_fencegate/events` serves them.
@@ -485,7 +482,7 @@ mod tests {
         events.learn_owner("db", 5, "job-b".into());
         let remote: SocketAddr = "127.0.0.1:4000".parse().expect("addr");
         attempt(Some(remote), async {
-            note_target("PutObject", "b", "p/x");
+            note_target("b", "p/x");
             note_client("AKIDJOB");
             note_verified();
             stale(&events, 4);

@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 /// The lease service, as the proxy asks it about plain tokens.
 #[derive(Debug)]
@@ -34,17 +33,13 @@ pub enum Answer {
 }
 
 impl Issuer {
-    pub fn new(
-        url: &str,
-        api_key: Option<String>,
-        timeout: Duration,
-        tls: &fencegate_net::tls::ClientTls,
-    ) -> anyhow::Result<Issuer> {
-        let http = tls.http_client()?.timeout(timeout).build()?;
-        Ok(Issuer {
-            api: fencegate_lease_api::Client::new(http, url, api_key),
+    /// Asks the lease service `api` (its TLS and timeout are the
+    /// client's).
+    pub fn new(api: fencegate_lease_api::Client) -> Issuer {
+        Issuer {
+            api,
             confirmed: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     /// Whether the lease service issued `token` for `lock` (asked unless

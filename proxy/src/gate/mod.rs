@@ -307,6 +307,24 @@ impl Gate {
                 .get_or_create(&LockLabels { lock })
                 .set(i64::try_from(max).unwrap_or(i64::MAX));
         }
+        // One client of the lease service: for plain-token checks and for
+        // the owners of new tokens.
+        let lease_service = config
+            .locksvc_url
+            .as_deref()
+            .map(|url| -> anyhow::Result<_> {
+                let http = config
+                    .locksvc_tls()
+                    .http_client()?
+                    .timeout(Duration::from_secs(config.backend.timeout_secs))
+                    .build()?;
+                Ok(fencegate_lease_api::Client::new(
+                    http,
+                    url,
+                    config.locksvc_api_key.clone(),
+                ))
+            })
+            .transpose()?;
         Ok(Gate {
             backend: Backend::new(&config.backend),
             scopes,
@@ -319,35 +337,11 @@ impl Gate {
                 keys,
                 config.unsigned_tokens_accepted() && config.locksvc_url.is_none(),
             ),
-            issuer: config
-                .locksvc_url
-                .as_deref()
+            issuer: lease_service
+                .clone()
                 .filter(|_| config.unsigned_tokens_accepted())
-                .map(|url| {
-                    Issuer::new(
-                        url,
-                        config.locksvc_api_key.clone(),
-                        Duration::from_secs(config.backend.timeout_secs),
-                        &config.locksvc_tls(),
-                    )
-                })
-                .transpose()?,
-            lease_service: config
-                .locksvc_url
-                .as_deref()
-                .map(|url| -> anyhow::Result<_> {
-                    let http = config
-                        .locksvc_tls()
-                        .http_client()?
-                        .timeout(Duration::from_secs(config.backend.timeout_secs))
-                        .build()?;
-                    Ok(fencegate_lease_api::Client::new(
-                        http,
-                        url,
-                        config.locksvc_api_key.clone(),
-                    ))
-                })
-                .transpose()?,
+                .map(Issuer::new),
+            lease_service,
             events: Arc::new(FenceEvents::new(config.fence_events_kept)),
             owner_questions: Arc::new(tokio::sync::Semaphore::new(4)),
             owner_warned_ms: Arc::default(),
@@ -755,18 +749,11 @@ impl Gate {
 
     /// The scope fencing `bucket/key`.
     pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scope> {
-        crate::events::note_target(op, bucket, key);
+        crate::events::note_target(bucket, key);
         self.scopes.resolve(bucket, key).map_err(|u| {
             self.metrics.write(op, UNKNOWN_LOCK, "unscoped");
             let e = errors::unscoped(&u.bucket, &u.key, &u.configured);
-            self.events.refused(Refusal {
-                kind: Kind::Unscoped,
-                op,
-                scope: None,
-                token: None,
-                max: None,
-                reason: e.message().unwrap_or_default().to_owned(),
-            });
+            self.record(Kind::Unscoped, op, None, None, None, &e);
             e
         })
     }
@@ -781,9 +768,6 @@ impl Gate {
         req: RequestToken<'_>,
         scope: &Scope,
     ) -> S3Result<Option<u64>> {
-        if let Some(k) = req.access_key {
-            crate::events::note_client(k);
-        }
         let refuse = |r: Rejection| self.forged(op, scope, presented_number(&req), &r);
         let Some(presented) = self
             .tokens
@@ -833,15 +817,28 @@ impl Gate {
     ) -> S3Error {
         self.count(op, scope, "stale");
         let e = errors::stale(token, max, detail);
+        self.record(Kind::Stale, op, Some(scope), Some(token), Some(max), &e);
+        e
+    }
+
+    /// Records a refusal answered with `e` as a fence event.
+    fn record(
+        &self,
+        kind: Kind,
+        op: &'static str,
+        scope: Option<&Scope>,
+        token: Option<u64>,
+        max: Option<u64>,
+        e: &S3Error,
+    ) {
         self.events.refused(Refusal {
-            kind: Kind::Stale,
+            kind,
             op,
-            scope: Some(scope),
-            token: Some(token),
-            max: Some(max),
+            scope,
+            token,
+            max,
             reason: e.message().unwrap_or_default().to_owned(),
         });
-        e
     }
 
     /// Refuses a token the proxy cannot verify, as [`Gate::stale`] does a
@@ -861,14 +858,7 @@ impl Gate {
 
     /// Records a token refusal answered with `e` as a forged-token event.
     pub fn refused_token(&self, op: &'static str, scope: &Scope, token: Option<u64>, e: &S3Error) {
-        self.events.refused(Refusal {
-            kind: Kind::Forged,
-            op,
-            scope: Some(scope),
-            token,
-            max: None,
-            reason: e.message().unwrap_or_default().to_owned(),
-        });
+        self.record(Kind::Forged, op, Some(scope), token, None, e);
     }
 
     /// The recent fence events.
@@ -1016,7 +1006,7 @@ impl Gate {
         let op = write.name();
         // A many-key request (DeleteObjects) resolves every scope first,
         // then begins each key: its refusals must name the key begun.
-        crate::events::note_target(op, bucket, key);
+        crate::events::note_target(bucket, key);
         let admission = self.admit(op, bucket, &scope, token).await?;
         let cut = admission.cancel.clone();
         let guard = tokio::select! {
@@ -1106,14 +1096,7 @@ impl Gate {
             by,
             &format!(" for lock {} while this request was in flight", scope.lock),
         );
-        self.events.refused(Refusal {
-            kind: Kind::Cut,
-            op,
-            scope: Some(scope),
-            token: Some(token),
-            max: Some(by),
-            reason: e.message().unwrap_or_default().to_owned(),
-        });
+        self.record(Kind::Cut, op, Some(scope), Some(token), Some(by), &e);
         e
     }
 
