@@ -171,8 +171,11 @@ impl Harness {
                 if self.cluster_options.contains("registration_ttl") {
                     self.cluster_options.clone()
                 } else {
+                    // Short enough for quick tests; the ack timeout leaves a
+                    // loaded 2-core host room to acknowledge a raise, so a
+                    // test evicts a replica only when it means to.
                     format!(
-                        "registration_ttl = \"3s\"\nack_timeout = \"1s\"\nrequest_timeout = \"1s\"\n{}",
+                        "registration_ttl = \"3s\"\nack_timeout = \"2s\"\nrequest_timeout = \"1s\"\n{}",
                         self.cluster_options
                     )
                 }
