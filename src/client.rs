@@ -16,7 +16,8 @@ use std::time::Duration;
 /// Where the lease service is and how to authenticate to it.
 #[derive(Debug, Clone, Args)]
 pub struct LocksvcConn {
-    /// URL of the lease service (https:// when it serves TLS).
+    /// URL of the lease service (https:// when it serves TLS), or the URLs
+    /// of its replicas separated by commas, tried in turn.
     #[arg(
         long,
         env = "FENCEGATE_LOCKSVC",
@@ -70,7 +71,10 @@ impl Client {
         // are bearer secrets: TLS settings next to a plain URL are a
         // mistake worth stopping for, not a silent downgrade.
         anyhow::ensure!(
-            tls == ClientTls::default() || conn.locksvc.starts_with("https://"),
+            tls == ClientTls::default()
+                || fencegate_lease_api::client::urls(&conn.locksvc)
+                    .iter()
+                    .all(|u| u.starts_with("https://")),
             "--ca-file / --client-cert (FENCEGATE_CA_FILE / FENCEGATE_CLIENT_CERT) are set, but the lease service URL {} is not https://",
             conn.locksvc
         );

@@ -754,6 +754,20 @@ fn compose_publishes_what_the_services_listen_on_and_wires_them_together() {
         "the proxy's backend {endpoint} must be the minio service (`server /data` listens on 9000)"
     );
 
+    // It asks that file's lease service who holds a token.
+    let locksvc_url = proxy_env
+        .get("FENCEGATE_LOCKSVC_URL")
+        .cloned()
+        .or_else(|| {
+            proxy_config
+                .get("locksvc_url")
+                .and_then(toml::Value::as_str)
+                .map(str::to_owned)
+        })
+        .expect("the proxy names its lease service (locksvc_url)");
+    let port = listen_addr("locksvc", service(&doc, "locksvc")).port();
+    assert_eq!(locksvc_url, format!("http://locksvc:{port}"));
+
     // The proxy starts once its bucket exists (its start-up probe needs it)
     // and the lease service is up.
     assert_eq!(
@@ -1357,6 +1371,28 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
             .unwrap_or_else(|| panic!("{name} is not a replica (no FENCEGATE_CLUSTER_ENDPOINTS)"));
         assert_eq!(endpoints, client_urls, "{name}'s etcd endpoints");
         ids.push(env.get("FENCEGATE_REPLICA_ID").cloned().unwrap_or_default());
+        // It asks the lease service through both of its replicas (the
+        // file's services, on the ports they listen on), so one replica's
+        // death leaves its owner questions answered.
+        let urls = env
+            .get("FENCEGATE_LOCKSVC_URL")
+            .cloned()
+            .or_else(|| {
+                config_in_repo(name, svc)
+                    .get("locksvc_url")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+            })
+            .unwrap_or_else(|| panic!("{name} has no lease service (locksvc_url)"));
+        let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_owned()).collect();
+        let replicas: Vec<String> = ["locksvc1", "locksvc2"]
+            .iter()
+            .map(|r| {
+                let port = listen_addr(r, service(&doc, r)).port();
+                format!("http://{r}:{port}")
+            })
+            .collect();
+        assert_eq!(urls, replicas, "{name}'s lease service URLs");
         assert_eq!(
             env.get("FENCEGATE_SIGNING_KEYS").cloned(),
             locksvc_keys,

@@ -465,6 +465,82 @@ fn kill_9_of_a_replica_under_load_leaves_the_others_serving() {
     assert!(failures.is_empty(), "the survivor failed: {failures:?}");
 }
 
+/// `fencegate run --locksvc A,B`: when replica A is killed under a running
+/// command, its renewals go on through B, the command finishes, and the
+/// lease is released through B; the next run, with A still first in the
+/// list, is granted by B.
+#[test]
+fn fencegate_run_given_both_replicas_outlives_the_first() {
+    let _one = one_at_a_time();
+    let dir = tempdir();
+    let cluster = EtcdCluster::start(3);
+    let mut doomed = replica(dir.path(), &cluster);
+    let survivor = replica(dir.path(), &cluster);
+    let both = format!("{},{}", doomed.url, survivor.url);
+    let run = |script: &str| {
+        let mut cmd = fencegate();
+        cmd.args([
+            "run", "--lock", "nightly", "--ttl", "2s", "--grace", "1s", "--",
+        ])
+        .args(["sh", "-c", script])
+        .env("FENCEGATE_LOCKSVC", &both)
+        .env("FENCEGATE_LOG", "warn")
+        .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let started = dir.path().join("started");
+    let done = dir.path().join("done");
+    let script = format!(
+        "echo \"$FENCING_TOKEN_NUMBER\" > {}; sleep 7; echo ok > {}",
+        started.display(),
+        done.display()
+    );
+    let child = run(&script).spawn().expect("runs");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    doomed.kill9();
+    // 7 s is three and a half ttls: every renewal after the kill is B's.
+    let out = child.wait_with_output().expect("run exits");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(done.exists(), "the command was stopped before it finished");
+    let on_survivor = Api::new(&survivor.url);
+    let (s, st) = on_survivor.status("nightly");
+    assert_eq!((s, &st["held"]), (200, &json!(false)), "released: {st}");
+
+    // A (dead) is still first in the list: the acquire moves on to B.
+    let first: u64 = std::fs::read_to_string(&started)
+        .expect("token")
+        .trim()
+        .parse()
+        .expect("number");
+    let out = run(&format!(
+        "echo \"$FENCING_TOKEN_NUMBER\" > {}",
+        started.display()
+    ))
+    .output()
+    .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second: u64 = std::fs::read_to_string(&started)
+        .expect("token")
+        .trim()
+        .parse()
+        .expect("number");
+    assert!(second > first, "{second} after {first}");
+}
+
 #[test]
 fn migrate_moves_the_counter_and_the_live_leases_to_etcd() {
     let _one = one_at_a_time();

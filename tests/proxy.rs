@@ -6,6 +6,8 @@ mod support;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
 use base64::Engine as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use support::harness::{Env, Harness};
 use support::s3::*;
@@ -1587,6 +1589,83 @@ async fn plain_tokens_wait_for_a_reachable_lease_service() {
     assert_eq!(
         stored(&backend, BUCKET, "k").await,
         Some((b"x".to_vec(), Some(5)))
+    );
+}
+
+/// `locksvc_url` may list the replicas of a lease service: a plain token is
+/// checked with the next one when the first drops the question, and a
+/// made-up number is still refused by the one that answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_tokens_are_checked_with_the_next_lease_service_replica() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let dropped = format!("http://{}", silent.local_addr().expect("addr"));
+    let questions = Arc::new(AtomicUsize::new(0));
+    let counted = questions.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    let locksvc = {
+        let dir = dir.path().to_owned();
+        tokio::task::spawn_blocking(move || support::start_locksvc(&dir))
+            .await
+            .expect("locksvc")
+    };
+    let proxy = Proxy::start(
+        &proxy_toml(
+            &backend,
+            dir.path(),
+            BUCKET,
+            &format!(
+                "accept_unsigned_tokens = true\nlocksvc_url = \"{dropped}, {}\"",
+                locksvc.url
+            ),
+        ),
+        dir.path(),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let lease: serde_json::Value = http
+        .post(format!("{}/v1/locks/{BUCKET}/acquire", locksvc.url))
+        .json(&serde_json::json!({"owner": "alice", "ttl_ms": 60_000}))
+        .send()
+        .await
+        .expect("acquire")
+        .json()
+        .await
+        .expect("lease");
+    let number = lease["token"].as_u64().expect("token");
+    let put = |key: &str, token: u64| {
+        http.put(format!("{}/{BUCKET}/{key}", proxy.url))
+            .header("fencing-token", token.to_string())
+            .body("x")
+            .send()
+    };
+    let r = put("plain", number).await.expect("sent");
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    assert!(
+        questions.load(Ordering::SeqCst) >= 1,
+        "the first replica was never asked"
+    );
+    let r = put("made-up", number + 5).await.expect("sent");
+    assert_eq!(r.status(), 403);
+    assert!(
+        r.text()
+            .await
+            .expect("body")
+            .contains("FencingTokenNotIssued")
+    );
+    assert_eq!(stored(&backend, BUCKET, "made-up").await, None);
+    assert_eq!(
+        stored(&backend, BUCKET, "plain").await,
+        Some((b"x".to_vec(), Some(number)))
     );
 }
 

@@ -8,6 +8,8 @@ use crate::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// What a call can end in besides its answer.
@@ -28,27 +30,77 @@ pub enum ClientError {
     },
 }
 
-/// A lease service at `base` (`http://host:port`, no trailing path).
+/// A lease service: one URL (`http://host:port`, no trailing path), or the
+/// replicas of one on etcd, tried in turn.
+///
+/// A call moves on to the next replica when the one it tried could not have
+/// acted on it: the connection was refused or could not be made. Calls
+/// that can be repeated without changing what they did (status, renew and
+/// release) also move on when a replica timed out, dropped the connection
+/// or answered 503. An acquire that may have reached a replica is not sent
+/// again elsewhere: a grant it does not see would make it wait behind
+/// itself. (A retry of the same acquire with its idempotency key is the
+/// caller's, and gets the lease back.) The replica that last answered is
+/// tried first next time.
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
-    base: String,
+    bases: Arc<[String]>,
     api_key: Option<String>,
+    /// Index into `bases` of the replica that answered last.
+    preferred: Arc<AtomicUsize>,
+}
+
+/// The URLs in `list`: separated by commas, blanks and trailing slashes
+/// trimmed, empty entries dropped.
+pub fn urls(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(|u| u.trim().trim_end_matches('/'))
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether a call that failed this way may be sent to the next replica.
+fn moves_on(failure: &Failure, repeatable: bool) -> bool {
+    match failure {
+        Failure::NotConnected => true,
+        Failure::Lost | Failure::Unavailable => repeatable,
+    }
+}
+
+/// How one replica failed a call, for [`moves_on`].
+enum Failure {
+    /// Nothing reached the replica.
+    NotConnected,
+    /// The request may have reached it; no answer came back.
+    Lost,
+    /// It answered 503.
+    Unavailable,
 }
 
 impl Client {
-    /// `http` carries the TLS settings and default timeouts; `api_key` is
+    /// `http` carries the TLS settings and default timeouts; `urls` is
+    /// one URL or several separated by commas ([`urls`]); `api_key` is
     /// sent as `Authorization: Bearer` when set (and not empty).
-    pub fn new(http: reqwest::Client, base: &str, api_key: Option<String>) -> Client {
+    pub fn new(http: reqwest::Client, urls: &str, api_key: Option<String>) -> Client {
+        let mut bases = self::urls(urls);
+        if bases.is_empty() {
+            // Refused by the callers' configuration checks; kept so a
+            // call says where it went instead of panicking.
+            bases.push(urls.trim().to_owned());
+        }
         Client {
             http,
-            base: base.trim_end_matches('/').to_owned(),
+            bases: bases.into(),
             api_key: api_key.filter(|k| !k.is_empty()),
+            preferred: Arc::new(AtomicUsize::new(0)),
         }
     }
 
-    pub fn base(&self) -> &str {
-        &self.base
+    /// The lease service's URLs, as given, separated by ", ".
+    pub fn base(&self) -> String {
+        self.bases.join(", ")
     }
 
     async fn call<T: DeserializeOwned>(
@@ -57,8 +109,35 @@ impl Client {
         path: &str,
         body: Option<&(impl Serialize + Sync)>,
         timeout: Option<Duration>,
+        repeatable: bool,
     ) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
+        let first = self.preferred.load(Ordering::Relaxed) % self.bases.len();
+        let mut result = None;
+        for i in (0..self.bases.len()).map(|k| (first + k) % self.bases.len()) {
+            let (answer, failure) = self
+                .call_one(&self.bases[i], method.clone(), path, body, timeout)
+                .await;
+            match failure {
+                Some(f) if moves_on(&f, repeatable) => result = Some(answer),
+                _ => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return answer;
+                }
+            }
+        }
+        result.expect("at least one URL")
+    }
+
+    /// One replica's answer, and how it failed if the call may go on.
+    async fn call_one<T: DeserializeOwned>(
+        &self,
+        base: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&(impl Serialize + Sync)>,
+        timeout: Option<Duration>,
+    ) -> (Result<T, ClientError>, Option<Failure>) {
+        let url = format!("{base}{path}");
         let mut req = self.http.request(method, &url);
         if let Some(t) = timeout {
             req = req.timeout(t);
@@ -69,29 +148,45 @@ impl Client {
         if let Some(body) = body {
             req = req.json(body);
         }
-        let resp = req.send().await.map_err(|e| ClientError::Unreachable {
-            url: url.clone(),
-            why: e.to_string(),
-        })?;
+        let unreachable = |e: reqwest::Error| {
+            let failure = if e.is_connect() {
+                Failure::NotConnected
+            } else {
+                Failure::Lost
+            };
+            let error = ClientError::Unreachable {
+                url: url.clone(),
+                why: e.to_string(),
+            };
+            (Err(error), Some(failure))
+        };
+        let resp = match req.send().await {
+            Ok(resp) => resp,
+            Err(e) => return unreachable(e),
+        };
         let status = resp.status().as_u16();
-        let text = resp.text().await.map_err(|e| ClientError::Unreachable {
-            url: url.clone(),
-            why: e.to_string(),
-        })?;
+        let text = match resp.text().await {
+            Ok(text) => text,
+            Err(e) => return unreachable(e),
+        };
         let unexpected = |why: String| ClientError::Unexpected {
             url: url.clone(),
             status,
             why,
         };
         if (200..300).contains(&status) {
-            return serde_json::from_str(&text).map_err(|e| unexpected(format!("{e}: {text}")));
+            let answer =
+                serde_json::from_str(&text).map_err(|e| unexpected(format!("{e}: {text}")));
+            return (answer, None);
         }
-        let refusal: ErrorResponse =
-            serde_json::from_str(&text).map_err(|e| unexpected(format!("{e}: {text}")))?;
-        Err(ClientError::Refused {
-            status,
-            error: refusal.error,
-        })
+        let answer = match serde_json::from_str::<ErrorResponse>(&text) {
+            Ok(refusal) => Err(ClientError::Refused {
+                status,
+                error: refusal.error,
+            }),
+            Err(e) => Err(unexpected(format!("{e}: {text}"))),
+        };
+        (answer, (status == 503).then_some(Failure::Unavailable))
     }
 
     /// `timeout` bounds this call (an acquire that waits in line needs its
@@ -107,6 +202,7 @@ impl Client {
             &path::acquire(lock),
             Some(req),
             timeout,
+            false,
         )
         .await
     }
@@ -122,6 +218,7 @@ impl Client {
             &path::renew(lock),
             Some(req),
             timeout,
+            true,
         )
         .await
     }
@@ -137,6 +234,7 @@ impl Client {
             &path::release(lock),
             Some(req),
             timeout,
+            true,
         )
         .await
     }
@@ -151,7 +249,32 @@ impl Client {
             &path::status(lock),
             None::<&()>,
             timeout,
+            true,
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_on_commas_and_trim() {
+        assert_eq!(urls("http://a:1"), ["http://a:1"]);
+        assert_eq!(
+            urls(" http://a:1/ ,, https://b:2"),
+            ["http://a:1", "https://b:2"]
+        );
+        assert!(urls(" , ").is_empty());
+    }
+
+    #[test]
+    fn only_repeatable_calls_move_on_after_they_may_have_arrived() {
+        assert!(moves_on(&Failure::NotConnected, false));
+        assert!(!moves_on(&Failure::Lost, false));
+        assert!(!moves_on(&Failure::Unavailable, false));
+        assert!(moves_on(&Failure::Lost, true));
+        assert!(moves_on(&Failure::Unavailable, true));
     }
 }

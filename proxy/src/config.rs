@@ -45,6 +45,11 @@ pub struct ProxyConfig {
     /// token is the lock's current token (once per new number at or above
     /// the max), so made-up numbers are refused; still no protection
     /// against a client that echoes the current number.
+    ///
+    /// A lease service on etcd with several replicas: their URLs separated
+    /// by commas, tried in turn (a question moves on when a replica cannot
+    /// be reached, times out or answers 503). Override with
+    /// `FENCEGATE_LOCKSVC_URL`.
     pub locksvc_url: Option<String>,
     /// API key for `locksvc_url`, if the lease service requires one.
     /// Override with `FENCEGATE_API_KEY`.
@@ -286,6 +291,9 @@ fn colon_pairs(v: &str) -> impl Iterator<Item = (String, String)> {
 
 /// The status page's readers (`viewers`), as `name:password,...`.
 pub const ENV_VIEWERS: &str = "FENCEGATE_VIEWERS";
+/// The lease service's URL, or its replicas' URLs separated by commas
+/// (`locksvc_url`; empty: none).
+pub const ENV_LOCKSVC_URL: &str = "FENCEGATE_LOCKSVC_URL";
 /// The lease service API key (`locksvc_api_key`); the CLI reads it too.
 pub const ENV_LOCKSVC_API_KEY: &str = "FENCEGATE_API_KEY";
 /// The CA of an `https://` lease service (`locksvc_ca_file`); the CLI reads
@@ -309,6 +317,9 @@ impl ProxyConfig {
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) {
         if let Some(v) = var(ENV_SIGNING_KEYS) {
             self.signing_keys = split_list(&v);
+        }
+        if let Some(v) = var(ENV_LOCKSVC_URL) {
+            self.locksvc_url = Some(v).filter(|v| !v.trim().is_empty());
         }
         if let Some(v) = var(ENV_LOCKSVC_API_KEY) {
             self.locksvc_api_key = Some(v);
@@ -426,12 +437,18 @@ impl ProxyConfig {
                 "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so only tokens it signed are accepted, or accept_unsigned_tokens = true to accept plain numbers from clients you trust"
             ));
         }
-        if let Some(url) = &self.locksvc_url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            p.push(format!(
-                "locksvc_url {url:?} must be an http:// or https:// URL of the lease service"
-            ));
+        if let Some(list) = &self.locksvc_url {
+            let urls = fencegate_lease_api::client::urls(list);
+            if urls.is_empty() {
+                p.push("locksvc_url is empty: give the lease service's URL (or its replicas' URLs, separated by commas)".into());
+            }
+            for url in urls {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    p.push(format!(
+                        "locksvc_url {url:?} must be an http:// or https:// URL of the lease service"
+                    ));
+                }
+            }
         }
         for (i, c) in self.clients.iter().enumerate() {
             // Such a key would be read as lease-bound credentials: a token
@@ -471,9 +488,15 @@ impl ProxyConfig {
                 None => p.push(
                     "locksvc_ca_file / locksvc_client_cert_file / locksvc_client_key_file are set, but locksvc_url is not".into(),
                 ),
-                Some(url) if !url.starts_with("https://") => p.push(format!(
-                    "locksvc_url {url:?} is plain http, but TLS settings for the lease service are given: use https:// (tokens would otherwise travel in clear text)"
-                )),
+                Some(list)
+                    if fencegate_lease_api::client::urls(list)
+                        .iter()
+                        .any(|u| !u.starts_with("https://")) =>
+                {
+                    p.push(format!(
+                        "locksvc_url {list:?} is plain http, but TLS settings for the lease service are given: use https:// (tokens would otherwise travel in clear text)"
+                    ))
+                }
                 Some(_) => {
                     if let Err(e) = locksvc_tls.rustls_config() {
                         p.push(format!("lease service TLS: {e}"));
@@ -687,6 +710,36 @@ mod tests {
             toml::from_str("locksvc_ca_file = \"\"\n[tls]\ncert_file = \"\"").expect("parses");
         assert_eq!(c.locksvc_ca_file, None);
         assert!(!c.tls.enabled());
+    }
+
+    #[test]
+    fn locksvc_url_may_list_replicas_each_checked() {
+        let mut c = ProxyConfig::default();
+        c.apply_env(|k| (k == ENV_LOCKSVC_URL).then(|| "http://a:7070, http://b:7070/".to_owned()));
+        assert_eq!(
+            c.locksvc_url.as_deref(),
+            Some("http://a:7070, http://b:7070/")
+        );
+        assert!(!c.problems().iter().any(|p| p.contains("locksvc_url")));
+        c.locksvc_url = Some("http://a:7070,b:7070".into());
+        assert!(
+            c.problems()
+                .iter()
+                .any(|p| p.contains("\"b:7070\" must be an http://")),
+            "{:?}",
+            c.problems()
+        );
+        c.locksvc_url = Some(" , ".into());
+        assert!(
+            c.problems()
+                .iter()
+                .any(|p| p.contains("locksvc_url is empty"))
+        );
+        c.locksvc_ca_file = Some("/ca.pem".into());
+        c.locksvc_url = Some("https://a:7070,http://b:7070".into());
+        assert!(c.problems().iter().any(|p| p.contains("is plain http")));
+        c.apply_env(|k| (k == ENV_LOCKSVC_URL).then(String::new));
+        assert_eq!(c.locksvc_url, None, "an empty variable unsets it");
     }
 
     #[test]
