@@ -87,9 +87,21 @@ const MIN_RETRY: Duration = Duration::from_millis(200);
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let client = Client::new(args.conn.clone())?;
     let owner = args.owner.clone().unwrap_or_else(default_owner);
+    // A secret of this run's acquire: sent again to another replica of the
+    // lease service, it gets back the lease the first may have granted.
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| Failure::Other(anyhow::anyhow!("no randomness for the acquire: {e}")))?;
+    let idempotency_key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let sent = Instant::now();
     let lease = client
-        .acquire(&args.lock, &owner, None, args.ttl, args.wait)
+        .acquire(
+            &args.lock,
+            &owner,
+            Some(&idempotency_key),
+            args.ttl,
+            args.wait,
+        )
         .await?;
     // What proves we hold the lease, to renew and release it.
     let proof = match FencingToken::parse(&lease.fencing_token) {

@@ -348,3 +348,52 @@ fn renews_with_its_signed_token_past_the_ttl_and_releases_at_the_end() {
         "run never sends a bare number"
     );
 }
+
+/// With the replicas of a lease service listed, an acquire moves past one
+/// that took the request and dropped it only when it carries an
+/// idempotency key (`run` always sends one): without a key, the first
+/// replica may have granted a lease the client would never see.
+#[test]
+fn an_acquire_moves_past_a_replica_that_dropped_it_only_with_an_idempotency_key() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dropped = format!("http://{}", silent.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for conn in silent.incoming() {
+            drop(conn);
+        }
+    });
+    let both = format!("{dropped},{}", svc.url);
+    let api = Api::new(&svc.url);
+
+    let status = run_cmd(&both, &["--lock", "listed", "--", "true"])
+        .status()
+        .expect("runs");
+    assert_eq!(status.code(), Some(0), "run moves on to the second replica");
+
+    let acquire = |extra: &[&str]| {
+        let mut cmd = fencegate();
+        cmd.args(["lease", "acquire", "keyed", "--owner", "o", "--ttl", "30s"])
+            .args(extra)
+            .env("FENCEGATE_LOCKSVC", &both)
+            .env("FENCEGATE_LOG", "warn");
+        cmd.output().expect("runs")
+    };
+    let out = acquire(&[]);
+    assert_eq!(out.status.code(), Some(1), "without a key it is not resent");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&dropped),
+        "the error names the replica that dropped it: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(api.status("keyed").1["held"], false);
+    let out = acquire(&["--idempotency-key", "a-secret-of-this-acquire"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(api.status("keyed").1["owner"], "o");
+}

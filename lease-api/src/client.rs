@@ -36,12 +36,13 @@ pub enum ClientError {
 /// A call moves on to the next replica when the one it tried could not have
 /// acted on it: the connection was refused or could not be made. Calls
 /// that can be repeated without changing what they did (status, renew and
-/// release) also move on when a replica timed out, dropped the connection
-/// or answered 503. An acquire that may have reached a replica is not sent
-/// again elsewhere: a grant it does not see would make it wait behind
-/// itself. (A retry of the same acquire with its idempotency key is the
-/// caller's, and gets the lease back.) The replica that last answered is
-/// tried first next time.
+/// release, and an acquire that carries an idempotency key) also move on
+/// when a replica timed out, dropped the connection or answered 503: the
+/// replicas share one store, and an acquire sent again with its key gets
+/// back the lease the first one may have been granted. An acquire without
+/// a key that may have reached a replica is not sent again elsewhere: a
+/// grant it does not see would make it wait behind itself. The replica
+/// that last answered is tried first next time.
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -202,7 +203,7 @@ impl Client {
             &path::acquire(lock),
             Some(req),
             timeout,
-            false,
+            req.idempotency_key.is_some(),
         )
         .await
     }
