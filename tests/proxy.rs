@@ -1541,6 +1541,25 @@ async fn a_backend_that_ignores_conditions_is_refused_unless_accepted() {
     );
 }
 
+/// A lease service that cannot be asked: it holds its address (the number
+/// of a dropped listener could be taken by anything meanwhile) and closes
+/// every connection unanswered. Its URL, and how many connections it took.
+async fn silent_lease_service() -> (String, Arc<AtomicUsize>) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    let taken = Arc::new(AtomicUsize::new(0));
+    let counted = taken.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    (url, taken)
+}
+
 /// With `accept_unsigned_tokens` and `locksvc_url`, plain tokens are checked
 /// with the lease service; when it cannot be asked, a plain token gets a
 /// retryable 503 (never admitted unchecked), while signed tokens need no
@@ -1550,18 +1569,7 @@ async fn plain_tokens_wait_for_a_reachable_lease_service() {
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    // A lease service that cannot be asked: this test holds its address and
-    // closes every connection unanswered (the number of a dropped listener
-    // could be taken by anything meanwhile).
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", silent.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = silent.accept().await {
-            drop(conn);
-        }
-    });
+    let (url, _) = silent_lease_service().await;
     let proxy = Proxy::start(
         &proxy_toml(
             &backend,
@@ -1600,18 +1608,7 @@ async fn plain_tokens_are_checked_with_the_next_lease_service_replica() {
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let dropped = format!("http://{}", silent.local_addr().expect("addr"));
-    let questions = Arc::new(AtomicUsize::new(0));
-    let counted = questions.clone();
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = silent.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            drop(conn);
-        }
-    });
+    let (dropped, questions) = silent_lease_service().await;
     let locksvc = {
         let dir = dir.path().to_owned();
         tokio::task::spawn_blocking(move || support::start_locksvc(&dir))
