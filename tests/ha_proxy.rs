@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use support::harness::{BUCKET, Env, Harness};
 use support::s3::*;
 
-/// 3 s · 1.01/0.99 + 1 s.
-const LOCK_DELAY: Duration = Duration::from_millis(4_060);
+/// (3 s / 0.99 + 1 s) · 1.01.
+const LOCK_DELAY: Duration = Duration::from_millis(4_070);
 
 fn replicas(kind: BackendKind, n: usize) -> Harness {
     Harness::new(kind)

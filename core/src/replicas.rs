@@ -30,6 +30,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub mod machine;
+
+pub use machine::{Admit, Answer, Event, Published, RaiseStatus, Replica, ReqId, Request, WriteId};
+
 /// Milliseconds on one replica's monotonic clock.
 pub type Ms = u64;
 
@@ -69,12 +73,26 @@ pub enum TimingError {
 }
 
 impl Timing {
-    /// The shortest safe lock delay: a member whose registration is gone may
-    /// believe it valid for up to `ttl` of its own clock after its last
-    /// renewal (at most `ttl·(1+drift)/(1-drift)` of the raiser's), and a
-    /// write it had fully sent is decided `store_decision` after that.
+    /// The shortest safe lock delay, on the raiser's clock: a member whose
+    /// registration is gone may believe it valid for up to `ttl` of its own
+    /// clock after its last renewal (at most `ttl/(1-drift)` of real time),
+    /// and a write it had fully sent is decided `store_decision` of real
+    /// time after that; the raiser's clock may run `1+drift` fast over both.
     pub fn min_lock_delay(ttl: Duration, drift: f64, store_decision: Duration) -> Duration {
-        ttl.mul_f64((1.0 + drift) / (1.0 - drift)) + store_decision
+        (ttl.div_f64(1.0 - drift) + store_decision).mul_f64(1.0 + drift)
+    }
+
+    /// How long this raiser waits out `member` once it is seen without a
+    /// registration: the longest of its own lock delay, the one the member
+    /// published, and the minimum for the member's TTL and store decision
+    /// time at the larger of the two drifts.
+    pub fn lock_delay_for(&self, member: Option<&Published>) -> Duration {
+        member.map_or(self.lock_delay, |p| {
+            let drift = p.drift.max(self.drift).min(0.49);
+            self.lock_delay
+                .max(p.lock_delay)
+                .max(Timing::min_lock_delay(p.ttl, drift, p.store_decision))
+        })
     }
 
     /// `self`, or the first rule it breaks.
@@ -137,7 +155,7 @@ impl Standing {
 
 /// One member as the raiser read it from the store (one read, after its
 /// raise was written).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MemberView {
     /// The incarnation's name (`<replica>-<incarnation>`).
     pub id: String,
@@ -147,6 +165,12 @@ pub struct MemberView {
     pub registered: bool,
     /// Its ack for the lock being raised (0: none).
     pub acked: u64,
+    /// The token it says it is draining writes below (0: none).
+    pub draining: u64,
+    /// Its registration's lease (to evict it).
+    pub lease: i64,
+    /// The settings it published at join (`None`: unreadable record).
+    pub published: Option<Published>,
 }
 
 /// What the raiser does next.
@@ -169,8 +193,27 @@ pub struct Next {
 pub enum Holdup {
     /// Registered, no ack yet; evicted at `evict_at`.
     Ack { evict_at: Ms },
+    /// Registered and draining writes below the token: waited for as long
+    /// as it stays registered (slow is not dead).
+    Draining,
     /// Gone since `since`; out at `since + lock_delay`.
     LockDelay { since: Ms, out_at: Ms },
+}
+
+impl Holdup {
+    /// For the status and the logs.
+    pub fn describe(&self, now: Ms) -> String {
+        match self {
+            Holdup::Ack { evict_at } => {
+                format!("no ack yet; evicted in {} ms", evict_at.saturating_sub(now))
+            }
+            Holdup::Draining => "draining writes below the token".into(),
+            Holdup::LockDelay { out_at, .. } => format!(
+                "registration gone; lock delay ends in {} ms",
+                out_at.saturating_sub(now)
+            ),
+        }
+    }
 }
 
 /// One raise waiting for the other members.
@@ -202,8 +245,9 @@ impl RaiseWait {
     }
 
     /// Decides on one read of the members (all of them: every member
-    /// record, with its registration and its ack of this lock).
-    pub fn next(&mut self, members: &[MemberView], now: Ms) -> Next {
+    /// record, with its registration, its ack of this lock and its draining
+    /// report). `evict_draining` is a broken variant for the simulation.
+    pub fn next(&mut self, members: &[MemberView], now: Ms, evict_draining: bool) -> Next {
         let mut next = Next::default();
         let mut wake: Option<Ms> = None;
         let mut wake_at = |t: Ms| wake = Some(wake.map_or(t, |w: Ms| w.min(t)));
@@ -214,6 +258,10 @@ impl RaiseWait {
             }
             if m.registered {
                 if m.acked >= self.token {
+                    continue;
+                }
+                if m.draining >= self.token && !evict_draining {
+                    self.holdups.insert(m.id.clone(), Holdup::Draining);
                     continue;
                 }
                 let evict_at = self.started.saturating_add(ms(self.timing.ack_timeout));
@@ -227,7 +275,8 @@ impl RaiseWait {
                 continue;
             }
             let since = *self.gone.entry(m.id.clone()).or_insert(now);
-            let out_at = since.saturating_add(ms(self.timing.lock_delay));
+            let delay = self.timing.lock_delay_for(m.published.as_ref());
+            let out_at = since.saturating_add(ms(delay));
             if now >= out_at {
                 next.retire.push(m.id.clone());
                 continue;
@@ -265,7 +314,7 @@ mod tests {
             drift: 0.01,
             store_decision: Duration::from_secs(10),
             ack_timeout: Duration::from_secs(5),
-            lock_delay: Duration::from_millis(20_300),
+            lock_delay: Duration::from_millis(20_400),
         }
     }
 
@@ -275,16 +324,19 @@ mod tests {
             joined_rev: rev,
             registered,
             acked,
+            draining: 0,
+            lease: 1,
+            published: None,
         }
     }
 
     #[test]
     fn the_lock_delay_covers_a_full_standing_and_the_store() {
         let min = Timing::min_lock_delay(Duration::from_secs(10), 0.01, Duration::from_secs(10));
-        assert!(min > Duration::from_millis(20_200) && min < Duration::from_millis(20_210));
+        assert!(min > Duration::from_millis(20_300) && min < Duration::from_millis(20_310));
         assert!(timing().checked().is_ok());
         let short = Timing {
-            lock_delay: Duration::from_secs(20),
+            lock_delay: Duration::from_millis(20_300),
             ..timing()
         };
         assert!(matches!(
@@ -322,7 +374,7 @@ mod tests {
             member("a-1", 20, true, 6),
             member("b-1", 150, true, 0), // joined after the raise
         ];
-        let n = w.next(&view, 10);
+        let n = w.next(&view, 10, false);
         assert!(!n.admit);
         assert_eq!(n.wake_at, Some(5_000));
         assert!(matches!(
@@ -330,7 +382,7 @@ mod tests {
             Some(Holdup::Ack { evict_at: 5_000 })
         ));
         let view = [member("me-1", 10, true, 7), member("a-1", 20, true, 7)];
-        assert!(w.next(&view, 20).admit);
+        assert!(w.next(&view, 20, false).admit);
     }
 
     #[test]
@@ -338,16 +390,16 @@ mod tests {
         let t = timing();
         let mut w = RaiseWait::new(7, 100, "me-1", 0, t);
         let registered = [member("a-1", 20, true, 0)];
-        assert!(w.next(&registered, 4_999).evict.is_empty());
-        let n = w.next(&registered, 5_000);
+        assert!(w.next(&registered, 4_999, false).evict.is_empty());
+        let n = w.next(&registered, 5_000, false);
         assert_eq!(n.evict, vec!["a-1".to_owned()]);
         assert!(!n.admit);
         let gone = [member("a-1", 20, false, 0)];
-        let n = w.next(&gone, 5_010);
+        let n = w.next(&gone, 5_010, false);
         assert!(!n.admit);
-        assert_eq!(n.wake_at, Some(5_010 + 20_300));
-        assert!(!w.next(&gone, 25_309).admit);
-        let n = w.next(&gone, 25_310);
+        assert_eq!(n.wake_at, Some(5_010 + 20_400));
+        assert!(!w.next(&gone, 25_409, false).admit);
+        let n = w.next(&gone, 25_410, false);
         assert!(n.admit);
         assert_eq!(n.retire, vec!["a-1".to_owned()]);
     }
@@ -355,13 +407,13 @@ mod tests {
     #[test]
     fn a_member_gone_before_the_raise_is_waited_out_once_and_a_retired_one_not_at_all() {
         let mut w = RaiseWait::new(3, 100, "me-1", 1_000, timing());
-        let n = w.next(&[member("dead-1", 5, false, 0)], 1_000);
+        let n = w.next(&[member("dead-1", 5, false, 0)], 1_000, false);
         assert!(!n.admit);
         assert!(matches!(
             w.holdups().get("dead-1"),
             Some(Holdup::LockDelay { since: 1_000, .. })
         ));
         // Retired by another raiser meanwhile: nothing left to wait for.
-        assert!(w.next(&[], 2_000).admit);
+        assert!(w.next(&[], 2_000, false).admit);
     }
 }

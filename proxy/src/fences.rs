@@ -37,22 +37,16 @@
 //! cost 2-2.5 times the old global mutex's at 10 000 to 100 000 scopes,
 //! its entries being allocated apart from its table.)
 //!
-//! **With replicas** (`cluster`), the max is kept in etcd instead of
-//! SQLite, and a raise, after draining this replica's epoch, waits until
-//! every other replica has drained too (or is out). A max learned from
-//! another replica (its watch, or at join) is *unconfirmed*: writes below
-//! it are refused at once, but a write of that very token waits, like a
-//! raise, until the raise is complete everywhere; only then is the lock
-//! confirmed and equal tokens are admitted with no etcd round trip. (The
-//! simulation found the alternative unsafe: a replica admitting the token
-//! it had just acked, while a third one still had older writes in flight.)
-//! And nothing is admitted while the replica's standing has run out.
+//! **With replicas** (`cluster`), the fences are the cluster's: the
+//! replica protocol's state machine (`fencegate_core::replicas::Replica`)
+//! keeps each lock's max, its writes in flight and its raises, and this
+//! module only hands a write to it.
 
-use crate::cluster::{Cluster, Raised};
+use crate::cluster::{Admitted, Cluster, ClusterWrite};
 use crate::db::Db;
 use dashmap::DashMap;
 use fencegate_core::fence::{Verdict, decide};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Mutex as AsyncMutex, OwnedRwLockReadGuard, RwLock};
 use tokio_util::sync::CancellationToken;
@@ -69,9 +63,6 @@ struct ScopeFence {
     /// The highest token that has started a raise (cut the epoch), even
     /// if it is not admitted yet: what a cut write is told it lost to.
     pending: AtomicU64,
-    /// Whether the raise to `max` is known complete on every replica
-    /// (always, with one replica).
-    confirmed: AtomicBool,
 }
 
 impl ScopeFence {
@@ -82,16 +73,7 @@ impl ScopeFence {
             cancel: Mutex::new(CancellationToken::new()),
             raising: AsyncMutex::new(()),
             pending: AtomicU64::new(max),
-            confirmed: AtomicBool::new(true),
         }
-    }
-
-    /// Ends the current epoch: every body in flight is cut; writes
-    /// admitted from now on get a fresh cancellation.
-    fn renew_cancel(&self) {
-        let mut c = self.cancel.lock().unwrap_or_else(|p| p.into_inner());
-        c.cancel();
-        *c = CancellationToken::new();
     }
 
     fn current_cancel(&self) -> CancellationToken {
@@ -102,11 +84,20 @@ impl ScopeFence {
     }
 }
 
+/// What keeps a write in its epoch.
+#[derive(Debug)]
+enum Hold {
+    /// One replica: a shared hold on the scope's epoch.
+    Local(#[allow(dead_code, reason = "held for its drop")] OwnedRwLockReadGuard<()>),
+    /// Replicas: the cluster machine's record of the write.
+    Cluster(#[allow(dead_code, reason = "held for its drop")] ClusterWrite),
+}
+
 /// A write admitted into a scope's epoch. Hold it until the backend has
 /// answered; dropping it lets a waiting raise proceed.
 #[derive(Debug)]
 pub struct Admission {
-    _hold: OwnedRwLockReadGuard<()>,
+    _hold: Hold,
     /// Fires when a higher token wants in: abort the write.
     pub cancel: CancellationToken,
     pub token: u64,
@@ -184,42 +175,6 @@ impl Fences {
         }
     }
 
-    /// Applies a max learned from the cluster (another replica's raise, or
-    /// the maxes read at join): the lock's writes below `token` are cut and
-    /// drained, then `token` is its max, unconfirmed. Whether it changed
-    /// anything (then the caller acks it).
-    pub async fn apply(&self, scope: &str, token: u64) -> bool {
-        let fence = self.scope(scope);
-        let _raising = fence.raising.lock().await;
-        if fence.max.load(Ordering::Acquire) >= token {
-            return false;
-        }
-        fence.pending.fetch_max(token, Ordering::AcqRel);
-        fence.current_cancel().cancel();
-        let exclusive = fence.epoch.write().await;
-        fence.max.store(token, Ordering::Release);
-        fence.confirmed.store(false, Ordering::Release);
-        *fence.cancel.lock().unwrap_or_else(|p| p.into_inner()) = CancellationToken::new();
-        drop(exclusive);
-        true
-    }
-
-    /// Cuts every body in flight, in every lock (the replica lost its
-    /// standing).
-    pub fn cut_all(&self) {
-        for f in self.scopes.iter() {
-            f.value().renew_cancel();
-        }
-    }
-
-    /// Whether the replica may admit at all (always, with one replica).
-    fn standing(&self) -> Result<(), FenceError> {
-        match &self.durable {
-            Durable::Cluster(c) if !c.admits() => Err(FenceError::Unavailable(c.why_not())),
-            _ => Ok(()),
-        }
-    }
-
     /// A check for each body chunk: `None` with one replica.
     pub fn standing_check(&self) -> Option<Cluster> {
         self.cluster().cloned()
@@ -249,6 +204,9 @@ impl Fences {
     /// allocates nothing: refused requests naming made-up scopes leave no
     /// trace.
     pub fn max(&self, scope: &str) -> u64 {
+        if let Durable::Cluster(c) = &self.durable {
+            return c.max(scope);
+        }
         self.scopes
             .get(scope)
             .map_or(0, |f| f.max.load(Ordering::Acquire))
@@ -257,12 +215,19 @@ impl Fences {
     /// Whether `scope` has a fence (it admitted a write, now or before a
     /// restart).
     pub fn known(&self, scope: &str) -> bool {
+        if let Durable::Cluster(c) = &self.durable {
+            return c.known(scope);
+        }
         self.scopes.contains_key(scope)
     }
 
     /// The token a write cut in `scope` lost to: the highest token that
     /// started a raise there (at least the max).
     pub fn cut_by(&self, scope: &str) -> u64 {
+        if let Durable::Cluster(c) = &self.durable {
+            // A raise sets the max before it is sent.
+            return c.max(scope);
+        }
         self.scopes.get(scope).map_or(0, |f| {
             f.pending
                 .load(Ordering::Acquire)
@@ -272,16 +237,22 @@ impl Fences {
 
     /// Number of scopes with a fence.
     pub fn len(&self) -> usize {
+        if let Durable::Cluster(c) = &self.durable {
+            return c.snapshot().len();
+        }
         self.scopes.len()
     }
 
     /// True when no scope has a fence.
     pub fn is_empty(&self) -> bool {
-        self.scopes.is_empty()
+        self.len() == 0
     }
 
     /// Every scope and its max, sorted by scope.
     pub fn snapshot(&self) -> Vec<(String, u64)> {
+        if let Durable::Cluster(c) = &self.durable {
+            return c.snapshot();
+        }
         let mut v: Vec<_> = self
             .scopes
             .iter()
@@ -294,43 +265,65 @@ impl Fences {
     /// Admits a write with `token` into `scope`, raising the max (after
     /// draining the older epoch) when `token` is higher.
     pub async fn admit(&self, scope: &str, token: u64) -> Result<Admission, FenceError> {
+        let db = match &self.durable {
+            Durable::Db(db) => db,
+            Durable::Cluster(c) => {
+                let started = std::time::Instant::now();
+                return match c.admit(scope, token).await {
+                    Admitted::Yes {
+                        write,
+                        cancel,
+                        raised,
+                    } => Ok(Admission {
+                        _hold: Hold::Cluster(write),
+                        cancel,
+                        token,
+                        raised,
+                        waited: if raised {
+                            started.elapsed()
+                        } else {
+                            std::time::Duration::ZERO
+                        },
+                    }),
+                    Admitted::Stale { max } => Err(FenceError::Stale { token, max }),
+                    Admitted::Unavailable(why) => Err(FenceError::Unavailable(why)),
+                };
+            }
+        };
         let fence = self.scope(scope);
         let mut raised = false;
         let mut waited = std::time::Duration::ZERO;
         loop {
-            self.standing()?;
-            let confirmed = fence.confirmed.load(Ordering::Acquire);
             match decide(fence.max.load(Ordering::Acquire), token) {
                 Verdict::Stale { max } => return Err(FenceError::Stale { token, max }),
-                Verdict::Admit { raises: false } if confirmed => {
+                Verdict::Admit { raises: false } => {
                     let hold = fence.epoch.clone().read_owned().await;
                     // A raise may have completed while we waited in line.
                     let max = fence.max.load(Ordering::Acquire);
                     if token < max {
                         return Err(FenceError::Stale { token, max });
                     }
-                    if token > max || !fence.confirmed.load(Ordering::Acquire) {
+                    if token > max {
                         drop(hold);
                         continue;
                     }
-                    self.standing()?;
                     return Ok(Admission {
-                        _hold: hold,
+                        _hold: Hold::Local(hold),
                         cancel: fence.current_cancel(),
                         token,
                         raised,
                         waited,
                     });
                 }
-                Verdict::Admit { .. } => {
-                    // Higher than the max, or the max not confirmed yet.
+                Verdict::Admit { raises: true } => {
+                    // Higher than the max.
                     let _raising = fence.raising.lock().await;
                     // Every write of the last run first (see the module
                     // doc), before this epoch is cut: its writes go on
                     // meanwhile.
                     tokio::time::sleep_until(self.settled).await;
                     let max = fence.max.load(Ordering::Acquire);
-                    if max > token || (max == token && fence.confirmed.load(Ordering::Acquire)) {
+                    if max >= token {
                         continue;
                     }
                     // Cut every write of the old epoch, wait for them to let
@@ -340,39 +333,15 @@ impl Fences {
                     let cut_at = std::time::Instant::now();
                     let exclusive = fence.epoch.write().await;
                     waited = cut_at.elapsed();
-                    let persisted = match &self.durable {
-                        Durable::Db(db) => {
-                            let (db, id) = (db.clone(), scope.to_owned());
-                            tokio::task::spawn_blocking(move || db.raise(&id, token))
-                                .await
-                                .map_err(|e| FenceError::Storage(e.to_string()))
-                                .and_then(|r| r.map_err(|e| FenceError::Storage(e.to_string())))
-                        }
-                        Durable::Cluster(c) => match c.raise(scope, token).await {
-                            Ok(Raised::Complete) => Ok(()),
-                            Ok(Raised::Higher(v)) => {
-                                // Stale after all. This replica has drained
-                                // below `token` and admitted nothing at or
-                                // above it: it can ack `v` as it is.
-                                if v > fence.max.load(Ordering::Acquire) {
-                                    fence.max.store(v, Ordering::Release);
-                                    fence.confirmed.store(false, Ordering::Release);
-                                }
-                                fence.pending.fetch_max(v, Ordering::AcqRel);
-                                *fence.cancel.lock().unwrap_or_else(|p| p.into_inner()) =
-                                    CancellationToken::new();
-                                drop(exclusive);
-                                c.ack(scope, v).await;
-                                return Err(FenceError::Stale { token, max: v });
-                            }
-                            Err(e) => Err(FenceError::Unavailable(format!(
-                                "the raise to token {token} could not complete in the cluster: {e}"
-                            ))),
-                        },
+                    let persisted = {
+                        let (db, id) = (db.clone(), scope.to_owned());
+                        tokio::task::spawn_blocking(move || db.raise(&id, token))
+                            .await
+                            .map_err(|e| FenceError::Storage(e.to_string()))
+                            .and_then(|r| r.map_err(|e| FenceError::Storage(e.to_string())))
                     };
                     if persisted.is_ok() {
                         fence.max.store(token, Ordering::Release);
-                        fence.confirmed.store(true, Ordering::Release);
                     } else {
                         // Not admitted: a later cut must not name it.
                         fence

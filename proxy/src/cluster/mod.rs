@@ -1,55 +1,52 @@
-//! Proxy replicas sharing one fence through etcd (`[cluster]`).
+//! Proxy replicas sharing one fence through etcd (`[cluster]`): the I/O
+//! of the replica protocol.
 //!
-//! The rules are `fencegate_core::replicas` (standing, raise wait, lock
-//! delay), checked by its simulation; this module is their I/O. Keys under
-//! the prefix `P`:
+//! Every decision is `fencegate_core::replicas::Replica`'s, the state
+//! machine the simulation runs; this module moves bytes between it, etcd and
+//! the request path. Keys under the prefix `P`:
 //!
-//! - `P/members/<id>`: one per incarnation (`<replica>.<start>`), written
-//!   before it admits anything, never on a lease; removed only by a raiser
-//!   that waited out its lock delay;
+//! - `P/members/<id>`: one per incarnation (`<replica>.<salt><n>`), with
+//!   the settings it waits by, written before it admits anything, never on a
+//!   lease; removed only by a raiser that waited out its lock delay;
 //! - `P/proxies/<id>`: its registration, on its etcd lease (TTL
 //!   `registration_ttl`), kept alive every third of it;
 //! - `P/fences/<lock>`: the lock's max token, 20 digits (compared as bytes);
 //! - `P/acks/<lock>/<id>`: the max of the lock this incarnation applied
-//!   (cut and drained below it), on its lease;
+//!   (refuses below, and drained below), on its lease;
+//! - `P/draining/<lock>/<id>`: "still draining writes below this token", on
+//!   its lease: a raiser waits for a slow member instead of evicting it;
 //! - `P/uploads/<upload id>`: multipart upload bindings, so that an upload
 //!   created through one replica continues through another.
 //!
-//! Steady state costs no etcd round trip: an admission reads the replica's
-//! own fence and its standing (an atomic). A raise is one transaction (the
-//! max and the raiser's ack), then reads of the members until each has
-//! acked or is out. Other replicas learn the raise from a watch, cut and
-//! drain, and ack. A replica that cannot renew its registration stops
-//! admitting (503) when its standing runs out, cuts every body in flight,
-//! and joins again as a new incarnation.
+//! Steady state costs no etcd round trip: an admission takes the machine's
+//! lock once to admit and once to let go. One driver task runs the
+//! machine's timers; each request runs on a task of its own and hands its
+//! answer back, a lost one as `Answer::Unknown`.
 
 pub mod config;
 
 pub use config::ClusterConfig;
 
 use crate::db::UploadBinding;
-use crate::fences::Fences;
 use dashmap::DashMap;
-use fencegate_core::replicas::{Holdup, MemberView, Ms, RaiseWait, Standing, Timing};
+use fencegate_core::replicas::{
+    Admit, Answer, Event, MemberView, Ms, Published, Replica, ReqId, Request, Timing, WriteId,
+};
 use fencegate_etcd::etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
     WatchOptions,
 };
 use fencegate_etcd::{CallError, Etcd};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
-/// How long a raise waits between two reads of the members: from the first
-/// to the last, doubling (acks come within milliseconds when every replica
-/// is up; a raise that waits for an eviction or a lock delay reads less).
-const POLL_FIRST: Duration = Duration::from_millis(1);
-const POLL_LAST: Duration = Duration::from_millis(20);
-/// How often the standing is checked against the clock (the body check
-/// per chunk does not depend on it).
-const STANDING_CHECK: Duration = Duration::from_millis(50);
+/// Longest the driver sleeps without looking at the machine's timers (its
+/// clock counts suspend, tokio's does not).
+const DRIVER_NAP: Duration = Duration::from_secs(1);
 /// Most upload bindings a replica keeps copies of; then it starts over
 /// (etcd has them all).
 const UPLOAD_COPIES: usize = 100_000;
@@ -70,13 +67,35 @@ impl From<CallError> for ClusterError {
     }
 }
 
-/// What a raise found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Raised {
-    /// Every member acked or is out: the token may be admitted.
-    Complete,
-    /// The lock's max in etcd is higher.
-    Higher(u64),
+/// What a write asked of the cluster came to.
+#[derive(Debug)]
+pub enum Admitted {
+    /// In: hold the [`ClusterWrite`] until the store answered or can no
+    /// longer commit; `cancel` fires when the body must be cut.
+    Yes {
+        write: ClusterWrite,
+        cancel: CancellationToken,
+        raised: bool,
+    },
+    /// Below the lock's max.
+    Stale { max: u64 },
+    /// No standing, or the raise did not complete in time.
+    Unavailable(String),
+}
+
+/// An admitted write; dropping it tells the machine it is over.
+#[derive(Debug)]
+pub struct ClusterWrite {
+    cluster: Cluster,
+    id: Option<WriteId>,
+}
+
+impl Drop for ClusterWrite {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.cluster.input(false, |m, now| m.write_done(&id, now));
+        }
+    }
 }
 
 /// What a member record says.
@@ -85,28 +104,64 @@ struct MemberRecord {
     replica: String,
     lease: i64,
     started_unix_ms: u64,
+    /// The settings it waits by (absent in records of older versions).
+    #[serde(default)]
+    settings: Option<Settings>,
 }
 
-/// One incarnation of this replica.
-#[derive(Debug, Clone)]
-struct Incarnation {
-    id: String,
-    lease: i64,
-    number: u64,
+/// [`Published`] as stored.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Settings {
+    ttl_ms: u64,
+    drift: f64,
+    store_decision_ms: u64,
+    lock_delay_ms: u64,
 }
 
-/// A raise waiting for the others, as the status shows it.
-#[derive(Debug, Clone, Serialize)]
-struct RaiseStatus {
+impl From<Published> for Settings {
+    fn from(p: Published) -> Settings {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Settings {
+            ttl_ms: ms(p.ttl),
+            drift: p.drift,
+            store_decision_ms: ms(p.store_decision),
+            lock_delay_ms: ms(p.lock_delay),
+        }
+    }
+}
+
+impl From<Settings> for Published {
+    fn from(s: Settings) -> Published {
+        Published {
+            ttl: Duration::from_millis(s.ttl_ms),
+            drift: s.drift,
+            store_decision: Duration::from_millis(s.store_decision_ms),
+            lock_delay: Duration::from_millis(s.lock_delay_ms),
+        }
+    }
+}
+
+/// A draining report as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct DrainingRecord {
     token: u64,
-    waited_ms: u64,
-    holdups: BTreeMap<String, String>,
+    writes: u64,
+    oldest_ms: u64,
 }
 
 /// This replica's handle on the cluster. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Cluster {
     inner: Arc<Inner>,
+}
+
+/// The machine and the cut signal of each lock's writes, under one lock:
+/// a write gets its lock's signal in the same step that admits it, so a cut
+/// that comes after reaches it.
+#[derive(Debug)]
+struct Driven {
+    machine: Replica,
+    cuts: HashMap<String, CancellationToken>,
 }
 
 #[derive(Debug)]
@@ -117,22 +172,16 @@ struct Inner {
     timing: Timing,
     /// `clock::boot_ms` at start: the protocol's times count from it.
     origin: u64,
-    standing: Mutex<Standing>,
-    /// `Standing::valid_until` + 1 (0: none), read on every admission.
+    driven: Mutex<Driven>,
+    /// `Replica::admits_until` + 1 (0: none), read per body chunk.
     admits_until: AtomicU64,
-    incarnation: Mutex<Option<Incarnation>>,
-    /// The lease of the last incarnation, revoked at the next join: a
-    /// registration it left behind would make raises wait `ack_timeout`
-    /// for an ack that cannot come.
-    last_lease: AtomicU64,
-    incarnations: AtomicU64,
-    /// Why the replica does not admit, for its 503s.
-    why_not: Mutex<String>,
-    rejoining: AtomicBool,
-    raises: Mutex<BTreeMap<String, RaiseStatus>>,
-    evictions: AtomicU64,
-    /// Raises this replica took to etcd (steady-state writes take none).
-    raises_in_etcd: AtomicU64,
+    /// Wakes the driver (a request was answered, a timer may have moved).
+    wake: tokio::sync::Notify,
+    /// Bumped whenever the machine may have changed: writes waiting for a
+    /// raise look again.
+    changed: tokio::sync::watch::Sender<u64>,
+    /// Why etcd refused this replica outright (bad credentials), if it did.
+    refused: Mutex<Option<String>>,
     uploads: DashMap<String, UploadBinding>,
     metrics: std::sync::OnceLock<Arc<crate::metrics::Metrics>>,
     /// The members part of the last status, and when it was read.
@@ -157,26 +206,41 @@ fn gets(r: &TxnOpResponse) -> &[fencegate_etcd::etcd_client::KeyValue] {
     }
 }
 
+/// A failed call as the machine sees it: etcd saying the lease is gone is
+/// an answer; anything else may or may not have been applied.
+fn failed(e: &CallError) -> Answer {
+    match e {
+        CallError::Refused(err) if err.to_string().contains("lease not found") => Answer::LeaseGone,
+        other => Answer::Unknown(other.to_string()),
+    }
+}
+
 impl Cluster {
     /// A handle on the cluster of `config`, not joined yet.
     pub fn new(config: &ClusterConfig, store_decision: Duration) -> anyhow::Result<Cluster> {
+        let timing = config.timing(store_decision).checked()?;
+        let mut salt = [0u8; 4];
+        getrandom::getrandom(&mut salt)
+            .map_err(|e| anyhow::anyhow!("no randomness for an incarnation id: {e}"))?;
+        // Random and time-based: two processes misconfigured with one
+        // replica_id must still be two members (one's ack must never count
+        // for the other's).
+        let salt = (crate::clock::unix_ms() << 32) | u64::from(u32::from_be_bytes(salt));
         Ok(Cluster {
             inner: Arc::new(Inner {
                 etcd: Etcd::new(&config.connection())?,
                 prefix: config.prefix.clone(),
                 replica: config.replica_id.clone(),
-                timing: config.timing(store_decision).checked()?,
+                timing,
                 origin: crate::clock::boot_ms(),
-                standing: Mutex::new(Standing::default()),
+                driven: Mutex::new(Driven {
+                    machine: Replica::new(&config.replica_id, salt, timing, 0),
+                    cuts: HashMap::new(),
+                }),
                 admits_until: AtomicU64::new(0),
-                incarnation: Mutex::new(None),
-                last_lease: AtomicU64::new(0),
-                incarnations: AtomicU64::new(0),
-                why_not: Mutex::new("the replica has not joined the cluster yet".into()),
-                rejoining: AtomicBool::new(false),
-                raises: Mutex::new(BTreeMap::new()),
-                evictions: AtomicU64::new(0),
-                raises_in_etcd: AtomicU64::new(0),
+                wake: tokio::sync::Notify::new(),
+                changed: tokio::sync::watch::channel(0).0,
+                refused: Mutex::new(None),
                 uploads: DashMap::new(),
                 metrics: std::sync::OnceLock::new(),
                 status_members: tokio::sync::Mutex::new(None),
@@ -193,6 +257,251 @@ impl Cluster {
         format!("{}{rest}", self.inner.prefix)
     }
 
+    fn driven(&self) -> std::sync::MutexGuard<'_, Driven> {
+        self.inner.driven.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Feeds one input to the machine and carries out what it asks: cuts
+    /// (under the same lock), requests (each on its own task), notices.
+    /// `notify`: wake the writes waiting for a raise.
+    fn input<R>(&self, notify: bool, f: impl FnOnce(&mut Replica, Ms) -> R) -> R {
+        let now = self.now();
+        let mut requests = Vec::new();
+        let mut notices = Vec::new();
+        let r = {
+            let mut d = self.driven();
+            let Driven { machine, cuts } = &mut *d;
+            let r = f(machine, now);
+            while let Some(q) = machine.poll_request() {
+                requests.push(q);
+            }
+            while let Some(e) = machine.poll_event() {
+                match e {
+                    Event::Cut(lock) => {
+                        if let Some(c) = cuts.get_mut(&*lock) {
+                            c.cancel();
+                            *c = CancellationToken::new();
+                        }
+                    }
+                    Event::CutAll => {
+                        for c in cuts.values_mut() {
+                            c.cancel();
+                            *c = CancellationToken::new();
+                        }
+                    }
+                    other => notices.push(other),
+                }
+            }
+            self.inner.admits_until.store(
+                machine.admits_until().map_or(0, |u| u.saturating_add(1)),
+                Ordering::Release,
+            );
+            r
+        };
+        let busy = !requests.is_empty() || !notices.is_empty();
+        for (id, req) in requests {
+            let me = self.clone();
+            tokio::spawn(async move { me.perform(id, req).await });
+        }
+        for n in notices {
+            self.notice(n);
+        }
+        if notify || busy {
+            self.inner.wake.notify_one();
+            self.inner.changed.send_modify(|g| *g = g.wrapping_add(1));
+        }
+        r
+    }
+
+    fn notice(&self, n: Event) {
+        let metrics = self.inner.metrics.get();
+        match n {
+            Event::Joined { id, rev } => {
+                tracing::info!(incarnation = %id, revision = rev, "joined the proxy cluster");
+                if let Some(m) = metrics {
+                    m.cluster_admitting.set(1);
+                }
+            }
+            Event::Lost { why } => {
+                tracing::warn!(
+                    reason = why,
+                    "refusing fenced writes until the replica rejoins the cluster"
+                );
+                if let Some(m) = metrics {
+                    m.cluster_admitting.set(0);
+                }
+            }
+            Event::Evicting {
+                member,
+                lock,
+                token,
+            } => {
+                tracing::warn!(%member, lock = &*lock, token, "evicting a replica that did not acknowledge a raise in time");
+                if let Some(m) = metrics {
+                    m.cluster_evictions.inc();
+                }
+            }
+            Event::Retiring { member } => {
+                tracing::info!(%member, "retiring a replica whose lock delay has passed");
+            }
+            Event::Cut(_) | Event::CutAll => {}
+        }
+    }
+
+    /// Whether this replica may admit a write now: joined, watching, and
+    /// its registration renewed recently enough. One atomic load and a
+    /// clock read.
+    pub fn admits(&self) -> bool {
+        let until = self.inner.admits_until.load(Ordering::Acquire);
+        until != 0 && self.now() < until - 1
+    }
+
+    /// Why it does not (for the 503).
+    pub fn why_not(&self) -> String {
+        self.driven().machine.why_not().to_owned()
+    }
+
+    /// How long a write waits for its raise before it gets 503: an
+    /// eviction and a lock delay, and a few etcd requests. (A raise held up
+    /// by a member still draining goes on; the next write joins it.)
+    fn raise_patience(&self) -> Duration {
+        let t = &self.inner.timing;
+        t.ack_timeout + t.lock_delay + 4 * self.inner.etcd.request_timeout()
+    }
+
+    /// Admits a write of `token` to `lock`, raising the lock's max in the
+    /// cluster first if it must.
+    pub async fn admit(&self, lock: &str, token: u64) -> Admitted {
+        let patience = self.raise_patience();
+        let mut changed = self.inner.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut raised = false;
+        let started = Instant::now();
+        loop {
+            changed.borrow_and_update();
+            let admit = self.input(false, |m, now| m.begin_write(lock, token, now));
+            match admit {
+                Admit::Admitted(id) => {
+                    let cancel = {
+                        let mut d = self.driven();
+                        match d.cuts.get(lock) {
+                            Some(c) => c.clone(),
+                            None => d
+                                .cuts
+                                .entry(lock.to_owned())
+                                .or_insert_with(CancellationToken::new)
+                                .clone(),
+                        }
+                    };
+                    let write = ClusterWrite {
+                        cluster: self.clone(),
+                        id: Some(id),
+                    };
+                    if raised && let Some(m) = self.inner.metrics.get() {
+                        m.cluster_raise_seconds
+                            .observe(started.elapsed().as_secs_f64());
+                    }
+                    return Admitted::Yes {
+                        write,
+                        cancel,
+                        raised,
+                    };
+                }
+                Admit::Stale { max } => return Admitted::Stale { max },
+                Admit::Unavailable(why) => return Admitted::Unavailable(why),
+                Admit::Wait => {
+                    raised = true;
+                    if tokio::time::timeout_at(deadline, changed.changed())
+                        .await
+                        .is_err()
+                    {
+                        let held = self
+                            .driven()
+                            .machine
+                            .raises(self.now())
+                            .into_iter()
+                            .find(|r| r.lock == lock)
+                            .map(|r| format!("{} ({:?})", r.phase, r.holdups))
+                            .unwrap_or_default();
+                        return Admitted::Unavailable(format!(
+                            "the raise of lock {lock} to token {token} did not complete in the cluster within {patience:?}: {held}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The max of `lock` here.
+    pub fn max(&self, lock: &str) -> u64 {
+        self.driven().machine.max(lock)
+    }
+
+    /// Whether `lock` has a fence here.
+    pub fn known(&self, lock: &str) -> bool {
+        self.driven().machine.known(lock)
+    }
+
+    /// Every lock and its max.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        self.driven().machine.snapshot()
+    }
+
+    /// Joins (waiting up to `patience` for etcd, the load of the fences and
+    /// the watch), and starts the driver. Writes are admitted from its
+    /// return.
+    pub async fn start(
+        &self,
+        patience: Duration,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> anyhow::Result<()> {
+        let _ = self.inner.metrics.set(metrics);
+        let me = self.clone();
+        tokio::spawn(async move { me.drive().await });
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut changed = self.inner.changed.subscribe();
+        loop {
+            if self.admits() {
+                return Ok(());
+            }
+            if let Some(e) = self
+                .inner
+                .refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+            {
+                anyhow::bail!(
+                    "etcd refused this replica: {e} (check cluster.username / {} and the user's permissions on the prefix)",
+                    config::ENV_CLUSTER_PASSWORD
+                );
+            }
+            let wait = tokio::time::timeout_at(deadline, changed.changed()).await;
+            if wait.is_err() {
+                anyhow::bail!("the cluster's etcd did not answer: {}", self.why_not());
+            }
+        }
+    }
+
+    /// The driver: runs the machine's timers.
+    async fn drive(self) {
+        loop {
+            let notified = self.inner.wake.notified();
+            let due = self.driven().machine.poll_timeout();
+            let now = self.now();
+            let nap = due.map_or(DRIVER_NAP, |t| {
+                Duration::from_millis(t.saturating_sub(now)).min(DRIVER_NAP)
+            });
+            if !nap.is_zero() {
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep(nap) => {}
+                }
+            }
+            self.input(false, |m, now| m.handle_timeout(now));
+        }
+    }
+
     /// One transaction, failed over like every call.
     async fn txn(&self, txn: &Txn) -> Result<TxnResponse, CallError> {
         let (resp, _) = self
@@ -206,159 +515,151 @@ impl Cluster {
         Ok(resp)
     }
 
-    /// Whether this replica may admit a write now: its registration was
-    /// renewed recently enough. One atomic load and a clock read.
-    pub fn admits(&self) -> bool {
-        let until = self.inner.admits_until.load(Ordering::Acquire);
-        until != 0 && self.now() < until - 1
-    }
-
-    /// Why it does not (for the 503).
-    pub fn why_not(&self) -> String {
-        self.inner
-            .why_not
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn set_standing(&self, f: impl FnOnce(&mut Standing)) {
-        let mut s = self
-            .inner
-            .standing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        f(&mut s);
-        self.inner.admits_until.store(
-            s.valid_until().map_or(0, |u| u.saturating_add(1)),
-            Ordering::Release,
-        );
-        if let Some(m) = self.inner.metrics.get() {
-            m.cluster_admitting
-                .set(i64::from(s.valid_until().is_some()));
-        }
-    }
-
-    fn keep_copy(&self, b: &UploadBinding) {
-        if self.inner.uploads.len() >= UPLOAD_COPIES {
-            self.inner.uploads.clear();
-        }
-        self.inner.uploads.insert(b.upload_id.clone(), b.clone());
-    }
-
-    fn me(&self) -> Option<Incarnation> {
-        self.inner
-            .incarnation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Joins (retrying while etcd cannot be reached, for `patience`),
-    /// loads every lock's max into `fences`, and starts the renewal, the
-    /// standing check and the watch. Writes are admitted from its return.
-    pub async fn start(
-        &self,
-        fences: &Fences,
-        patience: Duration,
-        metrics: Arc<crate::metrics::Metrics>,
-    ) -> anyhow::Result<()> {
-        let _ = self.inner.metrics.set(metrics);
-        let deadline = Instant::now() + patience;
-        loop {
-            match self.join(fences).await {
-                Ok(()) => break,
-                Err(JoinError::Refused(e)) => anyhow::bail!(
-                    "etcd refused this replica: {e} (check cluster.username / {} and the user's permissions on the prefix)",
-                    config::ENV_CLUSTER_PASSWORD
-                ),
-                Err(JoinError::Unavailable(e)) if Instant::now() >= deadline => {
-                    anyhow::bail!("the cluster's etcd did not answer: {e}")
-                }
-                Err(JoinError::Unavailable(e)) => {
-                    tracing::warn!(error = %e, "etcd not reachable yet; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
+    /// Carries out one request and hands its answer to the machine.
+    async fn perform(self, id: ReqId, req: Request) {
+        let answer = match req {
+            Request::Watch {
+                incarnation,
+                from_rev,
+            } => {
+                self.watch(incarnation, from_rev).await;
+                return;
             }
-        }
-        let me = self.clone();
-        tokio::spawn(async move { me.keep_registered().await });
-        let me = self.clone();
-        let f = fences.clone();
-        tokio::spawn(async move { me.check_standing(f).await });
-        Ok(())
-    }
-
-    /// One join: a new incarnation's lease, member record and registration,
-    /// then every lock's max, then the watch from there.
-    async fn join(&self, fences: &Fences) -> Result<(), JoinError> {
-        let old = self.inner.last_lease.load(Ordering::Acquire) as i64;
-        if old != 0 {
-            let _ = self
+            Request::Revoke { lease } => {
+                let _ = self
+                    .inner
+                    .etcd
+                    .call(|mut c| async move { c.lease_revoke(lease).await })
+                    .await;
+                return;
+            }
+            Request::Retire { member } => {
+                let key = self.key(&format!("members/{member}"));
+                let _ = self
+                    .inner
+                    .etcd
+                    .call(|mut c| {
+                        let key = key.clone();
+                        async move { c.delete(key, None).await }
+                    })
+                    .await;
+                return;
+            }
+            Request::Grant { ttl_secs } => self
                 .inner
                 .etcd
-                .call(|mut c| async move { c.lease_revoke(old).await })
-                .await;
-        }
-        let ttl = i64::try_from(self.inner.timing.ttl.as_secs()).unwrap_or(i64::MAX);
-        let sent = self.now();
-        let (lease, _) = self
-            .inner
+                .call(|mut c| async move { c.lease_grant(ttl_secs, None).await })
+                .await
+                .map(|(l, _)| Answer::Granted { lease: l.id() }),
+            Request::Register {
+                id: member,
+                lease,
+                published,
+            } => self.register(&member, lease, published).await,
+            Request::KeepAlive { lease } => self
+                .inner
+                .etcd
+                .call(|mut c| async move { c.lease_keep_alive(lease).await })
+                .await
+                .map(|_| Answer::Done),
+            Request::Load => self.load().await,
+            Request::Raise {
+                lock,
+                token,
+                member,
+                lease,
+            } => self.raise(&lock, token, &member, lease).await,
+            Request::Ack {
+                lock,
+                token,
+                member,
+                lease,
+            } => {
+                let key = self.key(&format!("acks/{lock}/{member}"));
+                self.put_on(key, pad(token), lease).await
+            }
+            Request::Draining {
+                lock,
+                token,
+                member,
+                lease,
+                writes,
+                oldest_ms,
+            } => {
+                let key = self.key(&format!("draining/{lock}/{member}"));
+                let value = serde_json::to_string(&DrainingRecord {
+                    token,
+                    writes,
+                    oldest_ms,
+                })
+                .unwrap_or_default();
+                tracing::info!(
+                    lock = &*lock,
+                    token,
+                    writes,
+                    oldest_ms,
+                    "draining writes below a raise before acknowledging it"
+                );
+                self.put_on(key, value, lease).await
+            }
+            Request::Members { lock } => self.members(&lock).await,
+        };
+        let answer = answer.unwrap_or_else(|e| {
+            if let CallError::Refused(err) = &e
+                && !err.to_string().contains("lease not found")
+            {
+                *self.inner.refused.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(err.to_string());
+            }
+            failed(&e)
+        });
+        self.input(true, |m, now| m.handle_answer(id, answer, now));
+    }
+
+    async fn put_on(&self, key: String, value: String, lease: i64) -> Result<Answer, CallError> {
+        self.inner
             .etcd
-            .call(|mut c| async move { c.lease_grant(ttl, None).await })
-            .await?;
-        let lease = lease.id();
-        self.inner.last_lease.store(lease as u64, Ordering::Release);
-        let number = self.inner.incarnations.fetch_add(1, Ordering::AcqRel) + 1;
-        // Random too: two processes misconfigured with one replica_id must
-        // still be two members (one's ack must never count for the other).
-        let mut salt = [0u8; 4];
-        getrandom::getrandom(&mut salt).map_err(|e| {
-            JoinError::Unavailable(format!("no randomness for an incarnation id: {e}"))
-        })?;
-        let id = format!(
-            "{}.{:x}{number:02x}{}",
-            self.inner.replica,
-            crate::clock::unix_ms(),
-            hex::encode(salt)
-        );
+            .call(|mut c| {
+                let (key, value) = (key.clone(), value.clone());
+                async move {
+                    c.put(key, value, Some(PutOptions::new().with_lease(lease)))
+                        .await
+                }
+            })
+            .await
+            .map(|_| Answer::Done)
+    }
+
+    /// The member record and the registration, in one transaction.
+    async fn register(
+        &self,
+        member: &str,
+        lease: i64,
+        published: Published,
+    ) -> Result<Answer, CallError> {
         let record = serde_json::to_string(&MemberRecord {
             replica: self.inner.replica.clone(),
             lease,
             started_unix_ms: crate::clock::unix_ms(),
+            settings: Some(published.into()),
         })
         .unwrap_or_default();
         let txn = Txn::new().and_then([
-            TxnOp::put(self.key(&format!("members/{id}")), record.clone(), None),
+            TxnOp::put(self.key(&format!("members/{member}")), record.clone(), None),
             TxnOp::put(
-                self.key(&format!("proxies/{id}")),
+                self.key(&format!("proxies/{member}")),
                 record,
                 Some(PutOptions::new().with_lease(lease)),
             ),
         ]);
-        self.txn(&txn).await?;
-        // The lease runs from its grant, after `sent`.
-        let timing = self.inner.timing;
-        self.set_standing(|s| s.renewed(sent, &timing));
-        *self
-            .inner
-            .incarnation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Incarnation {
-            id: id.clone(),
-            lease,
-            number,
-        });
-        let rev = self.load(fences).await?;
-        let me = self.clone();
-        let f = fences.clone();
-        tokio::spawn(async move { me.watch(f, number, rev).await });
-        tracing::info!(incarnation = %id, lease, revision = rev, "joined the proxy cluster");
-        Ok(())
+        let resp = self.txn(&txn).await?;
+        Ok(Answer::Registered {
+            rev: resp.header().map_or(0, |h| h.revision()),
+        })
     }
 
-    /// Every lock's max from etcd applied to `fences`; the revision read.
-    async fn load(&self, fences: &Fences) -> Result<i64, CallError> {
+    /// Every lock's max, with the revision read.
+    async fn load(&self) -> Result<Answer, CallError> {
         let prefix = self.key("fences/");
         let (resp, _) = self
             .inner
@@ -369,400 +670,98 @@ impl Cluster {
             })
             .await?;
         let rev = resp.header().map_or(0, |h| h.revision());
-        for kv in resp.kvs() {
-            let lock = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
-            let token = parse_token(kv.value());
-            // A raise may be waiting for this replica (a reload after a
-            // broken watch): ack what it applied.
-            if fences.apply(&lock, token).await {
-                self.ack(&lock, token).await;
-            }
-        }
-        Ok(rev)
-    }
-
-    /// Renews the registration every third of its TTL. A renewal etcd
-    /// answers with "no such lease" (expired, revoked early, evicted) ends
-    /// the standing at once.
-    async fn keep_registered(self) {
-        let period = self.inner.timing.ttl / 3;
-        loop {
-            tokio::time::sleep(period.min(Duration::from_millis(if self.admits() {
-                u64::MAX
-            } else {
-                200
-            })))
-            .await;
-            let Some(me) = self.me() else { continue };
-            if self.inner.rejoining.load(Ordering::Acquire) {
-                continue;
-            }
-            let sent = self.now();
-            let lease = me.lease;
-            match self
-                .inner
-                .etcd
-                .call(|mut c| async move { c.lease_keep_alive(lease).await })
-                .await
-            {
-                Ok(_) => {
-                    let timing = self.inner.timing;
-                    self.set_standing(|s| s.renewed(sent, &timing));
-                }
-                Err(CallError::Refused(e)) => {
-                    self.lose(&format!("the replica's registration is gone ({e})"));
-                }
-                Err(CallError::Unavailable(e)) => {
-                    tracing::warn!(error = %e, "cannot renew the cluster registration");
-                }
-            }
-        }
-    }
-
-    /// Watches the standing: when it runs out (no renewal in time) or was
-    /// lost, every body in flight is cut and the replica joins again as a
-    /// new incarnation.
-    async fn check_standing(self, fences: Fences) {
-        loop {
-            tokio::time::sleep(STANDING_CHECK).await;
-            if self.admits() {
-                continue;
-            }
-            if self.me().is_some() {
-                self.lose("the replica could not renew its cluster registration in time");
-            }
-            fences.cut_all();
-            self.inner.rejoining.store(true, Ordering::Release);
-            match self.join(&fences).await {
-                Ok(()) => {
-                    self.inner.rejoining.store(false, Ordering::Release);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot rejoin the proxy cluster; still refusing writes");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
-        }
-    }
-
-    /// Ends the standing: nothing is admitted until a new join.
-    fn lose(&self, why: &str) {
-        tracing::warn!(
-            reason = why,
-            "refusing fenced writes until the replica rejoins the cluster"
-        );
-        *self.inner.why_not.lock().unwrap_or_else(|p| p.into_inner()) = format!(
-            "{why}; it refuses fenced writes until it has rejoined (retry, or send the request to another replica)"
-        );
-        self.set_standing(Standing::lost);
-        *self
-            .inner
-            .incarnation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    /// Applies other replicas' raises from the watch, from `rev + 1`, for
-    /// incarnation `number`. A broken stream is opened again (on another
-    /// member, after reloading every max: events may have been missed).
-    async fn watch(self, fences: Fences, number: u64, mut rev: i64) {
-        let prefix = self.key("fences/");
-        loop {
-            if self.me().is_none_or(|m| m.number != number) {
-                return;
-            }
-            let client = self.inner.etcd.client().await;
-            let opened = match client {
-                Ok(mut c) => {
-                    let opts = WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(rev + 1)
-                        .with_progress_notify();
-                    tokio::time::timeout(
-                        self.inner.etcd.request_timeout(),
-                        c.watch(prefix.clone(), Some(opts)),
-                    )
-                    .await
-                    .map_err(|_| "watch not opened in time".to_owned())
-                    .and_then(|r| r.map_err(|e| e.to_string()))
-                }
-                Err(e) => Err(e.to_string()),
-            };
-            let mut stream = match opened {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot watch the cluster's fences; retrying");
-                    self.inner.etcd.prefer_next();
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            // A stream that went quiet is asked for progress; one that does
-            // not answer is opened again elsewhere, soon enough that this
-            // replica still acks a raise within `ack_timeout` (a watch on a
-            // paused member would otherwise get it evicted).
-            let quiet = (self.inner.timing.ttl / 3).min(self.inner.timing.ack_timeout / 4);
-            loop {
-                let msg = tokio::time::timeout(quiet, stream.message()).await;
-                if self.me().is_none_or(|m| m.number != number) {
-                    return;
-                }
-                match msg {
-                    Ok(Ok(Some(resp))) => {
-                        if resp.compact_revision() > 0 || resp.canceled() {
-                            break;
-                        }
-                        if let Some(h) = resp.header() {
-                            rev = rev.max(h.revision());
-                        }
-                        for ev in resp.events() {
-                            let Some(kv) = ev.kv() else { continue };
-                            rev = rev.max(kv.mod_revision());
-                            if ev.event_type() != EventType::Put {
-                                continue;
-                            }
-                            let lock =
-                                String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
-                            let token = parse_token(kv.value());
-                            let (me, f) = (self.clone(), fences.clone());
-                            tokio::spawn(async move {
-                                if f.apply(&lock, token).await {
-                                    me.ack(&lock, token).await;
-                                }
-                            });
-                        }
-                    }
-                    Ok(Ok(None)) | Ok(Err(_)) => break,
-                    Err(_) => {
-                        // Quiet for a while: ask for progress; a member that
-                        // went silent gets no second chance.
-                        if stream.request_progress().await.is_err() {
-                            break;
-                        }
-                        match tokio::time::timeout(quiet, stream.message()).await {
-                            Ok(Ok(Some(resp))) if resp.events().is_empty() => {
-                                if let Some(h) = resp.header() {
-                                    rev = rev.max(h.revision());
-                                }
-                            }
-                            Ok(Ok(Some(_))) => {
-                                // Events: reload below rather than parse twice.
-                                break;
-                            }
-                            _ => break,
-                        }
-                    }
-                }
-            }
-            self.inner.etcd.prefer_next();
-            match self.load(&fences).await {
-                Ok(r) => rev = r,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot reload the cluster's fences; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
-    }
-
-    /// Records that this replica applied `token` for `lock`.
-    pub async fn ack(&self, lock: &str, token: u64) {
-        let Some(me) = self.me() else { return };
-        let key = self.key(&format!("acks/{lock}/{}", me.id));
-        let lease = me.lease;
-        let r = self
-            .inner
-            .etcd
-            .call(|mut c| {
-                let key = key.clone();
-                async move {
-                    c.put(key, pad(token), Some(PutOptions::new().with_lease(lease)))
-                        .await
-                }
+        let fences = resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(),
+                    parse_token(kv.value()),
+                    kv.mod_revision(),
+                )
             })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!(lock, token, error = %e, "cannot acknowledge a raise; the raiser will evict this replica");
-        }
+            .collect();
+        Ok(Answer::Loaded { rev, fences })
     }
 
-    /// Raises `lock` to `token` in etcd, this replica having cut and
-    /// drained its own writes below it, and waits for the other members.
-    pub async fn raise(&self, lock: &str, token: u64) -> Result<Raised, ClusterError> {
-        let me = self
-            .me()
-            .ok_or_else(|| ClusterError::Unavailable(self.why_not()))?;
-        self.inner.raises_in_etcd.fetch_add(1, Ordering::Relaxed);
+    /// The raise transaction: the max to `token` if it is lower (or
+    /// missing), and this member's ack whenever the max is then `token`.
+    /// Sent again after a lost answer, it finds its own effect and acks
+    /// again: it is idempotent.
+    async fn raise(
+        &self,
+        lock: &str,
+        token: u64,
+        member: &str,
+        lease: i64,
+    ) -> Result<Answer, CallError> {
         let fence = self.key(&format!("fences/{lock}"));
-        let ack = self.key(&format!("acks/{lock}/{}", me.id));
         let put_ack = TxnOp::put(
-            ack.clone(),
+            self.key(&format!("acks/{lock}/{member}")),
             pad(token),
-            Some(PutOptions::new().with_lease(me.lease)),
+            Some(PutOptions::new().with_lease(lease)),
         );
-        let then = [
+        let write = [
             TxnOp::put(fence.clone(), pad(token), None),
             put_ack.clone(),
             TxnOp::get(fence.clone(), None),
         ];
-        let started = Instant::now();
-        let (value, rev) = loop {
-            // Higher than the max, or the first max of the lock (a value
-            // compare on a missing key fails).
-            let txn = Txn::new()
+        let read = [TxnOp::get(fence.clone(), None)];
+        let tries = [
+            // Higher than the max.
+            Txn::new()
                 .when([Compare::value(fence.clone(), CompareOp::Less, pad(token))])
-                .and_then(then.clone())
-                .or_else([TxnOp::get(fence.clone(), None)]);
-            let created = Txn::new()
+                .and_then(write.clone())
+                .or_else(read.clone()),
+            // The lock's first max (a value compare on a missing key fails).
+            Txn::new()
                 .when([Compare::create_revision(fence.clone(), CompareOp::Equal, 0)])
-                .and_then(then.clone())
-                .or_else([TxnOp::get(fence.clone(), None)]);
-            let mut found = None;
-            for txn in [txn, created] {
-                let resp = self.txn(&txn).await?;
-                let wrote = resp.succeeded();
-                if let Some(kv) = resp.op_responses().iter().flat_map(gets).next() {
-                    found = Some((parse_token(kv.value()), kv.mod_revision(), wrote));
+                .and_then(write)
+                .or_else(read.clone()),
+            // Equal: this replica's own raise whose answer was lost, or
+            // another's to the same token; ack it and wait like its raiser.
+            Txn::new()
+                .when([Compare::value(fence.clone(), CompareOp::Equal, pad(token))])
+                .and_then([put_ack, TxnOp::get(fence.clone(), None)])
+                .or_else(read),
+        ];
+        for _ in 0..4 {
+            let mut higher = None;
+            for txn in &tries {
+                let resp = self.txn(txn).await?;
+                let ops = resp.op_responses();
+                let Some(kv) = ops.iter().flat_map(gets).next() else {
+                    continue;
+                };
+                let v = parse_token(kv.value());
+                if v == token && resp.succeeded() {
+                    return Ok(Answer::Raised {
+                        rev: kv.mod_revision(),
+                    });
+                }
+                if v > token {
+                    higher = Some(v);
                     break;
                 }
             }
-            match found {
-                Some((v, _, _)) if v > token => return Ok(Raised::Higher(v)),
-                Some((v, rev, wrote)) if v == token => {
-                    if !wrote {
-                        // Another replica's raise to the same token: ack it
-                        // (this replica drained below it) and wait for it
-                        // like its raiser.
-                        self.txn(&Txn::new().and_then([put_ack.clone()])).await?;
-                    }
-                    break (v, rev);
-                }
-                _ => continue, // raced with a lower raise; compare again
+            if let Some(max) = higher {
+                return Ok(Answer::Higher { max });
             }
-        };
-        debug_assert_eq!(value, token);
-        let r = self.wait(lock, token, rev, &me).await;
-        self.inner
-            .raises
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(lock);
-        tracing::debug!(
-            lock,
-            token,
-            ms = started.elapsed().as_millis(),
-            "raise complete in the cluster"
-        );
-        r
-    }
-
-    /// Waits until every member that joined before `rev` acked `token` or
-    /// is out (see `fencegate_core::replicas::RaiseWait`).
-    async fn wait(
-        &self,
-        lock: &str,
-        token: u64,
-        rev: i64,
-        me: &Incarnation,
-    ) -> Result<Raised, ClusterError> {
-        let t = self.inner.timing;
-        let mut wait = RaiseWait::new(token, rev, &me.id, self.now(), t);
-        // Past this, something is wrong beyond what the protocol waits for.
-        let give_up =
-            Instant::now() + t.ack_timeout + t.lock_delay + 4 * self.inner.etcd.request_timeout();
-        let mut poll = POLL_FIRST;
-        loop {
-            let (view, leases) = self.members(lock).await?;
-            let now = self.now();
-            let next = wait.next(&view, now);
-            for id in &next.evict {
-                if let Some(&lease) = leases.get(id) {
-                    self.inner.evictions.fetch_add(1, Ordering::Relaxed);
-                    if let Some(m) = self.inner.metrics.get() {
-                        m.cluster_evictions.inc();
-                    }
-                    tracing::warn!(member = %id, lock, token, "evicting a replica that did not acknowledge a raise in time");
-                    let _ = self
-                        .inner
-                        .etcd
-                        .call(|mut c| async move { c.lease_revoke(lease).await })
-                        .await;
-                }
-            }
-            for id in &next.retire {
-                let key = self.key(&format!("members/{id}"));
-                tracing::info!(member = %id, "retiring a replica whose lock delay has passed");
-                let _ = self
-                    .inner
-                    .etcd
-                    .call(|mut c| {
-                        let key = key.clone();
-                        async move { c.delete(key, None).await }
-                    })
-                    .await;
-            }
-            if next.admit {
-                return Ok(Raised::Complete);
-            }
-            self.record_wait(lock, &wait, now);
-            if Instant::now() >= give_up {
-                return Err(ClusterError::Unavailable(format!(
-                    "the raise of {lock} to {token} is still held up by {:?}",
-                    wait.holdups().keys().collect::<Vec<_>>()
-                )));
-            }
-            if !self.admits() {
-                return Err(ClusterError::Unavailable(self.why_not()));
-            }
-            let due = next
-                .wake_at
-                .map_or(poll, |w| Duration::from_millis(w.saturating_sub(now)));
-            tokio::time::sleep(due.min(poll)).await;
-            poll = (poll * 2).min(POLL_LAST);
+            // Raced with a lower raise between two compares: again.
         }
+        Err(CallError::Unavailable(format!(
+            "the max of lock {lock} kept changing below token {token}"
+        )))
     }
 
-    fn record_wait(&self, lock: &str, wait: &RaiseWait, now: Ms) {
-        let holdups = wait
-            .holdups()
-            .iter()
-            .map(|(id, h)| {
-                let why = match h {
-                    Holdup::Ack { evict_at } => {
-                        format!("no ack yet; evicted in {} ms", evict_at.saturating_sub(now))
-                    }
-                    Holdup::LockDelay { out_at, .. } => format!(
-                        "registration gone; lock delay ends in {} ms",
-                        out_at.saturating_sub(now)
-                    ),
-                };
-                (id.clone(), why)
-            })
-            .collect();
-        self.inner
-            .raises
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                lock.to_owned(),
-                RaiseStatus {
-                    token: wait.token(),
-                    waited_ms: now.saturating_sub(wait.started()),
-                    holdups,
-                },
-            );
-    }
-
-    /// Every member, with its registration and its ack of `lock`, in one
-    /// read; and each member's lease.
-    async fn members(
-        &self,
-        lock: &str,
-    ) -> Result<(Vec<MemberView>, BTreeMap<String, i64>), CallError> {
-        let (members, proxies, acks) = (
+    /// Every member, with its registration, its ack and draining report for
+    /// `lock`, in one read.
+    async fn members(&self, lock: &str) -> Result<Answer, CallError> {
+        let (members, proxies, acks, draining) = (
             self.key("members/"),
             self.key("proxies/"),
             self.key(&format!("acks/{lock}/")),
+            self.key(&format!("draining/{lock}/")),
         );
         let txn = Txn::new().and_then([
             TxnOp::get(members.clone(), Some(GetOptions::new().with_prefix())),
@@ -771,6 +770,7 @@ impl Cluster {
                 Some(GetOptions::new().with_prefix().with_keys_only()),
             ),
             TxnOp::get(acks.clone(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(draining.clone(), Some(GetOptions::new().with_prefix())),
         ]);
         let resp = self.txn(&txn).await?;
         let ops = resp.op_responses();
@@ -791,7 +791,16 @@ impl Cluster {
             .iter()
             .map(|kv| (name(kv, &acks), parse_token(kv.value())))
             .collect();
-        let mut leases = BTreeMap::new();
+        let drains: BTreeMap<String, u64> = ops
+            .get(3)
+            .map(gets)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|kv| {
+                let r: DrainingRecord = serde_json::from_slice(kv.value()).ok()?;
+                Some((name(kv, &draining), r.token))
+            })
+            .collect();
         let view = ops
             .first()
             .map(gets)
@@ -799,31 +808,120 @@ impl Cluster {
             .iter()
             .map(|kv| {
                 let id = name(kv, &members);
-                if let Ok(r) = serde_json::from_slice::<MemberRecord>(kv.value()) {
-                    leases.insert(id.clone(), r.lease);
-                }
+                let record = serde_json::from_slice::<MemberRecord>(kv.value()).ok();
                 MemberView {
                     registered: registered.contains(&id),
                     acked: acked.get(&id).copied().unwrap_or(0),
+                    draining: drains.get(&id).copied().unwrap_or(0),
                     joined_rev: kv.create_revision(),
+                    lease: record.as_ref().map_or(0, |r| r.lease),
+                    published: record.and_then(|r| r.settings).map(Published::from),
                     id,
                 }
             })
             .collect();
-        Ok((view, leases))
+        Ok(Answer::Members(view))
+    }
+
+    fn incarnation_is(&self, number: u64) -> bool {
+        self.driven().machine.incarnation_number() == Some(number)
+    }
+
+    /// The watch of the maxes for incarnation `number`, from `rev`: reports
+    /// it running, each max, and its end (the machine reloads and asks for
+    /// a new one).
+    async fn watch(&self, number: u64, rev: i64) {
+        let prefix = self.key("fences/");
+        let opened = match self.inner.etcd.client().await {
+            Ok(mut c) => {
+                let opts = WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(rev)
+                    .with_progress_notify();
+                tokio::time::timeout(
+                    self.inner.etcd.request_timeout(),
+                    c.watch(prefix.clone(), Some(opts)),
+                )
+                .await
+                .map_err(|_| "watch not opened in time".to_owned())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let mut stream = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the cluster's fences; reloading");
+                self.inner.etcd.prefer_next();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                self.input(true, |m, now| m.watch_broken(number, now));
+                return;
+            }
+        };
+        // A stream that went quiet is asked for progress; one that does not
+        // answer is opened again elsewhere, soon enough that this replica
+        // still acks a raise within `ack_timeout` (a watch on a paused
+        // member would otherwise get it evicted).
+        let quiet = (self.inner.timing.ttl / 3).min(self.inner.timing.ack_timeout / 4);
+        let mut asked = false;
+        loop {
+            let msg = tokio::time::timeout(quiet, stream.message()).await;
+            if !self.incarnation_is(number) {
+                return;
+            }
+            match msg {
+                Ok(Ok(Some(resp))) => {
+                    if resp.compact_revision() > 0 || resp.canceled() {
+                        break;
+                    }
+                    asked = false;
+                    if resp.created() {
+                        self.input(true, |m, now| m.watch_opened(number, now));
+                    }
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        if ev.event_type() != EventType::Put {
+                            continue;
+                        }
+                        let lock = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+                        let token = parse_token(kv.value());
+                        self.input(true, |m, now| m.watch_event(number, &lock, token, now));
+                    }
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => break,
+                Err(_) if asked => break,
+                Err(_) => {
+                    // Quiet for a while: ask for progress; a member that
+                    // went silent gets no second chance.
+                    if stream.request_progress().await.is_err() {
+                        break;
+                    }
+                    asked = true;
+                }
+            }
+        }
+        tracing::warn!("the watch of the cluster's fences ended; reloading");
+        self.inner.etcd.prefer_next();
+        self.input(true, |m, now| m.watch_broken(number, now));
+    }
+
+    fn keep_copy(&self, b: &UploadBinding) {
+        if self.inner.uploads.len() >= UPLOAD_COPIES {
+            self.inner.uploads.clear();
+        }
+        self.inner.uploads.insert(b.upload_id.clone(), b.clone());
     }
 
     /// Every member with its registration and acks per lock, read at most
     /// once per [`STATUS_REUSE`] (a status request is not authenticated:
     /// it must not cost etcd a read each).
-    async fn members_view(&self) -> serde_json::Value {
+    async fn members_view(&self, me: Option<&str>) -> serde_json::Value {
         let mut cached = self.inner.status_members.lock().await;
         if let Some((at, v)) = &*cached
             && at.elapsed() < STATUS_REUSE
         {
             return v.clone();
         }
-        let me = self.me();
         let read = async {
             let (m, p, a) = (
                 self.key("members/"),
@@ -878,7 +976,8 @@ impl Cluster {
                             "registered": registered.contains(&id),
                             "joined_revision": kv.create_revision(),
                             "acks": acks.remove(&id).unwrap_or_default(),
-                            "this_replica": me.as_ref().is_some_and(|m| m.id == id),
+                            "this_replica": me == Some(id.as_str()),
+                            "settings": record.as_ref().and_then(|r| r.settings),
                         })
                     })
                     .collect();
@@ -945,52 +1044,55 @@ impl Cluster {
 
     /// The cluster as `/_fencegate/status` shows it: this replica's
     /// standing, every member with its registration and acks, and raises
-    /// waiting here.
+    /// under way here.
     pub async fn status(&self) -> serde_json::Value {
-        let me = self.me();
         let now = self.now();
         let until = self.inner.admits_until.load(Ordering::Acquire);
-        let raises = self
-            .inner
-            .raises
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let (incarnation, raises, evictions, raises_sent, why_not) = {
+            let d = self.driven();
+            let m = &d.machine;
+            let raises: BTreeMap<String, serde_json::Value> = m
+                .raises(now)
+                .into_iter()
+                .map(|r| {
+                    (
+                        r.lock.clone(),
+                        serde_json::json!({
+                            "token": r.token,
+                            "phase": r.phase,
+                            "holdups": r.holdups.into_iter().collect::<BTreeMap<_, _>>(),
+                        }),
+                    )
+                })
+                .collect();
+            (
+                m.incarnation().map(str::to_owned),
+                raises,
+                m.evictions(),
+                m.raises_sent(),
+                m.why_not().to_owned(),
+            )
+        };
+        let admitting = self.admits();
         let mut out = serde_json::json!({
             "replica": self.inner.replica,
-            "incarnation": me.as_ref().map(|m| m.id.clone()),
-            "admitting": self.admits(),
+            "incarnation": incarnation,
+            "admitting": admitting,
             "standing_ms_left": (until > 0).then(|| (until - 1).saturating_sub(now)),
-            "why_not": (!self.admits()).then(|| self.why_not()),
+            "why_not": (!admitting).then_some(why_not),
             "registration_ttl_ms": self.inner.timing.ttl.as_millis() as u64,
             "ack_timeout_ms": self.inner.timing.ack_timeout.as_millis() as u64,
             "lock_delay_ms": self.inner.timing.lock_delay.as_millis() as u64,
-            "evictions": self.inner.evictions.load(Ordering::Relaxed),
-            "raises_in_etcd": self.inner.raises_in_etcd.load(Ordering::Relaxed),
+            "store_decision_ms": self.inner.timing.store_decision.as_millis() as u64,
+            "clock_drift": self.inner.timing.drift,
+            "evictions": evictions,
+            "raises_in_etcd": raises_sent,
             "raises_waiting": raises,
         });
-        let members = self.members_view().await;
+        let members = self.members_view(incarnation.as_deref()).await;
         if let (Some(o), serde_json::Value::Object(m)) = (out.as_object_mut(), members) {
             o.extend(m);
         }
         out
-    }
-}
-
-/// Why a join failed.
-#[derive(Debug, thiserror::Error)]
-enum JoinError {
-    #[error("{0}")]
-    Unavailable(String),
-    #[error("{0}")]
-    Refused(String),
-}
-
-impl From<CallError> for JoinError {
-    fn from(e: CallError) -> JoinError {
-        match e {
-            CallError::Unavailable(why) => JoinError::Unavailable(why),
-            CallError::Refused(e) => JoinError::Refused(e.to_string()),
-        }
     }
 }

@@ -593,8 +593,7 @@ impl Gate {
         let Some(c) = self.fences.cluster() else {
             return Ok(());
         };
-        c.start(&self.fences, patience, self.metrics.clone())
-            .await?;
+        c.start(patience, self.metrics.clone()).await?;
         for (lock, max) in self.db.load_fences()? {
             if lock.contains('/') || max <= self.fences.max(&lock) {
                 continue;

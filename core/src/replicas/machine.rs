@@ -1,0 +1,1264 @@
+//! One replica's side of the protocol as a sans-IO state machine: the
+//! proxy (`proxy/src/cluster`) and the simulation (`tests/replica_simulation.rs`)
+//! drive this same type.
+//!
+//! Inputs are what happened: an etcd answer (including [`Answer::Unknown`],
+//! a request that may or may not have been applied), a watch event, a
+//! timer, a write begun or finished. Outputs are [`Request`]s to send to
+//! etcd, [`Event`]s (cut the bodies in flight of a lock, notices to log),
+//! and the answer to [`Replica::begin_write`]. Time is passed in as `now`
+//! on the replica's monotonic clock.
+//!
+//! What it owns, per lock: the max (every write below it is refused), whether
+//! the raise to the max is *confirmed* (complete on every member: only then
+//! is the max itself admitted without a raise), the writes in flight by
+//! token, the raise under way and the ack owed. And for the replica: its
+//! incarnation, its standing, and the join (lease, registration, load,
+//! watch, in that order; nothing is admitted before the watch runs).
+//!
+//! The max only goes up, across incarnations too. A raise sets it before
+//! its transaction is sent, so a raise whose answer was lost leaves the
+//! replica refusing below the new token, which its ack in etcd (written by
+//! the same transaction, maybe) already promises.
+
+use super::{MemberView, Ms, RaiseWait, Standing, Timing};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A request's handle: its answer comes back with it.
+pub type ReqId = u64;
+
+/// How often a raise reads the members while it waits: doubling from the
+/// first to the last (acks come within milliseconds when all are up).
+const POLL_FIRST: Ms = 1;
+const POLL_LAST: Ms = 20;
+/// How long a failed step waits before it is tried again.
+const RETRY: Ms = 200;
+
+/// What this replica publishes with its registration, so that a raiser
+/// waits for it by its own settings (replicas may differ during a rolling
+/// change of settings).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Published {
+    pub ttl: Duration,
+    pub drift: f64,
+    pub store_decision: Duration,
+    pub lock_delay: Duration,
+}
+
+impl Published {
+    pub fn of(t: &Timing) -> Published {
+        Published {
+            ttl: t.ttl,
+            drift: t.drift,
+            store_decision: t.store_decision,
+            lock_delay: t.lock_delay,
+        }
+    }
+}
+
+/// A request for the driver to send to etcd. Every one is answered with
+/// [`Replica::handle_answer`], under its [`ReqId`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    /// Revoke a lease (an earlier incarnation's, or an evicted member's).
+    /// Best effort: its answer is not needed.
+    Revoke { lease: i64 },
+    /// Grant a lease of `ttl_secs`: [`Answer::Granted`].
+    Grant { ttl_secs: i64 },
+    /// Create the member record (`members/<id>`, no lease, with
+    /// `published`) and the registration (`proxies/<id>`, on `lease`) in
+    /// one transaction: [`Answer::Registered`].
+    Register {
+        id: String,
+        lease: i64,
+        published: Published,
+    },
+    /// Keep `lease` alive: [`Answer::Done`] or [`Answer::LeaseGone`].
+    KeepAlive { lease: i64 },
+    /// Read every lock's max: [`Answer::Loaded`].
+    Load,
+    /// Open a watch of the maxes from `from_rev` for `incarnation`; the
+    /// driver reports [`Replica::watch_opened`], [`Replica::watch_event`]
+    /// and [`Replica::watch_broken`], not an answer.
+    Watch { incarnation: u64, from_rev: i64 },
+    /// If the lock's max is below `token` (or missing), put it; if it is
+    /// then `token`, put this member's ack of it on `lease`; read it back:
+    /// [`Answer::Raised`] or [`Answer::Higher`].
+    Raise {
+        lock: Arc<str>,
+        token: u64,
+        member: String,
+        lease: i64,
+    },
+    /// Put this member's ack of `token` for `lock`, on `lease`.
+    Ack {
+        lock: Arc<str>,
+        token: u64,
+        member: String,
+        lease: i64,
+    },
+    /// Say, on `lease`, that this member is draining `writes` writes below
+    /// `token` (the oldest admitted `oldest_ms` ago): a raiser keeps
+    /// waiting for it while it stays registered.
+    Draining {
+        lock: Arc<str>,
+        token: u64,
+        member: String,
+        lease: i64,
+        writes: u64,
+        oldest_ms: Ms,
+    },
+    /// Read every member with its registration, ack and draining report
+    /// for `lock`: [`Answer::Members`].
+    Members { lock: Arc<str> },
+    /// Remove a member record whose lock delay has passed.
+    Retire { member: String },
+}
+
+/// What etcd answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Granted {
+        lease: i64,
+    },
+    /// The revision of the registration.
+    Registered {
+        rev: i64,
+    },
+    /// Every lock's max, the revision read, and each max's mod revision.
+    Loaded {
+        rev: i64,
+        fences: Vec<(String, u64, i64)>,
+    },
+    /// The lock's max is `token` at mod revision `rev`, and this member's
+    /// ack of it is written.
+    Raised {
+        rev: i64,
+    },
+    /// The lock's max is already above the token.
+    Higher {
+        max: u64,
+    },
+    Members(Vec<MemberView>),
+    Done,
+    /// etcd says the lease is not there (expired, revoked): the
+    /// registration is gone.
+    LeaseGone,
+    /// No answer: the request may or may not have been applied.
+    Unknown(String),
+}
+
+/// What the driver must do besides sending requests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Cut every body in flight of this lock (its max went up).
+    Cut(Arc<str>),
+    /// Cut every body in flight (the standing is lost).
+    CutAll,
+    /// Log lines worth an operator's eye.
+    Joined {
+        id: String,
+        rev: i64,
+    },
+    Lost {
+        why: String,
+    },
+    Evicting {
+        member: String,
+        lock: Arc<str>,
+        token: u64,
+    },
+    Retiring {
+        member: String,
+    },
+}
+
+/// The answer to [`Replica::begin_write`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admit {
+    /// Admitted: report [`Replica::write_done`] with this when the store
+    /// answered, or can no longer commit it.
+    Admitted(WriteId),
+    /// Below the lock's max.
+    Stale { max: u64 },
+    /// A raise is under way for this token: ask again when the state
+    /// changed.
+    Wait,
+    /// The replica has no standing; why.
+    Unavailable(String),
+}
+
+/// An admitted write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteId {
+    lock: Arc<str>,
+    token: u64,
+}
+
+impl WriteId {
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+}
+
+/// Broken variants of the protocol, for the simulation to show that its
+/// checker catches each one. Never set outside tests.
+#[cfg(feature = "flaws")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flaws {
+    /// A raise is admitted as soon as its transaction is answered.
+    pub no_ack_wait: bool,
+    /// A max learned from another replica is acked before the writes
+    /// below it drained.
+    pub ack_before_drain: bool,
+    /// A joining replica admits once registered, before load and watch.
+    pub join_then_load: bool,
+    /// A raise with no answer is taken as not applied: the old max comes
+    /// back, confirmed.
+    pub lost_as_not_applied: bool,
+    /// A registered member that is draining is evicted at `ack_timeout`.
+    pub evict_draining: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Flags {
+    no_ack_wait: bool,
+    ack_before_drain: bool,
+    join_then_load: bool,
+    lost_as_not_applied: bool,
+    evict_draining: bool,
+}
+
+/// Writes in flight with one token.
+#[derive(Debug, Clone, Copy)]
+struct Flight {
+    count: u64,
+    /// When the first of them was admitted (since the count was last 0).
+    oldest: Ms,
+}
+
+#[derive(Debug)]
+enum RaisePhase {
+    /// Waiting for this replica's writes below the token to end.
+    Draining,
+    /// The transaction is out.
+    Sending(ReqId),
+    /// To be sent (again) at this time.
+    Retry(Ms),
+    /// Written at its revision: reading the members until each acked or is
+    /// out.
+    Waiting {
+        wait: RaiseWait,
+        reading: Option<ReqId>,
+        next_read: Ms,
+        poll: Ms,
+    },
+}
+
+#[derive(Debug)]
+struct Raise {
+    token: u64,
+    phase: RaisePhase,
+    /// For [`Flaws::lost_as_not_applied`]: what the max was.
+    before: (u64, bool),
+}
+
+#[derive(Debug, Default)]
+struct Lock {
+    max: u64,
+    confirmed: bool,
+    flights: BTreeMap<u64, Flight>,
+    raise: Option<Raise>,
+    /// The highest token whose ack etcd has (this incarnation).
+    acked: u64,
+    /// The highest token this replica owes an ack (learned elsewhere).
+    owed: u64,
+    ack_sending: Option<(ReqId, u64)>,
+    ack_retry_at: Ms,
+    /// The highest token a draining report was sent for.
+    reported: u64,
+}
+
+impl Lock {
+    fn below(&self, token: u64) -> (u64, Option<Ms>) {
+        self.flights
+            .range(..token)
+            .fold((0, None), |(n, o), (_, f)| {
+                (
+                    n + f.count,
+                    Some(o.map_or(f.oldest, |o: Ms| o.min(f.oldest))),
+                )
+            })
+    }
+
+    fn drained_below(&self, token: u64) -> bool {
+        self.flights.range(..token).next().is_none()
+    }
+}
+
+/// One incarnation: a lease, a member record, a registration.
+#[derive(Debug, Clone)]
+struct Incarnation {
+    number: u64,
+    id: String,
+    lease: i64,
+    joined_rev: i64,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Not joined; joins at this time.
+    Out {
+        at: Ms,
+    },
+    Granting {
+        req: ReqId,
+        sent: Ms,
+    },
+    Registering {
+        req: ReqId,
+        lease: i64,
+        sent: Ms,
+    },
+    Loading {
+        req: ReqId,
+    },
+    /// Loaded at `rev`; waiting for the watch to run.
+    Watching {
+        rev: i64,
+    },
+    Live {
+        /// A reload after a broken watch, if one is out.
+        reload: Option<ReqId>,
+        reload_at: Option<Ms>,
+    },
+}
+
+/// What a raise request was for.
+#[derive(Debug, Clone)]
+enum Purpose {
+    Grant,
+    Register,
+    KeepAlive {
+        sent: Ms,
+    },
+    Load,
+    Raise {
+        lock: Arc<str>,
+    },
+    Ack {
+        lock: Arc<str>,
+    },
+    Draining {
+        lock: Arc<str>,
+    },
+    Members {
+        lock: Arc<str>,
+    },
+    /// Nothing depends on its answer.
+    Ignored,
+}
+
+/// A raise waiting somewhere, for the status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RaiseStatus {
+    pub lock: String,
+    pub token: u64,
+    pub phase: &'static str,
+    pub holdups: Vec<(String, String)>,
+}
+
+/// One replica's protocol state.
+#[derive(Debug)]
+pub struct Replica {
+    name: String,
+    salt: u64,
+    timing: Timing,
+    phase: Phase,
+    incarnations: u64,
+    me: Option<Incarnation>,
+    /// The last incarnation's lease, revoked at the next join.
+    old_lease: Option<i64>,
+    standing: Standing,
+    keepalive: Option<ReqId>,
+    next_renewal: Ms,
+    locks: HashMap<Arc<str>, Lock>,
+    next_req: ReqId,
+    outstanding: HashMap<ReqId, (u64, Purpose)>,
+    requests: VecDeque<(ReqId, Request)>,
+    events: VecDeque<Event>,
+    why_not: String,
+    evictions: u64,
+    raises_sent: u64,
+    flags: Flags,
+}
+
+impl Replica {
+    /// A replica named `name` (incarnation ids are `<name>.<salt><n>`:
+    /// give each process a random salt), not joined yet: it joins at the
+    /// first [`Replica::handle_timeout`].
+    pub fn new(name: &str, salt: u64, timing: Timing, now: Ms) -> Replica {
+        Replica {
+            name: name.to_owned(),
+            salt,
+            timing,
+            phase: Phase::Out { at: now },
+            incarnations: 0,
+            me: None,
+            old_lease: None,
+            standing: Standing::default(),
+            keepalive: None,
+            next_renewal: Ms::MAX,
+            locks: HashMap::new(),
+            next_req: 1,
+            outstanding: HashMap::new(),
+            requests: VecDeque::new(),
+            events: VecDeque::new(),
+            why_not: "the replica has not joined the cluster yet".into(),
+            evictions: 0,
+            raises_sent: 0,
+            flags: Flags::default(),
+        }
+    }
+
+    /// Turns on broken variants (the simulation's negative controls).
+    #[cfg(feature = "flaws")]
+    pub fn with_flaws(mut self, f: Flaws) -> Replica {
+        self.flags = Flags {
+            no_ack_wait: f.no_ack_wait,
+            ack_before_drain: f.ack_before_drain,
+            join_then_load: f.join_then_load,
+            lost_as_not_applied: f.lost_as_not_applied,
+            evict_draining: f.evict_draining,
+        };
+        self
+    }
+
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    // ------------------------------------------------------------ outputs
+
+    /// The next request to send.
+    pub fn poll_request(&mut self) -> Option<(ReqId, Request)> {
+        self.requests.pop_front()
+    }
+
+    /// The next event to act on.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Replica::handle_timeout`] is due next.
+    pub fn poll_timeout(&self) -> Option<Ms> {
+        let mut t: Option<Ms> = None;
+        let mut at = |x: Ms| t = Some(t.map_or(x, |t| t.min(x)));
+        match &self.phase {
+            Phase::Out { at: a } => at(*a),
+            Phase::Live {
+                reload_at: Some(r), ..
+            } => at(*r),
+            _ => {}
+        }
+        if self.me.is_some() {
+            if self.keepalive.is_none() {
+                at(self.next_renewal);
+            }
+            if let Some(u) = self.standing.valid_until() {
+                at(u);
+            }
+        }
+        for l in self.locks.values() {
+            match &l.raise {
+                Some(Raise {
+                    phase: RaisePhase::Retry(r),
+                    ..
+                }) => at(*r),
+                Some(Raise {
+                    phase:
+                        RaisePhase::Waiting {
+                            reading: None,
+                            next_read,
+                            ..
+                        },
+                    ..
+                }) => at(*next_read),
+                _ => {}
+            }
+            // An ack that failed is sent again (once its writes drained:
+            // until then a write's end steps the lock).
+            if l.owed > l.acked && l.ack_sending.is_none() && l.drained_below(l.owed) {
+                at(l.ack_retry_at);
+            }
+        }
+        t
+    }
+
+    // -------------------------------------------------------------- reads
+
+    /// Whether a write may be admitted at all now: joined, loaded, watching,
+    /// and the standing not run out. Checked again per body chunk.
+    pub fn admits(&self, now: Ms) -> bool {
+        self.live() && self.standing.admits(now)
+    }
+
+    /// Until when [`Replica::admits`] holds, if it does at all.
+    pub fn admits_until(&self) -> Option<Ms> {
+        if self.live() {
+            self.standing.valid_until()
+        } else {
+            None
+        }
+    }
+
+    fn live(&self) -> bool {
+        match self.phase {
+            Phase::Live { .. } => true,
+            Phase::Loading { .. } | Phase::Watching { .. } => self.flags.join_then_load,
+            _ => false,
+        }
+    }
+
+    /// Why it does not admit (for the 503).
+    pub fn why_not(&self) -> &str {
+        &self.why_not
+    }
+
+    /// The incarnation's id, once registered.
+    pub fn incarnation(&self) -> Option<&str> {
+        self.me.as_ref().map(|m| m.id.as_str())
+    }
+
+    /// The incarnation's number (what [`Request::Watch`] names), once
+    /// registered.
+    pub fn incarnation_number(&self) -> Option<u64> {
+        self.me.as_ref().map(|m| m.number)
+    }
+
+    /// The max of `lock` (0 if never seen).
+    pub fn max(&self, lock: &str) -> u64 {
+        self.locks.get(lock).map_or(0, |l| l.max)
+    }
+
+    /// Whether `lock` has a fence here.
+    pub fn known(&self, lock: &str) -> bool {
+        self.locks.contains_key(lock)
+    }
+
+    /// Every lock and its max.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<_> = self
+            .locks
+            .iter()
+            .map(|(k, l)| (k.to_string(), l.max))
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Raise transactions sent (steady-state writes send none).
+    pub fn raises_sent(&self) -> u64 {
+        self.raises_sent
+    }
+
+    /// Writes in flight, over all locks.
+    pub fn writes_in_flight(&self) -> u64 {
+        self.locks
+            .values()
+            .flat_map(|l| l.flights.values())
+            .map(|f| f.count)
+            .sum()
+    }
+
+    /// Raises under way and what holds each up.
+    pub fn raises(&self, now: Ms) -> Vec<RaiseStatus> {
+        let mut out = Vec::new();
+        for (lock, l) in &self.locks {
+            let Some(r) = &l.raise else { continue };
+            let (phase, holdups) = match &r.phase {
+                RaisePhase::Draining => {
+                    let (n, oldest) = l.below(r.token);
+                    let h = vec![(
+                        "this replica".to_owned(),
+                        format!(
+                            "draining {n} writes, oldest admitted {} ms ago",
+                            oldest.map_or(0, |o| now.saturating_sub(o))
+                        ),
+                    )];
+                    ("draining", h)
+                }
+                RaisePhase::Sending(_) | RaisePhase::Retry(_) => ("writing", Vec::new()),
+                RaisePhase::Waiting { wait, .. } => (
+                    "waiting",
+                    wait.holdups()
+                        .iter()
+                        .map(|(id, h)| (id.clone(), h.describe(now)))
+                        .collect(),
+                ),
+            };
+            out.push(RaiseStatus {
+                lock: lock.to_string(),
+                token: r.token,
+                phase,
+                holdups,
+            });
+        }
+        out.sort_by(|a, b| a.lock.cmp(&b.lock));
+        out
+    }
+
+    // ------------------------------------------------------------- writes
+
+    /// A write of `token` to `lock` wants in.
+    pub fn begin_write(&mut self, lock: &str, token: u64, now: Ms) -> Admit {
+        if !self.admits(now) {
+            return Admit::Unavailable(self.why_not.clone());
+        }
+        let key = self.lock_key(lock);
+        let l = self.locks.get_mut(&key).expect("just made");
+        if token < l.max {
+            return Admit::Stale { max: l.max };
+        }
+        if token == l.max && l.confirmed {
+            let f = l.flights.entry(token).or_insert(Flight {
+                count: 0,
+                oldest: now,
+            });
+            if f.count == 0 {
+                f.oldest = now;
+            }
+            f.count += 1;
+            return Admit::Admitted(WriteId { lock: key, token });
+        }
+        // Higher, or the max not confirmed yet: a raise to `token`, unless
+        // one to at least it is under way.
+        if l.raise.as_ref().is_some_and(|r| r.token >= token) {
+            return Admit::Wait;
+        }
+        let before = (l.max, l.confirmed);
+        if token > l.max {
+            l.max = token;
+            l.confirmed = false;
+            if !l.flights.is_empty() {
+                self.events.push_back(Event::Cut(key.clone()));
+            }
+        }
+        l.raise = Some(Raise {
+            token,
+            phase: RaisePhase::Draining,
+            before,
+        });
+        self.step_lock(&key, now);
+        Admit::Wait
+    }
+
+    /// A write admitted by [`Replica::begin_write`] is over: answered, or
+    /// it can no longer commit.
+    pub fn write_done(&mut self, w: &WriteId, now: Ms) {
+        let Some(l) = self.locks.get_mut(&w.lock) else {
+            return;
+        };
+        if let Some(f) = l.flights.get_mut(&w.token) {
+            f.count = f.count.saturating_sub(1);
+            if f.count == 0 {
+                l.flights.remove(&w.token);
+                let lock = w.lock.clone();
+                self.step_lock(&lock, now);
+            }
+        }
+    }
+
+    fn lock_key(&mut self, lock: &str) -> Arc<str> {
+        if let Some((k, _)) = self.locks.get_key_value(lock) {
+            return k.clone();
+        }
+        let k: Arc<str> = Arc::from(lock);
+        self.locks.insert(k.clone(), Lock::default());
+        k
+    }
+
+    // ------------------------------------------------------------- inputs
+
+    /// Timers: joins, renewals, the standing's end, raise reads, retries.
+    pub fn handle_timeout(&mut self, now: Ms) {
+        if let Phase::Out { at } = self.phase
+            && now >= at
+        {
+            self.join(now);
+        }
+        if let Some(u) = self.standing.valid_until()
+            && now >= u
+            && self.me.is_some()
+        {
+            self.lose(
+                "the replica could not renew its cluster registration in time",
+                now,
+            );
+        }
+        if let Some(me) = &self.me
+            && self.keepalive.is_none()
+            && now >= self.next_renewal
+        {
+            let lease = me.lease;
+            let id = self.send(
+                Request::KeepAlive { lease },
+                Purpose::KeepAlive { sent: now },
+            );
+            self.keepalive = Some(id);
+        }
+        if let Phase::Live {
+            reload: None,
+            reload_at: Some(at),
+        } = self.phase
+            && now >= at
+        {
+            let req = self.send(Request::Load, Purpose::Load);
+            self.phase = Phase::Live {
+                reload: Some(req),
+                reload_at: None,
+            };
+        }
+        let keys: Vec<Arc<str>> = self.locks.keys().cloned().collect();
+        for k in keys {
+            self.step_lock(&k, now);
+        }
+    }
+
+    /// The answer to request `id`.
+    pub fn handle_answer(&mut self, id: ReqId, answer: Answer, now: Ms) {
+        let Some((incarnation, purpose)) = self.outstanding.remove(&id) else {
+            return;
+        };
+        let current = self.me.as_ref().map_or(0, |m| m.number);
+        // Any request on this incarnation's lease that etcd refused for
+        // the lease: the registration is gone.
+        if answer == Answer::LeaseGone && incarnation == current && self.me.is_some() {
+            self.lose(
+                "the replica's registration is gone (its lease expired or was revoked)",
+                now,
+            );
+            return;
+        }
+        match purpose {
+            Purpose::Ignored => {}
+            Purpose::Grant => self.granted(id, answer, now),
+            Purpose::Register => self.registered(id, answer, now),
+            Purpose::KeepAlive { sent } => {
+                if incarnation != current {
+                    return;
+                }
+                self.keepalive = None;
+                match answer {
+                    Answer::Done => {
+                        self.standing.renewed(sent, &self.timing);
+                        self.next_renewal = sent + ms(self.timing.ttl / 3);
+                    }
+                    _ => self.next_renewal = now + RETRY,
+                }
+            }
+            Purpose::Load => self.loaded(id, incarnation, answer, now),
+            Purpose::Raise { lock } => self.raised(&lock, id, answer, now),
+            Purpose::Ack { lock } => {
+                let Some(l) = self.locks.get_mut(&lock) else {
+                    return;
+                };
+                let Some((req, token)) = l.ack_sending else {
+                    return;
+                };
+                if req != id {
+                    return;
+                }
+                l.ack_sending = None;
+                if incarnation != current {
+                    return;
+                }
+                match answer {
+                    Answer::Done => l.acked = l.acked.max(token),
+                    // A lost ack is sent again (a put is idempotent).
+                    _ => l.ack_retry_at = now + RETRY,
+                }
+                self.step_lock(&lock, now);
+            }
+            Purpose::Draining { lock } => {
+                if let Some(l) = self.locks.get_mut(&lock)
+                    && !matches!(answer, Answer::Done)
+                {
+                    // Said again at the next step.
+                    l.reported = 0;
+                }
+            }
+            Purpose::Members { lock } => self.members_read(&lock, id, answer, now),
+        }
+    }
+
+    /// The watch asked for incarnation `incarnation` runs.
+    pub fn watch_opened(&mut self, incarnation: u64, now: Ms) {
+        if self.me.as_ref().is_none_or(|m| m.number != incarnation) {
+            return;
+        }
+        if let Phase::Watching { rev } = self.phase {
+            self.phase = Phase::Live {
+                reload: None,
+                reload_at: None,
+            };
+            let id = self.me.as_ref().map(|m| m.id.clone()).unwrap_or_default();
+            self.events.push_back(Event::Joined { id, rev });
+            let keys: Vec<Arc<str>> = self.locks.keys().cloned().collect();
+            for k in keys {
+                self.step_lock(&k, now);
+            }
+        }
+    }
+
+    /// A max from the watch (another replica's raise, or this one's).
+    pub fn watch_event(&mut self, incarnation: u64, lock: &str, token: u64, now: Ms) {
+        if self.me.as_ref().is_none_or(|m| m.number != incarnation) {
+            return;
+        }
+        self.learned(lock, token, true, now);
+    }
+
+    /// The watch broke (closed, compacted, silent): reload the maxes, then
+    /// watch again. The standing is not lost: a raise this replica missed
+    /// meanwhile evicts it, and waits out its standing.
+    pub fn watch_broken(&mut self, incarnation: u64, now: Ms) {
+        if self.me.as_ref().is_none_or(|m| m.number != incarnation) {
+            return;
+        }
+        match self.phase {
+            Phase::Watching { .. } => {
+                let req = self.send(Request::Load, Purpose::Load);
+                self.phase = Phase::Loading { req };
+            }
+            Phase::Live { reload: None, .. } => {
+                self.phase = Phase::Live {
+                    reload: None,
+                    reload_at: Some(now),
+                };
+            }
+            _ => {}
+        }
+    }
+
+    // -------------------------------------------------------------- joins
+
+    fn join(&mut self, now: Ms) {
+        if let Some(lease) = self.old_lease.take() {
+            // Its registration would make raises wait ack_timeout for an
+            // ack that cannot come; its member record stays until a raiser
+            // waited it out.
+            self.send(Request::Revoke { lease }, Purpose::Ignored);
+        }
+        let ttl_secs = i64::try_from(self.timing.ttl.as_secs()).unwrap_or(i64::MAX);
+        let req = self.send(Request::Grant { ttl_secs }, Purpose::Grant);
+        self.phase = Phase::Granting { req, sent: now };
+    }
+
+    fn granted(&mut self, id: ReqId, answer: Answer, now: Ms) {
+        let Phase::Granting { req, sent } = self.phase else {
+            return;
+        };
+        if req != id {
+            return;
+        }
+        match answer {
+            Answer::Granted { lease } => {
+                self.incarnations += 1;
+                let member = format!("{}.{:x}{:02x}", self.name, self.salt, self.incarnations);
+                self.old_lease = Some(lease);
+                let req = self.send(
+                    Request::Register {
+                        id: member,
+                        lease,
+                        published: Published::of(&self.timing),
+                    },
+                    Purpose::Register,
+                );
+                self.phase = Phase::Registering { req, lease, sent };
+            }
+            other => self.retry_join(&other, now),
+        }
+    }
+
+    fn registered(&mut self, id: ReqId, answer: Answer, now: Ms) {
+        let Phase::Registering { req, lease, sent } = self.phase else {
+            return;
+        };
+        if req != id {
+            return;
+        }
+        let Answer::Registered { rev } = answer else {
+            return self.retry_join(&answer, now);
+        };
+        let number = self.incarnations;
+        let member = format!("{}.{:x}{:02x}", self.name, self.salt, number);
+        self.me = Some(Incarnation {
+            number,
+            id: member,
+            lease,
+            joined_rev: rev,
+        });
+        // The lease runs from its grant, after `sent`.
+        self.standing = Standing::default();
+        self.standing.renewed(sent, &self.timing);
+        self.next_renewal = sent + ms(self.timing.ttl / 3);
+        self.keepalive = None;
+        // Acks of this incarnation start from none.
+        for l in self.locks.values_mut() {
+            l.acked = 0;
+            l.ack_sending = None;
+            l.reported = 0;
+        }
+        let req = self.send(Request::Load, Purpose::Load);
+        self.phase = Phase::Loading { req };
+    }
+
+    fn retry_join(&mut self, answer: &Answer, now: Ms) {
+        self.why_not = format!(
+            "the replica cannot join the cluster ({}); it refuses fenced writes until it has joined (retry, or send the request to another replica)",
+            describe(answer)
+        );
+        self.phase = Phase::Out { at: now + RETRY };
+    }
+
+    fn loaded(&mut self, id: ReqId, incarnation: u64, answer: Answer, now: Ms) {
+        if self.me.as_ref().is_none_or(|m| m.number != incarnation) {
+            return;
+        }
+        let joined_rev = self.me.as_ref().map_or(0, |m| m.joined_rev);
+        let reloading = match self.phase {
+            Phase::Loading { req } if req == id => false,
+            Phase::Live {
+                reload: Some(req), ..
+            } if req == id => true,
+            _ => return,
+        };
+        let Answer::Loaded { rev, fences } = answer else {
+            if reloading {
+                self.phase = Phase::Live {
+                    reload: None,
+                    reload_at: Some(now + RETRY),
+                };
+            } else {
+                // A join without a fresh view is no join.
+                self.lose(
+                    &format!(
+                        "the replica could not load the fences ({})",
+                        describe(&answer)
+                    ),
+                    now,
+                );
+            }
+            return;
+        };
+        for (lock, token, mod_rev) in fences {
+            // A raise after this incarnation joined waits for its ack.
+            self.learned(&lock, token, mod_rev > joined_rev || reloading, now);
+        }
+        let number = incarnation;
+        self.send(
+            Request::Watch {
+                incarnation: number,
+                from_rev: rev + 1,
+            },
+            Purpose::Ignored,
+        );
+        self.phase = if reloading {
+            Phase::Live {
+                reload: None,
+                reload_at: None,
+            }
+        } else {
+            Phase::Watching { rev }
+        };
+    }
+
+    /// The standing is over: cut everything, forget the incarnation, join
+    /// again. Maxes stay (they only go up); none is confirmed any more.
+    fn lose(&mut self, why: &str, now: Ms) {
+        self.events.push_back(Event::Lost {
+            why: why.to_owned(),
+        });
+        self.events.push_back(Event::CutAll);
+        self.why_not = format!(
+            "{why}; it refuses fenced writes until it has rejoined (retry, or send the request to another replica)"
+        );
+        self.standing.lost();
+        self.me = None;
+        self.keepalive = None;
+        let keep_confirmed = self.flags.join_then_load;
+        for l in self.locks.values_mut() {
+            l.confirmed &= keep_confirmed;
+            l.raise = None;
+            l.ack_sending = None;
+            l.owed = 0;
+            l.acked = 0;
+            l.reported = 0;
+        }
+        self.phase = Phase::Out { at: now };
+    }
+
+    // ------------------------------------------------------- lock changes
+
+    /// A max learned from etcd (watch or load). `owe` when a raiser may be
+    /// waiting for this replica's ack of it.
+    fn learned(&mut self, lock: &str, token: u64, owe: bool, now: Ms) {
+        let key = self.lock_key(lock);
+        let l = self.locks.get_mut(&key).expect("just made");
+        if token > l.max {
+            l.max = token;
+            l.confirmed = false;
+            if !l.flights.is_empty() {
+                self.events.push_back(Event::Cut(key.clone()));
+            }
+        }
+        if token > 0 && owe {
+            l.owed = l.owed.max(token);
+        }
+        if l.raise.as_ref().is_some_and(|r| r.token < l.max) {
+            // Overtaken: its waiters see the new max and are refused.
+            l.raise = None;
+        }
+        self.step_lock(&key, now);
+    }
+
+    /// Moves a lock's raise and ack on as far as they can go now.
+    fn step_lock(&mut self, key: &Arc<str>, now: Ms) {
+        let Some(me) = self.me.clone() else { return };
+        if !self.live() {
+            return;
+        }
+        let flags = self.flags;
+        let mut out: Vec<(Request, Purpose)> = Vec::new();
+        let mut sending_raise = false;
+        let mut sending_ack: Option<u64> = None;
+        {
+            let Some(l) = self.locks.get_mut(key) else {
+                return;
+            };
+            // The ack owed, once the writes below it have drained.
+            if l.owed > l.acked
+                && l.ack_sending.is_none()
+                && now >= l.ack_retry_at
+                && (flags.ack_before_drain || l.drained_below(l.owed))
+            {
+                out.push((
+                    Request::Ack {
+                        lock: key.clone(),
+                        token: l.owed,
+                        member: me.id.clone(),
+                        lease: me.lease,
+                    },
+                    Purpose::Ack { lock: key.clone() },
+                ));
+                sending_ack = Some(l.owed);
+            } else if l.owed > l.acked && l.owed > l.reported && !l.drained_below(l.owed) {
+                // Slow is not dead: say so, and the raiser keeps waiting.
+                let (writes, oldest) = l.below(l.owed);
+                out.push((
+                    Request::Draining {
+                        lock: key.clone(),
+                        token: l.owed,
+                        member: me.id.clone(),
+                        lease: me.lease,
+                        writes,
+                        oldest_ms: oldest.map_or(0, |o| now.saturating_sub(o)),
+                    },
+                    Purpose::Draining { lock: key.clone() },
+                ));
+                l.reported = l.owed;
+            }
+            if let Some(r) = &mut l.raise {
+                match &mut r.phase {
+                    RaisePhase::Draining if l.flights.range(..r.token).next().is_none() => {
+                        sending_raise = true;
+                    }
+                    RaisePhase::Retry(at) if now >= *at => sending_raise = true,
+                    RaisePhase::Waiting {
+                        reading: None,
+                        next_read,
+                        ..
+                    } if now >= *next_read => {
+                        out.push((
+                            Request::Members { lock: key.clone() },
+                            Purpose::Members { lock: key.clone() },
+                        ));
+                    }
+                    _ => {}
+                }
+                if sending_raise {
+                    out.push((
+                        Request::Raise {
+                            lock: key.clone(),
+                            token: r.token,
+                            member: me.id.clone(),
+                            lease: me.lease,
+                        },
+                        Purpose::Raise { lock: key.clone() },
+                    ));
+                }
+            }
+        }
+        for (req, purpose) in out {
+            let is_members = matches!(purpose, Purpose::Members { .. });
+            let is_raise = matches!(purpose, Purpose::Raise { .. });
+            let is_ack = matches!(purpose, Purpose::Ack { .. });
+            let id = self.send(req, purpose);
+            let l = self.locks.get_mut(key).expect("present");
+            if is_raise {
+                self.raises_sent += 1;
+                if let Some(r) = &mut l.raise {
+                    r.phase = RaisePhase::Sending(id);
+                }
+            } else if is_members {
+                if let Some(Raise {
+                    phase: RaisePhase::Waiting { reading, .. },
+                    ..
+                }) = &mut l.raise
+                {
+                    *reading = Some(id);
+                }
+            } else if is_ack && let Some(t) = sending_ack {
+                l.ack_sending = Some((id, t));
+            }
+        }
+    }
+
+    fn raised(&mut self, lock: &Arc<str>, id: ReqId, answer: Answer, now: Ms) {
+        let flags = self.flags;
+        let timing = self.timing;
+        let Some(me) = self.me.clone() else { return };
+        let Some(l) = self.locks.get_mut(lock) else {
+            return;
+        };
+        let Some(r) = &mut l.raise else { return };
+        if r.phase_req() != Some(id) {
+            return;
+        }
+        match answer {
+            Answer::Raised { rev } => {
+                l.acked = l.acked.max(r.token);
+                if flags.no_ack_wait {
+                    l.confirmed = l.max == r.token;
+                    l.raise = None;
+                } else {
+                    r.phase = RaisePhase::Waiting {
+                        wait: RaiseWait::new(r.token, rev, &me.id, now, timing),
+                        reading: None,
+                        next_read: now,
+                        poll: POLL_FIRST,
+                    };
+                }
+            }
+            Answer::Higher { max } => {
+                l.raise = None;
+                self.learned(lock, max, true, now);
+                return;
+            }
+            Answer::Unknown(_) if flags.lost_as_not_applied => {
+                (l.max, l.confirmed) = r.before;
+                l.raise = None;
+            }
+            // Outcome unknown: the max stays at the token (this replica
+            // refuses below it, as its ack may already say) and the
+            // transaction is sent again; it is idempotent.
+            _ => r.phase = RaisePhase::Retry(now + RETRY),
+        }
+        let lock = lock.clone();
+        self.step_lock(&lock, now);
+    }
+
+    fn members_read(&mut self, lock: &Arc<str>, id: ReqId, answer: Answer, now: Ms) {
+        let flags = self.flags;
+        let Some(l) = self.locks.get_mut(lock) else {
+            return;
+        };
+        let Some(r) = &mut l.raise else { return };
+        let token = r.token;
+        let RaisePhase::Waiting {
+            wait,
+            reading,
+            next_read,
+            poll,
+        } = &mut r.phase
+        else {
+            return;
+        };
+        if *reading != Some(id) {
+            return;
+        }
+        *reading = None;
+        let Answer::Members(view) = answer else {
+            *next_read = now + RETRY;
+            return;
+        };
+        let next = wait.next(&view, now, flags.evict_draining);
+        if next.admit {
+            if l.max == token {
+                l.confirmed = true;
+            }
+            l.raise = None;
+        } else {
+            *next_read = next.wake_at.map_or(now + *poll, |w| w.min(now + *poll));
+            *poll = (*poll * 2).min(POLL_LAST);
+        }
+        for m in &view {
+            if next.evict.contains(&m.id) {
+                self.evictions += 1;
+                self.events.push_back(Event::Evicting {
+                    member: m.id.clone(),
+                    lock: lock.clone(),
+                    token,
+                });
+                self.send(Request::Revoke { lease: m.lease }, Purpose::Ignored);
+            }
+        }
+        for member in next.retire {
+            self.events.push_back(Event::Retiring {
+                member: member.clone(),
+            });
+            self.send(Request::Retire { member }, Purpose::Ignored);
+        }
+        let lock = lock.clone();
+        self.step_lock(&lock, now);
+    }
+
+    fn send(&mut self, req: Request, purpose: Purpose) -> ReqId {
+        let id = self.next_req;
+        self.next_req += 1;
+        let incarnation = self.me.as_ref().map_or(0, |m| m.number);
+        if !matches!(purpose, Purpose::Ignored) {
+            self.outstanding.insert(id, (incarnation, purpose));
+        }
+        self.requests.push_back((id, req));
+        id
+    }
+}
+
+impl Raise {
+    fn phase_req(&self) -> Option<ReqId> {
+        match self.phase {
+            RaisePhase::Sending(id) => Some(id),
+            _ => None,
+        }
+    }
+}
+
+fn ms(d: Duration) -> Ms {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn describe(a: &Answer) -> String {
+    match a {
+        Answer::Unknown(why) => why.clone(),
+        Answer::LeaseGone => "its lease is gone".into(),
+        other => format!("unexpected answer {other:?}"),
+    }
+}
