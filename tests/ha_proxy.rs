@@ -31,8 +31,12 @@ fn http() -> reqwest::Client {
 
 /// An anonymous PUT with a signed token: status and error code.
 async fn put(p: &Proxy, key: &str, token: u64, body: &str) -> (u16, String) {
+    put_at(&p.url, key, token, body).await
+}
+
+async fn put_at(url: &str, key: &str, token: u64, body: &str) -> (u16, String) {
     let r = http()
-        .put(format!("{}/{BUCKET}/{key}", p.url))
+        .put(format!("{url}/{BUCKET}/{key}"))
         .header("fencing-token", signed(BUCKET, token))
         .body(body.to_owned())
         .send()
@@ -458,4 +462,165 @@ async fn past_refusals(p: &Proxy, key: &str, token: u64, body: &str) -> (u16, St
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A zombie holding `token` writes new keys through `p` for `during`: the
+/// keys it got 200 for, and the keys the store has with that token (the
+/// ground truth, read after the fact).
+async fn zombie(env: &Env, p: &Proxy, prefix: &str, token: u64, during: Duration) -> (Vec<String>, Vec<String>) {
+    let started = Instant::now();
+    let mut keys = Vec::new();
+    let mut answered = Vec::new();
+    while started.elapsed() < during {
+        let key = format!("{prefix}-{}", keys.len());
+        if put(p, &key, token, "stale").await.0 == 200 {
+            answered.push(key.clone());
+        }
+        keys.push(key);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let mut landed = Vec::new();
+    for k in keys {
+        if stored_token(&env.backend, BUCKET, &k).await == Some(token) {
+            landed.push(k);
+        }
+    }
+    (answered, landed)
+}
+
+/// Issue 21, schedule 1: a raise that etcd applied (the max and the
+/// raiser's own ack of it) and whose answer never came back. The other
+/// replica admits the new token on that ack, so the raiser must already
+/// refuse the old one: it does from before it sends the raise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_whose_answer_was_lost_leaves_the_raiser_refusing_the_old_token() {
+    let env = replicas(BackendKind::S3Fs, 2)
+        .first_proxy_etcd_link()
+        .start()
+        .await;
+    let link = env.etcd_link.clone().expect("a link to etcd");
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
+    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
+    // Answers take 800 ms from now on; the raise reaches etcd at once, and
+    // the link is cut before its answer comes back.
+    link.delay(Duration::from_millis(800));
+    let raise = {
+        let url = a.url.clone();
+        tokio::spawn(async move { put_at(&url, "raised-on-a", 2, "t2").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    link.cut();
+    assert_eq!(
+        put(b, "new-holder", 2, "t2").await.0,
+        200,
+        "b admits 2: the raise and a's ack of it are in etcd"
+    );
+    let (answered, landed) = zombie(&env, a, "zombie", 1, Duration::from_secs(3)).await;
+    assert!(
+        answered.is_empty() && landed.is_empty(),
+        "token 1 admitted through a after token 2 was admitted on b: answered 200 {answered:?}, in the store {landed:?}"
+    );
+    let (code, _) = raise.await.expect("joined");
+    assert_eq!(code, 503, "a's own raise could not complete without etcd");
+    link.delay(Duration::ZERO);
+    link.restore();
+    wait_admitting(a, Duration::from_secs(30)).await;
+    assert_eq!(put(a, "after-a", 2, "t2").await.0, 200);
+    assert_eq!(put(a, "after-a-stale", 1, "t1").await.0, 409);
+}
+
+/// Issue 21, schedule 2: a replica that lost its registration joins again
+/// and its reload of the fences is lost. It admits nothing on what its
+/// last incarnation knew: not between join and load, not after the load
+/// failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejoin_whose_reload_fails_admits_nothing() {
+    let env = replicas(BackendKind::S3Fs, 2)
+        .cluster_options(
+            // Requests wait up to 2 s: answers over the slow link come.
+            "registration_ttl = \"6s\"\nack_timeout = \"2s\"\nrequest_timeout = \"2s\"\n",
+        )
+        .first_proxy_etcd_link()
+        .start()
+        .await;
+    let link = env.etcd_link.clone().expect("a link to etcd");
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
+    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
+    link.cut();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while status(a).await["admitting"] == true {
+        assert!(Instant::now() < deadline, "a kept its standing without etcd");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(put(b, "new-holder", 2, "t2").await.0, 200, "b waits a out");
+    // a joins again over a slow link, and the link is cut once it is
+    // registered: its load of the fences is out, and lost.
+    link.delay(Duration::from_millis(1_500));
+    link.restore();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(a).await["incarnation"].is_null() {
+        assert!(Instant::now() < deadline, "a never registered again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    link.cut();
+    let (answered, landed) = zombie(&env, a, "zombie", 1, Duration::from_millis(2_500)).await;
+    assert!(
+        answered.is_empty() && landed.is_empty(),
+        "token 1 admitted through a rejoining a after token 2 was admitted on b: answered 200 {answered:?}, in the store {landed:?}"
+    );
+    link.delay(Duration::ZERO);
+    link.restore();
+    wait_admitting(a, Duration::from_secs(30)).await;
+    assert_eq!(put(a, "after-a", 2, "t2").await.0, 200);
+    assert_eq!(put(a, "after-a-stale", 1, "t1").await.0, 409);
+}
+
+/// Issue 21, schedule 3: a replica whose fully sent write the store
+/// commits only after 8 s, longer than ack_timeout and lock_delay together.
+/// Alive and draining, it says so, and the raise elsewhere waits for the
+/// store's answer as one proxy would, instead of evicting it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_draining_a_slow_store_keeps_the_raise_waiting_instead_of_being_evicted() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    let harness = replicas(BackendKind::S3Fs, 2);
+    let backend = harness.backend().await;
+    let hold = Duration::from_secs(8);
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        "SLOW-STORE",
+        hold,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .await;
+    let env = harness.first_proxy_via(&relay).start_on(backend).await;
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm", 1, "x").await.0, 200);
+    let held = {
+        let url = a.url.clone();
+        tokio::spawn(async move { put_at(&url, "held", 1, "SLOW-STORE").await.0 })
+    };
+    a.wait_for_inflight_writes(1).await;
+    let started = Instant::now();
+    let raise = {
+        let url = b.url.clone();
+        tokio::spawn(async move { put_at(&url, "other", 2, "new holder").await.0 })
+    };
+    // Past ack_timeout (2 s): b still waits, and names a as draining.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let view = status(b).await;
+    let holdups = view["raises_waiting"][BUCKET]["holdups"].to_string();
+    assert!(holdups.contains("draining"), "{view}");
+    assert_eq!(raise.await.expect("joined"), 200);
+    let waited = started.elapsed();
+    assert_eq!(
+        stored(&env.backend, BUCKET, "held").await,
+        Some((b"SLOW-STORE".to_vec(), Some(1))),
+        "token 2 was admitted on b before a's token-1 write was decided (after {waited:?})"
+    );
+    assert!(waited >= hold - Duration::from_secs(1), "{waited:?}");
+    assert_eq!(status(b).await["evictions"], 0, "a was alive: not evicted");
+    assert_eq!(held.await.expect("joined"), 200);
 }

@@ -30,6 +30,7 @@ pub struct Harness {
     locksvc: usize,
     proxies: usize,
     relay: Option<String>,
+    etcd_link: bool,
     anonymous: bool,
     shared: Option<bool>,
 }
@@ -42,6 +43,8 @@ pub struct Env {
     pub proxies: Vec<Proxy>,
     pub locksvc: Vec<Service>,
     pub etcd: Option<EtcdCluster>,
+    /// The first proxy's link to etcd, with [`Harness::first_proxy_etcd_link`].
+    pub etcd_link: Option<super::relay::Link>,
     pub dir: tempfile::TempDir,
 }
 
@@ -57,6 +60,7 @@ impl Harness {
             locksvc: 0,
             proxies: 1,
             relay: None,
+            etcd_link: false,
             anonymous: true,
             shared: None,
         }
@@ -125,6 +129,14 @@ impl Harness {
     pub fn proxies(mut self, n: usize) -> Harness {
         assert!(n >= 1, "at least one proxy");
         self.proxies = n;
+        self
+    }
+
+    /// The first proxy reaches etcd (its first member only) through a
+    /// [`super::relay::Link`] the test can slow down and cut
+    /// ([`Env::etcd_link`]).
+    pub fn first_proxy_etcd_link(mut self) -> Harness {
+        self.etcd_link = true;
         self
     }
 
@@ -197,11 +209,22 @@ impl Harness {
             None
         };
         let endpoints = etcd.as_ref().map(EtcdCluster::endpoints);
+        let etcd_link = match (&endpoints, self.etcd_link) {
+            (Some(e), true) => {
+                let first = e.split(',').next().unwrap_or_default();
+                Some(super::relay::Link::start(first.trim_start_matches("http://").to_owned()).await)
+            }
+            _ => None,
+        };
         let mut proxies = Vec::new();
         for i in 0..self.proxies {
             let pdir: PathBuf = dir.path().join(format!("proxy{i}"));
             std::fs::create_dir_all(&pdir).expect("proxy dir");
-            let shared = self.is_shared().then_some(endpoints.as_deref()).flatten();
+            let linked = etcd_link.as_ref().filter(|_| i == 0).map(|l| l.endpoint.clone());
+            let shared = self
+                .is_shared()
+                .then_some(linked.as_deref().or(endpoints.as_deref()))
+                .flatten();
             let toml = self.proxy_toml(&backend, &pdir, i, shared);
             proxies.push(Proxy::start(&toml, &pdir).await);
         }
@@ -231,6 +254,7 @@ impl Harness {
             proxies,
             locksvc,
             etcd,
+            etcd_link,
             dir,
         }
     }

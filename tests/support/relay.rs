@@ -157,3 +157,136 @@ pub async fn recording_relay(target: String) -> (String, Arc<std::sync::Mutex<Ve
     });
     (format!("http://{addr}"), seen)
 }
+
+/// A TCP link between a proxy and etcd that a test can slow down and cut:
+/// answers (etcd → proxy) are delayed by [`Link::delay`], and
+/// [`Link::cut`] drops every open connection and black-holes new ones
+/// (accepted, never served) until [`Link::restore`]. A request sent just
+/// before a cut reaches etcd and is applied; its answer is lost.
+#[derive(Debug, Clone)]
+pub struct Link {
+    pub endpoint: String,
+    state: Arc<LinkState>,
+}
+
+#[derive(Debug, Default)]
+struct LinkState {
+    delay_ms: std::sync::atomic::AtomicU64,
+    cut: AtomicBool,
+    /// Bumped by every cut and restore: a connection of an older one ends.
+    epoch: std::sync::atomic::AtomicU64,
+}
+
+impl Link {
+    pub async fn start(target: String) -> Link {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::new(LinkState::default());
+        let st = state.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (target, st) = (target.clone(), st.clone());
+                tokio::spawn(async move {
+                    let epoch = st.epoch.load(Ordering::Acquire);
+                    let ended = {
+                        let st = st.clone();
+                        move || st.epoch.load(Ordering::Acquire) != epoch
+                    };
+                    if st.cut.load(Ordering::Acquire) {
+                        // A black hole: held open, never served.
+                        while !ended() {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        return;
+                    }
+                    let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = {
+                        let ended = ended.clone();
+                        async move {
+                            let mut buf = vec![0u8; 64 * 1024];
+                            while let Ok(n) = cr.read(&mut buf).await {
+                                if n == 0 || ended() || sw.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    // Answers wait out the delay in order, on their own task.
+                    let (tx, mut rx) =
+                        tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                    let writer = {
+                        let ended = ended.clone();
+                        async move {
+                            while let Some((due, bytes)) = rx.recv().await {
+                                tokio::time::sleep_until(due).await;
+                                if ended() || cw.write_all(&bytes).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    let down = {
+                        let (ended, st) = (ended.clone(), st.clone());
+                        async move {
+                            let mut buf = vec![0u8; 64 * 1024];
+                            while let Ok(n) = sr.read(&mut buf).await {
+                                if n == 0 || ended() {
+                                    return;
+                                }
+                                let delay = st.delay_ms.load(Ordering::Acquire);
+                                let due = tokio::time::Instant::now()
+                                    + Duration::from_millis(delay);
+                                if tx.send((due, buf[..n].to_vec())).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    let watch_end = async move {
+                        while !ended() {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    };
+                    // Whichever ends first ends the connection (both sockets
+                    // drop with this task).
+                    tokio::select! {
+                        () = up => {}
+                        () = down => {}
+                        () = writer => {}
+                        () = watch_end => {}
+                    }
+                });
+            }
+        });
+        Link {
+            endpoint: format!("http://{addr}"),
+            state,
+        }
+    }
+
+    /// Every answer from now on arrives this much later.
+    pub fn delay(&self, d: Duration) {
+        self.state
+            .delay_ms
+            .store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// Drops every connection; new ones are black-holed.
+    pub fn cut(&self) {
+        self.state.cut.store(true, Ordering::Release);
+        self.state.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Serves new connections again (black-holed ones are dropped).
+    pub fn restore(&self) {
+        self.state.cut.store(false, Ordering::Release);
+        self.state.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+}

@@ -53,6 +53,8 @@ const UPLOAD_COPIES: usize = 100_000;
 /// How long the cluster view in the status is reused: a status request
 /// costs etcd at most one read per this.
 const STATUS_REUSE: Duration = Duration::from_secs(1);
+/// Longest a status waits for etcd's view of the members.
+const STATUS_READ: Duration = Duration::from_millis(500);
 
 /// Why the cluster could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -941,6 +943,16 @@ impl Cluster {
             ]);
             let resp = self.txn(&txn).await?;
             Ok::<_, CallError>((resp, m, p, a))
+        };
+        // A status must answer while etcd does not: it reports that instead.
+        let read = async {
+            tokio::time::timeout(STATUS_READ, read)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CallError::Unavailable(format!(
+                        "etcd did not answer within {STATUS_READ:?}"
+                    )))
+                })
         };
         let view = match read.await {
             Ok((resp, m, p, a)) => {
