@@ -405,6 +405,52 @@ mod tests {
     }
 
     #[test]
+    fn a_draining_member_is_waited_for_not_evicted() {
+        let mut w = RaiseWait::new(7, 100, "me-1", 0, timing());
+        let draining = [MemberView {
+            draining: 7,
+            ..member("a-1", 20, true, 6)
+        }];
+        let n = w.next(&draining, 60_000, false);
+        assert!(!n.admit && n.evict.is_empty(), "{n:?}");
+        assert_eq!(w.holdups().get("a-1"), Some(&Holdup::Draining));
+        // Its ack, once drained, lets the raise through.
+        assert!(w.next(&[member("a-1", 20, true, 7)], 60_001, false).admit);
+        // The broken variant evicts it.
+        let mut w = RaiseWait::new(7, 100, "me-1", 0, timing());
+        assert_eq!(w.next(&draining, 5_000, true).evict, vec!["a-1".to_owned()]);
+    }
+
+    #[test]
+    fn a_member_with_longer_settings_is_waited_out_by_its_own() {
+        let t = timing();
+        let slow = Published {
+            ttl: Duration::from_secs(30),
+            drift: 0.05,
+            store_decision: Duration::from_secs(60),
+            lock_delay: Duration::from_secs(5),
+        };
+        let need = Timing::min_lock_delay(slow.ttl, 0.05, slow.store_decision);
+        assert_eq!(t.lock_delay_for(Some(&slow)), need);
+        assert!(need > t.lock_delay);
+        // A member with shorter settings does not shorten the raiser's own.
+        let quick = Published {
+            ttl: Duration::from_secs(1),
+            drift: 0.0,
+            store_decision: Duration::ZERO,
+            lock_delay: Duration::from_secs(2),
+        };
+        assert_eq!(t.lock_delay_for(Some(&quick)), t.lock_delay);
+        let mut w = RaiseWait::new(7, 100, "me-1", 0, t);
+        let gone = [MemberView {
+            published: Some(slow),
+            ..member("a-1", 20, false, 0)
+        }];
+        let n = w.next(&gone, 1_000, false);
+        assert_eq!(n.wake_at, Some(1_000 + ms(need)));
+    }
+
+    #[test]
     fn a_member_gone_before_the_raise_is_waited_out_once_and_a_retired_one_not_at_all() {
         let mut w = RaiseWait::new(3, 100, "me-1", 1_000, timing());
         let n = w.next(&[member("dead-1", 5, false, 0)], 1_000, false);

@@ -489,8 +489,11 @@ impl Replica {
                 _ => {}
             }
             // An ack that failed is sent again (once its writes drained:
-            // until then a write's end steps the lock).
-            if l.owed > l.acked && l.ack_sending.is_none() && l.drained_below(l.owed) {
+            // until then a write's end steps the lock). Not before the
+            // join is live: `step_lock` sends nothing until then, and
+            // `watch_opened` steps every lock.
+            if self.live() && l.owed > l.acked && l.ack_sending.is_none() && l.drained_below(l.owed)
+            {
                 at(l.ack_retry_at);
             }
         }
@@ -1260,5 +1263,211 @@ fn describe(a: &Answer) -> String {
         Answer::Unknown(why) => why.clone(),
         Answer::LeaseGone => "its lease is gone".into(),
         other => format!("unexpected answer {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing() -> Timing {
+        Timing {
+            ttl: Duration::from_secs(3),
+            drift: 0.01,
+            store_decision: Duration::from_secs(1),
+            ack_timeout: Duration::from_secs(1),
+            lock_delay: Duration::from_millis(4_100),
+        }
+    }
+
+    /// Every request the machine asks for now.
+    fn drain(r: &mut Replica) -> Vec<(ReqId, Request)> {
+        std::iter::from_fn(|| r.poll_request()).collect()
+    }
+
+    fn find(reqs: &[(ReqId, Request)], f: impl Fn(&Request) -> bool) -> ReqId {
+        reqs.iter()
+            .find(|(_, q)| f(q))
+            .map(|(id, _)| *id)
+            .unwrap_or_else(|| panic!("no such request in {reqs:?}"))
+    }
+
+    /// Registered at revision 10, the lease 7; the load answer not given.
+    fn registered(r: &mut Replica) -> ReqId {
+        r.handle_timeout(0);
+        let reqs = drain(r);
+        let grant = find(&reqs, |q| matches!(q, Request::Grant { .. }));
+        r.handle_answer(grant, Answer::Granted { lease: 7 }, 1);
+        let reqs = drain(r);
+        let reg = find(&reqs, |q| matches!(q, Request::Register { .. }));
+        r.handle_answer(reg, Answer::Registered { rev: 10 }, 2);
+        let reqs = drain(r);
+        find(&reqs, |q| matches!(q, Request::Load))
+    }
+
+    /// Joined with lock L at max `max` (confirmed when `max > 0`).
+    fn live(max: u64) -> Replica {
+        let mut r = Replica::new("a", 1, timing(), 0);
+        let load = registered(&mut r);
+        let fences = if max > 0 {
+            vec![("L".to_owned(), max, 5)]
+        } else {
+            vec![]
+        };
+        r.handle_answer(load, Answer::Loaded { rev: 20, fences }, 3);
+        let number = r.incarnation_number().expect("registered");
+        r.watch_opened(number, 4);
+        drain(&mut r);
+        if max > 0 {
+            assert_eq!(r.begin_write("L", max, 5), Admit::Wait);
+            confirm(&mut r, max, 6);
+        }
+        assert!(r.admits(7));
+        while r.poll_event().is_some() {}
+        r
+    }
+
+    /// Answers the raise under way as written, and every member as acked.
+    fn confirm(r: &mut Replica, token: u64, now: Ms) {
+        let reqs = drain(r);
+        let raise = find(&reqs, |q| matches!(q, Request::Raise { .. }));
+        r.handle_answer(raise, Answer::Raised { rev: 30 }, now);
+        let reqs = drain(r);
+        let read = find(&reqs, |q| matches!(q, Request::Members { .. }));
+        r.handle_answer(read, Answer::Members(vec![]), now);
+        let Admit::Admitted(w) = r.begin_write("L", token, now) else {
+            panic!("{token} confirmed")
+        };
+        r.write_done(&w, now);
+    }
+
+    #[test]
+    fn nothing_is_admitted_between_join_and_the_running_watch() {
+        let mut r = Replica::new("a", 1, timing(), 0);
+        let load = registered(&mut r);
+        assert!(matches!(r.begin_write("L", 1, 3), Admit::Unavailable(_)));
+        r.handle_answer(
+            load,
+            Answer::Loaded {
+                rev: 20,
+                fences: vec![],
+            },
+            3,
+        );
+        assert!(
+            matches!(r.begin_write("L", 1, 4), Admit::Unavailable(_)),
+            "loaded, but the watch does not run yet"
+        );
+        let number = r.incarnation_number().expect("registered");
+        r.watch_opened(number, 5);
+        assert!(r.admits(5));
+    }
+
+    #[test]
+    fn a_failed_load_is_a_failed_join() {
+        let mut r = Replica::new("a", 1, timing(), 0);
+        let load = registered(&mut r);
+        r.handle_answer(load, Answer::Unknown("link cut".into()), 3);
+        assert!(matches!(r.begin_write("L", 1, 4), Admit::Unavailable(_)));
+        assert!(r.why_not().contains("could not load"), "{}", r.why_not());
+        assert_eq!(r.events.iter().filter(|e| **e == Event::CutAll).count(), 1);
+        r.handle_timeout(3 + RETRY);
+        let reqs = drain(&mut r);
+        assert!(reqs.iter().any(|(_, q)| matches!(q, Request::Grant { .. })));
+        assert!(
+            reqs.iter()
+                .any(|(_, q)| matches!(q, Request::Revoke { lease: 7 })),
+            "the lost incarnation's lease is revoked"
+        );
+    }
+
+    #[test]
+    fn a_raise_whose_answer_was_lost_keeps_refusing_below_it_and_is_sent_again() {
+        let mut r = live(1);
+        assert_eq!(r.begin_write("L", 2, 10), Admit::Wait);
+        assert_eq!(
+            r.begin_write("L", 1, 10),
+            Admit::Stale { max: 2 },
+            "refused before the raise is sent"
+        );
+        let reqs = drain(&mut r);
+        let raise = find(&reqs, |q| matches!(q, Request::Raise { token: 2, .. }));
+        r.handle_answer(raise, Answer::Unknown("no answer".into()), 20);
+        assert_eq!(r.begin_write("L", 1, 21), Admit::Stale { max: 2 });
+        r.handle_timeout(20 + RETRY);
+        let reqs = drain(&mut r);
+        find(&reqs, |q| matches!(q, Request::Raise { token: 2, .. }));
+    }
+
+    #[test]
+    fn read_as_not_applied_a_lost_raise_answer_admits_the_old_token() {
+        // The broken variant the simulation must catch, shown directly.
+        let mut r = live(1).with_flaws(Flaws {
+            lost_as_not_applied: true,
+            ..Flaws::default()
+        });
+        assert_eq!(r.begin_write("L", 2, 10), Admit::Wait);
+        let reqs = drain(&mut r);
+        let raise = find(&reqs, |q| matches!(q, Request::Raise { .. }));
+        r.handle_answer(raise, Answer::Unknown("no answer".into()), 20);
+        assert!(matches!(r.begin_write("L", 1, 21), Admit::Admitted(_)));
+    }
+
+    #[test]
+    fn a_raise_learned_from_the_watch_is_acked_only_after_the_drain() {
+        let mut r = live(1);
+        let Admit::Admitted(w) = r.begin_write("L", 1, 10) else {
+            panic!("admitted")
+        };
+        let number = r.incarnation_number().expect("joined");
+        r.watch_event(number, "L", 2, 11);
+        assert_eq!(r.poll_event(), Some(Event::Cut("L".into())));
+        let reqs = drain(&mut r);
+        assert!(
+            reqs.iter().all(|(_, q)| !matches!(q, Request::Ack { .. })),
+            "no ack while a write below it is in flight: {reqs:?}"
+        );
+        find(&reqs, |q| {
+            matches!(
+                q,
+                Request::Draining {
+                    token: 2,
+                    writes: 1,
+                    ..
+                }
+            )
+        });
+        assert_eq!(r.begin_write("L", 1, 12), Admit::Stale { max: 2 });
+        r.write_done(&w, 13);
+        let reqs = drain(&mut r);
+        find(&reqs, |q| matches!(q, Request::Ack { token: 2, .. }));
+    }
+
+    #[test]
+    fn a_lost_registration_cuts_everything_and_unconfirms_every_max() {
+        let mut r = live(1);
+        let Admit::Admitted(_w) = r.begin_write("L", 1, 10) else {
+            panic!("admitted")
+        };
+        r.handle_timeout(1_000);
+        let reqs = drain(&mut r);
+        let renew = find(&reqs, |q| matches!(q, Request::KeepAlive { .. }));
+        r.handle_answer(renew, Answer::LeaseGone, 1_001);
+        let events: Vec<_> = std::iter::from_fn(|| r.poll_event()).collect();
+        assert!(events.contains(&Event::CutAll), "{events:?}");
+        assert!(matches!(
+            r.begin_write("L", 1, 1_002),
+            Admit::Unavailable(_)
+        ));
+        assert_eq!(r.max("L"), 1, "the max stays");
+    }
+
+    #[test]
+    fn the_standing_ends_on_the_clock_without_a_renewal() {
+        let mut r = live(0);
+        let until = r.admits_until().expect("standing");
+        assert!(r.admits(until - 1) && !r.admits(until));
+        r.handle_timeout(until);
+        assert!(r.why_not().contains("could not renew"), "{}", r.why_not());
     }
 }

@@ -47,6 +47,8 @@ use tokio_util::sync::CancellationToken;
 /// Longest the driver sleeps without looking at the machine's timers (its
 /// clock counts suspend, tokio's does not).
 const DRIVER_NAP: Duration = Duration::from_secs(1);
+/// Shortest: the machine's clock counts milliseconds.
+const DRIVER_TICK: Duration = Duration::from_millis(1);
 /// Most upload bindings a replica keeps copies of; then it starts over
 /// (etcd has them all).
 const UPLOAD_COPIES: usize = 100_000;
@@ -491,14 +493,14 @@ impl Cluster {
             let notified = self.inner.wake.notified();
             let due = self.driven().machine.poll_timeout();
             let now = self.now();
+            // At least a millisecond: a timer the machine reports due but
+            // does not act on must not spin a core.
             let nap = due.map_or(DRIVER_NAP, |t| {
-                Duration::from_millis(t.saturating_sub(now)).min(DRIVER_NAP)
+                Duration::from_millis(t.saturating_sub(now)).clamp(DRIVER_TICK, DRIVER_NAP)
             });
-            if !nap.is_zero() {
-                tokio::select! {
-                    () = notified => {}
-                    () = tokio::time::sleep(nap) => {}
-                }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep(nap) => {}
             }
             self.input(false, |m, now| m.handle_timeout(now));
         }
