@@ -14,3 +14,5 @@ for seed in $(seq 1 "$seeds"); do
   echo "==> history seed $seed"
   FENCEGATE_HISTORY_SEED="$seed" cargo test --release --test faults a_random_multi_client_history -- --nocapture
 done
+echo "==> 1,000,000 schedules of the replica protocol (core/tests/replica_simulation.rs)"
+FENCEGATE_SIM_SEEDS=1000000 cargo test --release -p fencegate-core --test replica_simulation the_protocol_holds -- --nocapture

@@ -22,7 +22,7 @@
 //! the same transaction, maybe) already promises.
 
 use super::{MemberView, Ms, RaiseWait, Standing, Timing};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -279,6 +279,8 @@ struct Lock {
     ack_retry_at: Ms,
     /// The highest token a draining report was sent for.
     reported: u64,
+    /// When a draining report that failed is sent again.
+    report_retry_at: Ms,
 }
 
 impl Lock {
@@ -385,6 +387,9 @@ pub struct Replica {
     keepalive: Option<ReqId>,
     next_renewal: Ms,
     locks: HashMap<Arc<str>, Lock>,
+    /// The locks with a raise under way or an ack owed: the only ones
+    /// timers look at (a replica may know many idle locks).
+    busy: BTreeSet<Arc<str>>,
     next_req: ReqId,
     outstanding: HashMap<ReqId, (u64, Purpose)>,
     requests: VecDeque<(ReqId, Request)>,
@@ -412,6 +417,7 @@ impl Replica {
             keepalive: None,
             next_renewal: Ms::MAX,
             locks: HashMap::new(),
+            busy: BTreeSet::new(),
             next_req: 1,
             outstanding: HashMap::new(),
             requests: VecDeque::new(),
@@ -471,7 +477,7 @@ impl Replica {
                 at(u);
             }
         }
-        for l in self.locks.values() {
+        for l in self.busy.iter().filter_map(|k| self.locks.get(k)) {
             match &l.raise {
                 Some(Raise {
                     phase: RaisePhase::Retry(r),
@@ -495,6 +501,11 @@ impl Replica {
             if self.live() && l.owed > l.acked && l.ack_sending.is_none() && l.drained_below(l.owed)
             {
                 at(l.ack_retry_at);
+            }
+            // So is a draining report that failed (`watch_opened` and each
+            // write's end step the lock otherwise).
+            if self.live() && l.owed > l.acked && l.owed > l.reported && !l.drained_below(l.owed) {
+                at(l.report_retry_at);
             }
         }
         t
@@ -583,7 +594,11 @@ impl Replica {
     /// Raises under way and what holds each up.
     pub fn raises(&self, now: Ms) -> Vec<RaiseStatus> {
         let mut out = Vec::new();
-        for (lock, l) in &self.locks {
+        for (lock, l) in self
+            .busy
+            .iter()
+            .filter_map(|k| Some((k, self.locks.get(k)?)))
+        {
             let Some(r) = &l.raise else { continue };
             let (phase, holdups) = match &r.phase {
                 RaisePhase::Draining => {
@@ -672,8 +687,11 @@ impl Replica {
             f.count = f.count.saturating_sub(1);
             if f.count == 0 {
                 l.flights.remove(&w.token);
-                let lock = w.lock.clone();
-                self.step_lock(&lock, now);
+                // Only a raise or an owed ack waits for a drain.
+                if l.raise.is_some() || l.owed > l.acked {
+                    let lock = w.lock.clone();
+                    self.step_lock(&lock, now);
+                }
             }
         }
     }
@@ -728,7 +746,7 @@ impl Replica {
                 reload_at: None,
             };
         }
-        let keys: Vec<Arc<str>> = self.locks.keys().cloned().collect();
+        let keys: Vec<Arc<str>> = self.busy.iter().cloned().collect();
         for k in keys {
             self.step_lock(&k, now);
         }
@@ -793,8 +811,10 @@ impl Replica {
                 if let Some(l) = self.locks.get_mut(&lock)
                     && !matches!(answer, Answer::Done)
                 {
-                    // Said again at the next step.
+                    // Said again soon: without it, a raiser evicts a
+                    // replica that is only slow.
                     l.reported = 0;
+                    l.report_retry_at = now + RETRY;
                 }
             }
             Purpose::Members { lock } => self.members_read(&lock, id, answer, now),
@@ -813,7 +833,7 @@ impl Replica {
             };
             let id = self.me.as_ref().map(|m| m.id.clone()).unwrap_or_default();
             self.events.push_back(Event::Joined { id, rev });
-            let keys: Vec<Arc<str>> = self.locks.keys().cloned().collect();
+            let keys: Vec<Arc<str>> = self.busy.iter().cloned().collect();
             for k in keys {
                 self.step_lock(&k, now);
             }
@@ -1005,6 +1025,7 @@ impl Replica {
             l.acked = 0;
             l.reported = 0;
         }
+        self.busy.clear();
         self.phase = Phase::Out { at: now };
     }
 
@@ -1034,6 +1055,21 @@ impl Replica {
 
     /// Moves a lock's raise and ack on as far as they can go now.
     fn step_lock(&mut self, key: &Arc<str>, now: Ms) {
+        self.advance(key, now);
+        let busy = self
+            .locks
+            .get(key)
+            .is_some_and(|l| l.raise.is_some() || l.owed > l.acked);
+        if busy {
+            if !self.busy.contains(key) {
+                self.busy.insert(key.clone());
+            }
+        } else {
+            self.busy.remove(key);
+        }
+    }
+
+    fn advance(&mut self, key: &Arc<str>, now: Ms) {
         let Some(me) = self.me.clone() else { return };
         if !self.live() {
             return;
@@ -1062,7 +1098,11 @@ impl Replica {
                     Purpose::Ack { lock: key.clone() },
                 ));
                 sending_ack = Some(l.owed);
-            } else if l.owed > l.acked && l.owed > l.reported && !l.drained_below(l.owed) {
+            } else if l.owed > l.acked
+                && l.owed > l.reported
+                && now >= l.report_retry_at
+                && !l.drained_below(l.owed)
+            {
                 // Slow is not dead: say so, and the raiser keeps waiting.
                 let (writes, oldest) = l.below(l.owed);
                 out.push((
