@@ -467,7 +467,13 @@ async fn past_refusals(p: &Proxy, key: &str, token: u64, body: &str) -> (u16, St
 /// A zombie holding `token` writes new keys through `p` for `during`: the
 /// keys it got 200 for, and the keys the store has with that token (the
 /// ground truth, read after the fact).
-async fn zombie(env: &Env, p: &Proxy, prefix: &str, token: u64, during: Duration) -> (Vec<String>, Vec<String>) {
+async fn zombie(
+    env: &Env,
+    p: &Proxy,
+    prefix: &str,
+    token: u64,
+    during: Duration,
+) -> (Vec<String>, Vec<String>) {
     let started = Instant::now();
     let mut keys = Vec::new();
     let mut answered = Vec::new();
@@ -551,7 +557,10 @@ async fn a_rejoin_whose_reload_fails_admits_nothing() {
     link.cut();
     let deadline = Instant::now() + Duration::from_secs(15);
     while status(a).await["admitting"] == true {
-        assert!(Instant::now() < deadline, "a kept its standing without etcd");
+        assert!(
+            Instant::now() < deadline,
+            "a kept its standing without etcd"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(put(b, "new-holder", 2, "t2").await.0, 200, "b waits a out");

@@ -212,7 +212,9 @@ impl Harness {
         let etcd_link = match (&endpoints, self.etcd_link) {
             (Some(e), true) => {
                 let first = e.split(',').next().unwrap_or_default();
-                Some(super::relay::Link::start(first.trim_start_matches("http://").to_owned()).await)
+                Some(
+                    super::relay::Link::start(first.trim_start_matches("http://").to_owned()).await,
+                )
             }
             _ => None,
         };
@@ -220,7 +222,10 @@ impl Harness {
         for i in 0..self.proxies {
             let pdir: PathBuf = dir.path().join(format!("proxy{i}"));
             std::fs::create_dir_all(&pdir).expect("proxy dir");
-            let linked = etcd_link.as_ref().filter(|_| i == 0).map(|l| l.endpoint.clone());
+            let linked = etcd_link
+                .as_ref()
+                .filter(|_| i == 0)
+                .map(|l| l.endpoint.clone());
             let shared = self
                 .is_shared()
                 .then_some(linked.as_deref().or(endpoints.as_deref()))

@@ -241,8 +241,8 @@ impl Link {
                                     return;
                                 }
                                 let delay = st.delay_ms.load(Ordering::Acquire);
-                                let due = tokio::time::Instant::now()
-                                    + Duration::from_millis(delay);
+                                let due =
+                                    tokio::time::Instant::now() + Duration::from_millis(delay);
                                 if tx.send((due, buf[..n].to_vec())).is_err() {
                                     return;
                                 }
@@ -273,9 +273,10 @@ impl Link {
 
     /// Every answer from now on arrives this much later.
     pub fn delay(&self, d: Duration) {
-        self.state
-            .delay_ms
-            .store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::Release);
+        self.state.delay_ms.store(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
     }
 
     /// Drops every connection; new ones are black-holed.
