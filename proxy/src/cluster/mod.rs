@@ -390,11 +390,7 @@ impl Cluster {
                         let mut d = self.driven();
                         match d.cuts.get(lock) {
                             Some(c) => c.clone(),
-                            None => d
-                                .cuts
-                                .entry(lock.to_owned())
-                                .or_insert_with(CancellationToken::new)
-                                .clone(),
+                            None => d.cuts.entry(lock.to_owned()).or_default().clone(),
                         }
                     };
                     let write = ClusterWrite {
