@@ -6,6 +6,7 @@
 
 use crate::config::BackendConfig;
 use crate::keys::Known;
+use crate::send_check::{Check, SdkClient};
 use aws_credential_types::Credentials;
 use aws_sdk_s3::config::{
     BehaviorVersion, Region, RequestChecksumCalculation, ResponseChecksumValidation,
@@ -21,6 +22,9 @@ use std::time::Duration;
 /// The object metadata key holding the writer's token
 /// (`x-amz-meta-fencing-token` on the wire).
 pub const TOKEN_METADATA_KEY: &str = "fencing-token";
+
+/// Longest a connection to the store may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The backend: an SDK client, and the s3s-aws adapter forwarding client
 /// requests through it. Only the gate holds one; ops see [`Reads`].
@@ -81,7 +85,9 @@ impl std::fmt::Debug for Backend {
 }
 
 impl Backend {
-    pub fn new(config: &BackendConfig) -> Backend {
+    /// The backend of `config`; with replicas, `check` is the replica's
+    /// standing, asked before every write's bytes leave (`send_check`).
+    pub fn new(config: &BackendConfig, check: Option<Check>) -> Backend {
         let creds = Credentials::new(
             config.access_key.clone(),
             config.secret_key.clone(),
@@ -100,17 +106,30 @@ impl Backend {
             .retry_config(RetryConfig::disabled())
             .timeout_config(
                 TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(5))
+                    .connect_timeout(CONNECT_TIMEOUT)
                     .build(),
             )
             // A paused client must not be cut by the SDK's stall detector:
             // only a newer token cuts an upload.
             .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
-            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
-            .build();
-        let client = aws_sdk_s3::Client::from_conf(sdk_config);
-        let lean = match crate::lean::Lean::new(config) {
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+        let reads_client = aws_sdk_s3::Client::from_conf(sdk_config.clone().build());
+        // Writes go over connections that ask the check before each write
+        // of bytes; reads do not need to.
+        let https = config.endpoint.starts_with("https://");
+        let client = match crate::send_check::store_connector(https, CONNECT_TIMEOUT) {
+            Ok(connector) => aws_sdk_s3::Client::from_conf(
+                sdk_config
+                    .http_client(SdkClient::new(connector, check.clone()))
+                    .build(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "no checked connections to the store; writes go out with the SDK's own client, checked only before they are sent");
+                reads_client.clone()
+            }
+        };
+        let lean = match crate::lean::Lean::new(config, check) {
             Ok(l) => Some(std::sync::Arc::new(l)),
             Err(e) => {
                 tracing::warn!(error = %e, "no lean forwarder for this backend; every write goes through the SDK");
@@ -120,7 +139,7 @@ impl Backend {
         Backend {
             lean,
             forward: s3s_aws::Proxy::from(client.clone()),
-            reads: Reads(s3s_aws::Proxy::from(client.clone())),
+            reads: Reads(s3s_aws::Proxy::from(reads_client)),
             client,
         }
     }

@@ -22,6 +22,7 @@ pub(crate) use sign::hex;
 use crate::backend::TOKEN_METADATA_KEY;
 use crate::config::BackendConfig;
 use crate::errors;
+use crate::send_check::{Check, CheckedConnector};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
@@ -35,6 +36,9 @@ use s3s::dto::{ETag, ETagCondition, PutObjectInput, PutObjectOutput, StreamingBl
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use std::time::Duration;
 
+/// Longest a connection to the store may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A request body the lean client sends.
 pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -45,7 +49,10 @@ pub struct LeanPut {
     headers: HeaderMap,
 }
 
-type Pool = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
+/// The store's connections, each write on them checked last
+/// (`send_check`).
+type Connector = CheckedConnector<hyper_rustls::HttpsConnector<HttpConnector>>;
+type Pool = Client<Connector, Body>;
 
 /// The pooled client and what it signs with.
 pub struct Lean {
@@ -53,7 +60,7 @@ pub struct Lean {
     client: Pool,
     /// Each serving thread gets a pool of its own (see [`Lean::pool`]),
     /// made with this connector; `id` tells this forwarder's pools apart.
-    connector: hyper_rustls::HttpsConnector<HttpConnector>,
+    connector: Connector,
     id: usize,
     /// `scheme://authority`, and the base path (without a trailing `/`).
     scheme: http::uri::Scheme,
@@ -90,7 +97,7 @@ fn body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
 }
 
 /// A keep-alive pool of backend connections.
-fn pool(connector: hyper_rustls::HttpsConnector<HttpConnector>) -> Pool {
+fn pool(connector: Connector) -> Pool {
     Client::builder(TokioExecutor::new())
         // With a timer, idle connections are closed after the timeout, not
         // only found stale when next checked out.
@@ -180,7 +187,8 @@ pub fn forwarded(name: &HeaderName) -> bool {
 impl Lean {
     /// A client for the backend of `config`, or an error if its endpoint is
     /// not an `http(s)://host[:port][/path]` URL.
-    pub fn new(config: &BackendConfig) -> anyhow::Result<Lean> {
+    /// A forwarder to `config`'s store whose every write asks `check` last.
+    pub fn new(config: &BackendConfig, check: Option<Check>) -> anyhow::Result<Lean> {
         let uri: Uri = config.endpoint.parse()?;
         let scheme = uri
             .scheme()
@@ -190,20 +198,13 @@ impl Lean {
             .authority()
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("the backend endpoint has no host"))?;
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let tls = hyper_rustls::HttpsConnectorBuilder::new();
-        let tls = if scheme == http::uri::Scheme::HTTPS {
-            tls.with_provider_and_native_roots(provider)?
-        } else {
-            // Plain http: no certificate is ever checked, so none is loaded.
-            tls.with_tls_config(
-                rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()?
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth(),
-            )
-        };
-        let connector = tls.https_or_http().enable_http1().build();
+        let connector = CheckedConnector::new(
+            crate::send_check::store_connector(
+                scheme == http::uri::Scheme::HTTPS,
+                CONNECT_TIMEOUT,
+            )?,
+            check,
+        );
         let client = pool(connector.clone());
         for (what, text) in [
             ("access key", &config.access_key),

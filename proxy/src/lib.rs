@@ -60,6 +60,7 @@ pub mod page;
 pub mod probe;
 pub mod query;
 pub mod scope;
+pub mod send_check;
 pub mod server;
 pub mod tokens;
 pub mod trailer;

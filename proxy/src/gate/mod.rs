@@ -257,6 +257,11 @@ impl Gate {
         db: Db,
         cluster: Option<crate::cluster::Cluster>,
     ) -> anyhow::Result<Gate> {
+        // With replicas, no write's bytes leave once the standing ended.
+        let last_check = cluster.clone().map(|c| {
+            let check: crate::send_check::Check = std::sync::Arc::new(move || c.admits());
+            check
+        });
         let keys = if config.signing_keys.is_empty() {
             None
         } else {
@@ -326,7 +331,7 @@ impl Gate {
             })
             .transpose()?;
         Ok(Gate {
-            backend: Backend::new(&config.backend),
+            backend: Backend::new(&config.backend, last_check),
             scopes,
             fences,
             keys: Keys::new(config.etag_cache_entries),
