@@ -230,6 +230,11 @@ struct Inner {
     request_timeout: Duration,
     max_waiters: usize,
     metrics: Arc<Metrics>,
+    /// The highest store revision any answer carried: etcd's revision
+    /// never goes back, unless the cluster was restored from a backup.
+    highest_revision: std::sync::atomic::AtomicI64,
+    /// Set once a revision went back: this replica then grants nothing.
+    rewound: std::sync::Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for EtcdLeases {
@@ -274,6 +279,8 @@ impl EtcdLeases {
                 request_timeout: config.request_timeout,
                 max_waiters,
                 metrics,
+                highest_revision: std::sync::atomic::AtomicI64::new(0),
+                rewound: std::sync::Mutex::new(None),
             }),
         };
         let deadline = Instant::now() + startup;
@@ -367,11 +374,46 @@ impl EtcdLeases {
     }
 
     async fn txn_tracked(&self, txn: Txn) -> Result<(TxnResponse, Retried), EngineError> {
-        self.call_tracked(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await
+        self.refuse_if_rewound()?;
+        let (resp, retried) = self
+            .call_tracked(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        self.saw_revision(resp.header().map_or(0, |h| h.revision()))?;
+        Ok((resp, retried))
+    }
+
+    /// Refuses everything once etcd's revision went back (see
+    /// [`Self::saw_revision`]).
+    fn refuse_if_rewound(&self) -> Result<(), EngineError> {
+        match &*self.inner.rewound.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(why) => Err(EngineError::Storage(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Every transaction's answer is linearizable, so its revision never
+    /// goes below one seen before, unless etcd was restored from an older
+    /// backup: then revisions, and the tokens made of them, would repeat
+    /// ones already issued. The replica stops granting for good and says
+    /// which epoch clears them.
+    fn saw_revision(&self, revision: i64) -> Result<(), EngineError> {
+        let highest = self
+            .inner
+            .highest_revision
+            .fetch_max(revision, std::sync::atomic::Ordering::AcqRel);
+        if revision >= highest || revision == 0 {
+            return Ok(());
+        }
+        let why = format!(
+            "etcd's revision went back from {highest} to {revision}: the cluster was restored from an older backup, and its tokens would repeat ones already issued. This replica grants nothing more. Stop every lease-service replica, set etcd.epoch (or FENCEGATE_ETCD_EPOCH) to {} and start them again",
+            u32::from(self.inner.epoch) + 1
+        );
+        tracing::error!("{why}");
+        *self.inner.rewound.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+        Err(EngineError::Storage(why))
     }
 
     /// A transaction for start-up, which tells "etcd refused" (stop) from
