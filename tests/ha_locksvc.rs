@@ -822,3 +822,58 @@ fn a_replica_reaches_etcd_over_tls_with_a_client_certificate() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("etcd"), "{err}");
 }
+
+/// etcd restored from an older backup while a replica runs: its revision,
+/// and the tokens made of it, go back. The replica notices at its next
+/// transaction, grants nothing from then on, and says which epoch to set.
+#[test]
+fn etcd_restored_from_an_older_backup_stops_the_replica_granting() {
+    let _one = one_at_a_time();
+    let dir = tempdir();
+    let mut cluster = EtcdCluster::start(1);
+    let svc = Service::start(replica_cmd(dir.path(), &cluster, "/rw/", 0));
+    let api = Api::new(&svc.url);
+    let (s, first) = api.acquire("r", "A", 60_000);
+    assert_eq!(s, 200, "{first}");
+    let backup = dir.path().join("etcd-backup");
+    cluster.restart(0, |data| support::etcd::copy_dir(data, &backup));
+    let mut last = token_of(&first);
+    for i in 0..5 {
+        let (s, v) = api.acquire(&format!("r{i}"), "B", 60_000);
+        assert_eq!(s, 200, "{v}");
+        last = last.max(token_of(&v));
+    }
+    cluster.restart(0, |data| {
+        std::fs::remove_dir_all(data).expect("remove the data dir");
+        support::etcd::copy_dir(&backup, data);
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refusal = loop {
+        let (s, v) = api.acquire("after", "C", 60_000);
+        assert_ne!(
+            s,
+            200,
+            "granted token {} after etcd went back; {last} was granted before",
+            token_of(&v)
+        );
+        let message = v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if message.contains("went back") {
+            break message;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never told the revision went back: {s} {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        refusal.contains("etcd.epoch") && refusal.contains(" 1 "),
+        "{refusal}"
+    );
+    // And it stays refused: not one token below those already issued.
+    let (s, v) = api.acquire("later", "D", 60_000);
+    assert_eq!(s, 503, "{v}");
+}

@@ -89,6 +89,10 @@ pub struct Member {
     pub name: String,
     pub client_url: String,
     child: Child,
+    /// How it was started, to start it again ([`EtcdCluster::restart`]).
+    args: Vec<std::ffi::OsString>,
+    data_dir: std::path::PathBuf,
+    log: std::path::PathBuf,
 }
 
 impl Member {
@@ -126,6 +130,26 @@ impl Member {
             v["leader"].as_str()?.to_owned(),
         ))
     }
+}
+
+fn spawn_member(args: &[std::ffi::OsString], log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    Command::new(etcd_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {}: {e} (scripts/install-test-tools.sh installs Debian's etcd-server)",
+                etcd_bin()
+            )
+        })
 }
 
 /// A running cluster of real etcd members.
@@ -174,44 +198,48 @@ impl EtcdCluster {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 let client_url = format!("{scheme}://127.0.0.1:{c}");
                 let peer_url = format!("http://127.0.0.1:{p}");
-                let log = std::fs::File::create(dir.path().join(format!("{name}.log")))
-                    .expect("log file");
-                let mut cmd = Command::new(etcd_bin());
+                let log = dir.path().join(format!("{name}.log"));
+                let data_dir = dir.path().join(&name);
+                let mut args: Vec<std::ffi::OsString> = Vec::new();
                 if let Some(t) = tls {
-                    cmd.arg("--cert-file")
-                        .arg(&t.cert)
-                        .arg("--key-file")
-                        .arg(&t.key)
-                        .arg("--trusted-ca-file")
-                        .arg(&t.ca)
-                        .arg("--client-cert-auth");
+                    args.extend(
+                        [
+                            "--cert-file".into(),
+                            t.cert.clone().into_os_string(),
+                            "--key-file".into(),
+                            t.key.clone().into_os_string(),
+                            "--trusted-ca-file".into(),
+                            t.ca.clone().into_os_string(),
+                            "--client-cert-auth".into(),
+                        ]
+                        .into_iter(),
+                    );
                 }
-                let child = cmd
-                    .args(["--name", &name, "--data-dir"])
-                    .arg(dir.path().join(&name))
-                    .args(["--listen-client-urls", &client_url])
-                    .args(["--advertise-client-urls", &client_url])
-                    .args(["--listen-peer-urls", &peer_url])
-                    .args(["--initial-advertise-peer-urls", &peer_url])
-                    .args(["--initial-cluster", &initial.join(",")])
-                    .args(["--initial-cluster-token", &token])
-                    .args(["--initial-cluster-state", "new"])
-                    .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-                    .args(["--log-level", "warn"])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(log)
-                    .spawn()
-                    .unwrap_or_else(|e| {
-                        panic!(
-                            "cannot start {}: {e} (scripts/install-test-tools.sh installs Debian's etcd-server)",
-                            etcd_bin()
-                        )
-                    });
+                args.extend(["--name".into(), name.clone().into(), "--data-dir".into()]);
+                args.push(data_dir.clone().into_os_string());
+                for (flag, value) in [
+                    ("--listen-client-urls", client_url.as_str()),
+                    ("--advertise-client-urls", client_url.as_str()),
+                    ("--listen-peer-urls", peer_url.as_str()),
+                    ("--initial-advertise-peer-urls", peer_url.as_str()),
+                    ("--initial-cluster", initial.join(",").as_str()),
+                    ("--initial-cluster-token", token.as_str()),
+                    ("--initial-cluster-state", "new"),
+                    ("--heartbeat-interval", "50"),
+                    ("--election-timeout", "500"),
+                    ("--log-level", "warn"),
+                ] {
+                    args.push(flag.into());
+                    args.push(value.into());
+                }
+                let child = spawn_member(&args, &log);
                 Member {
                     name,
                     client_url,
                     child,
+                    args,
+                    data_dir,
+                    log,
                 }
             })
             .collect();
@@ -283,6 +311,43 @@ impl EtcdCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+impl EtcdCluster {
+    /// Kills member `i` (kill -9), lets `between` act on its data
+    /// directory while it is down, and starts it again on the same ports
+    /// and directory; waits until the cluster answers. With one member,
+    /// `between` copying the directory away takes a backup, and copying
+    /// one back restores it.
+    pub fn restart(&mut self, i: usize, between: impl FnOnce(&Path)) {
+        let m = &mut self.members[i];
+        let _ = m.child.kill();
+        let _ = m.child.wait();
+        between(&m.data_dir);
+        m.child = spawn_member(&m.args, &m.log);
+        let pid = m.child.id();
+        // The watchdog knows the first pids only: this one gets its own.
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {pid} 2>/dev/null",
+                std::process::id()
+            ))
+            .stdin(Stdio::null())
+            .spawn();
+        self.wait_for_leader(Duration::from_secs(30));
+    }
+}
+
+/// `cp -a from to`: a directory copied whole, as a backup tool would.
+pub fn copy_dir(from: &Path, to: &Path) {
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp");
+    assert!(ok.success(), "cp -a {} {}", from.display(), to.display());
 }
 
 impl Drop for EtcdCluster {
