@@ -633,3 +633,32 @@ async fn a_replica_draining_a_slow_store_keeps_the_raise_waiting_instead_of_bein
     assert_eq!(status(b).await["evictions"], 0, "a was alive: not evicted");
     assert_eq!(held.await.expect("joined"), 200);
 }
+
+/// Replicas whose settings differ (a rolling change): the stopped replica
+/// runs a 6 s registration, the raiser a 3 s one. The raiser waits the
+/// stopped one out by the lock delay its settings need, (6 s / 0.99 +
+/// 1 s) · 1.01, not by its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_waits_out_a_replica_by_the_settings_it_published() {
+    let env = replicas(BackendKind::S3Fs, 2)
+        .first_proxy_cluster_options(
+            "registration_ttl = \"6s\"\nack_timeout = \"2s\"\nrequest_timeout = \"1s\"\n",
+        )
+        .start()
+        .await;
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
+    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
+    let service = a.service.as_ref().expect("running");
+    service.signal(Signal::SIGSTOP);
+    let started = Instant::now();
+    let answer = put(b, "new-holder", 2, "t2").await;
+    let raise = started.elapsed();
+    service.signal(Signal::SIGCONT);
+    assert_eq!(answer.0, 200, "{answer:?}");
+    let published = Duration::from_millis(7_130);
+    assert!(
+        raise >= published,
+        "the raise waited {raise:?}: by the raiser's own lock delay ({LOCK_DELAY:?}), not the stopped replica's ({published:?})"
+    );
+}

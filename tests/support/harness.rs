@@ -26,6 +26,8 @@ pub struct Harness {
     proxy_extra: String,
     backend_options: String,
     cluster_options: String,
+    /// The first proxy's own `[cluster]` timing lines, if it differs.
+    first_cluster_options: Option<String>,
     etcd: usize,
     locksvc: usize,
     proxies: usize,
@@ -56,6 +58,7 @@ impl Harness {
             proxy_extra: String::new(),
             backend_options: String::new(),
             cluster_options: String::new(),
+            first_cluster_options: None,
             etcd: 0,
             locksvc: 0,
             proxies: 1,
@@ -109,6 +112,13 @@ impl Harness {
     pub fn cluster_options(mut self, lines: &str) -> Harness {
         self.cluster_options.push_str(lines);
         self.cluster_options.push('\n');
+        self
+    }
+
+    /// The first proxy's `[cluster]` timing, in place of the others'
+    /// (replicas whose settings differ, as in a rolling change).
+    pub fn first_proxy_cluster_options(mut self, lines: &str) -> Harness {
+        self.first_cluster_options = Some(lines.to_owned());
         self
     }
 
@@ -180,7 +190,9 @@ impl Harness {
             toml.push_str(&format!(
                 "\n[cluster]\nendpoints = [{}]\nprefix = \"/fg-test/\"\nreplica_id = \"p{i}\"\n{}",
                 list.join(", "),
-                if self.cluster_options.contains("registration_ttl") {
+                if let Some(own) = self.first_cluster_options.clone().filter(|_| i == 0) {
+                    own
+                } else if self.cluster_options.contains("registration_ttl") {
                     self.cluster_options.clone()
                 } else {
                     // Short enough for quick tests; the ack timeout leaves a

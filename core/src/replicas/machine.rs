@@ -397,6 +397,9 @@ pub struct Replica {
     why_not: String,
     evictions: u64,
     raises_sent: u64,
+    /// The longest lock delay a raise here had to wait by (members may
+    /// publish longer settings than this replica's).
+    longest_lock_delay: Duration,
     flags: Flags,
 }
 
@@ -425,6 +428,7 @@ impl Replica {
             why_not: "the replica has not joined the cluster yet".into(),
             evictions: 0,
             raises_sent: 0,
+            longest_lock_delay: timing.lock_delay,
             flags: Flags::default(),
         }
     }
@@ -571,6 +575,12 @@ impl Replica {
             .collect();
         v.sort();
         v
+    }
+
+    /// The longest lock delay a raise here may have to wait: this
+    /// replica's, or a longer one another member published.
+    pub fn longest_lock_delay(&self) -> Duration {
+        self.longest_lock_delay
     }
 
     pub fn evictions(&self) -> u64 {
@@ -1243,6 +1253,10 @@ impl Replica {
             return;
         };
         let next = wait.next(&view, now, flags.evict_draining);
+        let longest = view
+            .iter()
+            .map(|m| self.timing.lock_delay_for(m.published.as_ref()))
+            .fold(self.longest_lock_delay, Duration::max);
         if next.admit {
             if l.max == token {
                 l.confirmed = true;
@@ -1252,6 +1266,7 @@ impl Replica {
             *next_read = next.wake_at.map_or(now + *poll, |w| w.min(now + *poll));
             *poll = (*poll * 2).min(POLL_LAST);
         }
+        self.longest_lock_delay = longest;
         for m in &view {
             if next.evict.contains(&m.id) {
                 self.evictions += 1;

@@ -370,18 +370,22 @@ impl Cluster {
     /// by a member still draining goes on; the next write joins it.)
     fn raise_patience(&self) -> Duration {
         let t = &self.inner.timing;
-        t.ack_timeout + t.lock_delay + 4 * self.inner.etcd.request_timeout()
+        let lock_delay = self.driven().machine.longest_lock_delay();
+        t.ack_timeout + lock_delay + 4 * self.inner.etcd.request_timeout()
     }
 
     /// Admits a write of `token` to `lock`, raising the lock's max in the
     /// cluster first if it must.
     pub async fn admit(&self, lock: &str, token: u64) -> Admitted {
-        let patience = self.raise_patience();
         let mut changed = self.inner.changed.subscribe();
-        let deadline = tokio::time::Instant::now() + patience;
+        let since = tokio::time::Instant::now();
         let mut raised = false;
         let started = Instant::now();
         loop {
+            // Again each time: the members read meanwhile may have
+            // published a longer lock delay.
+            let patience = self.raise_patience();
+            let deadline = since + patience;
             changed.borrow_and_update();
             let admit = self.input(false, |m, now| m.begin_write(lock, token, now));
             match admit {
