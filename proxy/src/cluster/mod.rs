@@ -87,6 +87,13 @@ pub enum Admitted {
     Unavailable(String),
 }
 
+/// One try at admitting a write.
+enum Step {
+    In(WriteId, CancellationToken),
+    Out(Admitted),
+    Wait,
+}
+
 /// An admitted write; dropping it tells the machine it is over.
 #[derive(Debug)]
 pub struct ClusterWrite {
@@ -269,13 +276,18 @@ impl Cluster {
     /// (under the same lock), requests (each on its own task), notices.
     /// `notify`: wake the writes waiting for a raise.
     fn input<R>(&self, notify: bool, f: impl FnOnce(&mut Replica, Ms) -> R) -> R {
+        self.input_with(notify, |d, now| f(&mut d.machine, now))
+    }
+
+    /// [`Cluster::input`] with the cut signals in reach too.
+    fn input_with<R>(&self, notify: bool, f: impl FnOnce(&mut Driven, Ms) -> R) -> R {
         let now = self.now();
         let mut requests = Vec::new();
         let mut notices = Vec::new();
         let r = {
             let mut d = self.driven();
+            let r = f(&mut d, now);
             let Driven { machine, cuts } = &mut *d;
-            let r = f(machine, now);
             while let Some(q) = machine.poll_request() {
                 requests.push(q);
             }
@@ -387,16 +399,24 @@ impl Cluster {
             let patience = self.raise_patience();
             let deadline = since + patience;
             changed.borrow_and_update();
-            let admit = self.input(false, |m, now| m.begin_write(lock, token, now));
-            match admit {
-                Admit::Admitted(id) => {
-                    let cancel = {
-                        let mut d = self.driven();
-                        match d.cuts.get(lock) {
+            // The write's cut signal is taken in the step that admits it:
+            // a cut that comes after reaches it.
+            let step = self.input_with(false, |d, now| {
+                match d.machine.begin_write(lock, token, now) {
+                    Admit::Admitted(id) => {
+                        let cancel = match d.cuts.get(lock) {
                             Some(c) => c.clone(),
                             None => d.cuts.entry(lock.to_owned()).or_default().clone(),
-                        }
-                    };
+                        };
+                        Step::In(id, cancel)
+                    }
+                    Admit::Stale { max } => Step::Out(Admitted::Stale { max }),
+                    Admit::Unavailable(why) => Step::Out(Admitted::Unavailable(why)),
+                    Admit::Wait => Step::Wait,
+                }
+            });
+            match step {
+                Step::In(id, cancel) => {
                     let write = ClusterWrite {
                         cluster: self.clone(),
                         id: Some(id),
@@ -411,9 +431,8 @@ impl Cluster {
                         raised,
                     };
                 }
-                Admit::Stale { max } => return Admitted::Stale { max },
-                Admit::Unavailable(why) => return Admitted::Unavailable(why),
-                Admit::Wait => {
+                Step::Out(answer) => return answer,
+                Step::Wait => {
                     raised = true;
                     if tokio::time::timeout_at(deadline, changed.changed())
                         .await
