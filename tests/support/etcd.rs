@@ -202,18 +202,15 @@ impl EtcdCluster {
                 let data_dir = dir.path().join(&name);
                 let mut args: Vec<std::ffi::OsString> = Vec::new();
                 if let Some(t) = tls {
-                    args.extend(
-                        [
-                            "--cert-file".into(),
-                            t.cert.clone().into_os_string(),
-                            "--key-file".into(),
-                            t.key.clone().into_os_string(),
-                            "--trusted-ca-file".into(),
-                            t.ca.clone().into_os_string(),
-                            "--client-cert-auth".into(),
-                        ]
-                        .into_iter(),
-                    );
+                    args.extend([
+                        "--cert-file".into(),
+                        t.cert.clone().into_os_string(),
+                        "--key-file".into(),
+                        t.key.clone().into_os_string(),
+                        "--trusted-ca-file".into(),
+                        t.ca.clone().into_os_string(),
+                        "--client-cert-auth".into(),
+                    ]);
                 }
                 args.extend(["--name".into(), name.clone().into(), "--data-dir".into()]);
                 args.push(data_dir.clone().into_os_string());
