@@ -375,13 +375,19 @@ impl EtcdLeases {
 
     async fn txn_tracked(&self, txn: Txn) -> Result<(TxnResponse, Retried), EngineError> {
         self.refuse_if_rewound()?;
+        // Only an answer seen before this request was sent bounds it:
+        // overlapping requests may come back in either order.
+        let floor = self
+            .inner
+            .highest_revision
+            .load(std::sync::atomic::Ordering::Acquire);
         let (resp, retried) = self
             .call_tracked(|mut c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
             })
             .await?;
-        self.saw_revision(resp.header().map_or(0, |h| h.revision()))?;
+        self.saw_revision(resp.header().map_or(0, |h| h.revision()), floor)?;
         Ok((resp, retried))
     }
 
@@ -394,21 +400,22 @@ impl EtcdLeases {
         }
     }
 
-    /// Every transaction's answer is linearizable, so its revision never
-    /// goes below one seen before, unless etcd was restored from an older
-    /// backup: then revisions, and the tokens made of them, would repeat
-    /// ones already issued. The replica stops granting for good and says
-    /// which epoch clears them.
-    fn saw_revision(&self, revision: i64) -> Result<(), EngineError> {
+    /// Every transaction's answer is linearizable, so its revision is at
+    /// least that of any answer received before it was sent (`floor`),
+    /// unless etcd was restored from an older backup: then revisions, and
+    /// the tokens made of them, would repeat ones already issued. The
+    /// replica stops granting for good and says which epoch clears them.
+    fn saw_revision(&self, revision: i64, floor: i64) -> Result<(), EngineError> {
         let highest = self
             .inner
             .highest_revision
             .fetch_max(revision, std::sync::atomic::Ordering::AcqRel);
-        if revision >= highest || revision == 0 {
+        if revision >= floor || revision == 0 {
             return Ok(());
         }
         let why = format!(
-            "etcd's revision went back from {highest} to {revision}: the cluster was restored from an older backup, and its tokens would repeat ones already issued. This replica grants nothing more. Stop every lease-service replica, set etcd.epoch (or FENCEGATE_ETCD_EPOCH) to {} and start them again",
+            "etcd's revision went back from {} to {revision}: the cluster was restored from an older backup, and its tokens would repeat ones already issued. This replica grants nothing more. Stop every lease-service replica, set etcd.epoch (or FENCEGATE_ETCD_EPOCH) to {} and start them again",
+            highest.max(floor),
             u32::from(self.inner.epoch) + 1
         );
         tracing::error!("{why}");

@@ -121,7 +121,7 @@ impl Backend {
         let client = match crate::send_check::store_connector(https, CONNECT_TIMEOUT) {
             Ok(connector) => aws_sdk_s3::Client::from_conf(
                 sdk_config
-                    .http_client(SdkClient::new(connector, check.clone()))
+                    .http_client(SdkClient::new(connector, check.clone(), CONNECT_TIMEOUT))
                     .build(),
             ),
             Err(e) => {

@@ -204,6 +204,7 @@ impl Lean {
                 CONNECT_TIMEOUT,
             )?,
             check,
+            CONNECT_TIMEOUT,
         );
         let client = pool(connector.clone());
         for (what, text) in [

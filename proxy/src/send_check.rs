@@ -107,12 +107,16 @@ impl<T: Connection> Connection for CheckedIo<T> {
     }
 }
 
-/// A connector whose connections are [`CheckedIo`].
+/// A connector whose connections are [`CheckedIo`], opened (TCP and TLS)
+/// within a time limit.
 #[derive(Clone)]
 pub struct CheckedConnector<C> {
     inner: C,
     check: Option<Check>,
+    timeout: Duration,
 }
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl<C> std::fmt::Debug for CheckedConnector<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -123,36 +127,47 @@ impl<C> std::fmt::Debug for CheckedConnector<C> {
 }
 
 impl<C> CheckedConnector<C> {
-    /// `inner`'s connections, checked by `check` (none: unchecked).
-    pub fn new(inner: C, check: Option<Check>) -> CheckedConnector<C> {
-        CheckedConnector { inner, check }
+    /// `inner`'s connections, checked by `check` (none: unchecked), each
+    /// opened within `timeout` (a TLS handshake included: a connection
+    /// stuck in it would hold a write past the standing it was checked in).
+    pub fn new(inner: C, check: Option<Check>, timeout: Duration) -> CheckedConnector<C> {
+        CheckedConnector {
+            inner,
+            check,
+            timeout,
+        }
     }
 }
 
-type Connecting<T, E> = Pin<Box<dyn Future<Output = Result<CheckedIo<T>, E>> + Send>>;
+type Connecting<T> = Pin<Box<dyn Future<Output = Result<CheckedIo<T>, BoxError>> + Send>>;
 
 impl<C> tower::Service<Uri> for CheckedConnector<C>
 where
     C: tower::Service<Uri>,
     C::Future: Send + 'static,
     C::Response: 'static,
+    C::Error: Into<BoxError>,
 {
     type Response = CheckedIo<C::Response>;
-    type Error = C::Error;
-    type Future = Connecting<C::Response, C::Error>;
+    type Error = BoxError;
+    type Future = Connecting<C::Response>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let connecting = self.inner.call(uri);
-        let check = self.check.clone();
+        let (check, timeout) = (self.check.clone(), self.timeout);
         Box::pin(async move {
-            Ok(CheckedIo {
-                inner: connecting.await?,
-                check,
-            })
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(Ok(inner)) => Ok(CheckedIo { inner, check }),
+                Ok(Err(e)) => Err(e.into()),
+                Err(_) => Err(format!(
+                    "no connection to the store within {timeout:?} (connect and TLS handshake)"
+                )
+                .into()),
+            }
         })
     }
 }
@@ -201,12 +216,13 @@ impl SdkClient {
     pub fn new(
         connector: hyper_rustls::HttpsConnector<HttpConnector>,
         check: Option<Check>,
+        connect_timeout: Duration,
     ) -> SdkClient {
         SdkClient {
             pool: Client::builder(TokioExecutor::new())
                 .pool_timer(hyper_util::rt::TokioTimer::new())
                 .pool_idle_timeout(Duration::from_secs(30))
-                .build(CheckedConnector::new(connector, check)),
+                .build(CheckedConnector::new(connector, check, connect_timeout)),
         }
     }
 }
@@ -289,8 +305,11 @@ mod tests {
         let check: Check = Arc::new(move || flag.load(Ordering::Acquire));
         let connector = store_connector(false, Duration::from_secs(1)).expect("connector");
         let client: Client<_, http_body_util::Empty<bytes::Bytes>> =
-            Client::builder(TokioExecutor::new())
-                .build(CheckedConnector::new(connector, Some(check)));
+            Client::builder(TokioExecutor::new()).build(CheckedConnector::new(
+                connector,
+                Some(check),
+                Duration::from_secs(1),
+            ));
         let req = || {
             http::Request::delete(url.as_str())
                 .body(http_body_util::Empty::new())

@@ -332,6 +332,9 @@ enum Phase {
     /// Loaded at `rev`; waiting for the watch to run.
     Watching {
         rev: i64,
+        /// etcd confirmed the watch; what is left is the writes admitted
+        /// before the standing was lost (see [`Replica::go_live`]).
+        opened: bool,
     },
     Live {
         /// A reload after a broken watch, if one is out.
@@ -504,13 +507,20 @@ impl Replica {
             // until then a write's end steps the lock). Not before the
             // join is live: `step_lock` sends nothing until then, and
             // `watch_opened` steps every lock.
-            if self.live() && l.owed > l.acked && l.ack_sending.is_none() && l.drained_below(l.owed)
+            if self.acks_run()
+                && l.owed > l.acked
+                && l.ack_sending.is_none()
+                && l.drained_below(l.owed)
             {
                 at(l.ack_retry_at);
             }
             // So is a draining report that failed (`watch_opened` and each
             // write's end step the lock otherwise).
-            if self.live() && l.owed > l.acked && l.owed > l.reported && !l.drained_below(l.owed) {
+            if self.acks_run()
+                && l.owed > l.acked
+                && l.owed > l.reported
+                && !l.drained_below(l.owed)
+            {
                 at(l.report_retry_at);
             }
         }
@@ -540,6 +550,13 @@ impl Replica {
             Phase::Loading { .. } | Phase::Watching { .. } => self.flags.join_then_load,
             _ => false,
         }
+    }
+
+    /// Whether acks, draining reports and raises go out: when live, and
+    /// while a rejoined replica waits for its old writes (it may ack what
+    /// it has drained; it admits nothing, so it starts no raise).
+    fn acks_run(&self) -> bool {
+        self.live() || matches!(self.phase, Phase::Watching { opened: true, .. })
     }
 
     /// Why it does not admit (for the 503).
@@ -706,6 +723,9 @@ impl Replica {
                 }
             }
         }
+        if matches!(self.phase, Phase::Watching { opened: true, .. }) {
+            self.go_live(now);
+        }
     }
 
     fn lock_key(&mut self, lock: &str) -> Arc<str> {
@@ -838,17 +858,36 @@ impl Replica {
         if self.me.as_ref().is_none_or(|m| m.number != incarnation) {
             return;
         }
-        if let Phase::Watching { rev } = self.phase {
-            self.phase = Phase::Live {
-                reload: None,
-                reload_at: None,
-            };
-            let id = self.me.as_ref().map(|m| m.id.clone()).unwrap_or_default();
-            self.events.push_back(Event::Joined { id, rev });
-            let keys: Vec<Arc<str>> = self.busy.iter().cloned().collect();
-            for k in keys {
-                self.step_lock(&k, now);
-            }
+        if let Phase::Watching { rev, .. } = self.phase {
+            self.phase = Phase::Watching { rev, opened: true };
+            self.go_live(now);
+        }
+    }
+
+    /// Live once the watch runs and no write admitted before the standing
+    /// was lost is in flight: the check before each write's bytes asks
+    /// [`Replica::admits`], and a new incarnation's standing must not let
+    /// out an old one's write, which raisers may have waited out already.
+    fn go_live(&mut self, now: Ms) {
+        let Phase::Watching { rev, opened: true } = self.phase else {
+            return;
+        };
+        let old = self.writes_in_flight();
+        if old > 0 {
+            self.why_not = format!(
+                "the replica has rejoined the cluster and waits for {old} writes admitted before it lost its standing to end; it refuses fenced writes until then (retry, or send the request to another replica)"
+            );
+            return;
+        }
+        self.phase = Phase::Live {
+            reload: None,
+            reload_at: None,
+        };
+        let id = self.me.as_ref().map(|m| m.id.clone()).unwrap_or_default();
+        self.events.push_back(Event::Joined { id, rev });
+        let keys: Vec<Arc<str>> = self.busy.iter().cloned().collect();
+        for k in keys {
+            self.step_lock(&k, now);
         }
     }
 
@@ -891,7 +930,10 @@ impl Replica {
             // waited it out.
             self.send(Request::Revoke { lease }, Purpose::Ignored);
         }
-        let ttl_secs = i64::try_from(self.timing.ttl.as_secs()).unwrap_or(i64::MAX);
+        // Whole seconds, rounded up: the standing counts from the configured
+        // TTL, and a longer lease only makes raisers wait longer.
+        let ttl_secs =
+            i64::try_from(self.timing.ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
         let req = self.send(Request::Grant { ttl_secs }, Purpose::Grant);
         self.phase = Phase::Granting { req, sent: now };
     }
@@ -1011,7 +1053,7 @@ impl Replica {
                 reload_at: None,
             }
         } else {
-            Phase::Watching { rev }
+            Phase::Watching { rev, opened: false }
         };
     }
 
@@ -1083,7 +1125,7 @@ impl Replica {
 
     fn advance(&mut self, key: &Arc<str>, now: Ms) {
         let Some(me) = self.me.clone() else { return };
-        if !self.live() {
+        if !self.acks_run() {
             return;
         }
         let flags = self.flags;
@@ -1355,13 +1397,17 @@ mod tests {
 
     /// Registered at revision 10, the lease 7; the load answer not given.
     fn registered(r: &mut Replica) -> ReqId {
-        r.handle_timeout(0);
+        registered_at(r, 0)
+    }
+
+    fn registered_at(r: &mut Replica, now: Ms) -> ReqId {
+        r.handle_timeout(now);
         let reqs = drain(r);
         let grant = find(&reqs, |q| matches!(q, Request::Grant { .. }));
-        r.handle_answer(grant, Answer::Granted { lease: 7 }, 1);
+        r.handle_answer(grant, Answer::Granted { lease: 7 }, now + 1);
         let reqs = drain(r);
         let reg = find(&reqs, |q| matches!(q, Request::Register { .. }));
-        r.handle_answer(reg, Answer::Registered { rev: 10 }, 2);
+        r.handle_answer(reg, Answer::Registered { rev: 10 }, now + 2);
         let reqs = drain(r);
         find(&reqs, |q| matches!(q, Request::Load))
     }
@@ -1521,6 +1567,41 @@ mod tests {
             Admit::Unavailable(_)
         ));
         assert_eq!(r.max("L"), 1, "the max stays");
+    }
+
+    #[test]
+    fn a_rejoined_replica_admits_nothing_while_an_old_write_is_in_flight() {
+        let mut r = live(1);
+        let Admit::Admitted(old) = r.begin_write("L", 1, 10) else {
+            panic!("admitted")
+        };
+        r.handle_timeout(1_000);
+        let reqs = drain(&mut r);
+        let renew = find(&reqs, |q| matches!(q, Request::KeepAlive { .. }));
+        r.handle_answer(renew, Answer::LeaseGone, 1_001);
+        // Rejoin: grant, register, load, watch.
+        let load = registered_at(&mut r, 1_001);
+        r.handle_answer(
+            load,
+            Answer::Loaded {
+                rev: 40,
+                fences: vec![],
+            },
+            1_010,
+        );
+        let number = r.incarnation_number().expect("registered");
+        r.watch_opened(number, 1_011);
+        assert!(
+            !r.admits(1_012),
+            "the old incarnation's write could still go out under the new standing"
+        );
+        assert!(
+            r.why_not().contains("waits for 1 writes"),
+            "{}",
+            r.why_not()
+        );
+        r.write_done(&old, 1_020);
+        assert!(r.admits(1_021));
     }
 
     #[test]

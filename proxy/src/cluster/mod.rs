@@ -667,18 +667,26 @@ impl Cluster {
             settings: Some(published.into()),
         })
         .unwrap_or_default();
+        let key = self.key(&format!("members/{member}"));
         let txn = Txn::new().and_then([
-            TxnOp::put(self.key(&format!("members/{member}")), record.clone(), None),
+            TxnOp::put(key.clone(), record.clone(), None),
             TxnOp::put(
                 self.key(&format!("proxies/{member}")),
                 record,
                 Some(PutOptions::new().with_lease(lease)),
             ),
+            TxnOp::get(key, None),
         ]);
         let resp = self.txn(&txn).await?;
-        Ok(Answer::Registered {
-            rev: resp.header().map_or(0, |h| h.revision()),
-        })
+        // The record's create revision, which raisers compare with theirs:
+        // after a retry on another member, the answer's own revision may be
+        // a later one than the first attempt's, which was applied.
+        let ops = resp.op_responses();
+        let rev = ops.iter().flat_map(gets).next().map_or_else(
+            || resp.header().map_or(0, |h| h.revision()),
+            |kv| kv.create_revision(),
+        );
+        Ok(Answer::Registered { rev })
     }
 
     /// Every lock's max, with the revision read.
