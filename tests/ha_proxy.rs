@@ -107,6 +107,22 @@ async fn wait_admitting(p: &Proxy, within: Duration) {
     }
 }
 
+/// Two replicas on s3s-fs, the first reaching it through a relay that
+/// holds a request carrying `marker` for `hold` before passing it on (a
+/// store slow to commit what it was fully sent).
+async fn replicas_on_a_holding_store(marker: &'static str, hold: Duration) -> Env {
+    let harness = replicas(BackendKind::S3Fs, 2);
+    let backend = harness.backend().await;
+    let relay = support::relay::holding_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        marker,
+        hold,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    )
+    .await;
+    harness.first_proxy_via(&relay).start_on(backend).await
+}
+
 async fn both_backends<F, Fut>(f: F)
 where
     F: Fn(BackendKind) -> Fut,
@@ -219,19 +235,8 @@ async fn a_stale_new_key_upload_stalled_on_one_replica_is_cut_before_a_higher_to
 /// the raise on the other replica waits until the store decided it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_write_the_store_still_holds_is_decided_before_a_raise_elsewhere_is_admitted() {
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
-    let harness = replicas(BackendKind::S3Fs, 2);
-    let backend = harness.backend().await;
     let hold = Duration::from_millis(1_500);
-    let relay = support::relay::holding_relay(
-        backend.endpoint.trim_start_matches("http://").to_owned(),
-        "HELD-BY-THE-STORE",
-        hold,
-        Arc::new(AtomicBool::new(false)),
-    )
-    .await;
-    let env = harness.first_proxy_via(&relay).start_on(backend).await;
+    let env = replicas_on_a_holding_store("HELD-BY-THE-STORE", hold).await;
     let (a, b) = (&env.proxies[0], &env.proxies[1]);
     assert_eq!(put(a, "warm", 1, "x").await.0, 200);
     let held = {
@@ -592,19 +597,8 @@ async fn a_rejoin_whose_reload_fails_admits_nothing() {
 /// store's answer as one proxy would, instead of evicting it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_draining_a_slow_store_keeps_the_raise_waiting_instead_of_being_evicted() {
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
-    let harness = replicas(BackendKind::S3Fs, 2);
-    let backend = harness.backend().await;
     let hold = Duration::from_secs(8);
-    let relay = support::relay::holding_relay(
-        backend.endpoint.trim_start_matches("http://").to_owned(),
-        "SLOW-STORE",
-        hold,
-        Arc::new(AtomicBool::new(false)),
-    )
-    .await;
-    let env = harness.first_proxy_via(&relay).start_on(backend).await;
+    let env = replicas_on_a_holding_store("SLOW-STORE", hold).await;
     let (a, b) = (&env.proxies[0], &env.proxies[1]);
     assert_eq!(put(a, "warm", 1, "x").await.0, 200);
     let held = {
