@@ -29,11 +29,11 @@ use std::time::Duration;
 /// A request's handle: its answer comes back with it.
 pub type ReqId = u64;
 
-/// How often a raise reads the members while it waits: every
-/// millisecond for the first `POLL_EAGER` (acks come within a few when all
-/// are up, and a raise is rare), then doubling up to the last.
+/// How often a raise reads the members while it waits: doubling from the
+/// first to the last (acks come within milliseconds when all are up).
+/// Reading every millisecond at first was measured no faster, and it loads
+/// etcd while the other replicas put their acks (BENCHMARKS.md).
 const POLL_FIRST: Ms = 1;
-const POLL_EAGER: Ms = 15;
 const POLL_LAST: Ms = 20;
 /// How long a failed step waits before it is tried again.
 const RETRY: Ms = 200;
@@ -1308,11 +1308,7 @@ impl Replica {
             l.raise = None;
         } else {
             *next_read = next.wake_at.map_or(now + *poll, |w| w.min(now + *poll));
-            *poll = if now.saturating_sub(wait.started()) < POLL_EAGER {
-                POLL_FIRST
-            } else {
-                (*poll * 2).min(POLL_LAST)
-            };
+            *poll = (*poll * 2).min(POLL_LAST);
         }
         self.longest_lock_delay = longest;
         for m in &view {
