@@ -256,6 +256,8 @@ enum RaisePhase {
         reading: Option<ReqId>,
         next_read: Ms,
         poll: Ms,
+        /// An ack moved while a read was out: read again at its answer.
+        again: bool,
     },
 }
 
@@ -899,6 +901,37 @@ impl Replica {
         self.learned(lock, token, true, now);
     }
 
+    /// An ack or a draining report of `lock` changed in etcd (from the
+    /// watch): a raise waiting there reads the members now rather than at
+    /// its next poll. Only a hint: the read decides.
+    pub fn acks_moved(&mut self, incarnation: u64, lock: &str, now: Ms) {
+        if self.me.as_ref().is_none_or(|m| m.number != incarnation) {
+            return;
+        }
+        let Some(key) = self.locks.get_key_value(lock).map(|(k, _)| k.clone()) else {
+            return;
+        };
+        let Some(Raise {
+            phase:
+                RaisePhase::Waiting {
+                    reading,
+                    next_read,
+                    again,
+                    ..
+                },
+            ..
+        }) = self.locks.get_mut(&key).and_then(|l| l.raise.as_mut())
+        else {
+            return;
+        };
+        if reading.is_some() {
+            *again = true;
+        } else {
+            *next_read = now;
+        }
+        self.step_lock(&key, now);
+    }
+
     /// The watch broke (closed, compacted, silent): reload the maxes, then
     /// watch again. The standing is not lost: a raise this replica missed
     /// meanwhile evicts it, and waits out its standing.
@@ -1251,6 +1284,7 @@ impl Replica {
                         reading: None,
                         next_read: now,
                         poll: POLL_FIRST,
+                        again: false,
                     };
                 }
             }
@@ -1284,6 +1318,7 @@ impl Replica {
             reading,
             next_read,
             poll,
+            again,
         } = &mut r.phase
         else {
             return;
@@ -1307,7 +1342,11 @@ impl Replica {
             }
             l.raise = None;
         } else {
-            *next_read = next.wake_at.map_or(now + *poll, |w| w.min(now + *poll));
+            *next_read = if std::mem::take(again) {
+                now
+            } else {
+                next.wake_at.map_or(now + *poll, |w| w.min(now + *poll))
+            };
             *poll = (*poll * 2).min(POLL_LAST);
         }
         self.longest_lock_delay = longest;
@@ -1598,6 +1637,39 @@ mod tests {
         );
         r.write_done(&old, 1_020);
         assert!(r.admits(1_021));
+    }
+
+    #[test]
+    fn an_ack_seen_on_the_watch_reads_the_members_at_once() {
+        let mut r = live(1);
+        assert_eq!(r.begin_write("L", 2, 10), Admit::Wait);
+        let reqs = drain(&mut r);
+        let raise = find(&reqs, |q| matches!(q, Request::Raise { .. }));
+        r.handle_answer(raise, Answer::Raised { rev: 50 }, 11);
+        let reqs = drain(&mut r);
+        let read = find(&reqs, |q| matches!(q, Request::Members { .. }));
+        let other = MemberView {
+            id: "b.1".into(),
+            joined_rev: 5,
+            registered: true,
+            acked: 1,
+            draining: 0,
+            lease: 9,
+            published: None,
+        };
+        let number = r.incarnation_number().expect("joined");
+        // The other's ack lands while the read is out: read again at its
+        // answer, not a poll later.
+        r.acks_moved(number, "L", 12);
+        r.handle_answer(read, Answer::Members(vec![other.clone()]), 13);
+        let reqs = drain(&mut r);
+        let again = find(&reqs, |q| matches!(q, Request::Members { .. }));
+        r.handle_answer(
+            again,
+            Answer::Members(vec![MemberView { acked: 2, ..other }]),
+            14,
+        );
+        assert!(matches!(r.begin_write("L", 2, 15), Admit::Admitted(_)));
     }
 
     #[test]

@@ -863,19 +863,21 @@ impl Cluster {
     /// a new one).
     async fn watch(&self, number: u64, rev: i64) {
         let prefix = self.key("fences/");
+        let (acks, draining) = (self.key("acks/"), self.key("draining/"));
+        // One range: acks/, draining/ and fences/ sort next to each other,
+        // and nothing else lies between `acks/` and `fences0` ('0' follows
+        // '/'). Acks and draining reports are only hints to a waiting raise.
+        let (from, to) = (acks.clone(), self.key("fences0"));
         let opened = match self.inner.etcd.client().await {
             Ok(mut c) => {
                 let opts = WatchOptions::new()
-                    .with_prefix()
+                    .with_range(to)
                     .with_start_revision(rev)
                     .with_progress_notify();
-                tokio::time::timeout(
-                    self.inner.etcd.request_timeout(),
-                    c.watch(prefix.clone(), Some(opts)),
-                )
-                .await
-                .map_err(|_| "watch not opened in time".to_owned())
-                .and_then(|r| r.map_err(|e| e.to_string()))
+                tokio::time::timeout(self.inner.etcd.request_timeout(), c.watch(from, Some(opts)))
+                    .await
+                    .map_err(|_| "watch not opened in time".to_owned())
+                    .and_then(|r| r.map_err(|e| e.to_string()))
             }
             Err(e) => Err(e.to_string()),
         };
@@ -914,9 +916,23 @@ impl Cluster {
                         if ev.event_type() != EventType::Put {
                             continue;
                         }
-                        let lock = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
-                        let token = parse_token(kv.value());
-                        self.input(true, |m, now| m.watch_event(number, &lock, token, now));
+                        let key = kv.key();
+                        if let Some(lock) = key.strip_prefix(prefix.as_bytes()) {
+                            let lock = String::from_utf8_lossy(lock).into_owned();
+                            let token = parse_token(kv.value());
+                            self.input(true, |m, now| m.watch_event(number, &lock, token, now));
+                            continue;
+                        }
+                        // acks/<lock>/<member> or draining/<lock>/<member>
+                        let rest = key
+                            .strip_prefix(acks.as_bytes())
+                            .or_else(|| key.strip_prefix(draining.as_bytes()));
+                        if let Some(lock) =
+                            rest.and_then(|r| r.iter().rposition(|b| *b == b'/').map(|i| &r[..i]))
+                        {
+                            let lock = String::from_utf8_lossy(lock).into_owned();
+                            self.input(false, |m, now| m.acks_moved(number, &lock, now));
+                        }
                     }
                 }
                 Ok(Ok(None)) | Ok(Err(_)) => break,
