@@ -21,7 +21,9 @@
 //! Steady state costs no etcd round trip: an admission takes the machine's
 //! lock once to admit and once to let go. One driver task runs the
 //! machine's timers; each request runs on a task of its own and hands its
-//! answer back, a lost one as `Answer::Unknown`.
+//! answer back, a lost one as `Answer::Unknown`. One watch covers `acks/`,
+//! `draining/` and `fences/` (adjacent key ranges): maxes are inputs, acks
+//! and draining reports only hints that a waiting raise may read again.
 
 pub mod config;
 
