@@ -499,6 +499,16 @@ async fn zombie(
     (answered, landed)
 }
 
+/// The link to etcd is whole again: `a` rejoins, takes token 2 and refuses
+/// token 1.
+async fn healed(link: &support::relay::Link, a: &Proxy) {
+    link.delay(Duration::ZERO);
+    link.restore();
+    wait_admitting(a, Duration::from_secs(30)).await;
+    assert_eq!(put(a, "after-a", 2, "t2").await.0, 200);
+    assert_eq!(put(a, "after-a-stale", 1, "t1").await.0, 409);
+}
+
 /// Issue 21, schedule 1: a raise that etcd applied (the max and the
 /// raiser's own ack of it) and whose answer never came back. The other
 /// replica admits the new token on that ack, so the raiser must already
@@ -534,11 +544,7 @@ async fn a_raise_whose_answer_was_lost_leaves_the_raiser_refusing_the_old_token(
     );
     let (code, _) = raise.await.expect("joined");
     assert_eq!(code, 503, "a's own raise could not complete without etcd");
-    link.delay(Duration::ZERO);
-    link.restore();
-    wait_admitting(a, Duration::from_secs(30)).await;
-    assert_eq!(put(a, "after-a", 2, "t2").await.0, 200);
-    assert_eq!(put(a, "after-a-stale", 1, "t1").await.0, 409);
+    healed(&link, a).await;
 }
 
 /// Issue 21, schedule 2: a replica that lost its registration joins again
@@ -584,11 +590,7 @@ async fn a_rejoin_whose_reload_fails_admits_nothing() {
         answered.is_empty() && landed.is_empty(),
         "token 1 admitted through a rejoining a after token 2 was admitted on b: answered 200 {answered:?}, in the store {landed:?}"
     );
-    link.delay(Duration::ZERO);
-    link.restore();
-    wait_admitting(a, Duration::from_secs(30)).await;
-    assert_eq!(put(a, "after-a", 2, "t2").await.0, 200);
-    assert_eq!(put(a, "after-a-stale", 1, "t1").await.0, 409);
+    healed(&link, a).await;
 }
 
 /// Issue 21, schedule 3: a replica whose fully sent write the store
