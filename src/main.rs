@@ -11,6 +11,7 @@
 mod client;
 mod dev;
 mod lease_cmd;
+mod probe_cmd;
 mod run_cmd;
 mod services;
 
@@ -41,6 +42,10 @@ enum Command {
     Lease(lease_cmd::LeaseCommand),
     /// Run a command while holding a lease; stop it if the lease is lost.
     Run(run_cmd::RunArgs),
+    /// Probe a store: which conditions it enforces, how it spells them,
+    /// and what the proxy would do. Exits 1 if the proxy would refuse
+    /// fenced writes to a bucket.
+    Probe(probe_cmd::ProbeArgs),
     /// Check a service's health endpoint (for container health checks):
     /// exits 0 if it answers 200.
     Health {
@@ -162,6 +167,11 @@ fn main() -> ExitCode {
             Command::Dev(args) => dev::dev(args).await.map(|()| 0).map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
             Command::Run(args) => run_cmd::run(args).await,
+            Command::Probe(args) => match probe_cmd::probe(args).await {
+                Ok(true) => Ok(0),
+                Ok(false) => Ok(1),
+                Err(e) => Err(Failure::from(e)),
+            },
             Command::Health { url, tls } => services::health(&url, &tls.client_tls())
                 .await
                 .map(|()| 0)

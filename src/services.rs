@@ -58,7 +58,7 @@ pub async fn shutdown_signal() {
 }
 
 /// Reads and parses a service's TOML config (empty when no file is given).
-fn load_config<T>(
+pub fn load_config<T>(
     path: &Option<PathBuf>,
     parse: impl FnOnce(&str) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {

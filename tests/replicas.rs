@@ -359,39 +359,68 @@ async fn with_shared_fences_the_delayed_write_is_decided_before_the_newer_holder
     );
 }
 
-/// The probe's findings on each store, which README "Several proxies"
-/// turns into what holds per operation: a check that changes here changes
-/// that table.
+/// The probe's findings on each store, which README "Stores" turns into
+/// what holds per operation: a check that changes here changes that table.
+/// Each finding is the verdict and, where enforced, the ETag's spelling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_probe_finds_what_each_store_enforces() {
-    let expected = [
-        // put_if_none_match, put_if_match, complete_if_none_match,
-        // complete_if_match, copy_if_none_match, copy_if_match, delete_if_match
-        (
-            BackendKind::S3Fs,
-            [true, true, true, true, false, false, false],
-        ),
-        (
-            BackendKind::Moto,
-            [true, true, true, false, false, false, true],
-        ),
-    ];
-    for (kind, flags) in expected {
+    for (kind, expected) in [
+        (BackendKind::S3Fs, S3FS_FINDINGS),
+        (BackendKind::Moto, MOTO_FINDINGS),
+    ] {
         let r = replicas(kind).await;
         let st = r.proxies[0].status().await;
-        let report = &st["probe"][0]["report"];
-        let found: Vec<bool> = [
-            "put_if_none_match",
-            "put_if_match",
-            "complete_if_none_match",
-            "complete_if_match",
-            "copy_if_none_match",
-            "copy_if_match",
-            "delete_if_match",
-        ]
-        .iter()
-        .map(|c| report[c].as_bool().expect("a flag"))
-        .collect();
-        assert_eq!(found, flags, "{kind:?}: {st}");
+        assert_eq!(findings(&st), expected, "{kind:?}: {st}");
     }
+}
+
+const CHECKS: [&str; 9] = [
+    "put_if_none_match",
+    "put_if_match",
+    "complete_if_none_match",
+    "complete_if_match",
+    "copy_if_none_match",
+    "copy_if_match",
+    "delete_if_match",
+    "copy_source_if_match",
+    "copy_source_if_match_old_name",
+];
+
+const S3FS_FINDINGS: [&str; 9] = [
+    "enforced",
+    "enforced quoted",
+    "enforced",
+    "enforced quoted",
+    "ignored",
+    "ignored",
+    "ignored",
+    "enforced quoted",
+    "ignored",
+];
+
+const MOTO_FINDINGS: [&str; 9] = [
+    "enforced",
+    "enforced quoted",
+    "enforced",
+    "ignored",
+    "ignored",
+    "ignored",
+    "enforced quoted",
+    "ignored",
+    "ignored",
+];
+
+/// The first probe report's findings, in the order of [`CHECKS`].
+fn findings(status: &serde_json::Value) -> Vec<String> {
+    let report = &status["probe"][0]["report"];
+    CHECKS
+        .iter()
+        .map(|c| {
+            let verdict = report[c]["verdict"].as_str().unwrap_or("(missing)");
+            match report[c]["spelling"].as_str() {
+                Some(s) => format!("{verdict} {s}"),
+                None => verdict.to_owned(),
+            }
+        })
+        .collect()
 }

@@ -6,6 +6,7 @@
 
 use crate::config::BackendConfig;
 use crate::keys::Known;
+use crate::probe::{Dialect, SourceCondition, SourceNames};
 use crate::send_check::{Check, SdkClient};
 use aws_credential_types::Credentials;
 use aws_sdk_s3::config::{
@@ -29,8 +30,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The backend: an SDK client, and the s3s-aws adapter forwarding client
 /// requests through it. Only the gate holds one; ops see [`Reads`].
 pub struct Backend {
+    /// Writes in AWS's dialect, and the proxy's own calls (HEAD, probe).
     pub client: aws_sdk_s3::Client,
     pub forward: s3s_aws::Proxy,
+    /// The write client's configuration, to which [`Backend::writes`]
+    /// adds a store's dialect.
+    write_config: aws_sdk_s3::Config,
+    /// One write client per dialect in use (one per store, in practice).
+    dialects: std::sync::Mutex<std::collections::HashMap<Dialect, aws_sdk_s3::Client>>,
     pub reads: Reads,
     /// The lean forwarder of PutObject (see `lean`), when the endpoint
     /// allows one.
@@ -118,17 +125,16 @@ impl Backend {
         // Writes go over connections that ask the check before each write
         // of bytes; reads do not need to.
         let https = config.endpoint.starts_with("https://");
-        let client = match crate::send_check::store_connector(https, CONNECT_TIMEOUT) {
-            Ok(connector) => aws_sdk_s3::Client::from_conf(
-                sdk_config
-                    .http_client(SdkClient::new(connector, check.clone(), CONNECT_TIMEOUT))
-                    .build(),
-            ),
+        let write_config = match crate::send_check::store_connector(https, CONNECT_TIMEOUT) {
+            Ok(connector) => sdk_config
+                .http_client(SdkClient::new(connector, check.clone(), CONNECT_TIMEOUT))
+                .build(),
             Err(e) => {
                 tracing::warn!(error = %e, "no checked connections to the store; writes go out with the SDK's own client, checked only before they are sent");
-                reads_client.clone()
+                sdk_config.build()
             }
         };
+        let client = aws_sdk_s3::Client::from_conf(write_config.clone());
         let lean = match crate::lean::Lean::new(config, check) {
             Ok(l) => Some(std::sync::Arc::new(l)),
             Err(e) => {
@@ -141,7 +147,30 @@ impl Backend {
             forward: s3s_aws::Proxy::from(client.clone()),
             reads: Reads(s3s_aws::Proxy::from(reads_client)),
             client,
+            write_config,
+            dialects: Default::default(),
         }
+    }
+
+    /// The write client for a store that reads conditions in `dialect`:
+    /// every write it sends has its conditions rewritten so (see
+    /// [`Respell`]). It shares the connections of every other.
+    pub fn writes(&self, dialect: Dialect) -> aws_sdk_s3::Client {
+        if dialect == Dialect::AWS {
+            return self.client.clone();
+        }
+        let mut dialects = self.dialects.lock().unwrap_or_else(|p| p.into_inner());
+        dialects
+            .entry(dialect)
+            .or_insert_with(|| {
+                aws_sdk_s3::Client::from_conf(
+                    self.write_config
+                        .to_builder()
+                        .interceptor(Respell(dialect))
+                        .build(),
+                )
+            })
+            .clone()
     }
 
     /// A forwarder of its own, for a call that may outlive the request
@@ -171,6 +200,57 @@ impl Backend {
             Err(e) if status_of(&e) == Some(404) => Ok(Known::Absent),
             Err(e) => Err(sdk_error(e)),
         }
+    }
+}
+
+/// Rewrites the conditions of each write the SDK sends into the store's
+/// dialect, whichever path built it (a forwarded client request or the
+/// proxy's own call): `If-Match` in the spelling the store enforces, or
+/// not at all where it enforces none; a copy's source conditions under the
+/// names the store reads, or not at all where it reads none (the proxy
+/// then checks them itself, `ops::copy`).
+#[derive(Debug)]
+struct Respell(Dialect);
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for Respell {
+    fn name(&self) -> &'static str {
+        "fencegate::Respell"
+    }
+
+    fn modify_before_signing(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextMut<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let Some(operation) = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .map(|m| m.name().to_owned())
+        else {
+            return Ok(());
+        };
+        let headers = context.request_mut().headers_mut();
+        if let Some(value) = headers.remove("if-match")
+            && let Some(respelled) = self.0.if_match(&operation, &value)
+        {
+            headers.try_insert("if-match", respelled)?;
+        }
+        if matches!(operation.as_str(), "CopyObject" | "UploadPartCopy") {
+            for condition in SourceCondition::ALL {
+                let Some(value) = headers.remove(SourceNames::Aws.header(condition)) else {
+                    continue;
+                };
+                if let Some((names, spelling)) = self.0.source() {
+                    let value = if condition.is_etag() {
+                        spelling.write(&value)
+                    } else {
+                        value
+                    };
+                    headers.try_insert(names.header(condition), value)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -22,6 +22,7 @@ pub(crate) use sign::hex;
 use crate::backend::TOKEN_METADATA_KEY;
 use crate::config::BackendConfig;
 use crate::errors;
+use crate::probe::Dialect;
 use crate::send_check::{Check, CheckedConnector};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -297,20 +298,30 @@ impl Lean {
         Ok(LeanPut { uri, headers })
     }
 
-    /// Sends `put` with the conditions the gate's `Write` chose and `body`.
+    /// Sends `put` with the conditions the gate's `Write` chose, written
+    /// in the store's `dialect`, and `body`.
     pub async fn send(
         &self,
         put: LeanPut,
-        if_match: Option<ETagCondition>,
-        if_none_match: Option<ETagCondition>,
+        (if_match, if_none_match): (Option<ETagCondition>, Option<ETagCondition>),
+        dialect: Dialect,
         body: Body,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let LeanPut { uri, mut headers } = put;
-        if let Some(c) = &if_match {
-            headers.insert(http::header::IF_MATCH, condition(c)?);
+        if let Some(v) = if_match
+            .as_ref()
+            .and_then(|c| dialect.if_match("PutObject", &condition(c)))
+        {
+            headers.insert(
+                http::header::IF_MATCH,
+                HeaderValue::from_str(&v).map_err(internal)?,
+            );
         }
         if let Some(c) = &if_none_match {
-            headers.insert(http::header::IF_NONE_MATCH, condition(c)?);
+            headers.insert(
+                http::header::IF_NONE_MATCH,
+                HeaderValue::from_str(&condition(c)).map_err(internal)?,
+            );
         }
         let mut request = Request::builder()
             .method(Method::PUT)
@@ -383,12 +394,12 @@ impl Lean {
     }
 }
 
-fn condition(c: &ETagCondition) -> S3Result<HeaderValue> {
-    let v = match c {
+/// A condition as AWS writes it (the dialect may respell it).
+fn condition(c: &ETagCondition) -> String {
+    match c {
         ETagCondition::Any => "*".to_owned(),
         ETagCondition::ETag(e) => format!("\"{}\"", e.value()),
-    };
-    HeaderValue::from_str(&v).map_err(internal)
+    }
 }
 
 /// A streamed request body.

@@ -144,15 +144,6 @@ fn locks(status: &Value) -> Markup {
 
 fn probes(status: &Value) -> Markup {
     let probes = status["probe"].as_array().cloned().unwrap_or_default();
-    let conditions = [
-        ("put_if_none_match", "PUT If-None-Match"),
-        ("put_if_match", "PUT If-Match"),
-        ("complete_if_none_match", "Complete If-None-Match"),
-        ("complete_if_match", "Complete If-Match"),
-        ("copy_if_none_match", "Copy If-None-Match"),
-        ("copy_if_match", "Copy If-Match"),
-        ("delete_if_match", "DELETE If-Match"),
-    ];
     html! {
         section #probe {
             h2 { "Store probe" }
@@ -165,9 +156,14 @@ fn probes(status: &Value) -> Markup {
                     article.card data-bucket=(p["report"]["bucket"].as_str().unwrap_or("")) {
                         div { (tag(if safe { "SAFE" } else { "UNSAFE" }, safe)) " bucket " strong { (p["report"]["bucket"].as_str().unwrap_or("")) } }
                         dl {
-                            @for (field, label) in conditions {
-                                @let enforced = p["report"][field].as_bool().unwrap_or(false);
-                                dt { (label) } dd { @if enforced { "enforced" } @else { (tag("IGNORED", false)) } }
+                            @for c in p["checks"].as_array().into_iter().flatten() {
+                                @let enforced = c["enforced"].as_bool().unwrap_or(false);
+                                @let store = c["store"].as_str().unwrap_or("");
+                                dt { (c["label"].as_str().unwrap_or("")) }
+                                dd {
+                                    @if enforced { (store) } @else { (tag(store, false)) }
+                                    br; small { (c["proxy"].as_str().unwrap_or("")) }
+                                }
                             }
                         }
                     }

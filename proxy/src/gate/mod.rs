@@ -30,7 +30,7 @@ use crate::fences::{Admission, FenceError, Fences};
 use crate::issuer::{Answer, Issuer};
 use crate::keys::{KeyGuard, Keys, Known};
 use crate::metrics::{LockLabels, Metrics, ProbeLabels};
-use crate::probe::{NoSuchBucket, ProbeReport, probe};
+use crate::probe::{Dialect, ProbeError, ProbeReport, probe};
 use crate::scope::{Scope, ScopeMap};
 use crate::tokens::{Rejection, TokenPolicy};
 use fencegate_core::TokenKeys;
@@ -151,15 +151,15 @@ impl WriteOp {
     /// otherwise).
     pub fn enforced_by(self, r: &ProbeReport, new_key: bool) -> bool {
         match (self, new_key) {
-            (WriteOp::Put, true) => r.put_if_none_match,
-            (WriteOp::Put, false) => r.put_if_match,
-            (WriteOp::Complete, true) => r.complete_if_none_match,
-            (WriteOp::Complete, false) => r.complete_if_match,
-            (WriteOp::Copy, true) => r.copy_if_none_match,
-            (WriteOp::Copy, false) => r.copy_if_match,
+            (WriteOp::Put, true) => r.put_if_none_match.enforced(),
+            (WriteOp::Put, false) => r.put_if_match.enforced(),
+            (WriteOp::Complete, true) => r.complete_if_none_match.enforced(),
+            (WriteOp::Complete, false) => r.complete_if_match.enforced(),
+            (WriteOp::Copy, true) => r.copy_if_none_match.enforced(),
+            (WriteOp::Copy, false) => r.copy_if_match.enforced(),
             // A delete of a key verified absent sends nothing.
             (WriteOp::Delete | WriteOp::DeleteMany, true) => true,
-            (WriteOp::Delete | WriteOp::DeleteMany, false) => r.delete_if_match,
+            (WriteOp::Delete | WriteOp::DeleteMany, false) => r.delete_if_match.enforced(),
         }
     }
 }
@@ -180,6 +180,10 @@ pub struct Write {
     /// `known` is `Absent` by presumption, not by a read (see
     /// [`Gate::begin_put`]).
     presumed: bool,
+    /// How the bucket's store reads conditions, and the client that
+    /// writes them so.
+    dialect: Dialect,
+    client: aws_sdk_s3::Client,
     started: Instant,
 }
 
@@ -647,7 +651,12 @@ impl Gate {
             "inflight_writes": self.metrics.inflight_writes.get(),
             "lingering_writes": self.metrics.lingering_writes.get(),
             "configured_scopes": self.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
-            "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({"report": r, "safe": r.safe(), "summary": r.summary()})).collect::<Vec<_>>(),
+            "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({
+                "report": r,
+                "safe": r.safe(),
+                "summary": r.summary(),
+                "checks": r.checks().iter().map(crate::probe::CheckLine::to_json).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
             "accept_weak_backend": self.accept_weak_backend,
             "etag_cache_entries": self.keys.cached(),
         });
@@ -674,8 +683,22 @@ impl Gate {
         v
     }
 
+    /// How `bucket`'s store reads conditions (AWS's way until probed).
+    fn dialect_of(&self, bucket: &str) -> Dialect {
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(bucket)
+            .map_or(Dialect::AWS, ProbeReport::dialect)
+    }
+
+    /// The client that writes to `bucket` in its store's dialect.
+    pub(crate) fn writes_to(&self, bucket: &str) -> aws_sdk_s3::Client {
+        self.backend.writes(self.dialect_of(bucket))
+    }
+
     /// Probes `bucket` now (or returns the earlier report).
-    pub async fn probe_bucket(&self, bucket: &str) -> anyhow::Result<ProbeReport> {
+    pub async fn probe_bucket(&self, bucket: &str) -> Result<ProbeReport, ProbeError> {
         if let Some(r) = self
             .probes
             .lock()
@@ -691,7 +714,7 @@ impl Gate {
 
     /// Probes `bucket`, one probe at a time, unless another probe reported
     /// on it meanwhile.
-    async fn probe_now(&self, bucket: &str) -> anyhow::Result<ProbeReport> {
+    async fn probe_now(&self, bucket: &str) -> Result<ProbeReport, ProbeError> {
         let _one_at_a_time = self.probing.lock().await;
         if let Some(r) = self
             .probes
@@ -701,26 +724,20 @@ impl Gate {
         {
             return Ok(r.clone());
         }
-        // The probe makes about a dozen requests; give it that many timeouts.
-        let report = tokio::time::timeout(
-            self.backend_timeout * 12,
-            probe(&self.backend.client, bucket),
-        )
-        .await
-        .map_err(|_| anyhow::anyhow!("the backend did not answer the probe in time"))??;
+        let report = probe(&self.backend.client, bucket, self.backend_timeout).await?;
         if report.safe() {
             tracing::info!(probe = %report.summary(), "backend probe");
         } else {
             tracing::warn!(probe = %report.summary(), "backend probe: conditional PUT is not enforced");
         }
-        for (check, ok) in report.checks() {
+        for line in report.checks() {
             self.metrics
                 .probe_enforced
                 .get_or_create(&ProbeLabels {
                     bucket: bucket.to_owned(),
-                    check,
+                    check: line.name,
                 })
-                .set(i64::from(ok));
+                .set(i64::from(line.check.enforced()));
         }
         self.probes
             .lock()
@@ -741,12 +758,12 @@ impl Gate {
                     r.summary()
                 ),
             )),
-            Err(e) if e.is::<NoSuchBucket>() => Err(s3s::s3_error!(
+            Err(ProbeError::NoSuchBucket(_)) => Err(s3s::s3_error!(
                 NoSuchBucket,
                 "bucket {bucket} does not exist: create it first (on the backend, or with CreateBucket through the proxy)"
             )),
-            Err(e) => Err(errors::retry(format!(
-                "cannot check that bucket {bucket} enforces conditional writes: {e:#}"
+            Err(ProbeError::Store(e)) => Err(errors::retry(format!(
+                "cannot check that bucket {bucket} enforces conditional writes: {e}"
             ))),
         }
     }
@@ -1023,7 +1040,10 @@ impl Gate {
         };
         let presumable = || {
             let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
-            presume_absent && probes.get(bucket).is_some_and(|r| r.put_if_none_match)
+            presume_absent
+                && probes
+                    .get(bucket)
+                    .is_some_and(|r| r.put_if_none_match.enforced())
         };
         let mut presumed = false;
         let known = match guard.known() {
@@ -1049,6 +1069,7 @@ impl Gate {
                 &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
             ));
         }
+        let dialect = self.dialect_of(bucket);
         Ok(Write {
             op: write,
             scope,
@@ -1057,6 +1078,8 @@ impl Gate {
             key: guard,
             known,
             presumed,
+            dialect,
+            client: self.backend.writes(dialect),
             started: Instant::now(),
             inflight: Inflight::new(&self.metrics),
         })

@@ -28,8 +28,13 @@ pub struct CopySpec {
     /// `x-amz-copy-source`: `bucket/encoded-key[?versionId=...]`.
     pub source: String,
     pub storage_class: Option<String>,
+    /// The client's source conditions (AWS's spelling), which the proxy
+    /// checked against the source it read; sent again so that a store that
+    /// reads them also checks them at the copy itself.
     pub source_if_match: Option<String>,
     pub source_if_none_match: Option<String>,
+    pub source_if_modified_since: Option<aws_smithy_types::DateTime>,
+    pub source_if_unmodified_since: Option<aws_smithy_types::DateTime>,
     pub content_type: Option<String>,
     pub cache_control: Option<String>,
     pub content_disposition: Option<String>,
@@ -94,18 +99,19 @@ impl Write {
                     "a PutObject taken by the edge cannot go through the SDK"
                 ));
             }
-            let forward = gate.backend.forwarder();
+            let forward = s3s_aws::Proxy::from(self.client.clone());
             let call = async move { forward.put_object(req).await };
             let sent = bad_digest(gate.call_write(Box::pin(call), watch).await, &verdict);
             return gate.finish(self, sent, put_holds(token)).await;
         };
         gate.metrics.lean_forwards.inc();
         let put = lean.prepare(&req, token)?;
-        let (if_match, if_none_match) = (req.input.if_match.take(), req.input.if_none_match.take());
+        let conds = (req.input.if_match.take(), req.input.if_none_match.take());
+        let dialect = self.dialect;
         let body = req.input.body.take();
         let (true, Some(held)) = (self.presumed, held) else {
             let body = crate::lean::body_of(body);
-            let call = async move { lean.send(put, if_match, if_none_match, body).await };
+            let call = async move { lean.send(put, conds, dialect, body).await };
             let sent = gate.call_write(Box::pin(call), watch).await;
             return gate.finish(self, sent, put_holds(token)).await;
         };
@@ -129,7 +135,7 @@ impl Write {
             let (lean, put, bytes) = (lean.clone(), put.clone(), bytes.clone());
             let call = async move {
                 let body = crate::lean::full(bytes);
-                lean.send(put, if_match, if_none_match, body).await
+                lean.send(put, conds, dialect, body).await
             };
             gate.call_write(Box::pin(call), None).await
         };
@@ -162,11 +168,11 @@ impl Write {
             ));
         }
         self.known = stored;
-        let (if_match, if_none_match) = conditions(&self.known, None, None)?;
+        let conds = conditions(&self.known, None, None)?;
         let call = async move {
             let _held = held;
             let body = crate::lean::full(bytes);
-            lean.send(put, if_match, if_none_match, body).await
+            lean.send(put, conds, dialect, body).await
         };
         let second = gate.call_write(Box::pin(call), None).await;
         gate.finish(self, second, put_holds(token)).await
@@ -187,8 +193,8 @@ impl Write {
             let out = Sent::Answered(Ok(DeleteObjectOutput::default()));
             return gate.finish(self, out, |_| Some(Known::Absent)).await;
         };
-        let call = gate
-            .backend
+        // In AWS's spelling; the store's dialect rewrites it (`Respell`).
+        let call = self
             .client
             .delete_object()
             .bucket(self.key.bucket())
@@ -220,8 +226,9 @@ impl Write {
         let (if_match, if_none_match) = conditions(&self.known, None, None)?;
         let mut metadata = spec.metadata;
         tag(&mut metadata, token);
-        let mut b = gate
-            .backend
+        // Conditions in AWS's spelling and names; the store's dialect
+        // rewrites them (`Respell`).
+        let mut b = self
             .client
             .copy_object()
             .bucket(self.key.bucket())
@@ -231,6 +238,8 @@ impl Write {
             .set_storage_class(spec.storage_class.as_deref().map(Into::into))
             .set_copy_source_if_match(spec.source_if_match)
             .set_copy_source_if_none_match(spec.source_if_none_match)
+            .set_copy_source_if_modified_since(spec.source_if_modified_since)
+            .set_copy_source_if_unmodified_since(spec.source_if_unmodified_since)
             .set_content_type(spec.content_type)
             .set_cache_control(spec.cache_control)
             .set_content_disposition(spec.content_disposition)
@@ -283,7 +292,7 @@ impl Write {
             input.if_none_match.take(),
         )?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        let forward = gate.backend.forwarder();
+        let forward = s3s_aws::Proxy::from(self.client.clone());
         let call = async move { forward.complete_multipart_upload(req).await };
         let sent = match gate.call_write(Box::pin(call), None).await {
             // The store answered 200 with a body the SDK cannot read (moto
@@ -359,14 +368,19 @@ impl Gate {
             .map_err(|e| verdict.failed().unwrap_or(e))
     }
 
-    /// Copies a part of an upload whose token the scope admitted.
+    /// Copies a part of an upload whose token the scope admitted, its
+    /// source conditions written as the store reads them.
     pub async fn upload_part_copy(
         &self,
         _admitted: &Admission,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        self.call(Box::pin(self.backend.forward.upload_part_copy(req)), None)
-            .await
+        let forward = s3s_aws::Proxy::from(self.writes_to(&req.input.bucket));
+        self.call(
+            Box::pin(async move { forward.upload_part_copy(req).await }),
+            None,
+        )
+        .await
     }
 
     /// Aborts an upload. It changes no object, so the upload's own client

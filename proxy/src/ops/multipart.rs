@@ -180,6 +180,14 @@ pub async fn upload_part_copy(
         crate::object_key::require(key)?;
     }
     let (binding, scope) = bound(gate, OP, &req).await?;
+    let input = &req.input;
+    let conditions = crate::ops::copy::SourceConditions {
+        if_match: input.copy_source_if_match.clone(),
+        if_none_match: input.copy_source_if_none_match.clone(),
+        if_modified_since: input.copy_source_if_modified_since.clone(),
+        if_unmodified_since: input.copy_source_if_unmodified_since.clone(),
+    };
+    crate::ops::copy::checked_source(gate, &input.copy_source, &conditions).await?;
     // Hold the scope's epoch with the upload's token while the part is
     // copied, so a newer holder waits for it and it cannot start after one.
     let admission = gate
