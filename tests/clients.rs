@@ -23,7 +23,7 @@ fn script(name: &str) -> String {
     format!("{}/tests/clients/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod s3s_fs {
             $(
@@ -41,10 +41,18 @@ macro_rules! on_both_backends {
                 }
             )*
         }
+        mod rgw {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::BackendKind::Rgw).await
+                }
+            )*
+        }
     };
 }
 
-on_both_backends!(
+on_every_backend!(
     boto3_every_write_is_fenced,
     curl_every_write_is_fenced,
     virtual_hosted_style_is_fenced_like_path_style

@@ -47,7 +47,7 @@ impl Env {
     }
 }
 
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod s3s_fs {
             $(
@@ -65,10 +65,18 @@ macro_rules! on_both_backends {
                 }
             )*
         }
+        mod rgw {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::BackendKind::Rgw).await
+                }
+            )*
+        }
     };
 }
 
-on_both_backends!(
+on_every_backend!(
     reference_scenario_and_the_unfenced_negative,
     equal_tokens_accepted_higher_raises_and_max_survives_kill_9,
     every_write_operation_is_fenced,

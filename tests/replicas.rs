@@ -69,7 +69,7 @@ fn stale(r: Result<(), (Option<u16>, String)>, what: &str) {
     assert_eq!((e.0, e.1.as_str()), STALE, "{what}");
 }
 
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod s3s_fs {
             $(
@@ -87,10 +87,18 @@ macro_rules! on_both_backends {
                 }
             )*
         }
+        mod rgw {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::BackendKind::Rgw).await
+                }
+            )*
+        }
     };
 }
 
-on_both_backends!(
+on_every_backend!(
     a_stale_put_through_the_other_replica_fails_at_the_store_and_is_redecided,
     a_replica_that_never_saw_the_key_refuses_by_the_stored_token,
     a_stale_copy_through_the_other_replica_is_refused,

@@ -125,6 +125,7 @@ impl Backend {
         // Writes go over connections that ask the check before each write
         // of bytes; reads do not need to.
         let https = config.endpoint.starts_with("https://");
+        let sdk_config = sdk_config.interceptor(EmptyBodyLength);
         let write_config = match crate::send_check::store_connector(https, CONNECT_TIMEOUT) {
             Ok(connector) => sdk_config
                 .http_client(SdkClient::new(connector, check.clone(), CONNECT_TIMEOUT))
@@ -200,6 +201,35 @@ impl Backend {
             Err(e) if status_of(&e) == Some(404) => Ok(Known::Absent),
             Err(e) => Err(sdk_error(e)),
         }
+    }
+}
+
+/// Writes `Content-Length: 0` on a PUT or POST without a body: the SDK
+/// leaves it to the connection, which sends none for the streamed body it
+/// gets, and Ceph RGW answers 411 MissingContentLength to such an
+/// UploadPartCopy.
+#[derive(Debug)]
+struct EmptyBodyLength;
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for EmptyBodyLength {
+    fn name(&self) -> &'static str {
+        "fencegate::EmptyBodyLength"
+    }
+
+    fn modify_before_signing(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextMut<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let request = context.request_mut();
+        let bodiless = matches!(request.method(), "PUT" | "POST")
+            && request.body().bytes() == Some(&[])
+            && request.headers().get("content-length").is_none();
+        if bodiless {
+            request.headers_mut().insert("content-length", "0");
+        }
+        Ok(())
     }
 }
 

@@ -25,7 +25,8 @@
 #       An empty TENANT creates a plain (untenanted) user with uid ACCESS.
 #
 # Ports: the mon and RGW ports are picked free on 127.0.0.1 by binding port
-# 0 (retried if a daemon then fails to bind). The OSD binds 4 ports from
+# 0 (up to 3 tries each if a daemon then fails to bind: costs ~3 s for the
+# mon, ~2 s for radosgw). The OSD binds 4 ports from
 # Ceph's default range 6800-7568 (msgr2 only), trying the next one when
 # busy, so several clusters coexist; that range is below Linux's ephemeral
 # range (32768+), so it does not race with port-0 listeners.
@@ -59,7 +60,7 @@ create_user() { # DIR UID TENANT ACCESS SECRET DISPLAY
   local dir=$1 uid=$2 tenant=$3 access=$4 secret=$5 display=$6 out
   local args=(user create --uid "$uid" --access-key "$access" --secret "$secret" --display-name "$display")
   [ -n "$tenant" ] && args+=(--tenant "$tenant")
-  out=$(radosgw-admin -c "$dir/ceph.conf" -n client.admin "${args[@]}" 2>&1) || {
+  out=$(timeout 30 radosgw-admin -c "$dir/ceph.conf" -n client.admin "${args[@]}" 2>&1) || {
     echo "$out" >&2
     return 1
   }
@@ -78,7 +79,7 @@ fi
 DIR=$1
 WATCH_PID=$2
 TIMEOUT=${CEPH_RGW_TIMEOUT:-60}
-for b in ceph-mon ceph-osd radosgw radosgw-admin ceph monmaptool setpriv curl; do
+for b in ceph-mon ceph-osd radosgw radosgw-admin ceph rados monmaptool setpriv curl; do
   command -v "$b" >/dev/null 2>&1 || die "$b is missing: run scripts/install-test-tools.sh"
 done
 WATCH_START=$(starttime "$WATCH_PID") && alive "$WATCH_PID" || die "WATCH_PID $WATCH_PID is not running"
@@ -113,7 +114,9 @@ setsid bash -c "$(declare -f alive)"'
   sleep 0.5
   alive "$self" "$self_start" && exit 0
   for f in "$dir"/rgw.pid "$dir"/osd.pid "$dir"/mon.pid; do
-    [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null
+    p=$(cat "$f" 2>/dev/null) || continue
+    # only if that pid is still our daemon, not a reused pid
+    grep -qaF "$dir/ceph.conf" /proc/"$p"/cmdline 2>/dev/null && kill -9 "$p"
   done
   sleep 0.2
   rm -rf "$dir"
@@ -163,6 +166,7 @@ cluster addr = 127.0.0.1
 ms bind msgr1 = false
 ms bind ipv4 = true
 ms bind ipv6 = false
+ms bind retry delay = 1
 auth cluster required = none
 auth service required = none
 auth client required = none
@@ -178,6 +182,7 @@ log file = $DIR/log/\$name.log
 log to stderr = false
 mon cluster log file = $DIR/log/cluster.log
 err to stderr = true
+debug rocksdb = 0/0
 crash dir = $DIR/crash
 tmp dir = $DIR/tmp
 mon data = $DIR/mon.\$id
@@ -270,6 +275,18 @@ until timeout 5 ceph "${C[@]}" osd dump 2>/dev/null | grep -q '^osd\.0 up '; do
 done
 
 # ---- rgw
+# A radosgw that dies leaves its watches on the control objects until the OSD
+# times them out (30 s); until then every radosgw-admin write waits for it to
+# acknowledge cache notifications. With no radosgw running, every watcher
+# there is dead: blocklisting them drops the watches at once.
+drop_dead_watchers() {
+  local i a
+  for i in 0 1 2 3 4 5 6 7; do
+    timeout 10 rados "${C[@]}" -p default.rgw.control listwatchers "notify.$i" 2>/dev/null
+  done | sed -n 's/^watcher=\([^ ]*\) .*/\1/p' | sort -u | while read -r a; do
+    timeout 10 ceph "${C[@]}" osd blocklist add "$a" >/dev/null 2>&1
+  done
+}
 start_rgw() {
   spawn client.rgw radosgw -n client.rgw
   RGW_PID=$!
@@ -288,6 +305,7 @@ while :; do
     [ $tries -lt 3 ] || fail "radosgw could not start"
     kill -9 "$RGW_PID" 2>/dev/null; wait "$RGW_PID" 2>/dev/null
     mv "$DIR/log/client.rgw.log" "$DIR/log/client.rgw.log.$tries" 2>/dev/null
+    drop_dead_watchers
     RGW_PORT=$(free_port)
     sed -i "s|^rgw frontends = .*|rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT|" "$CONF"
     start_rgw

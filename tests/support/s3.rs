@@ -3,6 +3,12 @@
 //! - [`BackendKind::S3Fs`]: s3s-fs served in this test process;
 //! - [`BackendKind::Moto`]: `moto_server` (installed by scripts/test.sh into
 //!   `.venv`; `FENCEGATE_MOTO_SERVER` may point elsewhere);
+//! - [`BackendKind::Rgw`]: Ceph RGW 16.2, a production S3 server (Debian
+//!   packages installed by scripts/install-test-tools.sh): one single-node
+//!   cluster per test binary, started on first use by
+//!   `tests/support/ceph-rgw.sh`, which stops it when the binary exits;
+//!   each backend is a user of its own tenant, so tests sharing the
+//!   cluster share no bucket;
 //! - [`Backend::start_ignoring_conditions`]: s3s-fs behind a layer that drops
 //!   `If-Match` / `If-None-Match`, like stores that accept and ignore them.
 
@@ -22,6 +28,7 @@ pub const CLIENT_KEY: (&str, &str) = ("client-key", "client-secret-123");
 pub enum BackendKind {
     S3Fs,
     Moto,
+    Rgw,
 }
 
 /// A running S3 server.
@@ -29,6 +36,8 @@ pub enum BackendKind {
 pub struct Backend {
     pub kind: BackendKind,
     pub endpoint: String,
+    /// The credentials of this backend's user (on RGW, one per backend).
+    pub key: (String, String),
     _dir: Option<tempfile::TempDir>,
     process: Option<Child>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -44,6 +53,10 @@ impl Drop for Backend {
             t.abort();
         }
     }
+}
+
+fn owned((a, b): (&str, &str)) -> (String, String) {
+    (a.to_owned(), b.to_owned())
 }
 
 fn workspace_root() -> PathBuf {
@@ -73,6 +86,81 @@ pub fn venv_bin(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// The Ceph RGW cluster of this test binary.
+#[derive(Debug)]
+struct RgwCluster {
+    dir: PathBuf,
+    endpoint: String,
+}
+
+fn ceph_rgw_script() -> PathBuf {
+    workspace_root().join("tests/support/ceph-rgw.sh")
+}
+
+/// Starts the cluster (about 14 s): the script prints its endpoint once
+/// RGW answers, and watches this process, killing the daemons and removing
+/// the directory when it is gone. Fails loudly if Ceph is not installed.
+fn start_rgw_cluster() -> RgwCluster {
+    use std::io::{BufRead as _, BufReader};
+    assert!(
+        Path::new("/usr/bin/radosgw").exists(),
+        "Ceph RGW is not installed (/usr/bin/radosgw): run scripts/test.sh (scripts/install-test-tools.sh installs it)"
+    );
+    let dir = std::env::temp_dir().join(format!("fencegate-rgw-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut cmd = Command::new(ceph_rgw_script());
+    without_fencegate_env(&mut cmd);
+    let mut child = cmd
+        .arg(&dir)
+        .arg(std::process::id().to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("tests/support/ceph-rgw.sh starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
+    let endpoint = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(e) = line.strip_prefix("endpoint ") {
+                    break e.trim().to_owned();
+                }
+            }
+            _ => panic!(
+                "Ceph RGW did not start (tests/support/ceph-rgw.sh: {:?}; its stderr is above)",
+                child.wait()
+            ),
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    // The script lives as long as this process; it is never waited for.
+    std::mem::forget(child);
+    RgwCluster { dir, endpoint }
+}
+
+static RGW: std::sync::OnceLock<RgwCluster> = std::sync::OnceLock::new();
+static RGW_USERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A fresh user in a tenant of its own on this binary's RGW cluster: its
+/// endpoint and key.
+fn rgw_user() -> (String, (String, String)) {
+    let cluster = RGW.get_or_init(start_rgw_cluster);
+    let n = RGW_USERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let tenant = format!("t{n}");
+    let key = (format!("rgw-key-{n}"), format!("rgw-secret-{n}-0123456789"));
+    let out = Command::new(ceph_rgw_script())
+        .arg("user")
+        .arg(&cluster.dir)
+        .args([&tenant, &key.0, &key.1])
+        .output()
+        .expect("ceph-rgw.sh user runs");
+    assert!(
+        out.status.success(),
+        "cannot create an RGW user: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (cluster.endpoint.clone(), key)
 }
 
 /// Starts moto_server on port 0 and reads back the port it bound: werkzeug
@@ -185,8 +273,22 @@ impl Backend {
                 Backend {
                     kind,
                     endpoint: format!("http://127.0.0.1:{port}"),
+                    key: owned(BACKEND_KEY),
                     _dir: None,
                     process: Some(process),
+                    task: None,
+                }
+            }
+            BackendKind::Rgw => {
+                let (endpoint, key) = tokio::task::spawn_blocking(rgw_user)
+                    .await
+                    .expect("RGW user created");
+                Backend {
+                    kind,
+                    endpoint,
+                    key,
+                    _dir: None,
+                    process: None,
                     task: None,
                 }
             }
@@ -239,6 +341,7 @@ impl Backend {
         Backend {
             kind,
             endpoint: format!("http://{addr}"),
+            key: owned(BACKEND_KEY),
             _dir: Some(dir),
             process: None,
             task: Some(task),
@@ -247,7 +350,7 @@ impl Backend {
 
     /// A client straight to the backend (no fencing).
     pub fn direct(&self) -> aws_sdk_s3::Client {
-        sdk_client(&self.endpoint, BACKEND_KEY)
+        sdk_client(&self.endpoint, (&self.key.0, &self.key.1))
     }
 
     pub async fn create_bucket(&self, bucket: &str) {
@@ -314,8 +417,8 @@ secret_key = "{cs}"
 "#,
         db = dir.join("proxy.db").display(),
         endpoint = backend.endpoint,
-        bk = BACKEND_KEY.0,
-        bs = BACKEND_KEY.1,
+        bk = backend.key.0,
+        bs = backend.key.1,
         ck = CLIENT_KEY.0,
         cs = CLIENT_KEY.1,
     )

@@ -292,31 +292,26 @@ impl Write {
             input.if_none_match.take(),
         )?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        let forward = s3s_aws::Proxy::from(self.client.clone());
-        let call = async move { forward.complete_multipart_upload(req).await };
+        let call = send_complete(self.client.clone(), req.input);
         let sent = match gate.call_write(Box::pin(call), None).await {
-            // The store answered 200 with a body the SDK cannot read (moto
+            // The store answered 200 with no ETag the proxy can read (moto
             // names the root element of a conditional Complete's answer
-            // `CompleteMultipartUploadResponse`): a 200 means it committed,
-            // so read back what it holds rather than report a failure.
+            // `CompleteMultipartUploadResponse`; Ceph RGW 16.2 answers an
+            // empty `<ETag>`): a 200 means it committed, so read back what
+            // it holds rather than report a failure.
             Sent::Answered(Err(e)) if e.status_code() == Some(http::StatusCode::OK) => {
-                Sent::Answered(
-                    match gate
-                        .call(Box::pin(gate.backend.head(&bucket, &key)), None)
-                        .await
-                    {
-                        Ok(Known::Present { etag, token: t }) if t == token => {
-                            Ok(S3Response::new(CompleteMultipartUploadOutput {
-                                bucket: Some(bucket),
-                                key: Some(key),
-                                e_tag: Some(ETag::Strong(etag)),
-                                ..Default::default()
-                            }))
-                        }
-                        _ => Err(e),
-                    },
-                )
+                Sent::Answered(read_back(gate, bucket, key, token).await.ok_or(e))
             }
+            Sent::Answered(Ok(out)) if out.output.e_tag.is_none() => Sent::Answered(
+                read_back(gate, bucket, key, token)
+                    .await
+                    .ok_or_else(|| {
+                        s3s::s3_error!(
+                            InternalError,
+                            "the store completed the upload without an ETag, and the key does not hold it now"
+                        )
+                    }),
+            ),
             other => other,
         };
         gate.finish(self, sent, |out| {
@@ -396,6 +391,64 @@ impl Gate {
             None,
         )
         .await
+    }
+}
+
+/// Sends a CompleteMultipartUpload with the SDK: not through s3s-aws,
+/// whose conversion of the answer fails on an empty ETag.
+async fn send_complete(
+    client: aws_sdk_s3::Client,
+    input: CompleteMultipartUploadInput,
+) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+    use s3s_aws::conv::{try_from_aws, try_into_aws};
+    let b = client
+        .complete_multipart_upload()
+        .set_bucket(Some(input.bucket))
+        .set_key(Some(input.key))
+        .set_upload_id(Some(input.upload_id))
+        .set_checksum_crc32(input.checksum_crc32)
+        .set_checksum_crc32_c(input.checksum_crc32c)
+        .set_checksum_crc64_nvme(input.checksum_crc64nvme)
+        .set_checksum_sha1(input.checksum_sha1)
+        .set_checksum_sha256(input.checksum_sha256)
+        .set_checksum_type(try_into_aws(input.checksum_type)?)
+        .set_expected_bucket_owner(input.expected_bucket_owner)
+        .set_if_match(try_into_aws(input.if_match)?)
+        .set_if_none_match(try_into_aws(input.if_none_match)?)
+        .set_mpu_object_size(input.mpu_object_size)
+        .set_multipart_upload(try_into_aws(input.multipart_upload)?)
+        .set_request_payer(try_into_aws(input.request_payer)?)
+        .set_sse_customer_algorithm(input.sse_customer_algorithm)
+        .set_sse_customer_key(input.sse_customer_key)
+        .set_sse_customer_key_md5(input.sse_customer_key_md5);
+    let mut out = b.send().await.map_err(crate::backend::sdk_error)?;
+    if out.e_tag.as_deref().is_some_and(|e| e.trim().is_empty()) {
+        out.e_tag = None;
+    }
+    Ok(S3Response::new(try_from_aws(out)?))
+}
+
+/// The answer to a Complete the store committed without saying its ETag:
+/// what the key holds, if it holds this write's token.
+async fn read_back(
+    gate: &Gate,
+    bucket: String,
+    key: String,
+    token: u64,
+) -> Option<S3Response<CompleteMultipartUploadOutput>> {
+    match gate
+        .call(Box::pin(gate.backend.head(&bucket, &key)), None)
+        .await
+    {
+        Ok(Known::Present { etag, token: t }) if t == token => {
+            Some(S3Response::new(CompleteMultipartUploadOutput {
+                bucket: Some(bucket),
+                key: Some(key),
+                e_tag: Some(ETag::Strong(etag)),
+                ..Default::default()
+            }))
+        }
+        _ => None,
     }
 }
 
