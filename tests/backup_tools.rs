@@ -17,6 +17,30 @@ use support::s3::*;
 
 const BUCKET: &str = "bkt";
 
+/// Each tool test on the backends named, as `test::backend`.
+macro_rules! on_backends {
+    ($($name:ident: $($backend:ident => $kind:ident),+;)*) => {
+        $(mod $name {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $backend() {
+                    super::$name(super::BackendKind::$kind).await
+                }
+            )+
+        })*
+    };
+}
+
+// restic is not run on s3s-fs: s3s-fs lists a restic repository
+// incompletely (measured: `restic check` fails on s3s-fs even without the
+// proxy).
+on_backends!(
+    rclone_backup_job_under_fencegate_run_and_a_stale_rerun: s3s_fs => S3Fs, rgw => Rgw;
+    s3cmd_with_add_header_including_multipart: s3s_fs => S3Fs, rgw => Rgw;
+    aws_cli_with_lease_bound_credentials: s3s_fs => S3Fs, rgw => Rgw;
+    restic_with_lease_bound_credentials_stays_consistent: moto => Moto, rgw => Rgw;
+);
+
 /// Backend + lease service + proxy, with `bkt` fenced by lock `nightly`.
 async fn env() -> Env {
     env_on(BackendKind::S3Fs).await
@@ -107,9 +131,8 @@ async fn expire(lease: &Value) {
     tokio::time::sleep(Duration::from_millis(ms.saturating_sub(now) + 100)).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rclone_backup_job_under_fencegate_run_and_a_stale_rerun() {
-    let e = env().await;
+async fn rclone_backup_job_under_fencegate_run_and_a_stale_rerun(kind: BackendKind) {
+    let e = env_on(kind).await;
     e.write("data/report.txt", "night one, from A");
     // The backup job exactly as the README documents it.
     let job = r#"fencegate run --lock nightly --ttl 30s -- sh -c 'rclone copy ./data fg:bkt/nightly --header "Fencing-Token: $FENCING_TOKEN"'"#;
@@ -153,9 +176,8 @@ async fn rclone_backup_job_under_fencegate_run_and_a_stale_rerun() {
     assert!(token > a["token"].as_u64());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3cmd_with_add_header_including_multipart() {
-    let e = env().await;
+async fn s3cmd_with_add_header_including_multipart(kind: BackendKind) {
+    let e = env_on(kind).await;
     std::fs::write(e.dir.path().join("big.bin"), vec![b'a'; 12 * 1024 * 1024]).expect("write");
     let s3cmd = |token: &str, file: &str| {
         format!(
@@ -219,9 +241,8 @@ fn saved_credentials(e: &Env) -> (String, String) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn aws_cli_with_lease_bound_credentials() {
-    let e = env().await;
+async fn aws_cli_with_lease_bound_credentials(kind: BackendKind) {
+    let e = env_on(kind).await;
     e.write("a.txt", "from A");
     let a_job = format!(
         "fencegate run --lock nightly --ttl 1s --s3-credentials --s3-endpoint $PROXY -- sh -c '{}'",
@@ -262,11 +283,8 @@ async fn aws_cli_with_lease_bound_credentials() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restic_with_lease_bound_credentials_stays_consistent() {
-    // On moto: s3s-fs lists a restic repository incompletely (measured:
-    // `restic check` fails on s3s-fs even without the proxy).
-    let e = env_on(BackendKind::Moto).await;
+async fn restic_with_lease_bound_credentials_stays_consistent(kind: BackendKind) {
+    let e = env_on(kind).await;
     let repo = "restic -r s3:$PROXY/bkt/restic -o s3.bucket-lookup=path -o s3.region=us-east-1";
     e.write("src/one.txt", "first backup");
     let a_job = format!(
