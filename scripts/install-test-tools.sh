@@ -10,6 +10,9 @@
 #     balancer config of docker-compose.ha.yml with `nginx -t`
 #   - chromium (Debian): the status pages are read and photographed in a
 #     real browser, headless (tests/status_page.rs)
+#   - Ceph 16.2 (Debian ceph-mon, ceph-osd, radosgw, ceph-common): a
+#     throwaway single-node RGW on loopback is a test backend
+#     (tests/support/ceph-rgw.sh); no system ceph daemon is left running
 # Safe to run repeatedly; does nothing when all is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +33,13 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# ceph-rgw.sh also runs ceph, rados (ceph-common) and monmaptool (ceph-base,
+# a dependency of ceph-mon).
+ceph_missing=0
+for b in ceph-mon ceph-osd radosgw radosgw-admin ceph rados monmaptool; do
+  [ -x "/usr/bin/$b" ] || ceph_missing=1
+done
+[ "$ceph_missing" -eq 0 ] || missing+=(ceph-mon ceph-osd radosgw ceph-common)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${missing[*]} from Debian"
   SUDO=""
@@ -47,4 +57,10 @@ fi
 # The same for the nginx package's system server on port 80.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet nginx 2>/dev/null; then
   ${SUDO:-} systemctl stop nginx || true
+fi
+# The ceph packages enable ceph.target and its per-daemon targets; with no
+# cluster configured in /etc/ceph they start nothing, and the tests never use
+# one. Stop them anyway where systemd runs.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet ceph.target 2>/dev/null; then
+  ${SUDO:-} systemctl stop ceph.target || true
 fi

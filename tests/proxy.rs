@@ -90,6 +90,7 @@ on_every_backend!(
     a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_after_the_store_refuses,
     signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_nothing,
     a_body_unlike_its_trailing_checksum_writes_nothing,
+    copy_source_conditions_are_never_dropped,
 );
 
 /// CRC-32 (IEEE), as `x-amz-checksum-crc32` carries it: base64 of the
@@ -1851,4 +1852,132 @@ async fn an_open_upload_does_not_follow_its_key_into_another_scope() {
         raised.is_empty(),
         "the upload's token entered another scope: {st}"
     );
+}
+
+/// A client's copy-source conditions are never dropped, whatever names the
+/// store reads them under (Ceph RGW 16.2 reads only `x-amz-copy-if-*`,
+/// moto none): a condition that does not hold is 412 and writes nothing,
+/// one that holds copies, for CopyObject and UploadPartCopy alike. The
+/// proxy checks them itself against the source it reads, and forwards them
+/// under the name the probe found the store reads, so that a store that
+/// reads them checks them again at the copy itself.
+async fn copy_source_conditions_are_never_dropped(kind: BackendKind) {
+    let harness = Harness::new(kind);
+    let backend = harness.backend().await;
+    let (relay, seen) = support::relay::recording_relay_heads(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+    )
+    .await;
+    let e = harness.first_proxy_via(&relay).start_on(backend).await;
+    let token = signed(BUCKET, 1);
+    e.put("src", &token, "the source").await.expect("source");
+    let etag = e
+        .backend
+        .direct()
+        .head_object()
+        .bucket(BUCKET)
+        .key("src")
+        .send()
+        .await
+        .expect("head")
+        .e_tag()
+        .expect("etag")
+        .to_owned();
+    let c = e.proxy().client();
+    let copy = || {
+        c.copy_object()
+            .bucket(BUCKET)
+            .key("dst")
+            .copy_source(format!("{BUCKET}/src"))
+    };
+    let tomorrow_ms = support::unix_ms() + 86_400_000;
+    let future = aws_sdk_s3::primitives::DateTime::from_millis(tomorrow_ms as i64);
+    let past = aws_sdk_s3::primitives::DateTime::from_secs(946_684_800); // 2000-01-01
+    let failing = [
+        (
+            "If-Match a wrong ETag",
+            copy().copy_source_if_match("\"0123456789abcdef0123456789abcdef\""),
+        ),
+        (
+            "If-None-Match its ETag",
+            copy().copy_source_if_none_match(&etag),
+        ),
+        (
+            "If-Modified-Since tomorrow",
+            copy().copy_source_if_modified_since(future),
+        ),
+        (
+            "If-Unmodified-Since 2000",
+            copy().copy_source_if_unmodified_since(past),
+        ),
+    ];
+    for (what, req) in failing {
+        let err = fenced!(req, token).send().await.expect_err(what);
+        assert_eq!(
+            error_of(&err),
+            (Some(412), "PreconditionFailed".to_owned()),
+            "{what}"
+        );
+        assert_eq!(stored(&e.backend, BUCKET, "dst").await, None, "{what}");
+    }
+    let requests = || std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
+    requests();
+    fenced!(copy().copy_source_if_match(&etag), token)
+        .send()
+        .await
+        .expect("a copy whose source condition holds");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "dst").await,
+        Some((b"the source".to_vec(), Some(1)))
+    );
+    // What the store reads, per the probe: forwarded under that name only.
+    let copy_head = requests()
+        .into_iter()
+        .find(|h| h.starts_with("PUT /bkt/dst"))
+        .expect("the copy reached the store")
+        .to_ascii_lowercase();
+    let (sent, not_sent) = match kind {
+        BackendKind::Rgw => ("x-amz-copy-if-match:", Some("x-amz-copy-source-if-match:")),
+        BackendKind::S3Fs => ("x-amz-copy-source-if-match:", Some("x-amz-copy-if-match:")),
+        // moto reads neither: the proxy's own check is the only one.
+        BackendKind::Moto => ("x-amz-copy-source", None),
+    };
+    assert!(copy_head.contains(sent), "{kind:?}: {copy_head}");
+    if let Some(n) = not_sent {
+        assert!(!copy_head.contains(n), "{kind:?}: {copy_head}");
+    }
+    if kind == BackendKind::Moto {
+        assert!(!copy_head.contains("if-match"), "{copy_head}");
+    }
+
+    // UploadPartCopy: the same conditions, checked the same way.
+    let id = fenced!(
+        c.create_multipart_upload().bucket(BUCKET).key("parts"),
+        token
+    )
+    .send()
+    .await
+    .expect("create")
+    .upload_id()
+    .expect("id")
+    .to_owned();
+    let part_copy = || {
+        c.upload_part_copy()
+            .bucket(BUCKET)
+            .key("parts")
+            .upload_id(&id)
+            .part_number(1)
+            .copy_source(format!("{BUCKET}/src"))
+    };
+    let err = part_copy()
+        .copy_source_if_match("\"0123456789abcdef0123456789abcdef\"")
+        .send()
+        .await
+        .expect_err("a part copy whose source condition fails");
+    assert_eq!(error_of(&err), (Some(412), "PreconditionFailed".to_owned()));
+    part_copy()
+        .copy_source_if_match(&etag)
+        .send()
+        .await
+        .expect("a part copy whose source condition holds");
 }

@@ -122,10 +122,11 @@ impl Proxy {
             };
             if !report.safe() && !config.accept_weak_backend {
                 anyhow::bail!(
-                    "the backend does not enforce conditional writes ({}); refusing to serve fenced traffic. \
-                     Use a backend that does (MinIO, AWS S3), or set accept_weak_backend = true to run with \
-                     the proxy as the only fence (one replica, no other writers)",
-                    report.summary()
+                    "the backend does not enforce conditional writes ({}; it answered: {}); refusing to serve fenced traffic. \
+                     `fencegate probe` prints the whole report. Use a backend that does (MinIO, AWS S3, Ceph RGW), \
+                     or set accept_weak_backend = true to run with the proxy as the only fence (one replica, no other writers)",
+                    report.summary(),
+                    report.failed_answers()
                 );
             }
         }

@@ -226,7 +226,7 @@ impl Check {
             }
             Finding::Ignored => "IGNORED (a wrong value passes)".into(),
             Finding::RefusesCorrect => "REFUSES THE CORRECT VALUE in every spelling".into(),
-            Finding::Contradictory => "CONTRADICTORY answers (see below)".into(),
+            Finding::Contradictory => "CONTRADICTORY answers".into(),
             Finding::Untested { error } => format!("untested ({error})"),
         }
     }
@@ -400,6 +400,17 @@ impl ProbeReport {
                 source,
             ),
         ]
+    }
+
+    /// The requests and answers of each required check the store fails
+    /// (empty when safe), for the refusal to run.
+    pub fn failed_answers(&self) -> String {
+        [&self.put_if_none_match, &self.put_if_match]
+            .into_iter()
+            .filter(|c| !c.enforced())
+            .flat_map(|c| c.answers.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// One line for logs and errors.
@@ -724,9 +735,7 @@ impl Prober<'_> {
                 Ok(single("Complete If-None-Match: * onto an existing key", a))
             })
             .await;
-        let complete_if_match = self
-            .optional(self.by_spelling(Trial::Complete))
-            .await;
+        let complete_if_match = self.optional(self.by_spelling(Trial::Complete)).await;
 
         self.reset().await?;
         let copy_if_none_match = {
@@ -735,12 +744,9 @@ impl Prober<'_> {
         };
         let copy_if_match = self.by_spelling(Trial::Copy).await?;
         let delete_if_match = self.by_spelling(Trial::Delete).await?;
-        let copy_source_if_match = self
-            .by_spelling(Trial::Source(SourceNames::Aws))
-            .await?;
-        let copy_source_if_match_old_name = self
-            .by_spelling(Trial::Source(SourceNames::Old))
-            .await?;
+        let copy_source_if_match = self.by_spelling(Trial::Source(SourceNames::Aws)).await?;
+        let copy_source_if_match_old_name =
+            self.by_spelling(Trial::Source(SourceNames::Old)).await?;
         Ok(ProbeReport {
             bucket: self.bucket.to_owned(),
             put_if_none_match,

@@ -89,6 +89,19 @@ pub async fn holding_relay(
 /// request can start, so it serves clients that send one request at a time
 /// per connection and a `Content-Length` body (the proxy's backend client).
 pub async fn recording_relay(target: String) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    recording(target, false).await
+}
+
+/// [`recording_relay`] that records each request's whole head (request
+/// line and headers) instead of its method and path.
+pub async fn recording_relay_heads(target: String) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    recording(target, true).await
+}
+
+async fn recording(
+    target: String,
+    whole_heads: bool,
+) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -136,7 +149,11 @@ pub async fn recording_relay(target: String) -> (String, Arc<std::sync::Mutex<Ve
                             let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
                             log.lock()
                                 .unwrap_or_else(|p| p.into_inner())
-                                .push(format!("{method} {path}"));
+                                .push(if whole_heads {
+                                    text.clone()
+                                } else {
+                                    format!("{method} {path}")
+                                });
                             body_left = text
                                 .lines()
                                 .find_map(|l| {

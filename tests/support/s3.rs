@@ -258,7 +258,73 @@ impl S3 for IgnoresConditions {
     }
 }
 
+/// How an emulated store misreads `If-Match` on PutObject (s3s-fs behind
+/// a layer that reads the raw header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OddIfMatch {
+    /// A bare ETag is ignored and a quoted one honoured: answers that
+    /// contradict each other.
+    IgnoresBare,
+    /// Every `If-Match` is refused (412), even the right ETag in either
+    /// spelling.
+    RefusesAll,
+}
+
+#[derive(Debug)]
+struct OddStore(s3s_fs::FileSystem, OddIfMatch);
+
+impl OddStore {
+    fn fs(&self) -> &s3s_fs::FileSystem {
+        &self.0
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for OddStore {
+    async fn put_object(
+        &self,
+        mut req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        if let Some(raw) = req.headers.get("if-match") {
+            match self.1 {
+                OddIfMatch::IgnoresBare if !raw.as_bytes().starts_with(b"\"") => {
+                    req.input.if_match = None;
+                }
+                OddIfMatch::RefusesAll => {
+                    return Err(s3s::s3_error!(PreconditionFailed));
+                }
+                OddIfMatch::IgnoresBare => {}
+            }
+        }
+        self.0.put_object(req).await
+    }
+    fencegate_proxy::forward_s3! { fs => std::convert::identity;
+        head_object: HeadObjectInput => HeadObjectOutput;
+        head_bucket: HeadBucketInput => HeadBucketOutput;
+        get_object: GetObjectInput => GetObjectOutput;
+        delete_object: DeleteObjectInput => DeleteObjectOutput;
+        copy_object: CopyObjectInput => CopyObjectOutput;
+        create_bucket: CreateBucketInput => CreateBucketOutput;
+        create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
+        upload_part: UploadPartInput => UploadPartOutput;
+        complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
+        abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
+    }
+}
+
 impl Backend {
+    /// An s3s-fs that misreads `If-Match` on PutObject as `odd` says.
+    pub async fn start_odd(odd: OddIfMatch) -> Backend {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fs = s3s_fs::FileSystem::new(dir.path()).expect("s3s-fs root");
+        Backend::serve(
+            BackendKind::S3Fs,
+            dir,
+            S3ServiceBuilder::new(OddStore(fs, odd)),
+        )
+        .await
+    }
+
     pub async fn start(kind: BackendKind) -> Backend {
         match kind {
             BackendKind::S3Fs => {
