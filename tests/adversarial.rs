@@ -119,7 +119,7 @@ fn rss_mib(pid: i32) -> u64 {
         / 1024
 }
 
-macro_rules! both_backends {
+macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {
         mod s3s_fs {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,10 +129,14 @@ macro_rules! both_backends {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() { super::$name(super::BackendKind::Moto).await })*
         }
+        mod rgw {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(super::BackendKind::Rgw).await })*
+        }
     };
 }
 
-both_backends!(
+every_backend!(
     h1_keys_with_dot_or_empty_segments_are_refused_before_any_work,
     h1_prefix_scopes_cannot_be_escaped,
     h2_a_buggy_client_echoing_the_max_cannot_write,

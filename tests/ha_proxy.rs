@@ -123,18 +123,19 @@ async fn replicas_on_a_holding_store(marker: &'static str, hold: Duration) -> En
     harness.first_proxy_via(&relay).start_on(backend).await
 }
 
-async fn both_backends<F, Fut>(f: F)
+async fn every_backend<F, Fut>(f: F)
 where
     F: Fn(BackendKind) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     f(BackendKind::S3Fs).await;
     f(BackendKind::Moto).await;
+    f(BackendKind::Rgw).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_through_one_replica_refuses_lower_tokens_on_every_replica_for_new_keys_too() {
-    both_backends(|kind| async move {
+    every_backend(|kind| async move {
         let env = replicas(kind, 3).start().await;
         let [a, b, c] = [&env.proxies[0], &env.proxies[1], &env.proxies[2]];
         assert_eq!(put(a, "k", 1, "one").await.0, 200);
@@ -201,7 +202,7 @@ async fn a_raise_through_one_replica_refuses_lower_tokens_on_every_replica_for_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_new_key_upload_stalled_on_one_replica_is_cut_before_a_higher_token_is_admitted_on_another()
  {
-    both_backends(|kind| async move {
+    every_backend(|kind| async move {
         let env = replicas(kind, 2).start().await;
         let (a, b) = (&env.proxies[0], &env.proxies[1]);
         assert_eq!(put(a, "warm", 1, "x").await.0, 200);
