@@ -22,7 +22,8 @@
 //! - [`keys`]: per-key serialization and the ETag cache;
 //! - [`body`]: request bodies a newer epoch can cut; [`trailer`]:
 //!   `aws-chunked` trailing checksums checked before the last byte goes on;
-//! - [`backend`]: the backend SDK client; [`probe`]: does it enforce CAS?;
+//! - [`backend`]: the backend SDK client; [`probe`]: which conditions the
+//!   store enforces, and how each must be spelled for it;
 //! - [`db`]: SQLite (max_token, upload bindings); [`cluster`]: the same
 //!   shared by replicas through etcd; [`errors`]: S3 errors;
 //!   [`metrics`]; [`config`].
@@ -30,7 +31,8 @@
 //! **Architecture invariant:** no request reaches the backend's write API
 //! without passing [`gate::Gate::admit`] for its lock, and every object
 //! write is sent by a [`gate::Write`] from [`gate::Gate::begin`] (key lock, known state, per-key
-//! token) and is sent with `If-Match` or `If-None-Match`.
+//! token) and is sent with `If-Match` or `If-None-Match` in the store's
+//! dialect, where the probe saw the store enforce it.
 
 #[macro_use]
 pub mod forward;
