@@ -119,10 +119,15 @@ impl Proxy {
                         tracing::warn!(error = format!("{e:#}"), "backend probe failed; retrying");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
-                    Err(e) => anyhow::bail!("backend probe failed: {e:#}"),
+                    Err(e) => {
+                        // Nothing was served: this run ends as the last one did.
+                        gate.end_run();
+                        anyhow::bail!("backend probe failed: {e:#}")
+                    }
                 }
             };
             if !report.safe() && !config.accept_weak_backend {
+                gate.end_run();
                 anyhow::bail!(
                     "the backend does not enforce conditional writes ({}; it answered: {}); refusing to serve fenced traffic. \
                      `fencegate probe` prints the whole report. Use a backend that does (MinIO, AWS S3, Ceph RGW), \

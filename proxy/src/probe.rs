@@ -502,8 +502,9 @@ fn scratch_suffix() -> String {
 /// How the store answered a conditional request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Answer {
-    /// 2xx (a body the SDK could not read still means it was applied).
-    Passed(u16),
+    /// 2xx (a body the SDK could not read still means it was applied);
+    /// the status where the SDK gave it.
+    Passed(Option<u16>),
     /// 412 (or 409, a conflict).
     ConditionFailed(u16),
     /// Anything else the store answered.
@@ -513,7 +514,8 @@ enum Answer {
 impl std::fmt::Display for Answer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Answer::Passed(s) => write!(f, "{s} (passed)"),
+            Answer::Passed(Some(s)) => write!(f, "{s} (passed)"),
+            Answer::Passed(None) => write!(f, "2xx (passed)"),
             Answer::ConditionFailed(s) => write!(f, "{s} (refused)"),
             Answer::Other(s) => write!(f, "{s}"),
         }
@@ -525,9 +527,9 @@ fn answer<T, E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 's
     r: Result<T, SdkError<E, aws_smithy_runtime_api::http::Response>>,
 ) -> Result<Answer, ProbeError> {
     match r {
-        Ok(_) => Ok(Answer::Passed(200)),
+        Ok(_) => Ok(Answer::Passed(None)),
         Err(e) => match status_of(&e) {
-            Some(s @ 200..=299) => Ok(Answer::Passed(s)),
+            Some(s @ 200..=299) => Ok(Answer::Passed(Some(s))),
             Some(s @ (409 | 412)) => Ok(Answer::ConditionFailed(s)),
             Some(s) => Ok(Answer::Other(format!(
                 "{s} {}",

@@ -257,7 +257,7 @@ impl Write {
                 Box::pin(async move {
                     b.send()
                         .await
-                        .map_err(crate::backend::sdk_error)
+                        .map_err(|e| source_changed(crate::backend::sdk_error(e)))
                         .map(copied)
                 }),
                 None,
@@ -372,7 +372,7 @@ impl Gate {
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let forward = s3s_aws::Proxy::from(self.writes_to(&req.input.bucket));
         self.call(
-            Box::pin(async move { forward.upload_part_copy(req).await }),
+            Box::pin(async move { forward.upload_part_copy(req).await.map_err(source_changed) }),
             None,
         )
         .await
@@ -480,6 +480,21 @@ async fn collect(body: Option<StreamingBlob>) -> Result<bytes::Bytes, s3s::StdEr
     };
     let parts: Vec<bytes::Bytes> = body.try_collect().await?;
     Ok(parts.concat().into())
+}
+
+/// A copy the store refused because its source condition no longer held
+/// when it copied (the proxy checked it just before): Ceph RGW answers 304
+/// to a failed `if-none-match` or `if-modified-since` source condition
+/// where AWS answers 412, and a 304 is no answer to a copy.
+fn source_changed(e: s3s::S3Error) -> s3s::S3Error {
+    if e.status_code() == Some(http::StatusCode::NOT_MODIFIED) {
+        s3s::s3_error!(
+            PreconditionFailed,
+            "the copy source's condition (x-amz-copy-source-if-*) no longer holds: the source changed while the copy was sent"
+        )
+    } else {
+        e
+    }
 }
 
 /// The client's answer to a CopyObject the store answered.
