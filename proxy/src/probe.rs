@@ -477,12 +477,8 @@ pub async fn probe(
         return Err(NoSuchBucket(bucket.to_owned()).into());
     }
     let result = p.run().await;
-    // Best effort: the scratch keys.
-    for key in [p.key.clone(), p.other_key()] {
-        let _ = p
-            .timed(client.delete_object().bucket(bucket).key(key).send())
-            .await;
-    }
+    p.remove(&p.key).await;
+    p.remove(&p.other_key()).await;
     result
 }
 
@@ -640,6 +636,19 @@ impl Prober<'_> {
         })
     }
 
+    /// Deletes a scratch key, best effort.
+    async fn remove(&self, key: &str) {
+        let _ = self
+            .timed(
+                self.client
+                    .delete_object()
+                    .bucket(self.bucket)
+                    .key(key)
+                    .send(),
+            )
+            .await;
+    }
+
     /// The scratch key copies are made to.
     fn other_key(&self) -> String {
         format!("{}.copy", self.key)
@@ -698,15 +707,7 @@ impl Prober<'_> {
         let put_if_none_match = {
             let existing = self.put(&self.key, None, true).await?;
             let fresh = self.put(&self.other_key(), None, true).await?;
-            let _ = self
-                .timed(
-                    self.client
-                        .delete_object()
-                        .bucket(self.bucket)
-                        .key(self.other_key())
-                        .send(),
-                )
-                .await;
+            self.remove(&self.other_key()).await;
             let finding = match (&existing, &fresh) {
                 (Answer::ConditionFailed(_), Answer::Passed(_)) => {
                     Finding::Enforced { spelling: None }
@@ -842,15 +843,7 @@ impl Prober<'_> {
                 let a = self
                     .copy_to_other(names.header(SourceCondition::IfMatch), written)
                     .await;
-                let _ = self
-                    .timed(
-                        self.client
-                            .delete_object()
-                            .bucket(self.bucket)
-                            .key(self.other_key())
-                            .send(),
-                    )
-                    .await;
+                self.remove(&self.other_key()).await;
                 a
             }
         }
