@@ -5,8 +5,8 @@
 //! [`crate::errors::from_backend`], nowhere else.
 
 use crate::config::BackendConfig;
+use crate::dialect::{Dialect, SourceCondition, SourceNames, strip_quotes};
 use crate::keys::Known;
-use crate::probe::{Dialect, SourceCondition, SourceNames};
 use crate::send_check::{Check, SdkClient};
 use aws_credential_types::Credentials;
 use aws_sdk_s3::config::{
@@ -282,14 +282,6 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for Respell {
         }
         Ok(())
     }
-}
-
-/// ETags travel quoted; the proxy keeps the bare value.
-pub fn strip_quotes(s: &str) -> String {
-    s.trim()
-        .trim_start_matches("W/")
-        .trim_matches('"')
-        .to_owned()
 }
 
 /// The HTTP status of an SDK error, if the backend answered.

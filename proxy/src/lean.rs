@@ -21,8 +21,8 @@ pub(crate) use sign::hex;
 
 use crate::backend::TOKEN_METADATA_KEY;
 use crate::config::BackendConfig;
+use crate::dialect::Dialect;
 use crate::errors;
-use crate::probe::Dialect;
 use crate::send_check::{Check, CheckedConnector};
 use bytes::Bytes;
 use futures::TryStreamExt;

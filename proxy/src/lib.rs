@@ -23,7 +23,7 @@
 //! - [`body`]: request bodies a newer epoch can cut; [`trailer`]:
 //!   `aws-chunked` trailing checksums checked before the last byte goes on;
 //! - [`backend`]: the backend SDK client; [`probe`]: which conditions the
-//!   store enforces, and how each must be spelled for it;
+//!   store enforces, and [`dialect`]: how each must be spelled for it;
 //! - [`db`]: SQLite (max_token, upload bindings); [`cluster`]: the same
 //!   shared by replicas through etcd; [`errors`]: S3 errors;
 //!   [`metrics`]; [`config`].
@@ -45,6 +45,7 @@ pub mod cluster;
 pub mod config;
 pub mod db;
 pub mod devstore;
+pub mod dialect;
 pub mod early;
 pub mod edge;
 pub mod errors;

@@ -38,143 +38,14 @@
 //! key read afresh and its per-key lock), which holds for writers going
 //! through one proxy, not across replicas; README "Stores" has the table.
 
-use crate::backend::{status_of, strip_quotes};
+use crate::backend::status_of;
+use crate::dialect::{Dialect, SourceCondition, SourceNames, Spelling, strip_quotes};
 use aws_sdk_s3::error::ProvideErrorMetadata as _;
 use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use serde::Serialize;
 use std::time::Duration;
-
-/// How an ETag is written in a condition header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Spelling {
-    /// `"<etag>"`, as AWS documents it and clients send it.
-    Quoted,
-    /// `<etag>`, the only form Ceph RGW before 2025 reads in `If-Match`.
-    Bare,
-}
-
-impl Spelling {
-    /// In the order the probe prefers them: AWS's first.
-    const ALL: [Spelling; 2] = [Spelling::Quoted, Spelling::Bare];
-
-    /// `etag` (quoted or not) written this way.
-    pub fn write(self, etag: &str) -> String {
-        let bare = strip_quotes(etag);
-        match self {
-            Spelling::Quoted => format!("\"{bare}\""),
-            Spelling::Bare => bare,
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            Spelling::Quoted => "quoted",
-            Spelling::Bare => "bare",
-        }
-    }
-}
-
-/// The header names a store reads a copy's source conditions under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceNames {
-    /// `x-amz-copy-source-if-match` and its siblings, as AWS names them.
-    Aws,
-    /// `x-amz-copy-if-match` and its siblings (Ceph RGW before 2025).
-    Old,
-}
-
-/// A copy's source condition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SourceCondition {
-    IfMatch,
-    IfNoneMatch,
-    IfModifiedSince,
-    IfUnmodifiedSince,
-}
-
-impl SourceCondition {
-    pub const ALL: [SourceCondition; 4] = [
-        SourceCondition::IfMatch,
-        SourceCondition::IfNoneMatch,
-        SourceCondition::IfModifiedSince,
-        SourceCondition::IfUnmodifiedSince,
-    ];
-
-    /// Whether its value is an ETag (else a date).
-    pub fn is_etag(self) -> bool {
-        matches!(
-            self,
-            SourceCondition::IfMatch | SourceCondition::IfNoneMatch
-        )
-    }
-}
-
-impl SourceNames {
-    /// The header `condition` is read under.
-    pub fn header(self, condition: SourceCondition) -> &'static str {
-        use SourceCondition::*;
-        match (self, condition) {
-            (SourceNames::Aws, IfMatch) => "x-amz-copy-source-if-match",
-            (SourceNames::Aws, IfNoneMatch) => "x-amz-copy-source-if-none-match",
-            (SourceNames::Aws, IfModifiedSince) => "x-amz-copy-source-if-modified-since",
-            (SourceNames::Aws, IfUnmodifiedSince) => "x-amz-copy-source-if-unmodified-since",
-            (SourceNames::Old, IfMatch) => "x-amz-copy-if-match",
-            (SourceNames::Old, IfNoneMatch) => "x-amz-copy-if-none-match",
-            (SourceNames::Old, IfModifiedSince) => "x-amz-copy-if-modified-since",
-            (SourceNames::Old, IfUnmodifiedSince) => "x-amz-copy-if-unmodified-since",
-        }
-    }
-}
-
-/// How the proxy writes each condition to one store, from its probe: a
-/// condition is sent only in the spelling the store was seen to enforce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Dialect {
-    put_if_match: Option<Spelling>,
-    complete_if_match: Option<Spelling>,
-    copy_if_match: Option<Spelling>,
-    delete_if_match: Option<Spelling>,
-    /// Where a copy's source conditions are read, if anywhere.
-    source: Option<(SourceNames, Spelling)>,
-}
-
-impl Dialect {
-    /// What AWS documents, for a store not probed.
-    pub const AWS: Dialect = Dialect {
-        put_if_match: Some(Spelling::Quoted),
-        complete_if_match: Some(Spelling::Quoted),
-        copy_if_match: Some(Spelling::Quoted),
-        delete_if_match: Some(Spelling::Quoted),
-        source: Some((SourceNames::Aws, Spelling::Quoted)),
-    };
-
-    /// The `If-Match` an S3 operation (by its name) sends for `etag`, or
-    /// None where the store was not seen to enforce it.
-    pub fn if_match(&self, operation: &str, etag: &str) -> Option<String> {
-        if etag.trim() == "*" {
-            return Some("*".to_owned());
-        }
-        let spelling = match operation {
-            "PutObject" => self.put_if_match,
-            "CompleteMultipartUpload" => self.complete_if_match,
-            "CopyObject" => self.copy_if_match,
-            "DeleteObject" => self.delete_if_match,
-            _ => Some(Spelling::Quoted),
-        }?;
-        Some(spelling.write(etag))
-    }
-
-    /// Where a copy's source conditions go, and how their ETags are
-    /// written; None: the store enforces none, and the proxy alone checks
-    /// them (against the source it reads before the copy).
-    pub fn source(&self) -> Option<(SourceNames, Spelling)> {
-        self.source
-    }
-}
 
 /// What the probe found for one condition.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -1016,21 +887,5 @@ mod tests {
             f(&[(Quoted, Unclear), (Bare, Unclear)]),
             Finding::Untested { .. }
         ));
-    }
-
-    #[test]
-    fn spellings_and_dialects() {
-        assert_eq!(Spelling::Quoted.write("abc"), "\"abc\"");
-        assert_eq!(Spelling::Quoted.write("\"abc\""), "\"abc\"");
-        assert_eq!(Spelling::Bare.write("\"abc\""), "abc");
-        let d = Dialect {
-            put_if_match: Some(Spelling::Bare),
-            complete_if_match: None,
-            ..Dialect::AWS
-        };
-        assert_eq!(d.if_match("PutObject", "\"e\"").as_deref(), Some("e"));
-        assert_eq!(d.if_match("CompleteMultipartUpload", "\"e\""), None);
-        assert_eq!(d.if_match("CopyObject", "e").as_deref(), Some("\"e\""));
-        assert_eq!(d.if_match("PutObject", "*").as_deref(), Some("*"));
     }
 }

@@ -504,7 +504,7 @@ fn copied(out: aws_sdk_s3::operation::copy_object::CopyObjectOutput) -> CopyObje
         copy_object_result: Some(CopyObjectResult {
             e_tag: r
                 .and_then(|r| r.e_tag())
-                .map(|e| ETag::Strong(crate::backend::strip_quotes(e))),
+                .map(|e| ETag::Strong(crate::dialect::strip_quotes(e))),
             last_modified: r
                 .and_then(|r| r.last_modified())
                 .and_then(|t| s3s_aws::conv::try_from_aws::<Timestamp>(*t).ok()),

@@ -42,7 +42,7 @@ impl SourceConditions {
     fn check(&self, source: &HeadObjectOutput) -> S3Result<()> {
         let etag = source
             .e_tag()
-            .map(crate::backend::strip_quotes)
+            .map(crate::dialect::strip_quotes)
             .unwrap_or_default();
         let matches = |c: &ETagCondition| match c {
             ETagCondition::Any => true,
