@@ -1936,19 +1936,36 @@ async fn copy_source_conditions_are_never_dropped(kind: BackendKind) {
         .find(|h| h.starts_with("PUT /bkt/dst"))
         .expect("the copy reached the store")
         .to_ascii_lowercase();
-    let (sent, not_sent) = match kind {
-        BackendKind::Rgw => ("x-amz-copy-if-match:", Some("x-amz-copy-source-if-match:")),
-        BackendKind::S3Fs => ("x-amz-copy-source-if-match:", Some("x-amz-copy-if-match:")),
+    match kind {
+        BackendKind::Rgw => assert!(
+            copy_head.contains("x-amz-copy-if-match:")
+                && !copy_head.contains("x-amz-copy-source-if-match:"),
+            "{copy_head}"
+        ),
+        BackendKind::S3Fs => assert!(
+            copy_head.contains("x-amz-copy-source-if-match:")
+                && !copy_head.contains("x-amz-copy-if-match:"),
+            "{copy_head}"
+        ),
         // moto reads neither: the proxy's own check is the only one.
-        BackendKind::Moto => ("x-amz-copy-source", None),
-    };
-    assert!(copy_head.contains(sent), "{kind:?}: {copy_head}");
-    if let Some(n) = not_sent {
-        assert!(!copy_head.contains(n), "{kind:?}: {copy_head}");
+        BackendKind::Moto => assert!(!copy_head.contains("if-match"), "{copy_head}"),
     }
-    if kind == BackendKind::Moto {
-        assert!(!copy_head.contains("if-match"), "{copy_head}");
-    }
+    // `*` (any source) holds, whatever the store's spelling; and a
+    // condition that fails is refused with the metadata replaced too.
+    fenced!(copy().copy_source_if_match("*"), token)
+        .send()
+        .await
+        .expect("a copy whose source condition is *");
+    let err = fenced!(
+        copy()
+            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+            .copy_source_if_none_match(&etag),
+        token
+    )
+    .send()
+    .await
+    .expect_err("REPLACE with a failing source condition");
+    assert_eq!(error_of(&err), (Some(412), "PreconditionFailed".to_owned()));
 
     // UploadPartCopy: the same conditions, checked the same way.
     let id = fenced!(
@@ -1980,4 +1997,48 @@ async fn copy_source_conditions_are_never_dropped(kind: BackendKind) {
         .send()
         .await
         .expect("a part copy whose source condition holds");
+}
+
+/// A copy the store refuses on the client's source condition after the
+/// proxy's own check passed is the client's 412, not a re-decision's 503
+/// that every retry would meet again. s3s-fs compares
+/// `x-amz-copy-source-if-unmodified-since` with the source's time to the
+/// nanosecond, the proxy (as HTTP dates, and AWS) to the second: the
+/// source's own Last-Modified passes the proxy and fails at the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_condition_the_store_refuses_is_412_not_a_retry_loop() {
+    let e = env(BackendKind::S3Fs).await;
+    let token = signed(BUCKET, 1);
+    e.put("src", &token, "the source").await.expect("source");
+    let modified = *e
+        .backend
+        .direct()
+        .head_object()
+        .bucket(BUCKET)
+        .key("src")
+        .send()
+        .await
+        .expect("head")
+        .last_modified()
+        .expect("last modified");
+    let c = e.proxy().client();
+    for attempt in 0..2 {
+        let err = fenced!(
+            c.copy_object()
+                .bucket(BUCKET)
+                .key("dst")
+                .copy_source(format!("{BUCKET}/src"))
+                .copy_source_if_unmodified_since(modified),
+            token
+        )
+        .send()
+        .await
+        .expect_err("the store refuses the source condition");
+        assert_eq!(
+            error_of(&err),
+            (Some(412), "PreconditionFailed".to_owned()),
+            "attempt {attempt}"
+        );
+    }
+    assert_eq!(stored(&e.backend, BUCKET, "dst").await, None);
 }

@@ -270,6 +270,12 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for Respell {
                 let Some(value) = headers.remove(SourceNames::Aws.header(condition)) else {
                     continue;
                 };
+                // `*` (the source exists) is what the copy checks anyway,
+                // and Ceph RGW 16.2 refuses it: the proxy's own check of it
+                // stands alone.
+                if value.trim() == "*" {
+                    continue;
+                }
                 if let Some((names, spelling)) = self.0.source() {
                     let value = if condition.is_etag() {
                         spelling.write(&value)

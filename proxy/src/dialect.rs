@@ -21,8 +21,11 @@ impl Spelling {
     /// In the order the probe prefers them: AWS's first.
     pub(crate) const ALL: [Spelling; 2] = [Spelling::Quoted, Spelling::Bare];
 
-    /// `etag` (quoted or not) written this way.
+    /// `etag` (quoted or not) written this way; `*` (any) stays as it is.
     pub fn write(self, etag: &str) -> String {
+        if etag.trim() == "*" {
+            return "*".to_owned();
+        }
         let bare = strip_quotes(etag);
         match self {
             Spelling::Quoted => format!("\"{bare}\""),
@@ -154,6 +157,7 @@ mod tests {
         assert_eq!(Spelling::Quoted.write("abc"), "\"abc\"");
         assert_eq!(Spelling::Quoted.write("\"abc\""), "\"abc\"");
         assert_eq!(Spelling::Bare.write("\"abc\""), "abc");
+        assert_eq!(Spelling::Quoted.write("*"), "*");
         let d = Dialect {
             put_if_match: Some(Spelling::Bare),
             complete_if_match: None,

@@ -80,11 +80,15 @@ impl Check {
         matches!(self.finding, Finding::Enforced { .. })
     }
 
-    /// The spelling to send, where enforced.
+    /// The spelling to send: where enforced, that one; where the store
+    /// ignores the condition or refuses even the right value, none (it
+    /// would change nothing, or fail every write); where the probe could
+    /// not tell, AWS's, failing closed.
     fn sent(&self) -> Option<Spelling> {
         match self.finding {
             Finding::Enforced { spelling } => Some(spelling.unwrap_or(Spelling::Quoted)),
-            _ => None,
+            Finding::Ignored | Finding::RefusesCorrect => None,
+            Finding::Contradictory | Finding::Untested { .. } => Some(Spelling::Quoted),
         }
     }
 
@@ -175,14 +179,28 @@ impl ProbeReport {
             )
         };
         let sent = |c: &Check, what: &str, otherwise: String| match c.sent() {
-            Some(s) => format!("sent as {}", what.replace("<etag>", &s.write("<etag>"))),
+            Some(s) if c.enforced() => {
+                format!("sent as {}", what.replace("<etag>", &s.write("<etag>")))
+            }
+            Some(s) => format!(
+                "sent as AWS spells it, {}, since the probe could not tell; the key is also read afresh and writes to it are serialized by this proxy",
+                what.replace("<etag>", &s.write("<etag>"))
+            ),
             None => otherwise,
         };
         let required = |c: &Check, what: &str| {
-            sent(
-                c,
-                what,
-                "REQUIRED: the proxy refuses fenced writes to this bucket (accept_weak_backend = true runs with the proxy as the only fence, and then sends nothing the store would refuse)".to_owned(),
+            if c.enforced() {
+                return sent(c, what, String::new());
+            }
+            let weak = match c.sent() {
+                Some(s) => format!(
+                    "sends {} as AWS spells it",
+                    what.replace("<etag>", &s.write("<etag>"))
+                ),
+                None => "sends nothing the store would refuse".to_owned(),
+            };
+            format!(
+                "REQUIRED: the proxy refuses fenced writes to this bucket (accept_weak_backend = true runs with the proxy as the only fence, and then {weak})"
             )
         };
         let source = match self.dialect().source {
@@ -456,8 +474,9 @@ impl Form {
         match (wrong, right) {
             (Answer::ConditionFailed(_), Answer::Passed(_)) => Form::Honours,
             (Answer::ConditionFailed(_), Answer::ConditionFailed(_)) => Form::RefusesCorrect,
-            (Answer::Passed(_), Answer::Passed(_)) => Form::Ignores,
             (Answer::Passed(_), Answer::ConditionFailed(_)) => Form::Inverted,
+            // A wrong value passed: accepted, whatever the right one got.
+            (Answer::Passed(_), _) => Form::Ignores,
             _ => Form::Unclear,
         }
     }
@@ -779,13 +798,42 @@ impl Prober<'_> {
             .await?
             .map_err(|e| failed("CreateMultipartUpload", crate::backend::sdk_error(e)))?;
         let upload_id = created.upload_id().unwrap_or_default().to_owned();
+        let a = self
+            .complete_upload(&upload_id, if_none_match, if_match)
+            .await;
+        // Whatever happened, an upload that did not complete is aborted,
+        // so the probe leaves no parts behind (a store bills them).
+        if !matches!(a, Ok(Answer::Passed(_))) {
+            let _ = self
+                .timed(
+                    self.client
+                        .abort_multipart_upload()
+                        .bucket(bucket)
+                        .key(key)
+                        .upload_id(&upload_id)
+                        .send(),
+                )
+                .await;
+        }
+        a
+    }
+
+    /// Sends the one part of upload `upload_id` and completes it.
+    async fn complete_upload(
+        &self,
+        upload_id: &str,
+        if_none_match: Option<&str>,
+        if_match: Option<&str>,
+    ) -> Result<Answer, ProbeError> {
+        let (bucket, key) = (self.bucket, self.key.as_str());
+        let failed = |what: &str, e: s3s::S3Error| ProbeError::Store(format!("{what}: {e}"));
         let part = self
             .timed(
                 self.client
                     .upload_part()
                     .bucket(bucket)
                     .key(key)
-                    .upload_id(&upload_id)
+                    .upload_id(upload_id)
                     .part_number(1)
                     .body(ByteStream::from_static(b"fencegate probe part"))
                     .send(),
@@ -805,24 +853,11 @@ impl Prober<'_> {
             .complete_multipart_upload()
             .bucket(bucket)
             .key(key)
-            .upload_id(&upload_id)
+            .upload_id(upload_id)
             .multipart_upload(parts)
             .set_if_none_match(if_none_match.map(str::to_owned))
             .set_if_match(if_match.map(str::to_owned));
-        let a = answer(self.timed(req.send()).await?);
-        if !matches!(a, Ok(Answer::Passed(_))) {
-            let _ = self
-                .timed(
-                    self.client
-                        .abort_multipart_upload()
-                        .bucket(bucket)
-                        .key(key)
-                        .upload_id(&upload_id)
-                        .send(),
-                )
-                .await;
-        }
-        a
+        answer(self.timed(req.send()).await?)
     }
 }
 
@@ -887,5 +922,40 @@ mod tests {
             f(&[(Quoted, Unclear), (Bare, Unclear)]),
             Finding::Untested { .. }
         ));
+    }
+
+    #[test]
+    fn only_a_clear_verdict_stops_a_condition_being_sent() {
+        let check = |finding: Finding| Check {
+            finding,
+            answers: Vec::new(),
+        };
+        let enforced = || {
+            check(Finding::Enforced {
+                spelling: Some(Spelling::Bare),
+            })
+        };
+        let report = ProbeReport {
+            bucket: "b".into(),
+            put_if_none_match: check(Finding::Enforced { spelling: None }),
+            put_if_match: enforced(),
+            complete_if_none_match: check(Finding::Ignored),
+            complete_if_match: check(Finding::Untested {
+                error: "timed out".into(),
+            }),
+            copy_if_none_match: check(Finding::Ignored),
+            copy_if_match: check(Finding::Contradictory),
+            delete_if_match: check(Finding::RefusesCorrect),
+            copy_source_if_match: check(Finding::Ignored),
+            copy_source_if_match_old_name: enforced(),
+        };
+        let d = report.dialect();
+        assert_eq!(d.put_if_match, Some(Spelling::Bare));
+        // The probe could not tell: sent as AWS spells it (fail closed).
+        assert_eq!(d.complete_if_match, Some(Spelling::Quoted));
+        assert_eq!(d.copy_if_match, Some(Spelling::Quoted));
+        // Refused even when right: sending it would fail every delete.
+        assert_eq!(d.delete_if_match, None);
+        assert_eq!(d.source, Some((SourceNames::Old, Spelling::Bare)));
     }
 }

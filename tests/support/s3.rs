@@ -139,13 +139,25 @@ fn start_rgw_cluster() -> RgwCluster {
     RgwCluster { dir, endpoint }
 }
 
-static RGW: std::sync::OnceLock<RgwCluster> = std::sync::OnceLock::new();
+/// The cluster, or why it did not start (so that later tests fail at once
+/// instead of waiting for a start that failed already).
+static RGW: std::sync::OnceLock<Result<RgwCluster, String>> = std::sync::OnceLock::new();
 static RGW_USERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A fresh user in a tenant of its own on this binary's RGW cluster: its
 /// endpoint and key.
 fn rgw_user() -> (String, (String, String)) {
-    let cluster = RGW.get_or_init(start_rgw_cluster);
+    let cluster = match RGW.get_or_init(|| {
+        std::panic::catch_unwind(start_rgw_cluster).map_err(|p| {
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "Ceph RGW did not start".to_owned())
+        })
+    }) {
+        Ok(c) => c,
+        Err(why) => panic!("{why}"),
+    };
     let n = RGW_USERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let tenant = format!("t{n}");
     let key = (format!("rgw-key-{n}"), format!("rgw-secret-{n}-0123456789"));

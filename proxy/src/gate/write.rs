@@ -224,6 +224,10 @@ impl Write {
     pub async fn copy(self, gate: &Gate, spec: CopySpec) -> S3Result<CopyObjectOutput> {
         let token = self.token;
         let (if_match, if_none_match) = conditions(&self.known, None, None)?;
+        let spec_conditioned = spec.source_if_match.is_some()
+            || spec.source_if_none_match.is_some()
+            || spec.source_if_modified_since.is_some()
+            || spec.source_if_unmodified_since.is_some();
         let mut metadata = spec.metadata;
         tag(&mut metadata, token);
         // Conditions in AWS's spelling and names; the store's dialect
@@ -263,6 +267,26 @@ impl Write {
                 None,
             )
             .await;
+        // The store refused a copy that carried the client's source
+        // conditions: if the destination is as the proxy verified it, the
+        // refusal was the source condition's, and the client's 412 (a
+        // re-decision would answer 503, and the retry meet the same 412).
+        if spec_conditioned
+            && let Sent::Answered(Err(e)) = &sent
+            && crate::errors::is_condition_failure(e)
+        {
+            let (bucket, key) = (self.key.bucket().to_owned(), self.key.key().to_owned());
+            if let Ok(now) = gate
+                .call(Box::pin(gate.backend.head(&bucket, &key)), None)
+                .await
+                && now == self.known
+            {
+                return Err(s3s::s3_error!(
+                    PreconditionFailed,
+                    "the copy source's condition (x-amz-copy-source-if-*) does not hold at the store"
+                ));
+            }
+        }
         gate.finish(self, sent, |out| {
             Some(Known::Present {
                 etag: out
@@ -294,14 +318,8 @@ impl Write {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let call = send_complete(self.client.clone(), req.input);
         let sent = match gate.call_write(Box::pin(call), None).await {
-            // The store answered 200 with no ETag the proxy can read (moto
-            // names the root element of a conditional Complete's answer
-            // `CompleteMultipartUploadResponse`; Ceph RGW 16.2 answers an
-            // empty `<ETag>`): a 200 means it committed, so read back what
-            // it holds rather than report a failure.
-            Sent::Answered(Err(e)) if e.status_code() == Some(http::StatusCode::OK) => {
-                Sent::Answered(read_back(gate, bucket, key, token).await.ok_or(e))
-            }
+            // The store said it committed but gave no ETag (see
+            // `send_complete`): read back what it holds.
             Sent::Answered(Ok(out)) if out.output.e_tag.is_none() => Sent::Answered(
                 read_back(gate, bucket, key, token)
                     .await
@@ -421,15 +439,37 @@ async fn send_complete(
         .set_sse_customer_algorithm(input.sse_customer_algorithm)
         .set_sse_customer_key(input.sse_customer_key)
         .set_sse_customer_key_md5(input.sse_customer_key_md5);
-    let mut out = b.send().await.map_err(crate::backend::sdk_error)?;
+    let mut out = match b.send().await {
+        Ok(out) => out,
+        // A 200 whose body is no `<Error>` but that the SDK cannot read
+        // (moto names the root element of a conditional Complete's answer
+        // `CompleteMultipartUploadResponse`): the store committed.
+        Err(e) if crate::backend::status_of(&e) == Some(200)
+            && aws_sdk_s3::error::ProvideErrorMetadata::code(&e).is_none() =>
+        {
+            aws_sdk_s3::operation::complete_multipart_upload::CompleteMultipartUploadOutput::builder()
+                .build()
+        }
+        // AWS may answer 200 with an `<Error>` body: not committed, and
+        // not a success to pass on either.
+        Err(e) => {
+            let mut err = crate::backend::sdk_error(e);
+            if err.status_code().is_some_and(|s| s.is_success()) {
+                err.set_status_code(http::StatusCode::SERVICE_UNAVAILABLE);
+                err = crate::errors::from_backend(err);
+            }
+            return Err(err);
+        }
+    };
+    // Ceph RGW 16.2 answers every Complete with an empty `<ETag>`.
     if out.e_tag.as_deref().is_some_and(|e| e.trim().is_empty()) {
         out.e_tag = None;
     }
     Ok(S3Response::new(try_from_aws(out)?))
 }
 
-/// The answer to a Complete the store committed without saying its ETag:
-/// what the key holds, if it holds this write's token.
+/// The answer to a Complete the store said it committed without saying
+/// its ETag: what the key holds, if it holds this write's token.
 async fn read_back(
     gate: &Gate,
     bucket: String,
