@@ -9,9 +9,12 @@
 //! - 4: the lease was lost (expired, released or taken over).
 
 mod client;
+mod credential_process;
 mod dev;
+mod fence_client;
 mod lease_cmd;
 mod probe_cmd;
+mod role_files;
 mod run_cmd;
 mod services;
 
@@ -42,6 +45,9 @@ enum Command {
     Lease(lease_cmd::LeaseCommand),
     /// Run a command while holding a lease; stop it if the lease is lost.
     Run(run_cmd::RunArgs),
+    /// Print the role's current lease-bound credentials for an AWS
+    /// `credential_process` (from the env file `run --env-file` keeps).
+    CredentialProcess(credential_process::CredentialProcessArgs),
     /// Probe a store: which conditions it enforces, how it spells them,
     /// and what the proxy would do. Exits 1 if the proxy would refuse
     /// fenced writes to a bucket.
@@ -167,6 +173,9 @@ fn main() -> ExitCode {
             Command::Dev(args) => dev::dev(args).await.map(|()| 0).map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
             Command::Run(args) => run_cmd::run(args).await,
+            Command::CredentialProcess(args) => credential_process::credential_process(&args)
+                .map(|()| 0)
+                .map_err(Failure::from),
             Command::Probe(args) => match probe_cmd::probe(args).await {
                 Ok(true) => Ok(0),
                 Ok(false) => Ok(1),

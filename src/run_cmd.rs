@@ -9,6 +9,18 @@
 //! - with `--s3-credentials`: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
 //!   bound to the lease (and `AWS_ENDPOINT_URL` with `--s3-endpoint`).
 //!
+//! A role held for its lifetime (a database's primary) has processes that
+//! are not CMD's children: with `--env-file`, `--aws-credentials-file` or
+//! `--pgbackrest-file`, the lease's current credentials are written there
+//! on the grant and on every renewal, and removed when the lease ends
+//! (`role_files`); `fencegate credential-process` serves the env file to
+//! the AWS SDKs.
+//!
+//! With `--fence URL` (default: `--s3-endpoint`), the new token is
+//! admitted at the proxy before CMD starts (`POST /_fencegate/fence`), so
+//! the old holder's writes are refused from the moment the lease is taken,
+//! not from CMD's first write.
+//!
 //! The lease is renewed every third of its TTL, and released at the end,
 //! each time proven by the signed token the acquire returned (the lease
 //! service acts on nothing less). If the lease service says the
@@ -21,6 +33,7 @@
 
 use crate::Failure;
 use crate::client::{Client, LocksvcConn, default_owner};
+use crate::role_files::RoleFiles;
 use clap::Args;
 use fencegate_core::FencingToken;
 use nix::sys::signal::{Signal, killpg};
@@ -60,7 +73,34 @@ pub struct RunArgs {
     // 2). `usage_error` checks the command line alone.
     #[arg(long, env = "FENCEGATE_S3_ENDPOINT")]
     pub s3_endpoint: Option<String>,
-    /// After SIGTERM, how long CMD has to exit before SIGKILL.
+    /// Raise the lock's fence at this proxy (its S3 endpoint URL) as soon as
+    /// the lease is taken, before CMD starts, so the old holder's writes are
+    /// refused from then on. Default: --s3-endpoint, when given. TLS as for
+    /// the lease service (--ca-file).
+    #[arg(long, env = "FENCEGATE_FENCE_PROXY")]
+    pub fence: Option<String>,
+    /// Do not raise the fence before CMD starts (the proxy then learns of
+    /// the new token from CMD's first write).
+    #[arg(long)]
+    pub no_fence: bool,
+    /// Keep the lease's current credentials in this file, AWS shared
+    /// credentials format (`[default]`), for AWS_SHARED_CREDENTIALS_FILE.
+    #[arg(long)]
+    pub aws_credentials_file: Option<std::path::PathBuf>,
+    /// Keep the lease's credentials, token and lock in this file as
+    /// `KEY='value'` lines, for `. FILE` in a shell and for
+    /// `fencegate credential-process --env-file FILE`.
+    #[arg(long)]
+    pub env_file: Option<std::path::PathBuf>,
+    /// Keep the lease's credentials in this pgBackRest config file
+    /// (`repo1-s3-key`, `repo1-s3-key-secret` under `[global]`), e.g. in
+    /// /etc/pgbackrest/conf.d/.
+    #[arg(long)]
+    pub pgbackrest_file: Option<std::path::PathBuf>,
+    /// After SIGTERM, how long CMD has to exit before SIGKILL. A database
+    /// needs time to shut down cleanly: give it what its fast shutdown
+    /// takes (PostgreSQL: `pg_ctl stop -m fast`, usually seconds; a
+    /// checkpoint on a busy server may take a minute).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     #[command(flatten)]
@@ -86,6 +126,20 @@ const MIN_RETRY: Duration = Duration::from_millis(200);
 
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let client = Client::new(args.conn.clone())?;
+    let files = RoleFiles {
+        aws_credentials: args.aws_credentials_file.clone(),
+        env: args.env_file.clone(),
+        pgbackrest: args.pgbackrest_file.clone(),
+        endpoint: args.s3_endpoint.clone(),
+    };
+    // A file that cannot be written stops the role before it holds
+    // anything.
+    files.check()?;
+    let fence_at = if args.no_fence {
+        None
+    } else {
+        args.fence.clone().or_else(|| args.s3_endpoint.clone())
+    };
     let owner = args.owner.clone().unwrap_or_else(default_owner);
     // A secret of this run's acquire: sent again to another replica of the
     // lease service, it gets back the lease the first may have granted.
@@ -125,6 +179,32 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         Instant::now() + ttl - ttl.min(Duration::from_millis(50))
     };
     tracing::info!(lock = %lease.lock, token = lease.token, owner = %owner, "lease acquired");
+    if let Some(proxy) = &fence_at {
+        match crate::fence_client::raise(proxy, &args.conn.tls.client_tls(), &lease.fencing_token)
+            .await
+        {
+            Ok(max) => {
+                tracing::info!(lock = %lease.lock, token = lease.token, max, proxy, "fence raised at the proxy")
+            }
+            Err(e) => {
+                let _ = client.release(&lease.lock, &proof).await;
+                return Err(Failure::Other(anyhow::anyhow!(
+                    "cannot raise the fence of {} to token {} at {proxy}: {e:#}; the lease was released and {:?} not started (--no-fence starts it without)",
+                    lease.lock,
+                    lease.token,
+                    args.command[0]
+                )));
+            }
+        }
+    }
+    if let Err(e) = files.write(&lease, ttl, wall_clock()) {
+        files.remove();
+        let _ = client.release(&lease.lock, &proof).await;
+        return Err(Failure::Other(e.context(format!(
+            "the lease was released and {:?} not started",
+            args.command[0]
+        ))));
+    }
 
     let mut command = Command::new(&args.command[0]);
     command
@@ -152,6 +232,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
+            files.remove();
             let _ = client.release(&lease.lock, &proof).await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
@@ -174,18 +255,25 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         tokio::select! {
             status = child.wait() => {
                 let status = status.map_err(anyhow::Error::from)?;
+                files.remove();
                 release(&client, &lease.lock, &proof).await;
                 return Ok(exit_code(status));
             }
-            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, args.grace).await,
-            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, args.grace).await,
+            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, args.grace, &files).await,
+            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, args.grace, &files).await,
             _ = tokio::time::sleep_until(next_renew) => {
                 let sent = Instant::now();
                 let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
                 match client.renew(&lease.lock, &proof, ttl, timeout).await {
-                    Ok(_) => {
+                    Ok(renewed) => {
                         deadline = sent + ttl;
                         next_renew = sent + renew_every;
+                        // The renewal's fresh credentials, for the role's
+                        // other processes; a failed write is retried at the
+                        // next renewal, while the files still hold valid ones.
+                        if let Err(e) = files.write(&renewed, ttl, wall_clock()) {
+                            tracing::warn!(error = format!("{e:#}"), "cannot write the renewed credentials; the files keep the previous ones");
+                        }
                         tracing::debug!(lock = %lease.lock, token = lease.token, "lease renewed");
                     }
                     Err(Failure::LeaseLost(msg)) => break format!("the lease service says the lease is gone: {msg}"),
@@ -202,6 +290,8 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     };
 
+    // The role's other processes find no credentials from now on.
+    files.remove();
     eprintln!(
         "fencegate: lease on {} (token {}) lost: {lost}; stopping {:?}",
         lease.lock, lease.token, args.command[0]
@@ -221,8 +311,10 @@ async fn forward_and_finish(
     token: &FencingToken,
     child: &mut Child,
     grace: Duration,
+    files: &RoleFiles,
 ) -> Result<u8, Failure> {
     let status = stop(child, grace).await;
+    files.remove();
     release(client, lock, token).await;
     Ok(status.map_or(1, exit_code))
 }
@@ -254,6 +346,15 @@ async fn release(client: &Client, lock: &str, token: &FencingToken) {
     if let Err(e) = client.release(lock, token).await {
         tracing::warn!(error = %e, "could not release the lease; it will expire on its own");
     }
+}
+
+/// The wall clock, for the expiry written to the role's env file.
+fn wall_clock() -> std::time::SystemTime {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "an expiry other processes compare with their own clocks"
+    )]
+    std::time::SystemTime::now()
 }
 
 fn exit_code(status: ExitStatus) -> u8 {

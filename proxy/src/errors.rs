@@ -38,6 +38,15 @@ pub fn stale(token: u64, max: u64, detail: &str) -> S3Error {
     e
 }
 
+/// 404: a fence asked for a lock no scope of this proxy is fenced by.
+pub fn unknown_lock(lock: &str) -> S3Error {
+    custom(
+        "FencingLockUnknown",
+        StatusCode::NOT_FOUND,
+        format!("no scope of this proxy is fenced by lock {lock}: nothing to fence here"),
+    )
+}
+
 /// 428: a fenced write without a token.
 pub fn missing(op: &str, scope: &str, lock: &str) -> S3Error {
     custom(

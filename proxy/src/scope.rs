@@ -78,6 +78,17 @@ impl ScopeMap {
         }
     }
 
+    /// A scope fenced by `lock`: the first configured one, else, where
+    /// each bucket is fenced by the lock of its name, the bucket `lock`.
+    pub fn for_lock(&self, lock: &LockName) -> Option<Scope> {
+        if let Some(s) = self.scopes.iter().find(|s| &s.lock == lock) {
+            return Some(s.clone());
+        }
+        self.resolve(lock.as_str(), "")
+            .ok()
+            .filter(|s| &s.lock == lock)
+    }
+
     /// The configured scopes (empty in bucket-per-scope mode).
     pub fn configured(&self) -> &[Scope] {
         &self.scopes

@@ -43,9 +43,11 @@ struct Router {
 
 impl Router {
     /// The operations endpoint a request names, if it is one: GET or HEAD
-    /// of `/_fencegate/<endpoint>` addressed path style.
+    /// of `/_fencegate/<endpoint>` addressed path style, or POST of
+    /// `/_fencegate/fence`.
     fn endpoint<'r, B>(&self, req: &'r Request<B>) -> Option<&'r str> {
-        if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
+        let fence = *req.method() == http::Method::POST && req.uri().path() == "/_fencegate/fence";
+        if !fence && !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
             return None;
         }
         let virtual_hosted = req
@@ -75,7 +77,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             let started = Instant::now();
             let (method, path) = (req.method().clone(), req.uri().path().to_owned());
             if let Some(endpoint) = this.endpoint(&req) {
-                return Ok(this.ops(endpoint, req.headers()).await);
+                return Ok(this.ops(endpoint, req.method(), req.headers()).await);
             }
             let _held = match crate::early::check(&req, &this.hosts, this.gate.body_budget()) {
                 Ok(held) => held,
@@ -261,8 +263,14 @@ fn json(status: StatusCode, body: String) -> Response<Body> {
 }
 
 impl Router {
-    async fn ops(&self, endpoint: &str, headers: &http::HeaderMap) -> Response<Body> {
+    async fn ops(
+        &self,
+        endpoint: &str,
+        method: &http::Method,
+        headers: &http::HeaderMap,
+    ) -> Response<Body> {
         match endpoint {
+            "fence" => self.fence(method, headers).await,
             "health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
             "status" => json(StatusCode::OK, self.gate.status().await.to_string()),
             "" | "events" => {
@@ -312,6 +320,46 @@ impl Router {
                 StatusCode::NOT_FOUND,
                 r#"{"error":"unknown endpoint; try /_fencegate/ (the status page), /_fencegate/health, /_fencegate/status, /_fencegate/events or /_fencegate/metrics"}"#.into(),
             ),
+        }
+    }
+
+    /// `POST /_fencegate/fence` with the new holder's signed token: raises
+    /// its lock's fence before the holder writes (`Gate::fence`).
+    async fn fence(&self, method: &http::Method, headers: &http::HeaderMap) -> Response<Body> {
+        if method != http::Method::POST {
+            return json(
+                StatusCode::METHOD_NOT_ALLOWED,
+                serde_json::json!({
+                    "code": "MethodNotAllowed",
+                    "error": "POST /_fencegate/fence with the lease's signed fencing_token in the Fencing-Token header",
+                })
+                .to_string(),
+            );
+        }
+        match self.gate.fence(headers).await {
+            Ok((lock, token, max)) => json(
+                StatusCode::OK,
+                serde_json::json!({ "lock": lock, "token": token, "max_token": max }).to_string(),
+            ),
+            Err(e) => {
+                let status = e.status_code().unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let mut r = json(
+                    status,
+                    serde_json::json!({
+                        "code": e.code().as_str(),
+                        "error": e.message().unwrap_or_default(),
+                    })
+                    .to_string(),
+                );
+                if let Some(max) = e
+                    .headers()
+                    .and_then(|h| h.get(crate::errors::MAX_TOKEN_HEADER))
+                {
+                    r.headers_mut()
+                        .insert(crate::errors::MAX_TOKEN_HEADER, max.clone());
+                }
+                r
+            }
         }
     }
 }

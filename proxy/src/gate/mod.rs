@@ -926,6 +926,60 @@ impl Gate {
         });
     }
 
+    /// Raises the fence of the lock a new holder's signed token names to
+    /// that token, before the holder writes anything (acquisition
+    /// fencing, `POST /_fencegate/fence`): exactly what its first write
+    /// would do, so older writes in flight are cut or drained and every
+    /// lower token is refused from then on, on every replica. Only the
+    /// signed token proves holding (a number is public); a lower token is
+    /// stale (409). Answers the lock, the token and the max now.
+    pub async fn fence(&self, headers: &HeaderMap) -> S3Result<(String, u64, u64)> {
+        const OP: &str = "Fence";
+        let value = headers
+            .get(crate::tokens::FENCING_TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                s3s::s3_error!(
+                    InvalidRequest,
+                    "send the lease's signed fencing_token in the Fencing-Token header"
+                )
+            })?;
+        let lock = match fencegate_core::FencingToken::parse(value.trim()) {
+            Ok(fencegate_core::FencingToken::Signed(s)) => s.lock,
+            Ok(fencegate_core::FencingToken::Plain(_)) => {
+                return Err(errors::rejected(&crate::tokens::Rejection::Unsigned));
+            }
+            Err(e) => {
+                return Err(s3s::s3_error!(
+                    InvalidRequest,
+                    "the Fencing-Token header is not a fencing token ({e}): send the lease's signed fencing_token"
+                ));
+            }
+        };
+        let scope = self
+            .scopes
+            .for_lock(&lock)
+            .ok_or_else(|| errors::unknown_lock(lock.as_str()))?;
+        let token = self
+            .required_token(
+                OP,
+                RequestToken {
+                    headers,
+                    access_key: None,
+                },
+                &scope,
+            )
+            .await?;
+        let admission = self.admit(OP, &scope.bucket.clone(), &scope, token).await?;
+        drop(admission);
+        self.count(OP, &scope, "accepted");
+        Ok((
+            scope.lock.to_string(),
+            token,
+            self.fences.max(scope.fence()),
+        ))
+    }
+
     /// Like [`Gate::token`], but a missing token is an error (428).
     pub async fn required_token(
         &self,
