@@ -64,9 +64,10 @@ pub struct RunArgs {
     /// header (restic, the aws CLI).
     #[arg(long)]
     pub s3_credentials: bool,
-    /// With --s3-credentials: the proxy's S3 endpoint, exported as
-    /// AWS_ENDPOINT_URL (read by the aws CLI and the AWS SDKs). Without
-    /// --s3-credentials, FENCEGATE_S3_ENDPOINT is ignored.
+    /// The proxy's S3 endpoint: the fence is raised there before CMD
+    /// starts (unless --no-fence or --fence names another), and with
+    /// --s3-credentials or --env-file it is exported as AWS_ENDPOINT_URL
+    /// (read by the aws CLI and the AWS SDKs).
     // Not `requires = "s3_credentials"`: clap counts a value from the
     // environment as given, so a FENCEGATE_S3_ENDPOINT exported for the
     // runs that use credentials made every other run a usage error (exit
@@ -111,13 +112,17 @@ pub struct RunArgs {
 }
 
 /// The usage rule clap cannot state: `--s3-endpoint` typed on the command
-/// line needs `--s3-credentials` (without them nothing uses the endpoint,
-/// so the user meant something else), while `FENCEGATE_S3_ENDPOINT` in
-/// the environment is a default for the runs that want credentials.
+/// line must be used for something (the fence raised there, the
+/// credentials exported with `--s3-credentials`, the env file), or the
+/// user meant something else; `FENCEGATE_S3_ENDPOINT` in the environment
+/// is a default for the runs that use it.
 pub fn usage_error(run: &clap::ArgMatches) -> Option<&'static str> {
     let typed = run.value_source("s3_endpoint") == Some(clap::parser::ValueSource::CommandLine);
-    (typed && !run.get_flag("s3_credentials")).then_some(
-        "--s3-endpoint is exported only with the lease's credentials: add --s3-credentials, or drop --s3-endpoint",
+    let used = run.get_flag("s3_credentials")
+        || !run.get_flag("no_fence")
+        || run.get_one::<std::path::PathBuf>("env_file").is_some();
+    (typed && !used).then_some(
+        "--s3-endpoint is used to raise the fence, with --s3-credentials or in --env-file; with --no-fence and neither, drop --s3-endpoint",
     )
 }
 

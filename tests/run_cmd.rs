@@ -87,7 +87,8 @@ fn an_s3_endpoint_in_the_environment_needs_no_credentials_flag() {
     );
     let endpoint = "http://127.0.0.1:9";
     let run = |extra: &[&str]| {
-        let mut args = vec!["--lock", "env"];
+        // No proxy listens at the endpoint: nothing to fence there.
+        let mut args = vec!["--lock", "env", "--no-fence"];
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", "sh", "-c", &script]);
         let _ = std::fs::remove_file(&out);
@@ -112,17 +113,26 @@ fn an_s3_endpoint_in_the_environment_needs_no_credentials_flag() {
         "with --s3-credentials the variable is the endpoint: {with}"
     );
 
-    // Typed on the command line, --s3-endpoint without --s3-credentials is
-    // still refused as usage (it would do nothing), naming the fix.
+    // Typed on the command line, --s3-endpoint that nothing uses (no
+    // fence, no credentials, no env file) is refused as usage, naming the
+    // fix.
     let o = run_cmd(
         &svc.url,
-        &["--lock", "env", "--s3-endpoint", endpoint, "--", "true"],
+        &[
+            "--lock",
+            "env",
+            "--no-fence",
+            "--s3-endpoint",
+            endpoint,
+            "--",
+            "true",
+        ],
     )
     .output()
     .expect("runs");
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("add --s3-credentials"), "{stderr}");
+    assert!(stderr.contains("drop --s3-endpoint"), "{stderr}");
 }
 
 #[test]
