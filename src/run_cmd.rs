@@ -27,7 +27,7 @@
 //! lease is gone, or no renewal has succeeded by the time the lease would
 //! have expired (measured from when the last successful renewal was *sent*,
 //! so the local estimate is never later than the service's), CMD's process
-//! group gets SIGTERM, then SIGKILL after `--grace`, and `run` exits 4. A
+//! group gets the stop signal (SIGTERM unless `--stop-signal`), then SIGKILL after `--grace`, and `run` exits 4. A
 //! stale write that still escapes in that window is what the fence stops;
 //! stopping CMD is about not wasting work, not about safety.
 
@@ -98,7 +98,12 @@ pub struct RunArgs {
     /// /etc/pgbackrest/conf.d/.
     #[arg(long)]
     pub pgbackrest_file: Option<std::path::PathBuf>,
-    /// After SIGTERM, how long CMD has to exit before SIGKILL. A database
+    /// The signal that asks CMD to stop (TERM, INT or QUIT). PostgreSQL
+    /// reads SIGTERM as a smart shutdown, which waits for every session to
+    /// end; SIGINT is its fast shutdown.
+    #[arg(long, default_value = "TERM", value_parser = stop_signal)]
+    pub stop_signal: Signal,
+    /// After the stop signal, how long CMD has to exit before SIGKILL. A database
     /// needs time to shut down cleanly: give it what its fast shutdown
     /// takes (PostgreSQL: `pg_ctl stop -m fast`, usually seconds; a
     /// checkpoint on a busy server may take a minute).
@@ -264,8 +269,8 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
                 release(&client, &lease.lock, &proof).await;
                 return Ok(exit_code(status));
             }
-            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, args.grace, &files).await,
-            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, args.grace, &files).await,
+            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files).await,
+            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files).await,
             _ = tokio::time::sleep_until(next_renew) => {
                 let sent = Instant::now();
                 let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
@@ -301,7 +306,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         "fencegate: lease on {} (token {}) lost: {lost}; stopping {:?}",
         lease.lock, lease.token, args.command[0]
     );
-    stop(&mut child, args.grace).await;
+    stop(&mut child, (args.stop_signal, args.grace)).await;
     Err(Failure::LeaseLost(format!(
         "lease on {} (token {}) was lost while {:?} ran; it was stopped",
         lease.lock, lease.token, args.command[0]
@@ -315,22 +320,22 @@ async fn forward_and_finish(
     lock: &str,
     token: &FencingToken,
     child: &mut Child,
-    grace: Duration,
+    how: (Signal, Duration),
     files: &RoleFiles,
 ) -> Result<u8, Failure> {
-    let status = stop(child, grace).await;
+    let status = stop(child, how).await;
     files.remove();
     release(client, lock, token).await;
     Ok(status.map_or(1, exit_code))
 }
 
-/// SIGTERM to CMD's process group, SIGKILL after `grace`.
-async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+/// The stop signal to CMD's process group, SIGKILL after `grace`.
+async fn stop(child: &mut Child, (signal, grace): (Signal, Duration)) -> Option<ExitStatus> {
     let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
         return child.wait().await.ok();
     };
     let group = Pid::from_raw(pid);
-    let _ = killpg(group, Signal::SIGTERM);
+    let _ = killpg(group, signal);
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => {
             // CMD is gone; anything it left in its group goes too.
@@ -350,6 +355,16 @@ async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
 async fn release(client: &Client, lock: &str, token: &FencingToken) {
     if let Err(e) = client.release(lock, token).await {
         tracing::warn!(error = %e, "could not release the lease; it will expire on its own");
+    }
+}
+
+/// `--stop-signal`: TERM, INT or QUIT, with or without `SIG`.
+fn stop_signal(s: &str) -> Result<Signal, String> {
+    match s.trim_start_matches("SIG").to_ascii_uppercase().as_str() {
+        "TERM" => Ok(Signal::SIGTERM),
+        "INT" => Ok(Signal::SIGINT),
+        "QUIT" => Ok(Signal::SIGQUIT),
+        other => Err(format!("{other:?} is not TERM, INT or QUIT")),
     }
 }
 

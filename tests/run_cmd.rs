@@ -407,3 +407,49 @@ fn an_acquire_moves_past_a_replica_that_dropped_it_only_with_an_idempotency_key(
     );
     assert_eq!(api.status("keyed").1["owner"], "o");
 }
+
+/// `--stop-signal INT` (PostgreSQL's fast shutdown) is what the command
+/// gets when `run` is stopped; the default stays SIGTERM.
+#[test]
+fn the_stop_signal_is_the_one_asked_for() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    for (flag, expected) in [(None, "term"), (Some("INT"), "int")] {
+        let pidfile = dir.path().join(format!("{expected}.pid"));
+        let got = dir.path().join(format!("{expected}.got"));
+        let script = format!(
+            "trap 'echo term > {g}; exit 0' TERM; trap 'echo int > {g}; exit 0' INT; echo $$ > {p}; while true; do sleep 0.1; done",
+            g = got.display(),
+            p = pidfile.display()
+        );
+        let mut args = vec!["--lock", "signal", "--ttl", "5s", "--grace", "5s"];
+        if let Some(f) = flag {
+            args.extend_from_slice(&["--stop-signal", f]);
+        }
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let mut run = run_cmd(&svc.url, &args).spawn().expect("runs");
+        read_pid(&pidfile);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid")),
+            Signal::SIGTERM,
+        )
+        .expect("SIGTERM to run");
+        let status = run.wait().expect("run exits");
+        assert_eq!(status.code(), Some(0), "{flag:?}");
+        assert_eq!(
+            std::fs::read_to_string(&got)
+                .expect("the command saw a signal")
+                .trim(),
+            expected,
+            "{flag:?}"
+        );
+    }
+    let bad = run_cmd(
+        &svc.url,
+        &["--lock", "signal", "--stop-signal", "HUP", "--", "true"],
+    )
+    .output()
+    .expect("runs");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not TERM, INT or QUIT"));
+}
