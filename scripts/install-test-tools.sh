@@ -13,6 +13,10 @@
 #   - Ceph 16.2 (Debian ceph-mon, ceph-osd, radosgw, ceph-common): a
 #     throwaway single-node RGW on loopback is a test backend
 #     (tests/support/ceph-rgw.sh); no system ceph daemon is left running
+#   - PostgreSQL 15 and pgBackRest 2.45 (Debian postgresql-15, pgbackrest):
+#     tests/pgbackrest/failover.sh fences a primary's backup repository
+#     across a failover; it starts its own servers on free ports, so the
+#     package's cluster (main, port 5432) is stopped
 # Safe to run repeatedly; does nothing when all is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +44,8 @@ for b in ceph-mon ceph-osd radosgw radosgw-admin ceph rados monmaptool; do
   [ -x "/usr/bin/$b" ] || ceph_missing=1
 done
 [ "$ceph_missing" -eq 0 ] || missing+=(ceph-mon ceph-osd radosgw ceph-common)
+[ -x /usr/lib/postgresql/15/bin/postgres ] || missing+=(postgresql-15)
+command -v pgbackrest >/dev/null 2>&1 || missing+=(pgbackrest)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${missing[*]} from Debian"
   SUDO=""
@@ -63,4 +69,9 @@ fi
 # one. Stop them anyway where systemd runs.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet ceph.target 2>/dev/null; then
   ${SUDO:-} systemctl stop ceph.target || true
+fi
+# The postgresql package creates and starts a cluster "main" on 5432 (through
+# systemd or its init script); the test starts its own. Stop it either way.
+if command -v pg_lsclusters >/dev/null 2>&1 && pg_lsclusters -h 2>/dev/null | awk '$1 == 15 && $2 == "main" && $4 ~ /^online/' | grep -q .; then
+  ${SUDO:-} pg_ctlcluster 15 main stop || true
 fi

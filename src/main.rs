@@ -92,16 +92,23 @@ fn init_tracing() {
     // s3s logs every client error at ERROR; the proxy logs what matters
     // itself, so s3s stays quiet unless FENCEGATE_LOG names it.
     let wanted = std::env::var("FENCEGATE_LOG").unwrap_or_else(|_| "info".into());
-    let directives = if wanted.contains("s3s") {
-        wanted
+    let mut directives = if wanted.contains("s3s") {
+        wanted.clone()
     } else {
         format!("{wanted},s3s=off,s3s_aws=off,s3s_fs=off")
     };
+    // rustls warns on every connection of a client that sends an IP
+    // address as SNI (pgBackRest does), which the server ignores anyway.
+    if !wanted.contains("rustls") {
+        directives.push_str(",rustls=error");
+    }
     let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,s3s=off,s3s_aws=off,s3s_fs=off")
     });
+    // Colours only on a terminal, not in a log file or a pipe.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     // FENCEGATE_LOG_FORMAT=json: one JSON object per line (fields flattened
     // beside "message", "level", "target" and "timestamp"), for log
