@@ -16,9 +16,13 @@
 //! - `--pgbackrest-file`: pgBackRest's `repo1-s3-key` /
 //!   `repo1-s3-key-secret` under `[global]`, for its `conf.d`.
 //!
-//! Each is written whole to a temporary file in the same directory (mode
-//! 0600, synced), then renamed over the old one, so a reader sees the old
-//! credentials or the new ones, never half of either.
+//! Each is written whole to a new temporary file in the same directory
+//! (random name, created exclusively so nothing planted there is followed
+//! or reused, mode 0600, synced), then renamed over the old one, so a
+//! reader sees the old credentials or the new ones, never half of either.
+//! Each file's first line names the lease's token; `remove` removes only a
+//! file that still names it, so an old holder waking up late does not
+//! delete the files of the holder after it.
 
 use crate::client::LeaseInfo;
 use anyhow::Context as _;
@@ -99,9 +103,13 @@ impl RoleFiles {
             )?;
         }
         if let Some(p) = &self.env {
-            let refresh_by = humantime::format_rfc3339_seconds(now + ttl);
+            let expires =
+                SystemTime::UNIX_EPOCH + Duration::from_millis(lease.s3_credentials_expire_at_ms);
+            let refresh_by = humantime::format_rfc3339_seconds((now + ttl).min(expires));
             let mut text = format!(
-                "# Written by fencegate run; rewritten on every renewal, removed when the lease ends.\nAWS_ACCESS_KEY_ID={}\nAWS_SECRET_ACCESS_KEY={}\nFENCING_TOKEN={}\nFENCING_TOKEN_NUMBER={}\nFENCEGATE_LOCK={}\n{REFRESH_BY}={}\n",
+                "# Written by fencegate run for lock {} (token {}); rewritten on every renewal, removed when the lease ends.\nAWS_ACCESS_KEY_ID={}\nAWS_SECRET_ACCESS_KEY={}\nFENCING_TOKEN={}\nFENCING_TOKEN_NUMBER={}\nFENCEGATE_LOCK={}\n{REFRESH_BY}={}\n",
+                lease.lock,
+                lease.token,
                 quoted(&lease.s3_access_key_id),
                 quoted(&lease.s3_secret_access_key),
                 quoted(&lease.fencing_token),
@@ -126,9 +134,18 @@ impl RoleFiles {
         Ok(())
     }
 
-    /// Removes every file: the lease is lost or released.
-    pub fn remove(&self) {
+    /// Removes every file that still holds the lease of `token`: the
+    /// lease is lost or released. A file a later holder has written since
+    /// is left alone.
+    pub fn remove(&self, token: u64) {
+        let ours = format!("(token {token})");
         for p in self.paths() {
+            let first = std::fs::read_to_string(p)
+                .ok()
+                .and_then(|t| t.lines().next().map(str::to_owned));
+            if !first.is_some_and(|l| l.contains(&ours)) {
+                continue;
+            }
             match std::fs::remove_file(p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -161,12 +178,17 @@ fn replace(path: &Path, text: &str) -> anyhow::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.fencegate-{}", std::process::id()));
+    let mut random = [0u8; 8];
+    getrandom::getrandom(&mut random)
+        .map_err(|e| anyhow::anyhow!("no randomness for a temporary file name: {e}"))?;
+    let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let tmp = dir.join(format!(".{name}.fencegate-{suffix}"));
     let written = (|| -> std::io::Result<()> {
+        // Exclusive: a name someone planted (a symlink, a file they can
+        // read) fails instead of being followed or reused.
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(text.as_bytes())?;

@@ -131,6 +131,10 @@ pub fn usage_error(run: &clap::ArgMatches) -> Option<&'static str> {
     )
 }
 
+/// Longest the fence may take to be raised at the proxy when the lease is
+/// taken (the lease is renewed meanwhile).
+const FENCE_PATIENCE: Duration = Duration::from_secs(120);
+
 /// Shortest pause between renewal retries after a failure.
 const MIN_RETRY: Duration = Duration::from_millis(200);
 
@@ -189,12 +193,43 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         Instant::now() + ttl - ttl.min(Duration::from_millis(50))
     };
     tracing::info!(lock = %lease.lock, token = lease.token, owner = %owner, "lease acquired");
+    let renew_every = ttl / 3;
+    let mut next_renew = Instant::now() + renew_every;
+    let mut lease = lease;
     if let Some(proxy) = &fence_at {
-        match crate::fence_client::raise(proxy, &args.conn.tls.client_tls(), &lease.fencing_token)
-            .await
-        {
-            Ok(max) => {
+        // A raise may wait at the proxy for older writes to drain (after
+        // its unclean restart, or for a replica that stopped answering):
+        // the lease is renewed meanwhile.
+        let tls = args.conn.tls.client_tls();
+        let token = lease.fencing_token.clone();
+        let fence =
+            crate::fence_client::raise(proxy, &tls, &token, Instant::now() + FENCE_PATIENCE);
+        tokio::pin!(fence);
+        let raised = loop {
+            tokio::select! {
+                r = &mut fence => break r,
+                _ = tokio::time::sleep_until(next_renew.min(deadline)) => {
+                    let sent = Instant::now();
+                    match client.renew(&lease.lock, &proof, ttl, renew_every.max(MIN_RETRY)).await {
+                        Ok(renewed) => {
+                            deadline = sent + ttl;
+                            next_renew = sent + renew_every;
+                            lease = renewed;
+                        }
+                        Err(e) if matches!(e, Failure::LeaseLost(_)) || Instant::now() >= deadline => {
+                            break Err(anyhow::anyhow!("the lease was lost while the fence was being raised ({e})"));
+                        }
+                        Err(_) => next_renew = Instant::now() + MIN_RETRY,
+                    }
+                }
+            }
+        };
+        match raised {
+            Ok(crate::fence_client::Raised::To(max)) => {
                 tracing::info!(lock = %lease.lock, token = lease.token, max, proxy, "fence raised at the proxy")
+            }
+            Ok(crate::fence_client::Raised::NotFencedThere) => {
+                tracing::warn!(lock = %lease.lock, proxy, "no scope of the proxy is fenced by this lock: nothing to fence there")
             }
             Err(e) => {
                 let _ = client.release(&lease.lock, &proof).await;
@@ -208,7 +243,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     }
     if let Err(e) = files.write(&lease, ttl, wall_clock()) {
-        files.remove();
+        files.remove(lease.token);
         let _ = client.release(&lease.lock, &proof).await;
         return Err(Failure::Other(e.context(format!(
             "the lease was released and {:?} not started",
@@ -242,7 +277,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
-            files.remove();
+            files.remove(lease.token);
             let _ = client.release(&lease.lock, &proof).await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
@@ -256,8 +291,6 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     };
 
-    let renew_every = ttl / 3;
-    let mut next_renew = Instant::now() + renew_every;
     let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
 
@@ -265,12 +298,12 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         tokio::select! {
             status = child.wait() => {
                 let status = status.map_err(anyhow::Error::from)?;
-                files.remove();
+                files.remove(lease.token);
                 release(&client, &lease.lock, &proof).await;
                 return Ok(exit_code(status));
             }
-            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files).await,
-            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files).await,
+            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, ttl).await,
+            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, ttl).await,
             _ = tokio::time::sleep_until(next_renew) => {
                 let sent = Instant::now();
                 let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
@@ -301,7 +334,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     };
 
     // The role's other processes find no credentials from now on.
-    files.remove();
+    files.remove(lease.token);
     eprintln!(
         "fencegate: lease on {} (token {}) lost: {lost}; stopping {:?}",
         lease.lock, lease.token, args.command[0]
@@ -322,9 +355,25 @@ async fn forward_and_finish(
     child: &mut Child,
     how: (Signal, Duration),
     files: &RoleFiles,
+    ttl: Duration,
 ) -> Result<u8, Failure> {
-    let status = stop(child, how).await;
-    files.remove();
+    // A clean shutdown (a database's checkpoint) may outlast the lease: it
+    // is renewed until the command is gone, so nobody takes the role over
+    // while the command still writes.
+    let renew_every = ttl / 3;
+    let stopping = stop(child, how);
+    tokio::pin!(stopping);
+    let status = loop {
+        tokio::select! {
+            s = &mut stopping => break s,
+            () = tokio::time::sleep(renew_every) => {
+                if let Err(e) = client.renew(lock, token, ttl, renew_every.max(MIN_RETRY)).await {
+                    tracing::warn!(error = format!("{e:#}"), "renewal failed while the command stops");
+                }
+            }
+        }
+    };
+    files.remove(token.number());
     release(client, lock, token).await;
     Ok(status.map_or(1, exit_code))
 }

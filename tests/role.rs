@@ -200,7 +200,20 @@ async fn a_role_outlives_credential_ttl_through_files_its_processes_read() {
     )
     .await
     .expect("what the env file holds now writes");
+    // The pgBackRest file too (renewed every second here, so it may
+    // already hold newer credentials than the env file read above).
     let pg = std::fs::read_to_string(&pgbr).expect("pgbackrest file");
+    let value = |name: &str| {
+        pg.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {pg}"))
+            .to_owned()
+    };
+    let (key, secret) = (value("repo1-s3-key"), value("repo1-s3-key-secret"));
+    assert_ne!(key, first_key.0, "{pg}");
+    put_with(&e, (&key, &secret), "wal/pg")
+        .await
+        .expect("what the pgBackRest file holds now writes");
     assert!(
         pg.contains(&format!("repo1-s3-key={}", now["AWS_ACCESS_KEY_ID"])),
         "{pg}"
@@ -297,7 +310,13 @@ async fn taking_the_lease_fences_the_old_holder_before_it_writes() {
     // The new primary's command writes nothing to the store: it only
     // notes its token.
     let noted = dir.path().join("token");
-    let script = format!("echo $FENCING_TOKEN_NUMBER > {}", noted.display());
+    let seen = dir.path().join("status.json");
+    let script = format!(
+        "echo $FENCING_TOKEN_NUMBER > {}; curl -sf {}/_fencegate/status > {}",
+        noted.display(),
+        e.proxy().url,
+        seen.display()
+    );
     let new_primary = |extra: &'static [&'static str]| {
         let mut args = vec!["--lock", LOCK, "--ttl", "5s"];
         args.extend_from_slice(extra);
@@ -325,6 +344,14 @@ async fn taking_the_lease_fences_the_old_holder_before_it_writes() {
         .expect_err("the zombie is fenced");
     assert_eq!(refused, (Some(409), "FencingTokenStale".to_owned()));
     assert_eq!(e.proxy().max_token(LOCK).await, Some(newest));
+    // Raised before the command started, not by anything it did.
+    let status: Value =
+        serde_json::from_str(&std::fs::read_to_string(&seen).expect("status")).expect("JSON");
+    let at_start = status["locks"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["lock"] == LOCK))
+        .and_then(|l| l["max_token"].as_u64());
+    assert_eq!(at_start, Some(newest), "{status}");
     assert_eq!(stored(&e.backend, BUCKET, "wal/3").await, None);
 }
 
@@ -367,9 +394,19 @@ async fn the_fence_endpoint_takes_only_the_signed_token_and_replicas_share_it() 
         (409, Some("FencingTokenStale"), Some("5")),
         "{body}"
     );
-    let stale = put_token(&e, &signed(LOCK, 4), "k")
-        .await
-        .expect_err("stale");
+    let stale = fenced!(
+        e.proxies[1]
+            .client()
+            .put_object()
+            .bucket(BUCKET)
+            .key("k")
+            .body(ByteStream::from_static(b"stale")),
+        signed(LOCK, 4)
+    )
+    .send()
+    .await
+    .map_err(|e| error_of(&e))
+    .expect_err("stale through the other replica");
     assert_eq!(stale, (Some(409), "FencingTokenStale".to_owned()));
     // Equal tokens are the holder's: accepted.
     assert_eq!(fence(1, Some(signed(LOCK, 5))).await.0, 200);
@@ -405,6 +442,31 @@ async fn the_fence_endpoint_takes_only_the_signed_token_and_replicas_share_it() 
         .await
         .expect("sent");
     assert_eq!(r.status().as_u16(), 405);
+
+    // A proxy without signing_keys cannot tell a lease service's token
+    // from a made-up one: it raises no fence, whatever it is sent.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml(
+        &e.backend,
+        dir.path(),
+        BUCKET,
+        "accept_unsigned_tokens = true",
+    )
+    .lines()
+    .filter(|l| !l.starts_with("signing_keys"))
+    .collect::<Vec<_>>()
+    .join("\n");
+    let keyless = Proxy::start(&toml, dir.path()).await;
+    let r = http
+        .post(format!("{}/_fencegate/fence", keyless.url))
+        .header("Fencing-Token", signed(BUCKET, u64::MAX))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status().as_u16(), 403);
+    let body: Value = r.json().await.expect("JSON");
+    assert_eq!(body["code"], "FencingTokenUnverifiable", "{body}");
+    assert_eq!(keyless.max_token(BUCKET).await, None, "nothing was raised");
 }
 
 /// A credentials file that cannot be written stops `run` before it takes

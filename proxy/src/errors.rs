@@ -47,6 +47,16 @@ pub fn unknown_lock(lock: &str) -> S3Error {
     )
 }
 
+/// 403: a fence asked of a proxy without `signing_keys`, which cannot
+/// tell a lease service's token from a made-up one.
+pub fn fence_unverifiable() -> S3Error {
+    custom(
+        "FencingTokenUnverifiable",
+        StatusCode::FORBIDDEN,
+        "this proxy has no signing_keys, so it cannot verify the token: fences are raised only by signed tokens it can verify (set signing_keys to the lease service's)",
+    )
+}
+
 /// 428: a fenced write without a token.
 pub fn missing(op: &str, scope: &str, lock: &str) -> S3Error {
     custom(

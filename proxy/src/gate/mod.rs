@@ -935,6 +935,11 @@ impl Gate {
     /// stale (409). Answers the lock, the token and the max now.
     pub async fn fence(&self, headers: &HeaderMap) -> S3Result<(String, u64, u64)> {
         const OP: &str = "Fence";
+        // Without keys a token in the signed form cannot be verified, and
+        // a fence raised on anyone's say-so would lock the holder out.
+        if self.token_keys().is_none() {
+            return Err(errors::fence_unverifiable());
+        }
         let value = headers
             .get(crate::tokens::FENCING_TOKEN_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -970,7 +975,18 @@ impl Gate {
                 &scope,
             )
             .await?;
-        let admission = self.admit(OP, &scope.bucket.clone(), &scope, token).await?;
+        // A bucket-per-scope lock whose bucket the store does not have is
+        // not fenced here.
+        let admission = self
+            .admit(OP, &scope.bucket.clone(), &scope, token)
+            .await
+            .map_err(|e| {
+                if e.code() == &s3s::S3ErrorCode::NoSuchBucket {
+                    errors::unknown_lock(lock.as_str())
+                } else {
+                    e
+                }
+            })?;
         drop(admission);
         self.count(OP, &scope, "accepted");
         Ok((
