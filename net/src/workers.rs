@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
+/// Stack of a serving thread.
+const SERVING_STACK: usize = 8 * 1024 * 1024;
+
 thread_local! {
     /// The index of the worker this thread is, if it is one.
     static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
@@ -64,6 +67,12 @@ impl Workers {
                     let stopped = stop.clone();
                     std::thread::Builder::new()
                         .name(format!("{name}-{index}"))
+                        // A request's future is polled on this stack, the
+                        // store probe and the SDK's calls nested in it: the
+                        // 8 MiB a main thread gets, not a spawned thread's
+                        // 2 MiB (a debug build overflowed that, once). Only
+                        // the pages touched are memory.
+                        .stack_size(SERVING_STACK)
                         .spawn(move || {
                             CURRENT.with(|c| c.set(Some(index)));
                             runtime.block_on(stopped.cancelled());
