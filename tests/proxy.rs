@@ -1871,18 +1871,7 @@ async fn copy_source_conditions_are_never_dropped(kind: BackendKind) {
     let e = harness.first_proxy_via(&relay).start_on(backend).await;
     let token = signed(BUCKET, 1);
     e.put("src", &token, "the source").await.expect("source");
-    let etag = e
-        .backend
-        .direct()
-        .head_object()
-        .bucket(BUCKET)
-        .key("src")
-        .send()
-        .await
-        .expect("head")
-        .e_tag()
-        .expect("etag")
-        .to_owned();
+    let etag = head_src(&e).await.e_tag().expect("etag").to_owned();
     let c = e.proxy().client();
     let copy = || {
         c.copy_object()
@@ -2010,17 +1999,7 @@ async fn a_source_condition_the_store_refuses_is_412_not_a_retry_loop() {
     let e = env(BackendKind::S3Fs).await;
     let token = signed(BUCKET, 1);
     e.put("src", &token, "the source").await.expect("source");
-    let modified = *e
-        .backend
-        .direct()
-        .head_object()
-        .bucket(BUCKET)
-        .key("src")
-        .send()
-        .await
-        .expect("head")
-        .last_modified()
-        .expect("last modified");
+    let modified = *head_src(&e).await.last_modified().expect("last modified");
     let c = e.proxy().client();
     for attempt in 0..2 {
         let err = fenced!(
@@ -2041,4 +2020,16 @@ async fn a_source_condition_the_store_refuses_is_412_not_a_retry_loop() {
         );
     }
     assert_eq!(stored(&e.backend, BUCKET, "dst").await, None);
+}
+
+/// The store's answer to HEAD of `src`, read directly.
+async fn head_src(e: &Env) -> aws_sdk_s3::operation::head_object::HeadObjectOutput {
+    e.backend
+        .direct()
+        .head_object()
+        .bucket(BUCKET)
+        .key("src")
+        .send()
+        .await
+        .expect("head")
 }

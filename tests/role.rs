@@ -16,7 +16,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use support::harness::{BUCKET, Env, Harness};
 use support::s3::*;
-use support::{Api, Service, fencegate, locksvc_cmd};
+use support::{Api, Service, fencegate, locksvc_cmd, run_cmd};
 
 /// The lock and the bucket it fences.
 const LOCK: &str = "primary";
@@ -36,15 +36,6 @@ async fn locksvc_with(dir: &Path, credential_ttl: &str) -> Service {
     tokio::task::spawn_blocking(move || Service::start(cmd))
         .await
         .expect("locksvc")
-}
-
-fn run_cmd(locksvc: &str, args: &[&str]) -> Command {
-    let mut cmd = fencegate();
-    cmd.arg("run")
-        .args(args)
-        .env("FENCEGATE_LOCKSVC", locksvc)
-        .env("FENCEGATE_LOG", "warn");
-    cmd
 }
 
 async fn output(mut cmd: Command) -> Output {

@@ -4,18 +4,9 @@
 mod support;
 
 use nix::sys::signal::Signal;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use support::*;
-
-fn run_cmd(url: &str, args: &[&str]) -> Command {
-    let mut cmd = fencegate();
-    cmd.arg("run")
-        .args(args)
-        .env("FENCEGATE_LOCKSVC", url)
-        .env("FENCEGATE_LOG", "warn");
-    cmd
-}
 
 fn process_alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()

@@ -463,3 +463,13 @@ fn parse_sample(line: &str) -> Sample {
     labels.sort();
     (name, labels, value)
 }
+
+/// `fencegate run ARGS` against the lease service at `locksvc`.
+pub fn run_cmd(locksvc: &str, args: &[&str]) -> Command {
+    let mut cmd = fencegate();
+    cmd.arg("run")
+        .args(args)
+        .env("FENCEGATE_LOCKSVC", locksvc)
+        .env("FENCEGATE_LOG", "warn");
+    cmd
+}
