@@ -222,6 +222,13 @@ impl Target {
 /// Runs the seeded multi-client history against `target` and returns it.
 /// With `fresh`, about a third of the writes go to a key of their own,
 /// where no object's stored token or ETag stands behind the fence.
+/// Steps each client of a history takes at least.
+const HISTORY_STEPS: usize = 40;
+/// Acknowledged writes a history goes on for, past `HISTORY_STEPS`.
+const HISTORY_ACKS: usize = 24;
+/// Steps a client takes at most, whatever was acknowledged.
+const HISTORY_MAX_STEPS: usize = 200;
+
 async fn record_history(
     s: &Arc<System>,
     seed: u64,
@@ -230,17 +237,26 @@ async fn record_history(
     fresh: bool,
 ) -> Vec<Op> {
     let ops: Arc<Mutex<Vec<Op>>> = Arc::default();
+    // Acknowledged writes so far, over all clients: a loaded machine slows
+    // every round trip, leases lapse more often and fewer writes land, so
+    // the clients go on past their steps until the history holds enough
+    // acknowledged writes to check (or a hard cap), rather than shrinking
+    // the evidence the checks rest on.
+    let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Instant::now();
     let monitor = TokenMonitor::start(&s.backend, BUCKET, keys);
     let clients: Vec<_> = (0..4usize)
         .map(|c| {
-            let (s, keys, ops) = (s.clone(), keys.to_vec(), ops.clone());
+            let (s, keys, ops, acked) = (s.clone(), keys.to_vec(), ops.clone(), acked.clone());
             tokio::spawn(async move {
                 let mut rng = StdRng::seed_from_u64(seed ^ (c as u64 * 0x9e37_79b9));
                 let http = http();
                 let direct = s.backend.direct();
                 let mut lease: Option<LeaseResponse> = None;
-                for step in 0..40 {
+                for step in 0..HISTORY_MAX_STEPS {
+                    if step >= HISTORY_STEPS && acked.load(Ordering::Acquire) >= HISTORY_ACKS {
+                        break;
+                    }
                     let Some(l) = &lease else {
                         let ttl = rng.gen_range(1000..1500);
                         lease = acquire(&http, s.locksvc_for(c), &format!("c{c}"), ttl, 3000).await;
@@ -275,6 +291,9 @@ async fn record_history(
                                     .map(|_| 200),
                             };
                             let done = start.elapsed();
+                            if status == Some(200) {
+                                acked.fetch_add(1, Ordering::AcqRel);
+                            }
                             ops.lock().expect("lock").push(Op {
                                 client: c,
                                 key,
