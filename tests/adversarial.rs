@@ -756,9 +756,10 @@ async fn h5_unauthenticated_bodies_do_not_grow_the_proxy() {
         .collect();
     for h in xml {
         let a = h.await.expect("joined");
+        // Without a token, refused on its head (428), its body unread.
         assert!(
-            a.starts_with("HTTP/1.1 503") || a.starts_with("HTTP/1.1 400"),
-            "a large XML body is refused or fails to parse: {}",
+            a.starts_with("HTTP/1.1 428"),
+            "a large XML body without a token is refused unread: {}",
             a.lines().next().unwrap_or("")
         );
     }
@@ -985,6 +986,180 @@ async fn a_body_sent_after_a_final_answer_is_never_read_as_a_request() {
     );
 }
 
+/// The head of a request sent on a connection kept open, its body never
+/// sent; returns the connection and the answer's head, if one came within
+/// five seconds.
+async fn head_only(e: &Env, head: String) -> (tokio::net::TcpStream, Option<String>) {
+    let mut c = tokio::net::TcpStream::connect(e.addr())
+        .await
+        .expect("connect");
+    c.write_all(head.as_bytes()).await.expect("head");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    let answer =
+        (read.is_ok() && !answer.is_empty()).then(|| String::from_utf8_lossy(&answer).into_owned());
+    (c, answer)
+}
+
+/// Issue 24, roles 3 and 4: the shared budget of XML bodies read whole
+/// (`max_buffered_body_bytes`) is taken only by a request that has shown
+/// it may write. Clients without the lease (anonymous without a token, or
+/// with a stale or forged one; another client's key, header-signed with
+/// UNSIGNED-PAYLOAD) announce 8 MiB DeleteObjects and Complete bodies and
+/// send none: each is answered on its head at once, and the holder's
+/// DeleteObjects and Complete go through while they wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_the_lease_cannot_hold_the_body_budget() {
+    let e = env_with(BackendKind::S3Fs, "client_idle_timeout_secs = 60").await;
+    let holder = signed(BUCKET, 2);
+    e.put_signed("k", &holder, "v").await.expect("write");
+    let client = e.proxy().client();
+    let upload = fenced!(
+        client.create_multipart_upload().bucket(BUCKET).key("big"),
+        holder.clone()
+    )
+    .send()
+    .await
+    .expect("create");
+    let upload_id = upload.upload_id().expect("id").to_owned();
+    let part = fenced!(
+        client
+            .upload_part()
+            .bucket(BUCKET)
+            .key("big")
+            .upload_id(&upload_id)
+            .part_number(1)
+            .body(ByteStream::from_static(b"part one")),
+        holder.clone()
+    )
+    .send()
+    .await
+    .expect("part");
+    let big = 8usize << 20;
+    let addr = e.addr();
+    let anonymous = |target: &str, token: Option<&str>| {
+        let token = token.map_or(String::new(), |t| format!("Fencing-Token: {t}\r\n"));
+        format!("POST {target} HTTP/1.1\r\nHost: {addr}\r\n{token}Content-Length: {big}\r\n\r\n")
+    };
+    let mallory = |target: &str| {
+        let url = format!("http://{addr}{target}");
+        let headers = sigv4_headers(
+            MALLORY_KEY,
+            "POST",
+            &url,
+            big,
+            &[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")],
+            "UNSIGNED-PAYLOAD",
+        );
+        let mut head =
+            format!("POST {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {big}\r\n");
+        for (k, v) in &headers {
+            head.push_str(&format!("{k}: {}\r\n", v.to_str().expect("text")));
+        }
+        head + "\r\n"
+    };
+    let delete = format!("/{BUCKET}?delete");
+    let complete = format!("/{BUCKET}/big?uploadId={upload_id}");
+    let stale = signed(BUCKET, 1);
+    let forged = format!("{}0", &holder[..holder.len() - 1]);
+    let hogs = [
+        (
+            "anonymous DeleteObjects, no token",
+            anonymous(&delete, None),
+            "428",
+        ),
+        (
+            "anonymous DeleteObjects, stale token",
+            anonymous(&delete, Some(&stale)),
+            "409",
+        ),
+        (
+            "anonymous DeleteObjects, forged token",
+            anonymous(&delete, Some(&forged)),
+            "403",
+        ),
+        ("another client's DeleteObjects", mallory(&delete), "428"),
+        (
+            "anonymous Complete, no token",
+            anonymous(&complete, None),
+            "403",
+        ),
+        (
+            "anonymous Complete, another token",
+            anonymous(&complete, Some(&stale)),
+            "400",
+        ),
+        ("another client's Complete", mallory(&complete), "403"),
+    ];
+    let mut held = Vec::new();
+    for (who, head, want) in hogs {
+        let (conn, answer) = head_only(&e, head).await;
+        let answer = answer.unwrap_or_else(|| {
+            panic!("{who}: no answer on the head alone (its body is awaited: the budget is taken)")
+        });
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {want}")),
+            "{who}: {}",
+            answer.lines().next().unwrap_or("")
+        );
+        held.push(conn);
+    }
+    // Twice over, so the hogs' heads would hold the whole 16 MiB budget.
+    for _ in 0..2 {
+        for head in [anonymous(&delete, None), mallory(&complete)] {
+            held.push(head_only(&e, head).await.0);
+        }
+    }
+    let out = fenced!(
+        client.delete_objects().bucket(BUCKET).delete(
+            Delete::builder()
+                .objects(ObjectIdentifier::builder().key("k").build().expect("id"))
+                .build()
+                .expect("delete"),
+        ),
+        holder.clone()
+    )
+    .send()
+    .await
+    .expect("the holder's DeleteObjects");
+    assert_eq!(out.deleted().len(), 1, "{out:?}");
+    fenced!(
+        client
+            .complete_multipart_upload()
+            .bucket(BUCKET)
+            .key("big")
+            .upload_id(&upload_id)
+            .multipart_upload(
+                aws_sdk_s3::types::CompletedMultipartUpload::builder()
+                    .parts(
+                        aws_sdk_s3::types::CompletedPart::builder()
+                            .part_number(1)
+                            .e_tag(part.e_tag().expect("etag"))
+                            .build(),
+                    )
+                    .build(),
+            ),
+        holder
+    )
+    .send()
+    .await
+    .expect("the holder's Complete");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "big").await.map(|(b, t)| (b, t)),
+        Some((b"part one".to_vec(), Some(2)))
+    );
+    drop(held);
+}
+
 /// Role 4: a client trickling a body that is read whole cannot pin the
 /// shared budget: the body gets `client_idle_timeout_secs` in all, then
 /// the request fails and its share returns.
@@ -995,15 +1170,18 @@ async fn a_trickled_xml_body_cannot_pin_the_budget() {
         .await
         .expect("write");
     // Two 8 MiB DeleteObjects bodies take the whole 16 MiB budget, one
-    // byte each.
+    // byte each. Only a request that may write takes a share (see
+    // `clients_without_the_lease_cannot_hold_the_body_budget`): these
+    // carry the holder's token.
     let mut pins = Vec::new();
     for _ in 0..2 {
         let mut c = tokio::net::TcpStream::connect(e.addr())
             .await
             .expect("connect");
         let head = format!(
-            "POST /{BUCKET}?delete HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\n<",
+            "POST /{BUCKET}?delete HTTP/1.1\r\nHost: {}\r\nFencing-Token: {}\r\nContent-Length: {}\r\n\r\n<",
             e.addr(),
+            signed(BUCKET, 1),
             8 << 20
         );
         c.write_all(head.as_bytes()).await.expect("head");

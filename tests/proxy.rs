@@ -292,67 +292,14 @@ async fn hand_signed_put(
 }
 
 /// The headers of a PUT of `length` bytes to `url`, signed with the
-/// proxy's client key by `aws-sigv4` (the SDK's signer): `headers`, then the
-/// date, `payload` as the payload hash, and the signature (`host` and
-/// `content-length` are signed and left to the sender).
-#[allow(
-    clippy::disallowed_methods,
-    reason = "a client signs with the wall clock"
-)]
+/// proxy's client key (see [`sigv4_headers`]).
 fn client_signed(
     url: &str,
     length: usize,
     headers: &[(&str, &str)],
     payload: &str,
 ) -> http::HeaderMap {
-    use aws_sigv4::http_request::{
-        PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-        UriPathNormalizationMode, sign,
-    };
-    let mut settings = SigningSettings::default();
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let identity: aws_smithy_runtime_api::client::identity::Identity =
-        aws_credential_types::Credentials::new(CLIENT_KEY.0, CLIENT_KEY.1, None, None, "t").into();
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(std::time::SystemTime::now())
-        .settings(settings)
-        .build()
-        .expect("params")
-        .into();
-    let host = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .expect("host");
-    let length = length.to_string();
-    let mut signed = vec![("host", host), ("content-length", length.as_str())];
-    signed.extend_from_slice(headers);
-    let signable = SignableRequest::new(
-        "PUT",
-        url,
-        signed.iter().copied(),
-        SignableBody::Precomputed(payload.to_owned()),
-    )
-    .expect("signable");
-    let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
-    let mut req = http::Request::builder()
-        .method("PUT")
-        .uri(url)
-        .body(())
-        .expect("request");
-    for (k, v) in headers {
-        req.headers_mut().insert(
-            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-            v.parse().expect("value"),
-        );
-    }
-    instructions.apply_to_request_http1x(&mut req);
-    req.headers().clone()
+    sigv4_headers(CLIENT_KEY, "PUT", url, length, headers, payload)
 }
 
 /// Sends a PUT with `headers` (from [`client_signed`]) and the token.

@@ -78,9 +78,76 @@ impl S3Auth for ClientAuth {
 }
 
 /// The access policy.
-#[derive(Debug)]
 pub struct Access {
     pub allow_anonymous: bool,
+    /// For the right to a share of the body budget.
+    pub gate: std::sync::Arc<crate::gate::Gate>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("allow_anonymous", &self.allow_anonymous)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request's share of the body budget, held until its handler is done.
+#[derive(Debug, Clone)]
+pub struct BodyShare(
+    #[allow(dead_code, reason = "held for its drop")] std::sync::Arc<crate::early::Held>,
+);
+
+impl Access {
+    /// For DeleteObjects and Complete, whose XML bodies s3s reads whole
+    /// right after this check: the proof that the request may write
+    /// (see [`crate::early`]), then its share of the body budget.
+    async fn body_share(&self, cx: &S3AccessContext<'_>, op: &str) -> S3Result<Option<BodyShare>> {
+        let Some(length) = crate::early::announced_length(cx.headers()).filter(|n| *n > 0) else {
+            return Ok(None);
+        };
+        let token = crate::gate::RequestToken {
+            headers: cx.headers(),
+            access_key: cx.credentials().map(|c| c.access_key.as_str()),
+        };
+        match (op, cx.s3_path()) {
+            ("DeleteObjects", s3s::path::S3Path::Bucket { bucket }) => {
+                crate::ops::delete::may_delete_batch(&self.gate, bucket, token).await?;
+            }
+            ("CompleteMultipartUpload", s3s::path::S3Path::Object { bucket, key }) => {
+                let upload_id = upload_id(cx.uri()).ok_or_else(|| {
+                    s3_error!(InvalidRequest, "CompleteMultipartUpload needs ?uploadId=")
+                })?;
+                crate::ops::multipart::UploadCall {
+                    upload_id: &upload_id,
+                    bucket,
+                    key,
+                    token,
+                    credentials: cx.credentials(),
+                }
+                .may_complete(&self.gate)
+                .await?;
+            }
+            _ => return Ok(None),
+        }
+        let held = self.gate.body_budget().try_hold(length).ok_or_else(|| {
+            s3_error!(
+                SlowDown,
+                "too many large XML request bodies at once (max_buffered_body_bytes); retry"
+            )
+        })?;
+        Ok(Some(BodyShare(std::sync::Arc::new(held))))
+    }
+}
+
+/// The `uploadId` a request's query names.
+fn upload_id(uri: &http::Uri) -> Option<String> {
+    uri.query()?.split('&').find_map(|p| {
+        let (name, value) = p.split_once('=')?;
+        (name == "uploadId")
+            .then(|| urlencoding::decode(value).ok().map(|v| v.into_owned()))
+            .flatten()
+    })
 }
 
 #[async_trait::async_trait]
@@ -126,6 +193,9 @@ impl S3Access for Access {
                     "anonymous uploads must send a plain body with Content-Length, not aws-chunked"
                 ));
             }
+        }
+        if let Some(share) = self.body_share(cx, op).await? {
+            cx.extensions_mut().insert(share);
         }
         Ok(())
     }

@@ -48,8 +48,8 @@ pub struct ProxyConfig {
     ///
     /// A lease service on etcd with several replicas: their URLs separated
     /// by commas, tried in turn (a question moves on when a replica cannot
-    /// be reached, times out or answers 503). Override with
-    /// `FENCEGATE_LOCKSVC_URL`.
+    /// be reached, times out or answers 503), all `https://` or all
+    /// `http://`. Override with `FENCEGATE_LOCKSVC_URL`.
     pub locksvc_url: Option<String>,
     /// API key for `locksvc_url`, if the lease service requires one.
     /// Override with `FENCEGATE_API_KEY`.
@@ -437,18 +437,14 @@ impl ProxyConfig {
                 "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so only tokens it signed are accepted, or accept_unsigned_tokens = true to accept plain numbers from clients you trust"
             ));
         }
-        if let Some(list) = &self.locksvc_url {
-            let urls = fencegate_lease_api::client::urls(list);
-            if urls.is_empty() {
-                p.push("locksvc_url is empty: give the lease service's URL (or its replicas' URLs, separated by commas)".into());
-            }
-            for url in urls {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    p.push(format!(
-                        "locksvc_url {url:?} must be an http:// or https:// URL of the lease service"
-                    ));
-                }
-            }
+        // The lease client's own rule (one scheme for every replica, so a
+        // failover never sends the API key in clear), checked at start.
+        let locksvc_urls = self
+            .locksvc_url
+            .as_deref()
+            .map(fencegate_lease_api::Urls::parse);
+        if let Some(Err(e)) = &locksvc_urls {
+            p.push(format!("locksvc_url: {e}"));
         }
         for (i, c) in self.clients.iter().enumerate() {
             // Such a key would be read as lease-bound credentials: a token
@@ -484,20 +480,16 @@ impl ProxyConfig {
         p.extend(self.tls.problems());
         let locksvc_tls = self.locksvc_tls();
         if locksvc_tls != ClientTls::default() {
-            match &self.locksvc_url {
+            match &locksvc_urls {
                 None => p.push(
                     "locksvc_ca_file / locksvc_client_cert_file / locksvc_client_key_file are set, but locksvc_url is not".into(),
                 ),
-                Some(list)
-                    if fencegate_lease_api::client::urls(list)
-                        .iter()
-                        .any(|u| !u.starts_with("https://")) =>
-                {
-                    p.push(format!(
-                        "locksvc_url {list:?} is plain http, but TLS settings for the lease service are given: use https:// (tokens would otherwise travel in clear text)"
-                    ))
-                }
-                Some(_) => {
+                // Named above.
+                Some(Err(_)) => {}
+                Some(Ok(urls)) if !urls.is_https() => p.push(format!(
+                    "locksvc_url \"{urls}\" is plain http, but TLS settings for the lease service are given: use https:// (tokens would otherwise travel in clear text)"
+                )),
+                Some(Ok(_)) => {
                     if let Err(e) = locksvc_tls.rustls_config() {
                         p.push(format!("lease service TLS: {e}"));
                     }
@@ -725,7 +717,7 @@ mod tests {
         assert!(
             c.problems()
                 .iter()
-                .any(|p| p.contains("\"b:7070\" must be an http://")),
+                .any(|p| p.contains("locksvc_url: the lease service URL \"b:7070\" must start with http://")),
             "{:?}",
             c.problems()
         );
@@ -733,10 +725,19 @@ mod tests {
         assert!(
             c.problems()
                 .iter()
-                .any(|p| p.contains("locksvc_url is empty"))
+                .any(|p| p.contains("locksvc_url: the list of lease service URLs is empty"))
         );
-        c.locksvc_ca_file = Some("/ca.pem".into());
+        // With or without TLS settings, a failover must not go from
+        // https:// to http://.
         c.locksvc_url = Some("https://a:7070,http://b:7070".into());
+        let mixed = "locksvc_url: the lease service URLs mix http:// and https://: http://b:7070 is plain HTTP while https://a:7070 is HTTPS";
+        let p = c.problems();
+        assert!(p.iter().any(|p| p.starts_with(mixed)), "{p:?}");
+        c.locksvc_ca_file = Some("/ca.pem".into());
+        let p = c.problems();
+        assert!(p.iter().any(|p| p.starts_with(mixed)), "{p:?}");
+        assert!(!p.iter().any(|p| p.contains("is plain http")), "{p:?}");
+        c.locksvc_url = Some("http://a:7070,http://b:7070".into());
         assert!(c.problems().iter().any(|p| p.contains("is plain http")));
         c.apply_env(|k| (k == ENV_LOCKSVC_URL).then(String::new));
         assert_eq!(c.locksvc_url, None, "an empty variable unsets it");

@@ -1,20 +1,27 @@
 //! What the proxy refuses before anything reads a request body.
 //!
-//! s3s reads some bodies whole before any handler (or even the access
-//! check) runs: a browser-form POST upload (up to 5 GiB, to find its
-//! signature fields) and the XML bodies of DeleteObjects,
-//! CompleteMultipartUpload and CreateBucket. Left alone, one anonymous
-//! 1 GiB POST grows the proxy by 1 GiB. So, on the request line and
-//! headers alone:
+//! s3s reads some bodies whole before any handler runs: a browser-form
+//! POST upload (up to 5 GiB, to find its signature fields) and the XML
+//! bodies of DeleteObjects, CompleteMultipartUpload and CreateBucket.
+//! Left alone, one anonymous 1 GiB POST grows the proxy by 1 GiB. So, on
+//! the request line and headers alone:
 //!
 //! - a POST is forwarded only for the operations the proxy serves
 //!   (`?delete`, `?uploads`, `?uploadId=`); anything else (a form upload)
 //!   is refused with 501 and the connection closed, its body unread;
-//! - a body that will be read whole must announce its length, at most
-//!   `max_xml_body_bytes`, and fit in a budget shared by all requests
-//!   (`max_buffered_body_bytes`); a request that does not fit is answered
-//!   503 SlowDown (retryable) at once, its body unread. Its share of the
-//!   budget is held until its answer is ready.
+//! - a body that will be read whole must announce its length: at most
+//!   `max_xml_body_bytes` for DeleteObjects and Complete, at most
+//!   [`MAX_BUCKET_BODY`] for a PUT to a bucket (CreateBucket's
+//!   configuration is a few hundred bytes), which the connection cap
+//!   then bounds in all.
+//!
+//! The bytes of DeleteObjects and Complete bodies held at once are bounded
+//! by a budget shared by all requests (`max_buffered_body_bytes`, a
+//! [`BodyBudget`]). A request takes its share only once it has shown it
+//! may write (`access`: a token the fence admits, or the upload's own
+//! client), never from its head: otherwise clients without the lease
+//! could announce large bodies, send none, and hold the whole budget
+//! while the holder's Complete waits.
 
 use crate::host::VirtualHosts;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
@@ -37,36 +44,46 @@ impl BodyBudget {
         }
     }
 
-    /// A share of `bytes` for a body the proxy chooses to hold (it has a
-    /// way on without: nothing waits), or None when the budget has no room.
+    /// A share of `bytes`, or None when the budget has no room (nothing
+    /// waits for room).
     pub fn try_hold(&self, bytes: usize) -> Option<Held> {
         let n = u32::try_from(bytes).ok()?;
         self.available
             .clone()
             .try_acquire_many_owned(n)
             .ok()
-            .map(|p| Held(Some(p)))
+            .map(Held)
+    }
+
+    /// The largest share one body may take (`max_xml_body_bytes`).
+    pub fn max_one(&self) -> usize {
+        self.max_one
     }
 }
 
 /// A request's share of the budget; released when dropped.
 #[derive(Debug)]
-pub struct Held(Option<OwnedSemaphorePermit>);
+pub struct Held(#[allow(dead_code, reason = "held for its drop")] OwnedSemaphorePermit);
 
-impl Held {
-    /// Whether the request's body is read whole under the budget.
-    pub fn is_budgeted(&self) -> bool {
-        self.0.is_some()
-    }
+/// The largest body a PUT to a bucket (CreateBucket) may have.
+pub const MAX_BUCKET_BODY: usize = 4096;
+
+/// What the head of a request that passed says about its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyRead {
+    /// Streamed, or none.
+    Streamed,
+    /// Read whole before any handler runs (its length announced and
+    /// within its bound).
+    Whole,
 }
 
-/// Refuses `req` on its head alone, or lets it pass with its share of the
-/// body budget.
+/// Refuses `req` on its head alone, or says how its body will be read.
 pub fn check<B>(
     req: &Request<B>,
     hosts: &VirtualHosts,
-    budget: &BodyBudget,
-) -> Result<Held, Box<Response<Body>>> {
+    max_xml_body: usize,
+) -> Result<BodyRead, Box<Response<Body>>> {
     let names: Vec<&str> = req
         .uri()
         .query()
@@ -91,7 +108,7 @@ pub fn check<B>(
             "the fencing proxy does not forward POST object (browser form uploads) or other POST operations; use PUT with a Fencing-Token",
         )
     };
-    let whole_body = match *req.method() {
+    let max_one = match *req.method() {
         Method::POST => {
             // s3s routes every multipart/form-data POST to a bucket to
             // PostObject, whatever its query, and reads the form first.
@@ -107,19 +124,15 @@ pub fn check<B>(
                         "CreateMultipartUpload takes no request body",
                     ));
                 }
-                false
-            } else {
-                true
+                return Ok(BodyRead::Streamed);
             }
+            max_xml_body
         }
         // Any PUT to a bucket is CreateBucket or a bucket configuration
-        // write (refused later, after s3s read its body): count it.
-        Method::PUT => is_bucket_path(req, hosts),
-        _ => false,
+        // write (refused by `access` before its body is read).
+        Method::PUT if is_bucket_path(req, hosts) => MAX_BUCKET_BODY,
+        _ => return Ok(BodyRead::Streamed),
     };
-    if !whole_body {
-        return Ok(Held(None));
-    }
     let length = req
         .headers()
         .get(http::header::CONTENT_LENGTH)
@@ -138,30 +151,31 @@ pub fn check<B>(
         }
     };
     if length == 0 {
-        return Ok(Held(None));
+        return Ok(BodyRead::Streamed);
     }
-    let Some(n) = usize::try_from(length)
-        .ok()
-        .filter(|n| *n <= budget.max_one)
-    else {
+    if usize::try_from(length).map_or(true, |n| n > max_one) {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
             "MaxMessageLengthExceeded",
             &format!(
-                "the XML body is {length} bytes; at most {} are accepted (max_xml_body_bytes)",
-                budget.max_one
+                "the XML body is {length} bytes; at most {max_one} are accepted here{}",
+                if max_one == max_xml_body {
+                    " (max_xml_body_bytes)"
+                } else {
+                    ""
+                }
             ),
         ));
-    };
-    let permits = u32::try_from(n).unwrap_or(u32::MAX);
-    match budget.available.clone().try_acquire_many_owned(permits) {
-        Ok(p) => Ok(Held(Some(p))),
-        Err(_) => Err(refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "SlowDown",
-            "too many large XML request bodies at once (max_buffered_body_bytes); retry",
-        )),
     }
+    Ok(BodyRead::Whole)
+}
+
+/// The length a request announces, if it does.
+pub fn announced_length(headers: &http::HeaderMap) -> Option<usize> {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok())
 }
 
 /// Whether `req` announces a body.
@@ -232,67 +246,73 @@ mod tests {
 
     #[test]
     fn form_posts_are_refused_and_served_posts_pass() {
-        let budget = BodyBudget::new(1000, 100);
-        let r = check(&req("POST", "/b", &[]), &hosts(), &budget).expect_err("form POST");
+        let r = check(&req("POST", "/b", &[]), &hosts(), 100).expect_err("form POST");
         assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
-        let r = check(&req("POST", "/b/k?restore", &[]), &hosts(), &budget).expect_err("restore");
+        let r = check(&req("POST", "/b/k?restore", &[]), &hosts(), 100).expect_err("restore");
         assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
-        assert!(check(&req("POST", "/b/k?uploads", &[]), &hosts(), &budget).is_ok());
+        assert_eq!(
+            check(&req("POST", "/b/k?uploads", &[]), &hosts(), 100).ok(),
+            Some(BodyRead::Streamed)
+        );
         // A form POST is refused whatever its query (s3s would route it to
         // PostObject and read it whole), and Create takes no body.
         let form = [("content-type", "multipart/form-data; boundary=x")];
-        let r = check(&req("POST", "/b?uploads", &form), &hosts(), &budget).expect_err("form");
+        let r = check(&req("POST", "/b?uploads", &form), &hosts(), 100).expect_err("form");
         assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
         let chunked = [("transfer-encoding", "chunked")];
-        let r = check(&req("POST", "/b/k?uploads", &chunked), &hosts(), &budget)
+        let r = check(&req("POST", "/b/k?uploads", &chunked), &hosts(), 100)
             .expect_err("a Create with a body");
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-        assert!(
+        assert_eq!(
             check(
                 &req("POST", "/b?delete", &[("content-length", "50")]),
                 &hosts(),
-                &budget
+                100
             )
-            .is_ok()
+            .ok(),
+            Some(BodyRead::Whole)
         );
     }
 
     #[test]
-    fn whole_bodies_are_bounded_one_by_one_and_together() {
-        let budget = BodyBudget::new(150, 100);
+    fn whole_bodies_announce_a_length_within_their_bound() {
         let big = req("POST", "/b?delete", &[("content-length", "101")]);
         assert_eq!(
-            check(&big, &hosts(), &budget)
-                .expect_err("too big")
-                .status(),
+            check(&big, &hosts(), 100).expect_err("too big").status(),
             StatusCode::BAD_REQUEST
         );
         let chunked = req("POST", "/b?delete", &[("transfer-encoding", "chunked")]);
         assert_eq!(
-            check(&chunked, &hosts(), &budget)
+            check(&chunked, &hosts(), 100)
                 .expect_err("no length")
                 .status(),
             StatusCode::LENGTH_REQUIRED
         );
         let one = req("POST", "/b/k?uploadId=1", &[("content-length", "100")]);
-        let held = check(&one, &hosts(), &budget).expect("fits");
-        assert_eq!(
-            check(&one, &hosts(), &budget)
-                .expect_err("over budget")
-                .status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        drop(held);
-        assert!(check(&one, &hosts(), &budget).is_ok(), "budget returns");
-        // CreateBucket's body counts; an object PUT streams and does not.
-        let create = req("PUT", "/b", &[("content-length", "101")]);
-        assert!(check(&create, &hosts(), &budget).is_err());
-        let create = req("PUT", "/b?x-id=CreateBucket", &[("content-length", "101")]);
+        assert_eq!(check(&one, &hosts(), 100).ok(), Some(BodyRead::Whole));
+        // The head takes nothing: the same head passes any number of times
+        // (the budget is taken once the request proved it may write).
+        assert_eq!(check(&one, &hosts(), 100).ok(), Some(BodyRead::Whole));
+        // CreateBucket's body has its own small bound, whatever the query;
+        // an object PUT streams.
+        let len = (MAX_BUCKET_BODY + 1).to_string();
+        let create = req("PUT", "/b", &[("content-length", &len)]);
+        assert!(check(&create, &hosts(), 1 << 20).is_err());
+        let create = req("PUT", "/b?x-id=CreateBucket", &[("content-length", &len)]);
         assert!(
-            check(&create, &hosts(), &budget).is_err(),
-            "a query does not escape the budget"
+            check(&create, &hosts(), 1 << 20).is_err(),
+            "a query does not escape the bound"
         );
         let put = req("PUT", "/b/k", &[("content-length", "1000000")]);
-        assert!(check(&put, &hosts(), &budget).is_ok());
+        assert_eq!(check(&put, &hosts(), 100).ok(), Some(BodyRead::Streamed));
+    }
+
+    #[test]
+    fn the_budget_is_bounded_and_returns() {
+        let budget = BodyBudget::new(150, 100);
+        let held = budget.try_hold(100).expect("fits");
+        assert!(budget.try_hold(100).is_none(), "over budget");
+        drop(held);
+        assert!(budget.try_hold(100).is_some(), "budget returns");
     }
 }

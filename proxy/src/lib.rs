@@ -145,6 +145,7 @@ impl Proxy {
         ));
         builder.set_access(access::Access {
             allow_anonymous: config.allow_anonymous,
+            gate: gate.clone(),
         });
         let hosts = host::VirtualHosts::new(&config.virtual_host_domains);
         let edge = edge::Edge::new(

@@ -89,6 +89,18 @@ impl ScopeMap {
             .filter(|s| &s.lock == lock)
     }
 
+    /// A scope in `bucket` fenced by `lock`, if there is one.
+    pub fn in_bucket(&self, bucket: &str, lock: &LockName) -> Option<Scope> {
+        if let Some(s) = self
+            .scopes
+            .iter()
+            .find(|s| s.bucket == bucket && &s.lock == lock)
+        {
+            return Some(s.clone());
+        }
+        self.resolve(bucket, "").ok().filter(|s| &s.lock == lock)
+    }
+
     /// The configured scopes (empty in bucket-per-scope mode).
     pub fn configured(&self) -> &[Scope] {
         &self.scopes

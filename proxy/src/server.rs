@@ -79,10 +79,11 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             if let Some(endpoint) = this.endpoint(&req) {
                 return Ok(this.ops(endpoint, req.method(), req.headers()).await);
             }
-            let _held = match crate::early::check(&req, &this.hosts, this.gate.body_budget()) {
-                Ok(held) => held,
-                Err(refused) => return Ok(*refused),
-            };
+            let body_read =
+                match crate::early::check(&req, &this.hosts, this.gate.body_budget().max_one()) {
+                    Ok(read) => read,
+                    Err(refused) => return Ok(*refused),
+                };
             let expects_continue = req
                 .headers()
                 .get(http::header::EXPECT)
@@ -90,11 +91,11 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             // The connection stays busy (no idle or header timer) until the
             // body is read, here or by the drain below.
             let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            // A body read whole holds its share of the budget until the
-            // answer: it gets `client_idle_timeout_secs` in all, so a client
-            // trickling it cannot pin the budget.
-            let deadline = _held
-                .is_budgeted()
+            // A body read whole (and its share of the budget, taken by
+            // `access` once the request proved it may write) gets
+            // `client_idle_timeout_secs` in all, so a client trickling it
+            // cannot hold either.
+            let deadline = (body_read == crate::early::BodyRead::Whole)
                 .then(|| Box::pin(tokio::time::sleep(this.gate.client_idle())));
             let req = fencegate_net::track_request_body(req).map(|body| {
                 let mut body = DrainOnDrop::new(body, expects_continue, polled.clone());

@@ -15,6 +15,23 @@ use http::HeaderMap;
 /// The request header carrying the token.
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
 
+/// The lock a request's token names, if it names one: its lease-bound
+/// credentials' lock, else its signed `Fencing-Token`'s (unverified: this
+/// only picks the scope the token is then verified against).
+pub fn named_lock(
+    headers: &HeaderMap,
+    access_key: Option<&str>,
+) -> Option<fencegate_core::LockName> {
+    if let Some(Ok(bound)) = access_key.map(fencegate_core::credentials::parse_access_key) {
+        return Some(bound.lock);
+    }
+    let text = headers.get(FENCING_TOKEN_HEADER)?.to_str().ok()?;
+    match FencingToken::parse(text.trim()).ok()? {
+        FencingToken::Signed(s) => Some(s.lock),
+        FencingToken::Plain(_) => None,
+    }
+}
+
 /// A token read from a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Presented {

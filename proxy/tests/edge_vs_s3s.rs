@@ -89,6 +89,18 @@ fn clients() -> Vec<ClientKey> {
     }]
 }
 
+/// A gate over a database of its own (the access check asks it only for
+/// DeleteObjects and Complete, which these judges never see).
+fn gate() -> Arc<fencegate_proxy::gate::Gate> {
+    let dir = tempfile::tempdir().expect("dir").keep();
+    let config = fencegate_proxy::config::ProxyConfig {
+        db: dir.join("proxy.db"),
+        ..Default::default()
+    };
+    let db = fencegate_proxy::db::Db::open(&config.db).expect("db");
+    Arc::new(fencegate_proxy::gate::Gate::new(&config, db, None).expect("gate"))
+}
+
 fn judges() -> Judges {
     let accepted = Arc::new(AtomicUsize::new(0));
     let seen = Arc::new(std::sync::Mutex::new(None));
@@ -100,6 +112,7 @@ fn judges() -> Judges {
     b.set_auth(ClientAuth::new(&clients(), None));
     b.set_access(Access {
         allow_anonymous: false,
+        gate: gate(),
     });
     b.set_host(hosts.clone());
     Judges {

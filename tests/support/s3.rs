@@ -890,3 +890,71 @@ impl Observed {
         down
     }
 }
+
+/// The headers of a `method` request of `length` body bytes to `url`,
+/// signed with `key` by `aws-sigv4` (the SDK's signer): `headers`, then
+/// the date, `payload` as the payload hash (a hex SHA-256 or
+/// `UNSIGNED-PAYLOAD`), and the signature (`host` and `content-length` are
+/// signed and left to the sender).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a client signs with the wall clock"
+)]
+pub fn sigv4_headers(
+    key: (&str, &str),
+    method: &str,
+    url: &str,
+    length: usize,
+    headers: &[(&str, &str)],
+    payload: &str,
+) -> http::HeaderMap {
+    use aws_sigv4::http_request::{
+        PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+        UriPathNormalizationMode, sign,
+    };
+    let mut settings = SigningSettings::default();
+    settings.percent_encoding_mode = PercentEncodingMode::Single;
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    let identity: aws_smithy_runtime_api::client::identity::Identity =
+        Credentials::new(key.0, key.1, None, None, "t").into();
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .expect("params")
+        .into();
+    let host = url
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .split('/')
+        .next()
+        .expect("host");
+    let length = length.to_string();
+    let mut signed = vec![("host", host), ("content-length", length.as_str())];
+    signed.extend_from_slice(headers);
+    let signable = SignableRequest::new(
+        method,
+        url,
+        signed.iter().copied(),
+        SignableBody::Precomputed(payload.to_owned()),
+    )
+    .expect("signable");
+    let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .body(())
+        .expect("request");
+    for (k, v) in headers {
+        req.headers_mut().insert(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            v.parse().expect("value"),
+        );
+    }
+    instructions.apply_to_request_http1x(&mut req);
+    req.headers().clone()
+}

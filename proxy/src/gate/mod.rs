@@ -769,6 +769,11 @@ impl Gate {
         }
     }
 
+    /// A scope in `bucket` fenced by `lock`, if there is one.
+    pub fn scope_in_bucket(&self, bucket: &str, lock: &fencegate_core::LockName) -> Option<Scope> {
+        self.scopes.in_bucket(bucket, lock)
+    }
+
     /// The scope fencing `bucket/key`.
     pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scope> {
         crate::events::note_target(bucket, key);

@@ -35,6 +35,24 @@ pub async fn delete_object(
     Ok(S3Response::new(out))
 }
 
+/// Whether a DeleteObjects to `bucket` may have its body read: its token
+/// (header or lease-bound credentials) is genuine for the lock fencing
+/// the bucket (or the part of it that lock fences) and not below that
+/// lock's max. The keys are in the body, so each is decided again there;
+/// this answers what the request would be answered if it named a key of
+/// the lock its token names.
+pub async fn may_delete_batch(gate: &Gate, bucket: &str, token: RequestToken<'_>) -> S3Result<()> {
+    let op = WriteOp::DeleteMany.name();
+    let scope = match crate::tokens::named_lock(token.headers, token.access_key)
+        .and_then(|lock| gate.scope_in_bucket(bucket, &lock))
+    {
+        Some(scope) => scope,
+        None => gate.scope(op, bucket, "")?,
+    };
+    let token = gate.required_token(op, token, &scope).await?;
+    gate.refuse_if_stale(op, &scope, token)
+}
+
 pub async fn delete_objects(
     gate: &Gate,
     req: S3Request<DeleteObjectsInput>,

@@ -15,8 +15,8 @@
 
 mod bucket;
 mod copy;
-mod delete;
-mod multipart;
+pub(crate) mod delete;
+pub(crate) mod multipart;
 pub(crate) mod put;
 
 use crate::gate::Gate;

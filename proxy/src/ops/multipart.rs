@@ -31,7 +31,11 @@ struct Identity(String);
 
 impl Identity {
     fn of<T>(req: &S3Request<T>) -> Identity {
-        Identity(match &req.credentials {
+        Identity::signed_by(req.credentials.as_ref())
+    }
+
+    fn signed_by(credentials: Option<&s3s::auth::Credentials>) -> Identity {
+        Identity(match credentials {
             None => ANONYMOUS.to_owned(),
             Some(c) if is_lease_access_key(&c.access_key) => {
                 match parse_access_key(&c.access_key) {
@@ -112,45 +116,80 @@ async fn bound<T: UploadRequest>(
     req: &S3Request<T>,
 ) -> S3Result<(UploadBinding, Scope)> {
     let (upload_id, bucket, key) = req.input.upload();
-    let token = RequestToken::of(req);
-    let binding = gate.upload(upload_id).await?;
-    if binding.bucket != bucket || binding.key != key {
-        return Err(errors::unknown_upload(upload_id));
-    }
-    let scope = gate.scope(op, bucket, key)?;
-    if scope.id != binding.scope {
-        // The scopes were reconfigured while the upload was open: its token
-        // was issued for another lock, and must not enter this scope.
-        return Err(errors::upload_scope_changed(
-            upload_id,
-            &binding.scope,
-            &scope.id,
-        ));
-    }
-    let sent = gate.token(op, token, &scope).await?;
-    if let Some(sent) = sent
-        && sent != binding.token
-    {
-        gate.count(op, &scope, "invalid_token");
-        let e = errors::upload_token_mismatch(upload_id, binding.token, sent);
-        gate.refused_token(op, &scope, Some(sent), &e);
-        return Err(e);
-    }
-    // Only the upload's creator may touch it; an upload whose creator had
-    // no identity (anonymous, or bound before identities were recorded)
-    // answers only to its token.
-    let who = Identity::of(req).0;
-    let tokenless_owner = binding.owner.is_empty() || binding.owner == ANONYMOUS;
-    let allowed = if tokenless_owner {
-        sent == Some(binding.token)
-    } else {
-        who == binding.owner
+    let call = UploadCall {
+        upload_id,
+        bucket,
+        key,
+        token: RequestToken::of(req),
+        credentials: req.credentials.as_ref(),
     };
-    if !allowed {
-        gate.count(op, &scope, "not_owner");
-        return Err(errors::upload_not_yours(upload_id, tokenless_owner));
+    call.bound(gate, op).await
+}
+
+/// A request that names an open upload, as its head tells it (before
+/// s3s read its body).
+pub struct UploadCall<'a> {
+    pub upload_id: &'a str,
+    pub bucket: &'a str,
+    pub key: &'a str,
+    pub token: RequestToken<'a>,
+    /// What the request was signed with (s3s checked the signature).
+    pub credentials: Option<&'a s3s::auth::Credentials>,
+}
+
+impl UploadCall<'_> {
+    /// Whether this Complete may have its body read: the upload is its
+    /// client's, and its token is not below the lock's max. Answers what
+    /// the Complete itself would be answered otherwise.
+    pub async fn may_complete(&self, gate: &Gate) -> S3Result<()> {
+        let op = WriteOp::Complete.name();
+        let (binding, scope) = self.bound(gate, op).await?;
+        gate.refuse_if_stale(op, &scope, binding.token)
     }
-    Ok((binding, scope))
+
+    /// The upload's binding and scope, checked against this request.
+    async fn bound(&self, gate: &Gate, op: &'static str) -> S3Result<(UploadBinding, Scope)> {
+        let (upload_id, bucket, key) = (self.upload_id, self.bucket, self.key);
+        let binding = gate.upload(upload_id).await?;
+        if binding.bucket != bucket || binding.key != key {
+            return Err(errors::unknown_upload(upload_id));
+        }
+        let scope = gate.scope(op, bucket, key)?;
+        if scope.id != binding.scope {
+            // The scopes were reconfigured while the upload was open: its
+            // token was issued for another lock, and must not enter this
+            // scope.
+            return Err(errors::upload_scope_changed(
+                upload_id,
+                &binding.scope,
+                &scope.id,
+            ));
+        }
+        let sent = gate.token(op, self.token, &scope).await?;
+        if let Some(sent) = sent
+            && sent != binding.token
+        {
+            gate.count(op, &scope, "invalid_token");
+            let e = errors::upload_token_mismatch(upload_id, binding.token, sent);
+            gate.refused_token(op, &scope, Some(sent), &e);
+            return Err(e);
+        }
+        // Only the upload's creator may touch it; an upload whose creator
+        // had no identity (anonymous, or bound before identities were
+        // recorded) answers only to its token.
+        let who = Identity::signed_by(self.credentials).0;
+        let tokenless_owner = binding.owner.is_empty() || binding.owner == ANONYMOUS;
+        let allowed = if tokenless_owner {
+            sent == Some(binding.token)
+        } else {
+            who == binding.owner
+        };
+        if !allowed {
+            gate.count(op, &scope, "not_owner");
+            return Err(errors::upload_not_yours(upload_id, tokenless_owner));
+        }
+        Ok((binding, scope))
+    }
 }
 
 pub async fn upload_part(
