@@ -581,7 +581,7 @@ fn the_lease_service_closes_stuck_heads_and_refuses_over_the_cap_then_recovers()
     let dir = tempdir();
     let svc = locksvc_with(
         dir.path(),
-        "header_read_timeout = \"1s\"\nidle_timeout = \"60s\"\nmax_connections = 4\n",
+        "header_read_timeout = \"1s\"\nidle_timeout = \"60s\"\nmax_connections = 4\nmax_connections_per_address = 4\n",
         &[],
     );
     stuck_heads_and_the_cap(&svc.url, "/health", r#""code":"TooManyConnections""#);
@@ -597,7 +597,7 @@ async fn the_proxy_closes_stuck_heads_and_refuses_over_the_cap_then_recovers() {
             &backend,
             dir.path(),
             BUCKET,
-            "header_read_timeout_secs = 1\nidle_timeout_secs = 60\nmax_connections = 4\n",
+            "header_read_timeout_secs = 1\nidle_timeout_secs = 60\nmax_connections = 4\nmax_connections_per_address = 4\n",
         ),
         dir.path(),
     )
@@ -612,6 +612,76 @@ async fn the_proxy_closes_stuck_heads_and_refuses_over_the_cap_then_recovers() {
     })
     .await
     .expect("scenario");
+}
+
+/// A connection to `addr` from `source` (any 127.x.y.z is this host's),
+/// and what it is answered within two seconds of sending a health check
+/// (nothing: still being served, waiting for more).
+async fn from_address(
+    source: &str,
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> (tokio::net::TcpStream, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("source"))
+        .expect("bind the source address");
+    let mut c = socket.connect(addr).await.expect("connect");
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let _ = c.write_all(head.as_bytes()).await;
+    let mut out = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(2), c.read(&mut out))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0);
+    (c, String::from_utf8_lossy(&out[..n]).into_owned())
+}
+
+/// Issue 24: connection slots are shared out per client address. One
+/// address holding its share (`max_connections_per_address`) is refused
+/// more, while another address is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_the_connection_slots_of_others() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempdir();
+    let proxy = Proxy::start(
+        &proxy_toml(
+            &backend,
+            dir.path(),
+            BUCKET,
+            "max_connections = 16\nmax_connections_per_address = 3\nidle_timeout_secs = 60\n",
+        ),
+        dir.path(),
+    )
+    .await;
+    let addr: std::net::SocketAddr = proxy
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("addr");
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let (c, answer) = from_address("127.0.0.2", addr, "/_fencegate/health").await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "connection {i}: {answer}"
+        );
+        held.push(c);
+    }
+    let (_, answer) = from_address("127.0.0.2", addr, "/_fencegate/health").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "a fourth from the same address: {answer}"
+    );
+    let (_, answer) = from_address("127.0.0.3", addr, "/_fencegate/health").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "another address is served: {answer}"
+    );
+    drop(held);
 }
 
 /// CPU time (user + system) the process `pid` has used so far.

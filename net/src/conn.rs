@@ -36,7 +36,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -202,7 +202,7 @@ pub(crate) async fn serve_connection<S, B>(
     tcp: TcpStream,
     service: S,
     shared: Arc<Shared>,
-    _slot: OwnedSemaphorePermit,
+    _slot: crate::Slot,
 ) where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,

@@ -7,6 +7,11 @@
 //! - the connection cap: a connection over [`ServerOptions::max_connections`]
 //!   is answered `503` with the service's own error body and
 //!   `Connection: close`, then closed ([`Refusal`]);
+//! - the share of one client address: connections are taken before any
+//!   request can prove anything, so they are shared out per address
+//!   ([`ServerOptions::max_connections_per_address`]; IPv6 by its /64):
+//!   one address holding its whole share is refused the same way, and
+//!   cannot take the slots of the others;
 //! - per-connection timeouts ([`conn`]): a request head must arrive within
 //!   [`ServerOptions::header_read_timeout`] of its first byte (of the
 //!   accept, for the first request), and a keep-alive connection with no
@@ -67,6 +72,10 @@ pub struct ServerOptions {
     pub idle_timeout: Duration,
     /// Most connections served at once; more are refused (see [`Refusal`]).
     pub max_connections: usize,
+    /// Most connections served at once from one client address (IPv4),
+    /// or one /64 (IPv6); more from it are refused like those over
+    /// `max_connections`.
+    pub max_connections_per_address: usize,
     /// Serve HTTPS with this configuration; `None` serves plain HTTP.
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The answer to a connection over the cap.
@@ -87,6 +96,7 @@ impl Default for ServerOptions {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            max_connections_per_address: 256,
             tls: None,
             refusal: Refusal::text("too many connections; retry later\n"),
             drain_timeout: Duration::from_secs(30),
@@ -168,6 +178,7 @@ where
     });
     let refusal = options.refusal.response();
     let slots = Arc::new(Semaphore::new(options.max_connections));
+    let shares = AddressShares::new(options.max_connections_per_address);
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let tasks = TaskTracker::new();
     let mut backoff = AcceptBackoff::default();
@@ -178,10 +189,10 @@ where
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
-        let tcp = match accepted {
-            Ok((tcp, _)) => {
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => {
                 backoff.reset();
-                tcp
+                accepted
             }
             // The connection went away before it was accepted: nothing to do.
             Err(e) if is_per_connection(&e) => continue,
@@ -200,8 +211,15 @@ where
             }
         };
         let _ = tcp.set_nodelay(true);
-        match slots.clone().try_acquire_owned() {
-            Ok(slot) => match &options.workers {
+        let slot = slots.clone().try_acquire_owned().ok().and_then(|global| {
+            let share = shares.take(peer.ip())?;
+            Some(Slot {
+                _global: global,
+                _share: share,
+            })
+        });
+        match slot {
+            Some(slot) => match &options.workers {
                 None => {
                     tasks.spawn(conn::serve_connection(
                         tcp,
@@ -232,7 +250,7 @@ where
                     Err(e) => tracing::warn!(error = %e, "cannot hand a connection to a worker"),
                 },
             },
-            Err(_) => {
+            None => {
                 let answered = match refusing.clone().try_acquire_owned() {
                     Ok(permit) => {
                         tasks.spawn(refuse::refuse(
@@ -250,9 +268,11 @@ where
                 if let Some(suppressed) = refusals_logged.ready(Instant::now()) {
                     tracing::warn!(
                         max_connections = options.max_connections,
+                        max_connections_per_address = options.max_connections_per_address,
+                        %peer,
                         answered,
                         suppressed,
-                        "connection refused: at max_connections"
+                        "connection refused: at max_connections, or its address at max_connections_per_address"
                     );
                 }
             }
@@ -271,6 +291,88 @@ where
         );
     }
     Ok(())
+}
+
+/// The default share of one address: a quarter of `max_connections` (at
+/// least one), so that it takes four addresses to fill the server.
+pub fn default_share(max_connections: usize) -> usize {
+    (max_connections / 4).max(1)
+}
+
+/// A connection's place: one of `max_connections`, and one of its
+/// address's share.
+pub(crate) struct Slot {
+    _global: tokio::sync::OwnedSemaphorePermit,
+    _share: Share,
+}
+
+/// The connections held per client address.
+#[derive(Debug, Clone)]
+struct AddressShares {
+    max: usize,
+    held: Arc<std::sync::Mutex<std::collections::HashMap<AddressKey, usize>>>,
+}
+
+/// One connection of an address; given back when dropped.
+struct Share {
+    shares: AddressShares,
+    key: AddressKey,
+}
+
+/// An IPv4 address, or the /64 an IPv6 address is in (one host is
+/// usually given a whole /64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum AddressKey {
+    V4(std::net::Ipv4Addr),
+    V6(u64),
+}
+
+impl AddressKey {
+    fn of(ip: std::net::IpAddr) -> AddressKey {
+        match ip {
+            std::net::IpAddr::V4(v4) => AddressKey::V4(v4),
+            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => AddressKey::V4(v4),
+                None => AddressKey::V6((v6.to_bits() >> 64) as u64),
+            },
+        }
+    }
+}
+
+impl AddressShares {
+    fn new(max: usize) -> AddressShares {
+        AddressShares {
+            max: max.max(1),
+            held: Arc::default(),
+        }
+    }
+
+    /// One more connection for `ip`, unless it holds its whole share.
+    fn take(&self, ip: std::net::IpAddr) -> Option<Share> {
+        let key = AddressKey::of(ip);
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let n = held.entry(key).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            shares: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut held = self.shares.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// Errors of `accept` that concern one connection only.
@@ -380,6 +482,32 @@ pub mod test_pki;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_takes_its_share_and_no_more() {
+        let shares = AddressShares::new(2);
+        let a: std::net::IpAddr = "10.0.0.1".parse().expect("ip");
+        let b: std::net::IpAddr = "10.0.0.2".parse().expect("ip");
+        let one = shares.take(a).expect("first");
+        let two = shares.take(a).expect("second");
+        assert!(shares.take(a).is_none(), "over its share");
+        assert!(shares.take(b).is_some(), "another address has its own");
+        drop(one);
+        assert!(shares.take(a).is_some(), "a share comes back");
+        drop(two);
+        // IPv6 by its /64; an IPv4-mapped address is its IPv4 address.
+        let v6 = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
+        assert_eq!(
+            AddressKey::of(v6("2001:db8:1:2::1")),
+            AddressKey::of(v6("2001:db8:1:2:ffff::9"))
+        );
+        assert_ne!(
+            AddressKey::of(v6("2001:db8:1:2::1")),
+            AddressKey::of(v6("2001:db8:1:3::1"))
+        );
+        assert_eq!(AddressKey::of(v6("::ffff:10.0.0.1")), AddressKey::of(a));
+        assert!(shares.held.lock().expect("lock").len() <= 1);
+    }
 
     #[test]
     fn backoff_doubles_to_a_second_and_resets() {

@@ -130,6 +130,12 @@ pub struct ProxyConfig {
     /// once; each connection may also hold one to the backend, so the
     /// open-file limit must exceed twice this (checked at start).
     pub max_connections: usize,
+    /// Most of those from one client address (IPv6: one /64); more get
+    /// the same 503. Connections are taken before a request can prove
+    /// anything, so they are shared out per address: no address can take
+    /// the others' part. Default: a quarter of `max_connections`. Clients
+    /// behind one address (a NAT, one host) share its part.
+    pub max_connections_per_address: Option<usize>,
     /// Threads that serve client connections, each with an event loop of
     /// its own: a connection, its requests and their backend connections
     /// stay on one thread, as in nginx's workers (less CPU per request
@@ -255,6 +261,7 @@ impl Default for ProxyConfig {
             header_read_timeout_secs: 10,
             idle_timeout_secs: 60,
             max_connections: 1024,
+            max_connections_per_address: None,
             serving_threads: 0,
             tls: TlsConfig::default(),
             cluster: None,
@@ -371,6 +378,9 @@ impl ProxyConfig {
             header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_secs),
             idle_timeout: std::time::Duration::from_secs(self.idle_timeout_secs),
             max_connections: self.max_connections,
+            max_connections_per_address: self
+                .max_connections_per_address
+                .unwrap_or_else(|| fencegate_net::default_share(self.max_connections)),
             tls: self.tls.server_config()?,
             refusal: crate::server::refusal(),
             drain_timeout: crate::server::DRAIN_TIMEOUT,
@@ -476,6 +486,9 @@ impl ProxyConfig {
         }
         if self.max_connections == 0 {
             p.push("max_connections must be at least 1".into());
+        }
+        if self.max_connections_per_address == Some(0) {
+            p.push("max_connections_per_address must be at least 1".into());
         }
         p.extend(self.tls.problems());
         let locksvc_tls = self.locksvc_tls();
@@ -715,9 +728,8 @@ mod tests {
         assert!(!c.problems().iter().any(|p| p.contains("locksvc_url")));
         c.locksvc_url = Some("http://a:7070,b:7070".into());
         assert!(
-            c.problems()
-                .iter()
-                .any(|p| p.contains("locksvc_url: the lease service URL \"b:7070\" must start with http://")),
+            c.problems().iter().any(|p| p
+                .contains("locksvc_url: the lease service URL \"b:7070\" must start with http://")),
             "{:?}",
             c.problems()
         );

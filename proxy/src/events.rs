@@ -10,6 +10,14 @@
 //! the status page, and logged as one structured line (at most 100 lines a
 //! second: a burst is summarised by one line saying how many were not).
 //!
+//! The rings and the log budgets are shared, bounded resources, so who may
+//! take them is decided as for any other: a refusal whose token was
+//! verified (a real holder's, stale or cut) goes to rings and a budget of
+//! its own, which nothing unproven can take; every other refusal (a forged
+//! or unverified token, an unscoped key) shares its kind's other ring, in
+//! which one source (a client key, else a remote address) keeps at most a
+//! tenth: a flood from one source replaces its own events, not others'.
+//!
 //! An event holds numbers and names only: the token number, never the
 //! signed token; the access key id of a configured client, never a secret;
 //! a lease-bound access key as its lock and token (`lease-bound:<lock>:<n>`).
@@ -32,6 +40,8 @@ const MAX_KEY_CHARS: usize = 1024;
 const OWNERS_PER_LOCK: usize = 16;
 /// Locks whose owners are remembered.
 const OWNER_LOCKS: usize = 4096;
+/// An unverified refusal's source keeps at most this fraction of its ring.
+const SHARES: usize = 10;
 /// Event lines logged per second at most; beyond, the next line after the
 /// second says how many were not (all are in the ring and the metrics).
 const LOG_LINES_PER_SEC: u32 = 100;
@@ -103,6 +113,10 @@ pub struct FenceEvent {
     /// filled in when learned later).
     #[serde(skip)]
     verified: bool,
+    /// Who sent it, for the share of an unverified refusal: the client
+    /// key, else the remote address (no port).
+    #[serde(skip)]
+    source: Option<String>,
 }
 
 /// What is known of the request being served, as the gate learns it.
@@ -196,11 +210,19 @@ pub struct FenceEvents {
 
 #[derive(Debug, Default)]
 struct Rings {
-    /// Indexed by [`Kind::index`].
-    events: [VecDeque<FenceEvent>; Kind::COUNT],
-    /// And a log budget per kind.
-    log: [LogBudget; Kind::COUNT],
+    /// Indexed by [`pool`].
+    events: [VecDeque<FenceEvent>; POOLS],
+    /// And a log budget per pool.
+    log: [LogBudget; POOLS],
     recorded: u64,
+}
+
+/// A ring (and a log budget) per kind for refusals of verified tokens,
+/// and another per kind for the rest.
+const POOLS: usize = Kind::COUNT * 2;
+
+fn pool(kind: Kind, verified: bool) -> usize {
+    kind.index() * 2 + usize::from(verified)
 }
 
 /// Owners per lock, the locks in the order first seen (the oldest is
@@ -278,21 +300,37 @@ impl FenceEvents {
             lock: r.scope.map(|s| s.lock.to_string()),
             token: r.token,
             max: r.max,
-            client: a.client,
+            client: a.client.clone(),
             owner: None,
             holder: None,
             remote: a.remote.map(|r| r.to_string()),
             reason: r.reason,
             verified: a.verified,
+            source: a
+                .client
+                .clone()
+                .or_else(|| a.remote.map(|r| r.ip().to_string())),
         };
         self.fill_owners(&mut event);
-        let k = event.kind.index();
+        let k = pool(event.kind, event.verified);
         let (log, held_back) = {
             let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
             let budget = ring.log[k].take(std::time::Instant::now());
             ring.recorded += 1;
             event.seq = ring.recorded;
             let kept = &mut ring.events[k];
+            if !event.verified
+                && let Some(source) = &event.source
+            {
+                let share = (self.capacity / SHARES).max(1);
+                let mine = kept.iter().filter(|e| e.source.as_ref() == Some(source));
+                if mine.count() >= share
+                    && let Some(oldest) =
+                        kept.iter().position(|e| e.source.as_ref() == Some(source))
+                {
+                    kept.remove(oldest);
+                }
+            }
             if kept.len() == self.capacity {
                 kept.pop_front();
             }
@@ -381,7 +419,7 @@ impl FenceEvents {
 
     /// The events as `/_fencegate/events` serves them.
     pub fn to_json(&self) -> serde_json::Value {
-        let (events, recorded) = self.recent(self.capacity * Kind::COUNT);
+        let (events, recorded) = self.recent(self.capacity * POOLS);
         serde_json::json!({
             "capacity": self.capacity,
             "recorded": recorded,
@@ -517,6 +555,61 @@ mod tests {
         assert_eq!(kept.len(), 6, "five forged and the stale one");
         assert_eq!(kept.last().map(|e| e.kind), Some(Kind::Stale));
         assert!(kept.windows(2).all(|w| w[0].seq > w[1].seq), "newest first");
+    }
+
+    fn forged(events: &FenceEvents) {
+        events.refused(Refusal {
+            kind: Kind::Forged,
+            op: "PutObject",
+            scope: Some(&scope()),
+            token: Some(9),
+            max: None,
+            reason: "bad signature".into(),
+        });
+    }
+
+    fn from(ip: &str) -> Option<SocketAddr> {
+        Some(SocketAddr::new(ip.parse().expect("ip"), 4000))
+    }
+
+    #[tokio::test]
+    async fn one_source_floods_only_its_own_share_of_a_ring() {
+        let events = FenceEvents::new(100);
+        attempt(from("10.0.0.2"), async { forged(&events) }).await;
+        for _ in 0..1000 {
+            attempt(from("10.0.0.1"), async { forged(&events) }).await;
+        }
+        let (kept, recorded) = events.recent(1000);
+        assert_eq!(recorded, 1001);
+        let flooder = kept
+            .iter()
+            .filter(|e| e.remote.as_deref() == Some("10.0.0.1:4000"))
+            .count();
+        assert_eq!(flooder, 10, "a tenth of the ring");
+        assert!(
+            kept.iter()
+                .any(|e| e.remote.as_deref() == Some("10.0.0.2:4000")),
+            "the other source's event is kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn unverified_stale_numbers_do_not_push_a_verified_stale_write_out() {
+        let events = FenceEvents::new(5);
+        attempt(from("10.0.0.2"), async {
+            note_verified();
+            stale(&events, 3);
+        })
+        .await;
+        for i in 0..100 {
+            let ip = format!("10.1.{}.{}", i / 200, i % 200);
+            attempt(from(&ip), async { stale(&events, 1) }).await;
+        }
+        let (kept, _) = events.recent(100);
+        assert!(
+            kept.iter().any(|e| e.token == Some(3) && e.verified),
+            "the verified stale write is kept: {kept:?}"
+        );
     }
 
     #[tokio::test]

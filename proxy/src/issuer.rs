@@ -8,12 +8,25 @@
 //! stale whoever issued it) and remembers the highest token confirmed per
 //! lock, so a holder's steady stream of writes costs one question in all.
 //!
+//! Questions are a resource a client without the lease could take (a
+//! flood of made-up numbers above the max, each a call to the lease
+//! service), so there is at most one out per lock: whoever arrives while
+//! it is out waits for it and reads the lock's current token from its
+//! answer, the question's own or a later one. A flood costs the lease
+//! service one call per lock at a time, and a holder's write waits for at
+//! most the question out and its own.
+//!
 //! An `https://` lease service is reached with `locksvc_ca_file` (and a
 //! client certificate if it requires one): the question names no secret,
 //! but a forged "yes" would let a made-up number raise a scope's max.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Locks whose last question is remembered; beyond, those with no question
+/// out are forgotten.
+const LOCKS_ASKED: usize = 4096;
 
 /// The lease service, as the proxy asks it about plain tokens.
 #[derive(Debug)]
@@ -21,6 +34,16 @@ pub struct Issuer {
     api: fencegate_lease_api::Client,
     /// The highest token confirmed per lock.
     confirmed: Mutex<HashMap<String, u64>>,
+    /// Per lock, the last question asked; its lock is held while one is
+    /// out.
+    asked: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Asked>>>>>,
+}
+
+/// A question about a lock and its answer: the lock's current token.
+#[derive(Debug, Clone)]
+struct Asked {
+    sent: Instant,
+    current: Result<Option<u64>, String>,
 }
 
 /// What the lease service said about a plain token.
@@ -39,6 +62,7 @@ impl Issuer {
         Issuer {
             api,
             confirmed: Mutex::new(HashMap::new()),
+            asked: Mutex::new(HashMap::new()),
         }
     }
 
@@ -48,6 +72,44 @@ impl Issuer {
         if self.already_confirmed(lock, token) {
             return Ok(Answer::Issued);
         }
+        let arrived = Instant::now();
+        let slot = self.slot(lock);
+        let mut last = slot.lock().await;
+        let current = match &*last {
+            // Asked after this check began: its answer is as fresh as one
+            // of our own.
+            Some(a) if a.sent >= arrived => a.current.clone(),
+            _ => {
+                let sent = Instant::now();
+                let current = self.ask(lock).await;
+                *last = Some(Asked {
+                    sent,
+                    current: current.clone(),
+                });
+                current
+            }
+        };
+        drop(last);
+        if current? != Some(token) {
+            return Ok(Answer::NotIssued);
+        }
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        let best = confirmed.entry(lock.to_owned()).or_insert(token);
+        *best = (*best).max(token);
+        Ok(Answer::Issued)
+    }
+
+    /// The question slot of `lock`.
+    fn slot(&self, lock: &str) -> Arc<tokio::sync::Mutex<Option<Asked>>> {
+        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        if asked.len() >= LOCKS_ASKED && !asked.contains_key(lock) {
+            asked.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        asked.entry(lock.to_owned()).or_default().clone()
+    }
+
+    /// The current token of `lock`, from the lease service.
+    async fn ask(&self, lock: &str) -> Result<Option<u64>, String> {
         let body = self.api.status(lock, None).await.map_err(|e| match e {
             fencegate_lease_api::ClientError::Refused { status, error } => format!(
                 "the lease service at {} answered {status} {}: {}",
@@ -57,13 +119,7 @@ impl Issuer {
             ),
             other => other.to_string(),
         })?;
-        if body.token != Some(token) {
-            return Ok(Answer::NotIssued);
-        }
-        let mut confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
-        let best = confirmed.entry(lock.to_owned()).or_insert(token);
-        *best = (*best).max(token);
-        Ok(Answer::Issued)
+        Ok(body.token)
     }
 
     /// Whether `token` is the last token confirmed for `lock`. (Tokens are
@@ -75,5 +131,76 @@ impl Issuer {
             .unwrap_or_else(|p| p.into_inner())
             .get(lock)
             == Some(&token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A lease service that answers every status question after 50 ms
+    /// with token 7 held, counting the questions.
+    async fn slow_lease_service() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let asked = Arc::new(AtomicUsize::new(0));
+        let count = asked.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut c, _)) = listener.accept().await else {
+                    return;
+                };
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match c.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    count.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    let body = r#"{"lock":"db","held":true,"owner":"a","token":7,"expires_at_ms":1,"waiting":0,"last_token":7}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = c.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        (url, asked)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_made_up_numbers_asks_one_question_at_a_time() {
+        let (url, asked) = slow_lease_service().await;
+        let issuer = Arc::new(Issuer::new(fencegate_lease_api::Client::new(
+            reqwest::Client::new(),
+            &url,
+            None,
+        )));
+        let flood: Vec<_> = (0..200u64)
+            .map(|n| {
+                let issuer = issuer.clone();
+                tokio::spawn(async move { issuer.check("db", 1000 + n).await })
+            })
+            .collect();
+        for f in flood {
+            assert_eq!(f.await.expect("joined"), Ok(Answer::NotIssued));
+        }
+        // 200 checks at once share a few questions: one out, then one for
+        // everyone who arrived while it was.
+        let questions = asked.load(Ordering::SeqCst);
+        assert!(questions <= 3, "{questions} questions for one lock");
+        // The holder's own number is still confirmed, with a question of
+        // its own.
+        assert_eq!(issuer.check("db", 7).await, Ok(Answer::Issued));
     }
 }
