@@ -147,6 +147,7 @@ every_backend!(
     uploads_answer_only_to_their_creator,
     scopes_sharing_a_lock_share_its_fence,
     a_cut_upload_always_learns_it_is_stale,
+    write_headers_that_do_what_refused_operations_do_are_refused,
 );
 
 /// H1: every way of spelling a dot segment (raw, percent-encoded, in the
@@ -387,6 +388,214 @@ async fn h3_role_clients_with_proxy_credentials_but_no_lease_cannot_write(kind: 
         stored(&e.backend, BUCKET, "k").await,
         Some((b"holder".to_vec(), Some(4)))
     );
+}
+
+/// Issue 24: a header that changes what a refused operation would change
+/// (the ACL, retention, tags, website redirect, encryption, request
+/// payment, the expected owner) is refused as that operation is (501),
+/// on PutObject (signed and anonymous), CopyObject and
+/// CreateMultipartUpload, with the holder's token, and the store is
+/// unchanged; `allow_write_headers` lets a family through.
+async fn write_headers_that_do_what_refused_operations_do_are_refused(kind: BackendKind) {
+    use aws_sdk_s3::types::{
+        ObjectCannedAcl, ObjectLockMode, RequestPayer, ServerSideEncryption, TaggingDirective,
+    };
+    let e = env_with(kind, "").await;
+    let c = e.proxy().client();
+    let holder = signed(BUCKET, 3);
+    e.put_signed("src", &holder, "source")
+        .await
+        .expect("source");
+    let put = || {
+        c.put_object()
+            .bucket(BUCKET)
+            .key("k")
+            .body(ByteStream::from_static(b"zombie"))
+    };
+    let until = aws_sdk_s3::primitives::DateTime::from_secs(4_000_000_000);
+    let refused = [
+        (
+            "acl",
+            fenced!(put().acl(ObjectCannedAcl::PublicRead), holder.clone())
+                .send()
+                .await,
+        ),
+        (
+            "grant",
+            fenced!(
+                put().grant_read("uri=\"http://acs.amazonaws.com/groups/global/AllUsers\""),
+                holder.clone()
+            )
+            .send()
+            .await,
+        ),
+        (
+            "object lock",
+            fenced!(
+                put()
+                    .object_lock_mode(ObjectLockMode::Compliance)
+                    .object_lock_retain_until_date(until),
+                holder.clone()
+            )
+            .send()
+            .await,
+        ),
+        (
+            "tagging",
+            fenced!(put().tagging("a=b"), holder.clone()).send().await,
+        ),
+        (
+            "website redirect",
+            fenced!(
+                put().website_redirect_location("/elsewhere"),
+                holder.clone()
+            )
+            .send()
+            .await,
+        ),
+        (
+            "encryption",
+            fenced!(
+                put().server_side_encryption(ServerSideEncryption::AwsKms),
+                holder.clone()
+            )
+            .send()
+            .await,
+        ),
+        (
+            "request payer",
+            fenced!(put().request_payer(RequestPayer::Requester), holder.clone())
+                .send()
+                .await,
+        ),
+        (
+            "expected owner",
+            fenced!(put().expected_bucket_owner("123456789012"), holder.clone())
+                .send()
+                .await,
+        ),
+        (
+            "customer key",
+            fenced!(
+                put()
+                    .sse_customer_algorithm("AES256")
+                    .sse_customer_key("MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTIzNDU2Nzg5MDE=")
+                    .sse_customer_key_md5("x"),
+                holder.clone()
+            )
+            .send()
+            .await,
+        ),
+    ];
+    for (what, r) in refused {
+        let err = r.expect_err(what);
+        assert_eq!(
+            error_of(&err),
+            (Some(501), "NotImplemented".into()),
+            "PutObject with {what}"
+        );
+    }
+    let err = fenced!(
+        c.copy_object()
+            .bucket(BUCKET)
+            .key("k")
+            .copy_source(format!("{BUCKET}/src"))
+            .tagging_directive(TaggingDirective::Replace)
+            .tagging("a=b"),
+        holder.clone()
+    )
+    .send()
+    .await
+    .expect_err("a copy that replaces tags");
+    assert_eq!(error_of(&err).0, Some(501));
+    let err = fenced!(
+        c.create_multipart_upload()
+            .bucket(BUCKET)
+            .key("k")
+            .acl(ObjectCannedAcl::PublicReadWrite),
+        holder.clone()
+    )
+    .send()
+    .await
+    .expect_err("an upload with an ACL");
+    assert_eq!(error_of(&err).0, Some(501));
+    // Anonymous, through the other front door.
+    let (code, text) = e
+        .raw(
+            "PUT",
+            &format!("/{BUCKET}/k"),
+            &[
+                ("Fencing-Token", holder.clone()),
+                ("x-amz-acl", "public-read".into()),
+            ],
+            b"zombie",
+        )
+        .await;
+    assert_eq!(code, 501, "{text}");
+    assert!(
+        text.contains("x-amz-acl") && text.contains("allow_write_headers"),
+        "{text}"
+    );
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        None,
+        "nothing was written"
+    );
+    // What every new object gets anyway passes, and a copy keeps its tags.
+    fenced!(put().acl(ObjectCannedAcl::Private), holder.clone())
+        .send()
+        .await
+        .expect("x-amz-acl: private");
+    fenced!(
+        c.copy_object()
+            .bucket(BUCKET)
+            .key("copy")
+            .copy_source(format!("{BUCKET}/src"))
+            .tagging_directive(TaggingDirective::Copy),
+        holder.clone()
+    )
+    .send()
+    .await
+    .expect("a copy that keeps the source's tags");
+
+    // The operator allows tagging: it passes, and only it.
+    let e = env_with(kind, "allow_write_headers = [\"tagging\"]").await;
+    let c = e.proxy().client();
+    fenced!(
+        c.put_object()
+            .bucket(BUCKET)
+            .key("tagged")
+            .tagging("a=b")
+            .body(ByteStream::from_static(b"v")),
+        holder.clone()
+    )
+    .send()
+    .await
+    .expect("tagging allowed");
+    if kind != BackendKind::S3Fs {
+        let tags = e
+            .backend
+            .direct()
+            .get_object_tagging()
+            .bucket(BUCKET)
+            .key("tagged")
+            .send()
+            .await
+            .expect("tags");
+        assert_eq!(tags.tag_set().len(), 1, "{tags:?}");
+    }
+    let err = fenced!(
+        c.put_object()
+            .bucket(BUCKET)
+            .key("acl")
+            .acl(ObjectCannedAcl::PublicRead)
+            .body(ByteStream::from_static(b"v")),
+        holder
+    )
+    .send()
+    .await
+    .expect_err("the ACL family is still refused");
+    assert_eq!(error_of(&err).0, Some(501));
 }
 
 /// H4: CreateBucket forwards plain creates only; ACL, grant, ownership and

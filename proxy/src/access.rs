@@ -154,8 +154,14 @@ fn upload_id(uri: &http::Uri) -> Option<String> {
 impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
         let op = cx.s3_op().name();
-        if classify(op).is_none() {
-            return Err(errors::not_forwarded(op));
+        match classify(op) {
+            None => return Err(errors::not_forwarded(op)),
+            // CreateBucket has a rule of its own: plain creates only
+            // (`ops::bucket`).
+            Some(crate::ops::Class::Fenced) => {
+                self.gate.write_headers().check(op, cx.headers())?;
+            }
+            Some(crate::ops::Class::Read | crate::ops::Class::CreateBucket) => {}
         }
         crate::query::require_known(op, cx.uri())?;
         if let s3s::path::S3Path::Object { key, .. } = cx.s3_path() {

@@ -82,6 +82,13 @@ pub struct ProxyConfig {
     /// If-None-Match on PutObject. Then only the proxy enforces the fence:
     /// one proxy replica, and nothing else may write to the bucket.
     pub accept_weak_backend: bool,
+    /// Header families a write may carry that change what a refused
+    /// operation would (`acl`, `object_lock`, `tagging`,
+    /// `website_redirect`, `encryption`, `request_payer`,
+    /// `expected_bucket_owner`; see `write_headers`). Default: none, so
+    /// `x-amz-acl: public-read` on a PutObject is refused as PutObjectAcl
+    /// is. Customer-key encryption (SSE-C) is refused whatever is allowed.
+    pub allow_write_headers: Vec<crate::write_headers::Family>,
     /// Most keys whose ETag and token the proxy remembers (a bounded cache;
     /// a miss costs one HEAD).
     pub etag_cache_entries: usize,
@@ -251,6 +258,7 @@ impl Default for ProxyConfig {
             unscoped_writes: UnscopedPolicy::Deny,
             probe_bucket: None,
             accept_weak_backend: false,
+            allow_write_headers: Vec::new(),
             etag_cache_entries: 100_000,
             fence_events_kept: crate::events::DEFAULT_KEPT,
             viewers: Vec::new(),

@@ -104,6 +104,9 @@ impl Edge {
         if !gate.lean_forwards(req.headers()) {
             return Err(req);
         }
+        if let Err(e) = gate.write_headers().check("PutObject", req.headers()) {
+            return Ok(error_response(e));
+        }
         gate.metrics().edge_puts.inc();
         let s3_req = verified.into_request(req);
         if let Some(c) = &s3_req.credentials {

@@ -67,6 +67,7 @@ pub mod send_check;
 pub mod server;
 pub mod tokens;
 pub mod trailer;
+pub mod write_headers;
 
 pub use config::ProxyConfig;
 

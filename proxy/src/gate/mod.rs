@@ -60,6 +60,8 @@ pub struct Gate {
     keys: Keys,
     db: Db,
     tokens: TokenPolicy,
+    /// The header families writes may carry.
+    write_headers: crate::write_headers::WriteHeaders,
     /// Checks plain tokens with the lease service, when configured.
     issuer: Option<Issuer>,
     /// The lease service (`locksvc_url`), asked after each raise who the
@@ -347,6 +349,7 @@ impl Gate {
                 keys,
                 config.unsigned_tokens_accepted() && config.locksvc_url.is_none(),
             ),
+            write_headers: crate::write_headers::WriteHeaders::new(&config.allow_write_headers),
             issuer: lease_service
                 .clone()
                 .filter(|_| config.unsigned_tokens_accepted())
@@ -767,6 +770,11 @@ impl Gate {
                 "cannot check that bucket {bucket} enforces conditional writes: {e}"
             ))),
         }
+    }
+
+    /// The header families writes may carry.
+    pub fn write_headers(&self) -> &crate::write_headers::WriteHeaders {
+        &self.write_headers
     }
 
     /// A scope in `bucket` fenced by `lock`, if there is one.
