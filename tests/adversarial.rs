@@ -148,6 +148,7 @@ every_backend!(
     scopes_sharing_a_lock_share_its_fence,
     a_cut_upload_always_learns_it_is_stale,
     write_headers_that_do_what_refused_operations_do_are_refused,
+    integrity_values_are_checked_on_every_path,
 );
 
 /// H1: every way of spelling a dot segment (raw, percent-encoded, in the
@@ -387,6 +388,154 @@ async fn h3_role_clients_with_proxy_credentials_but_no_lease_cannot_write(kind: 
     assert_eq!(
         stored(&e.backend, BUCKET, "k").await,
         Some((b"holder".to_vec(), Some(4)))
+    );
+}
+
+/// Issue 24: every integrity value a write carries is checked by the
+/// proxy, or refused with a 400 that says why, whoever sent it and
+/// whichever path it takes: an anonymous PutObject's payload hash (s3s
+/// checks none), `Content-MD5` and `x-amz-checksum-*` on PutObject and
+/// UploadPart (RGW 16.2 ignores `x-amz-checksum-*`), and `Content-MD5` on
+/// DeleteObjects (read whole by s3s, checked by nobody). Nothing that
+/// failed a check reaches the store.
+async fn integrity_values_are_checked_on_every_path(kind: BackendKind) {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let e = env_with(kind, "").await;
+    let token = signed(BUCKET, 2);
+    let body = b"the body".as_slice();
+    let sha = sha2::Sha256::digest(body);
+    let hex_sha = hex::encode(sha);
+    let b64_sha = base64::engine::general_purpose::STANDARD.encode(sha);
+    let wrong_b64 = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    let put = |headers: Vec<(&'static str, String)>| {
+        let mut h = vec![("Fencing-Token", token.clone())];
+        h.extend(headers);
+        let e = &e;
+        async move { e.raw("PUT", &format!("/{BUCKET}/k"), &h, body).await }
+    };
+    for (what, headers, code) in [
+        (
+            "a payload hash that is not hex",
+            vec![("x-amz-content-sha256", "z".repeat(64))],
+            "InvalidArgument",
+        ),
+        (
+            "an upper-case payload hash",
+            vec![("x-amz-content-sha256", hex_sha.to_uppercase())],
+            "InvalidArgument",
+        ),
+        (
+            "a wrong payload hash",
+            vec![("x-amz-content-sha256", hex::encode([7u8; 32]))],
+            "BadDigest",
+        ),
+        (
+            "a malformed Content-MD5",
+            vec![("Content-MD5", "bm90IGFuIG1kNQ".to_owned())],
+            "InvalidDigest",
+        ),
+        (
+            "a wrong Content-MD5",
+            vec![(
+                "Content-MD5",
+                base64::engine::general_purpose::STANDARD.encode([7u8; 16]),
+            )],
+            "BadDigest",
+        ),
+        (
+            "a wrong x-amz-checksum-sha256",
+            vec![("x-amz-checksum-sha256", wrong_b64.clone())],
+            "BadDigest",
+        ),
+    ] {
+        let (status, text) = put(headers).await;
+        assert_eq!(status, 400, "{what}: {text}");
+        assert!(text.contains(code), "{what}: {text}");
+        assert_eq!(
+            stored(&e.backend, BUCKET, "k").await,
+            None,
+            "{what} reached the store"
+        );
+    }
+    let (status, text) = put(vec![
+        ("x-amz-content-sha256", hex_sha.clone()),
+        ("x-amz-checksum-sha256", b64_sha.clone()),
+    ])
+    .await;
+    assert_eq!(status, 200, "the right values pass: {text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "k").await,
+        Some((body.to_vec(), Some(2)))
+    );
+
+    // A part, anonymous, of an anonymous upload.
+    let (status, text) = e
+        .raw(
+            "POST",
+            &format!("/{BUCKET}/mp?uploads"),
+            &[("Fencing-Token", token.clone())],
+            b"",
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let upload_id = text
+        .split("<UploadId>")
+        .nth(1)
+        .and_then(|t| t.split("</UploadId>").next())
+        .expect("upload id")
+        .to_owned();
+    let part = format!("/{BUCKET}/mp?partNumber=1&uploadId={upload_id}");
+    let (status, text) = e
+        .raw(
+            "PUT",
+            &part,
+            &[
+                ("Fencing-Token", token.clone()),
+                ("x-amz-checksum-sha256", wrong_b64),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(status, 400, "a part with a wrong checksum: {text}");
+    assert!(text.contains("BadDigest"), "{text}");
+    let (status, text) = e
+        .raw(
+            "PUT",
+            &part,
+            &[
+                ("Fencing-Token", token.clone()),
+                ("x-amz-checksum-sha256", b64_sha),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(status, 200, "a part with the right checksum: {text}");
+
+    // DeleteObjects, whose body s3s reads whole.
+    let xml = b"<Delete><Object><Key>k</Key></Object></Delete>";
+    let (status, text) = e
+        .raw(
+            "POST",
+            &format!("/{BUCKET}?delete"),
+            &[
+                ("Fencing-Token", token.clone()),
+                (
+                    "Content-MD5",
+                    base64::engine::general_purpose::STANDARD.encode([7u8; 16]),
+                ),
+            ],
+            xml,
+        )
+        .await;
+    assert_eq!(
+        status, 400,
+        "a batch delete with a wrong Content-MD5: {text}"
+    );
+    assert!(text.contains("BadDigest"), "{text}");
+    assert!(
+        stored(&e.backend, BUCKET, "k").await.is_some(),
+        "nothing was deleted"
     );
 }
 

@@ -199,6 +199,28 @@ impl S3Access for Access {
                     "anonymous uploads must send a plain body with Content-Length, not aws-chunked"
                 ));
             }
+            // No signature vouches for it, and the proxy checks it only
+            // in the one form it can (`trailer`).
+            if let Some(v) = h.get("x-amz-content-sha256")
+                && v != "UNSIGNED-PAYLOAD"
+                && !crate::trailer::is_sha256_hex(v.as_bytes())
+            {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "x-amz-content-sha256 must be the body's SHA-256 in lower-case hex, or UNSIGNED-PAYLOAD: {:?} cannot be checked",
+                    String::from_utf8_lossy(v.as_bytes())
+                ));
+            }
+        }
+        if let Some(v) = cx.headers().get("content-md5") {
+            use base64::Engine as _;
+            let digest = base64::engine::general_purpose::STANDARD.decode(v.as_bytes());
+            if digest.map_or(true, |d| d.len() != 16) {
+                return Err(s3_error!(
+                    InvalidDigest,
+                    "Content-MD5 must be the base64 of the body's 16-byte MD5"
+                ));
+            }
         }
         if let Some(share) = self.body_share(cx, op).await? {
             cx.extensions_mut().insert(share);

@@ -97,10 +97,33 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             // cannot hold either.
             let deadline = (body_read == crate::early::BodyRead::Whole)
                 .then(|| Box::pin(tokio::time::sleep(this.gate.client_idle())));
+            // A body read whole is checked against its integrity values
+            // here: s3s checks none of them on these bodies.
+            let whole = (body_read == crate::early::BodyRead::Whole).then(|| {
+                let anonymous = !req.headers().contains_key(http::header::AUTHORIZATION)
+                    && !req
+                        .uri()
+                        .query()
+                        .is_some_and(|q| q.contains("X-Amz-Signature="));
+                let complete = req
+                    .uri()
+                    .query()
+                    .is_some_and(|q| q.split('&').any(|p| p.starts_with("uploadId=")));
+                (req.headers().clone(), anonymous, complete)
+            });
+            let mut whole_verdict = None;
             let req = fencegate_net::track_request_body(req).map(|body| {
                 let mut body = DrainOnDrop::new(body, expects_continue, polled.clone());
                 body.deadline = deadline;
-                s3s::Body::http_body_unsync(body)
+                match whole {
+                    Some((headers, anonymous, complete)) => {
+                        let (checked, verdict) =
+                            crate::trailer::check_whole(body, &headers, anonymous, complete);
+                        whole_verdict = Some(verdict);
+                        s3s::Body::http_body_unsync(checked)
+                    }
+                    None => s3s::Body::http_body_unsync(body),
+                }
             });
             let call = async {
                 // Awaited apart, so the edge's future is gone before s3s's
@@ -121,6 +144,9 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                     )
                 }
             };
+            if let Some(e) = whole_verdict.and_then(|v| v.failed()) {
+                resp = e.to_http_response().unwrap_or(resp);
+            }
             // A client that asked for `100 Continue` and got a final answer
             // instead may still send its body (botocore does, when the
             // answer took over a second): on a reused connection those

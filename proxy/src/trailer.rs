@@ -1,5 +1,14 @@
-//! Checksums sent as `aws-chunked` trailers, checked before the last byte
-//! of the body goes on to the store.
+//! Every integrity value a request body comes with, checked by the proxy
+//! before the last byte of the body goes on to the store: on every path
+//! (the lean PutObject, the SDK's, parts; signed or anonymous), whatever
+//! the store checks itself (RGW 16.2 ignores `x-amz-checksum-*`, and s3s
+//! checks no anonymous `x-amz-content-sha256`).
+//!
+//! The values: `Content-MD5`, each `x-amz-checksum-*` header, the checksum
+//! an `aws-chunked` trailer carries, and, on an anonymous request, a
+//! SHA-256 `x-amz-content-sha256` (a signed request's is checked with its
+//! signature, by s3s or the edge). A value of any other form is refused
+//! before the body is read (`access`).
 //!
 //! A client that sends its body `aws-chunked` with a trailing checksum
 //! (botocore's default: `x-amz-trailer: x-amz-checksum-crc32`, unsigned
@@ -77,55 +86,273 @@ impl Verdict {
     }
 }
 
-/// Wraps `body` when s3s decoded it from `aws-chunked` (`headers`): held
-/// to its declared length, and to the checksum its trailer carries when
-/// `x-amz-trailer` announced one (`trailing`: the trailer s3s parses).
-/// Other bodies are left as they are. The verdict says why a checked body
-/// failed, if it does.
+/// Wraps `body` to be checked against every integrity value the request
+/// carries (`headers`; `trailing`: the trailer s3s parses; `anonymous`:
+/// no signature vouched for the payload hash), and, when s3s decoded it
+/// from `aws-chunked`, held to its declared length. A body with nothing
+/// to check is left as it is. The verdict says why a checked body failed,
+/// if it does.
 pub fn check(
     body: &mut Option<StreamingBlob>,
     headers: &HeaderMap,
     trailing: Option<&TrailingHeaders>,
+    anonymous: bool,
 ) -> Verdict {
     let verdict = Verdict::default();
-    if !chunked(headers) {
+    let digests = Digests::wanted(headers, trailing, anonymous);
+    let chunked = chunked(headers);
+    if !chunked && digests.is_none() {
         return verdict;
     }
     let Some(inner) = body.take() else {
         return verdict;
     };
-    let announced = headers
-        .get("x-amz-trailer")
-        .map(|a| String::from_utf8_lossy(a.as_bytes()).to_ascii_lowercase());
-    let checksum = trailing.zip(announced).and_then(|(trailing, announced)| {
-        let index = NAMES
-            .iter()
-            .position(|n| announced.split(',').any(|a| a.trim() == *n))?;
-        let mut hasher = ChecksumHasher::default();
-        match index {
-            0 => hasher.crc32 = Some(s3s::crypto::Crc32::new()),
-            1 => hasher.crc32c = Some(s3s::crypto::Crc32c::new()),
-            2 => hasher.sha1 = Some(s3s::crypto::Sha1::new()),
-            3 => hasher.sha256 = Some(s3s::crypto::Sha256::new()),
-            _ => hasher.crc64nvme = Some(s3s::crypto::Crc64Nvme::new()),
-        }
-        Some(Trailer {
-            index,
-            hasher,
-            trailing: trailing.clone(),
-        })
-    });
-    let declared = inner.remaining_length().exact();
+    let declared = chunked.then(|| inner.remaining_length().exact()).flatten();
     *body = Some(StreamingBlob::new(Checked {
         inner,
         declared,
         len: 0,
-        checksum,
+        digests,
         held: None,
         done: false,
         verdict: verdict.clone(),
     }));
     verdict
+}
+
+/// Whether the request carries a value [`check`] verifies.
+pub fn carries_digests(headers: &HeaderMap, anonymous: bool) -> bool {
+    Digests::wanted(headers, None, anonymous).is_some()
+}
+
+/// The digests a body is checked against, and their hashers.
+struct Digests {
+    hasher: ChecksumHasher,
+    md5: Option<s3s::crypto::Md5>,
+    wanted: Vec<Wanted>,
+}
+
+/// One value the body must match.
+enum Wanted {
+    /// `x-amz-checksum-*` (by index in [`NAMES`]), sent as a header.
+    Header { index: usize, value: String },
+    /// The same, announced by `x-amz-trailer` and sent in the trailer.
+    Trailer {
+        index: usize,
+        trailing: TrailingHeaders,
+    },
+    /// `Content-MD5`, base64.
+    Md5(String),
+    /// `x-amz-content-sha256` of an anonymous request, lower-case hex.
+    PayloadSha256(String),
+}
+
+impl Digests {
+    fn wanted(
+        headers: &HeaderMap,
+        trailing: Option<&TrailingHeaders>,
+        anonymous: bool,
+    ) -> Option<Digests> {
+        let mut wanted = Vec::new();
+        for (index, name) in NAMES.iter().enumerate() {
+            if let Some(v) = headers.get(*name) {
+                wanted.push(Wanted::Header {
+                    index,
+                    value: String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
+                });
+            }
+        }
+        let announced = headers
+            .get("x-amz-trailer")
+            .map(|a| String::from_utf8_lossy(a.as_bytes()).to_ascii_lowercase());
+        if let Some((trailing, announced)) = trailing.zip(announced)
+            && let Some(index) = NAMES
+                .iter()
+                .position(|n| announced.split(',').any(|a| a.trim() == *n))
+        {
+            wanted.push(Wanted::Trailer {
+                index,
+                trailing: trailing.clone(),
+            });
+        }
+        if let Some(v) = headers.get("content-md5") {
+            wanted.push(Wanted::Md5(
+                String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
+            ));
+        }
+        if anonymous
+            && let Some(v) = headers.get("x-amz-content-sha256")
+            && is_sha256_hex(v.as_bytes())
+        {
+            wanted.push(Wanted::PayloadSha256(
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            ));
+        }
+        if wanted.is_empty() {
+            return None;
+        }
+        let mut hasher = ChecksumHasher::default();
+        let mut md5 = None;
+        for w in &wanted {
+            match w {
+                Wanted::Header { index, .. } | Wanted::Trailer { index, .. } => match index {
+                    0 => hasher.crc32 = Some(s3s::crypto::Crc32::new()),
+                    1 => hasher.crc32c = Some(s3s::crypto::Crc32c::new()),
+                    2 => hasher.sha1 = Some(s3s::crypto::Sha1::new()),
+                    3 => hasher.sha256 = Some(s3s::crypto::Sha256::new()),
+                    _ => hasher.crc64nvme = Some(s3s::crypto::Crc64Nvme::new()),
+                },
+                Wanted::Md5(_) => md5 = Some(s3s::crypto::Md5::new()),
+                Wanted::PayloadSha256(_) => hasher.sha256 = Some(s3s::crypto::Sha256::new()),
+            }
+        }
+        Some(Digests {
+            hasher,
+            md5,
+            wanted,
+        })
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        self.hasher.update(data);
+        if let Some(m) = self.md5.as_mut() {
+            m.update(data);
+        }
+    }
+
+    /// Whether the data matches every value wanted; the first it does not
+    /// match, said.
+    fn verify(self) -> Result<(), String> {
+        use base64::Engine as _;
+        let md5 = self
+            .md5
+            .map(|m| base64::engine::general_purpose::STANDARD.encode(m.finalize()));
+        let got = by_name(self.hasher.finalize());
+        for w in self.wanted {
+            match w {
+                Wanted::Header { index, value } => {
+                    if got[index].as_deref() != Some(value.as_str()) {
+                        return Err(format!(
+                            "the body does not match its {} header",
+                            NAMES[index]
+                        ));
+                    }
+                }
+                Wanted::Trailer { index, trailing } => {
+                    let name = NAMES[index];
+                    let sent = trailing
+                        .read(|h| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned))
+                        .flatten()
+                        .ok_or_else(|| {
+                            format!(
+                                "x-amz-trailer announced {name}, but the trailer did not carry it"
+                            )
+                        })?;
+                    if got[index].as_deref() != Some(sent.trim()) {
+                        return Err(format!("the body does not match its trailing {name}"));
+                    }
+                }
+                Wanted::Md5(value) => {
+                    if md5.as_deref() != Some(value.as_str()) {
+                        return Err("the body does not match its Content-MD5".into());
+                    }
+                }
+                Wanted::PayloadSha256(hex) => {
+                    let sha = got[3]
+                        .as_deref()
+                        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                        .map(hex::encode);
+                    if sha.as_deref() != Some(hex.as_str()) {
+                        return Err("the body's SHA-256 is not its x-amz-content-sha256".into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A body s3s reads whole (the XML of DeleteObjects and Complete),
+    /// checked against the integrity values its request carries: at its
+    /// end, a mismatch fails it, and the verdict says why (s3s would
+    /// answer a failed read 500; the server answers the verdict's 400).
+    pub struct WholeChecked<B> {
+        #[pin]
+        inner: B,
+        digests: Option<Digests>,
+        verdict: Verdict,
+    }
+}
+
+/// Wraps a body read whole; see [`WholeChecked`]. `anonymous`: the request
+/// is not signed (its payload hash is then checked here too). `complete`:
+/// the body is a CompleteMultipartUpload's, whose `x-amz-checksum-*`
+/// headers are the whole object's (the store checks them), not the XML's.
+pub fn check_whole<B>(
+    inner: B,
+    headers: &HeaderMap,
+    anonymous: bool,
+    complete: bool,
+) -> (WholeChecked<B>, Verdict) {
+    let verdict = Verdict::default();
+    let mut digests = Digests::wanted(headers, None, anonymous);
+    if complete && let Some(d) = digests.as_mut() {
+        d.wanted
+            .retain(|w| matches!(w, Wanted::Md5(_) | Wanted::PayloadSha256(_)));
+    }
+    let body = WholeChecked {
+        inner,
+        digests: digests.filter(|d| !d.wanted.is_empty()),
+        verdict: verdict.clone(),
+    };
+    (body, verdict)
+}
+
+impl<B> http_body::Body for WholeChecked<B>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<StdError>,
+{
+    type Data = Bytes;
+    type Error = StdError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, StdError>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(d)) = (frame.data_ref(), this.digests.as_mut()) {
+                    d.update(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => match this.digests.take().map(Digests::verify) {
+                Some(Err(why)) => {
+                    this.verdict.set(s3s::S3ErrorCode::BadDigest, why.clone());
+                    Poll::Ready(Some(Err(Box::new(Mismatch(why)))))
+                }
+                _ => Poll::Ready(None),
+            },
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.digests.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether `v` is a SHA-256 in lower-case hex.
+pub fn is_sha256_hex(v: &[u8]) -> bool {
+    v.len() == 64 && v.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Whether s3s decoded the request's body from `aws-chunked`.
@@ -143,12 +370,12 @@ fn chunked(headers: &HeaderMap) -> bool {
             })
 }
 
-/// Reads an `aws-chunked` body that declares no data to its end before
-/// anything is sent, so that its trailer is checked: a sender never polls
-/// a body of length 0, and the store would commit the empty object
-/// whatever checksum the trailer carried. Call it on the watched body
-/// (`Gate::watch_body`), which a raise or a silent client cuts. Other
-/// bodies are left alone.
+/// Reads a checked body (`aws-chunked`, or with a value to match) that
+/// declares no data to its end before anything is sent, so that its
+/// values are checked: a sender never polls a body of length 0, and the
+/// store would commit the empty object whatever they said. Call it on the
+/// watched body (`Gate::watch_body`), which a raise or a silent client
+/// cuts. Other bodies are left alone.
 pub async fn settle_empty(
     body: &mut Option<StreamingBlob>,
     headers: &HeaderMap,
@@ -157,7 +384,8 @@ pub async fn settle_empty(
     let Some(inner) = body.as_mut() else {
         return Ok(());
     };
-    if !chunked(headers) || inner.remaining_length().exact() != Some(0) {
+    let checked = chunked(headers) || carries_digests(headers, true);
+    if !checked || inner.remaining_length().exact() != Some(0) {
         return Ok(());
     }
     while let Some(chunk) = futures::StreamExt::next(inner).await {
@@ -170,40 +398,13 @@ pub async fn settle_empty(
     Ok(())
 }
 
-/// The checksum a trailer announced: which of [`NAMES`], the data's hash
-/// so far, and the trailer s3s fills in at the end.
-struct Trailer {
-    index: usize,
-    hasher: ChecksumHasher,
-    trailing: TrailingHeaders,
-}
-
-impl Trailer {
-    /// Whether the data matches the checksum the trailer carried.
-    fn verify(self) -> Result<(), String> {
-        let name = NAMES[self.index];
-        let sent = self
-            .trailing
-            .read(|h| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned))
-            .flatten()
-            .ok_or_else(|| {
-                format!("x-amz-trailer announced {name}, but the trailer did not carry it")
-            })?;
-        let got = by_name(self.hasher.finalize());
-        if got[self.index].as_deref() != Some(sent.trim()) {
-            return Err(format!("the body does not match its trailing {name}"));
-        }
-        Ok(())
-    }
-}
-
 /// The body of [`check`].
 struct Checked {
     inner: StreamingBlob,
     /// The decoded length the request declared, and how much arrived.
     declared: Option<usize>,
     len: usize,
-    checksum: Option<Trailer>,
+    digests: Option<Digests>,
     /// The chunk kept back until the next one (or the checked end) arrives.
     held: Option<Bytes>,
     done: bool,
@@ -249,8 +450,8 @@ impl Stream for Checked {
                             this.fail(s3s::S3ErrorCode::IncompleteBody, why)
                         )));
                     }
-                    if let Some(t) = this.checksum.as_mut() {
-                        t.hasher.update(&chunk);
+                    if let Some(d) = this.digests.as_mut() {
+                        d.update(&chunk);
                     }
                     if let Some(previous) = this.held.replace(chunk) {
                         return Poll::Ready(Some(Ok(previous)));
@@ -274,7 +475,7 @@ impl Stream for Checked {
                         )));
                     }
                     this.done = true;
-                    if let Some(Err(why)) = this.checksum.take().map(Trailer::verify) {
+                    if let Some(Err(why)) = this.digests.take().map(Digests::verify) {
                         return Poll::Ready(Some(Err(this.fail(s3s::S3ErrorCode::BadDigest, why))));
                     }
                 }

@@ -68,6 +68,7 @@ impl Write {
             &mut req.input.body,
             &req.headers,
             req.trailing_headers.as_ref(),
+            req.credentials.is_none(),
         );
         let input = &mut req.input;
         (input.if_match, input.if_none_match) = conditions(
@@ -112,7 +113,7 @@ impl Write {
         let (true, Some(held)) = (self.presumed, held) else {
             let body = crate::lean::body_of(body);
             let call = async move { lean.send(put, conds, dialect, body).await };
-            let sent = gate.call_write(Box::pin(call), watch).await;
+            let sent = bad_digest(gate.call_write(Box::pin(call), watch).await, &verdict);
             return gate.finish(self, sent, put_holds(token)).await;
         };
 
@@ -124,7 +125,9 @@ impl Write {
             Err(e) => {
                 let e = crate::body::unless_stalled(
                     watch.as_ref(),
-                    s3s::s3_error!(IncompleteBody, "the request body ended early: {e}"),
+                    verdict.failed().unwrap_or_else(|| {
+                        s3s::s3_error!(IncompleteBody, "the request body ended early: {e}")
+                    }),
                 );
                 return gate
                     .finish(self, Sent::Answered(Err(e)), put_holds(token))
@@ -369,6 +372,7 @@ impl Gate {
             &mut req.input.body,
             &req.headers,
             req.trailing_headers.as_ref(),
+            req.credentials.is_none(),
         );
         let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
         if let Err(e) =
