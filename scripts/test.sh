@@ -21,4 +21,4 @@ cargo test --workspace --locked
 echo "==> cargo test, lease services on etcd"
 FENCEGATE_TEST_LEASE_BACKEND=etcd cargo test --workspace --locked \
   --test locksvc --test adversarial_locksvc --test run_cmd --test rotation --test tls --test faults \
-  --test status_page
+  --test status_page --test locksvc_browser

@@ -7,7 +7,7 @@ use clap::Args;
 use fencegate_core::FencingToken;
 use fencegate_lease_api::{
     AcquireRequest, ClientError, ErrorCode, ErrorResponse, LeaseResponse, LockStatusResponse,
-    ReleaseRequest, ReleaseResponse, RenewRequest,
+    ReleaseRequest, ReleaseResponse, RenewRequest, Urls,
 };
 use fencegate_net::tls::ClientTls;
 use std::path::PathBuf;
@@ -17,13 +17,15 @@ use std::time::Duration;
 #[derive(Debug, Clone, Args)]
 pub struct LocksvcConn {
     /// URL of the lease service (https:// when it serves TLS), or the URLs
-    /// of its replicas separated by commas, tried in turn.
+    /// of its replicas separated by commas, tried in turn: all https:// or
+    /// all http://, never both (a failover would send the token in clear).
     #[arg(
         long,
         env = "FENCEGATE_LOCKSVC",
-        default_value = "http://127.0.0.1:7070"
+        default_value = "http://127.0.0.1:7070",
+        value_parser = Urls::parse
     )]
-    pub locksvc: String,
+    pub locksvc: Urls,
     /// API key for the lease service, if it requires one.
     #[arg(long, env = "FENCEGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -66,24 +68,23 @@ pub struct Client {
 
 impl Client {
     pub fn new(conn: LocksvcConn) -> anyhow::Result<Client> {
+        // `Urls`: one scheme for every replica (a failover from https:// to
+        // http:// would send the signed token in clear), checked by clap.
+        let urls = conn.locksvc;
         let tls = conn.tls.client_tls();
         // The signed token and the lease-bound credentials in every answer
         // are bearer secrets: TLS settings next to a plain URL are a
         // mistake worth stopping for, not a silent downgrade.
         anyhow::ensure!(
-            tls == ClientTls::default()
-                || fencegate_lease_api::client::urls(&conn.locksvc)
-                    .iter()
-                    .all(|u| u.starts_with("https://")),
-            "--ca-file / --client-cert (FENCEGATE_CA_FILE / FENCEGATE_CLIENT_CERT) are set, but the lease service URL {} is not https://",
-            conn.locksvc
+            tls == ClientTls::default() || urls.is_https(),
+            "--ca-file / --client-cert (FENCEGATE_CA_FILE / FENCEGATE_CLIENT_CERT) are set, but the lease service URL {urls} is not https://"
         );
         let http = tls
             .http_client()?
             .connect_timeout(Duration::from_secs(5))
             .build()?;
         Ok(Client {
-            api: fencegate_lease_api::Client::new(http, &conn.locksvc, conn.api_key),
+            api: fencegate_lease_api::Client::with_urls(http, urls, conn.api_key),
         })
     }
 

@@ -2,6 +2,7 @@
 //! embedded S3 backend (s3s-fs) in a local directory. For trying fencegate
 //! out and for local development; not for production.
 
+use crate::open_files::Cap;
 use crate::services::shutdown_signal;
 use anyhow::Context as _;
 use clap::Args;
@@ -248,7 +249,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.locksvc_listen))?;
     let locksvc_addr = locksvc_listener.local_addr()?;
-    let locksvc_config = args.locksvc_config(locksvc_addr, key.clone());
+    let mut locksvc_config = args.locksvc_config(locksvc_addr, key.clone());
 
     // 3. The proxy, in front of the backend.
     let proxy_listener = TcpListener::bind(args.proxy_listen)
@@ -256,6 +257,26 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.proxy_listen))?;
     let proxy_addr = proxy_listener.local_addr()?;
     let mut proxy_config = args.proxy_config(proxy_addr, backend_addr, key);
+    // All three serve from one process, so from one open-file limit. A
+    // proxy connection holds three descriptors here: the client's, and
+    // both ends of its connection to the embedded backend. (The backend's
+    // own clients, rare in dev, are not counted.)
+    if let [locksvc, proxy] = crate::open_files::fit_caps(&[
+        Cap {
+            server: "the lease service",
+            max_connections: locksvc_config.max_connections,
+            files_per_connection: 1,
+        },
+        Cap {
+            server: "the proxy",
+            max_connections: proxy_config.max_connections,
+            files_per_connection: 3,
+        },
+    ])[..]
+    {
+        locksvc_config.max_connections = locksvc;
+        proxy_config.max_connections = proxy;
+    }
     // The proxy asks the lease service who owns each new token, so the
     // status page (/_fencegate/) names the zombie and the holder. Not when
     // the dev config trusts plain numbers: with locksvc_url, the proxy
@@ -304,13 +325,33 @@ fn banner(
     plain_tokens: bool,
 ) {
     let (ak, sk) = DEV_CLIENT_KEY;
+    let first = format!(
+        "fencegate dev listening on http://{proxy} (locksvc http://{locksvc}, backend http://{backend})"
+    );
+    if crate::json_logs() {
+        // One JSON line, the addresses also in fields; the walkthrough
+        // below is for a person at a terminal.
+        tracing::info!(
+            target: crate::BANNER,
+            service = "dev",
+            url = %format_args!("http://{proxy}"),
+            locksvc = %format_args!("http://{locksvc}"),
+            backend = %format_args!("http://{backend}"),
+            bucket = DEV_BUCKET,
+            access_key = ak,
+            data_dir = %data.display(),
+            accept_unsigned_tokens = plain_tokens,
+            "{first}"
+        );
+        return;
+    }
     let tokens = if plain_tokens {
         "signed, or any plain number (accept_unsigned_tokens)"
     } else {
         "the signed fencing_token only (plain numbers are refused)"
     };
     let text = format!(
-        r#"fencegate dev listening on http://{proxy} (locksvc http://{locksvc}, backend http://{backend})
+        r#"{first}
 
   fencing S3 proxy   http://{proxy}      bucket "{DEV_BUCKET}"; S3 keys {ak} / {sk}
                                          (anonymous requests with a Fencing-Token header are allowed)

@@ -13,6 +13,7 @@ mod credential_process;
 mod dev;
 mod fence_client;
 mod lease_cmd;
+mod open_files;
 mod probe_cmd;
 mod role_files;
 mod run_cmd;
@@ -20,6 +21,7 @@ mod services;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -88,6 +90,24 @@ impl Failure {
     }
 }
 
+/// The target of the line that announces a service's address. In JSON
+/// mode it is a log line on stdout (where scripts and the tests read the
+/// address), whatever `FENCEGATE_LOG` says; in text mode the plain banner
+/// is printed instead.
+pub const BANNER: &str = "fencegate::banner";
+/// The target of the error a command ends with in JSON mode: never
+/// filtered out, as the plain text one is never silenced.
+const EXIT: &str = "fencegate::exit";
+
+/// Whether log lines are JSON (`FENCEGATE_LOG_FORMAT=json`).
+static JSON_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// Whether log lines are JSON: then every line fencegate writes on stdout
+/// and stderr is a JSON object, the banner too.
+pub fn json_logs() -> bool {
+    JSON_LOGS.load(Ordering::Relaxed)
+}
+
 fn init_tracing() {
     // s3s logs every client error at ERROR; the proxy logs what matters
     // itself, so s3s stays quiet unless FENCEGATE_LOG names it.
@@ -102,29 +122,56 @@ fn init_tracing() {
     if !wanted.contains("rustls") {
         directives.push_str(",rustls=error");
     }
-    let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,s3s=off,s3s_aws=off,s3s_fs=off")
-    });
-    // Colours only on a terminal, not in a log file or a pipe.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+    let filter = |extra: &str| {
+        tracing_subscriber::EnvFilter::try_new(format!("{directives}{extra}")).unwrap_or_else(
+            |_| {
+                tracing_subscriber::EnvFilter::new(format!(
+                    "info,s3s=off,s3s_aws=off,s3s_fs=off{extra}"
+                ))
+            },
+        )
+    };
     // FENCEGATE_LOG_FORMAT=json: one JSON object per line (fields flattened
     // beside "message", "level", "target" and "timestamp"), for log
-    // pipelines. Any other value logs as text, with a warning first.
+    // pipelines; the banner is one too, on stdout. Any other value logs as
+    // text, with a warning first.
     match log_format() {
-        Ok(LogFormat::Json) => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .init(),
-        Ok(LogFormat::Text) => builder.init(),
-        Err(bad) => {
-            builder.init();
-            tracing::warn!(
-                "FENCEGATE_LOG_FORMAT={bad:?} is neither \"text\" nor \"json\"; logging as text"
-            );
+        Ok(LogFormat::Json) => {
+            use tracing_subscriber::Layer as _;
+            use tracing_subscriber::layer::SubscriberExt as _;
+            use tracing_subscriber::util::SubscriberInitExt as _;
+            JSON_LOGS.store(true, Ordering::Relaxed);
+            let logs = tracing_subscriber::fmt::layer()
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_writer(std::io::stderr)
+                .with_filter(filter(&format!(",{BANNER}=off,{EXIT}=error")));
+            let banner = tracing_subscriber::fmt::layer()
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_writer(std::io::stdout)
+                .with_filter(tracing_subscriber::filter::filter_fn(|m| {
+                    m.target() == BANNER
+                }));
+            tracing_subscriber::registry()
+                .with(logs)
+                .with(banner)
+                .init();
+        }
+        format => {
+            // Colours only on a terminal, not in a log file or a pipe.
+            tracing_subscriber::fmt()
+                .with_env_filter(filter(""))
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_writer(std::io::stderr)
+                .init();
+            if let Err(bad) = format {
+                tracing::warn!(
+                    "FENCEGATE_LOG_FORMAT={bad:?} is neither \"text\" nor \"json\"; logging as text"
+                );
+            }
         }
     }
 }
@@ -197,7 +244,11 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("fencegate: {e:#}");
+            if json_logs() {
+                tracing::error!(target: EXIT, "fencegate: {e:#}");
+            } else {
+                eprintln!("fencegate: {e:#}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

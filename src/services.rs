@@ -1,6 +1,7 @@
 //! `fencegate locksvc` and `fencegate proxy`: load config, bind, serve
 //! until SIGINT/SIGTERM, then shut down gracefully; `fencegate health`.
 
+use crate::open_files::{self, Cap};
 use anyhow::Context as _;
 use clap::Args;
 use fencegate_locksvc::LocksvcConfig;
@@ -77,25 +78,35 @@ pub fn read_config_text(path: &Option<PathBuf>) -> anyhow::Result<String> {
 }
 
 /// Announces the bound address on stdout (first line; tests and scripts
-/// read it to find a port chosen by the OS).
-pub fn announce(service: &str, addr: SocketAddr, tls: bool) {
+/// read it to find a port chosen by the OS): `fencegate locksvc listening
+/// on http://127.0.0.1:7070`, or with `FENCEGATE_LOG_FORMAT=json` a JSON
+/// log line with the URL in `url` (and in its message, followed by a
+/// blank: scripts cut the URL there).
+pub fn announce(service: &str, addr: SocketAddr, tls: bool, max_connections: usize) {
     let scheme = if tls { "https" } else { "http" };
+    let url = format!("{scheme}://{addr}");
+    if crate::json_logs() {
+        tracing::info!(
+            target: crate::BANNER,
+            service,
+            url = %url,
+            max_connections,
+            "fencegate {service} listening on {url} (max_connections {max_connections})"
+        );
+        return;
+    }
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "fencegate {service} listening on {scheme}://{addr}");
+    let _ = writeln!(out, "fencegate {service} listening on {url}");
     let _ = out.flush();
 }
 
-/// Raises the open-file limit as far as allowed, and warns if
-/// `max_connections` connections of `fds_per_connection` descriptors still
-/// would not fit: clients would then hang on EMFILE instead of getting the
-/// cap's 503.
-fn check_open_files(max_connections: usize, fds_per_connection: u64) {
-    if let Some(limit) = fencegate_net::raise_open_file_limit()
-        && let Some(warning) =
-            fencegate_net::open_file_limit_warning(limit, max_connections, fds_per_connection)
-    {
-        tracing::warn!("{warning}");
-    }
+/// `cap.max_connections`, or less if the open-file limit cannot hold it
+/// (see [`open_files`]).
+fn fit_cap(cap: Cap) -> usize {
+    open_files::fit_caps(&[cap])
+        .first()
+        .copied()
+        .unwrap_or(cap.max_connections)
 }
 
 pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
@@ -106,7 +117,7 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
     if let Some(db) = args.db {
         config.db = db;
     }
-    let config = config.validated()?;
+    let mut config = config.validated()?;
     if let Some(LocksvcAction::Migrate { from_db }) = &args.action {
         let etcd = config.etcd.as_ref().context(
             "migrate moves the locks to etcd: configure [etcd] (or FENCEGATE_ETCD_ENDPOINTS) and the epoch",
@@ -128,11 +139,20 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
-    check_open_files(config.max_connections, 1);
+    config.max_connections = fit_cap(Cap {
+        server: "the lease service",
+        max_connections: config.max_connections,
+        files_per_connection: 1,
+    });
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    announce("locksvc", listener.local_addr()?, config.tls.enabled());
+    announce(
+        "locksvc",
+        listener.local_addr()?,
+        config.tls.enabled(),
+        config.max_connections,
+    );
     fencegate_locksvc::run(listener, config, shutdown_signal()).await
 }
 
@@ -166,7 +186,7 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     if let Some(b) = args.backend {
         config.backend.endpoint = b;
     }
-    let config = config.validated()?;
+    let mut config = config.validated()?;
     if args.check {
         println!("configuration is valid");
         return Ok(());
@@ -174,13 +194,23 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     // Probe the backend before opening the port, so health checks fail
     // fast instead of hanging while the probe waits for the backend.
     let listen = config.listen;
-    // A client connection may hold one to the backend too.
-    check_open_files(config.max_connections, 2);
+    config.max_connections = fit_cap(Cap {
+        server: "the proxy",
+        max_connections: config.max_connections,
+        // A client connection may hold one to the backend too.
+        files_per_connection: 2,
+    });
+    let max_connections = config.max_connections;
     let proxy = fencegate_proxy::Proxy::build(config).await?;
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    announce("proxy", listener.local_addr()?, proxy.tls());
+    announce(
+        "proxy",
+        listener.local_addr()?,
+        proxy.tls(),
+        max_connections,
+    );
     proxy.serve(listener, shutdown_signal()).await
 }
 

@@ -94,6 +94,7 @@ fn kill_9_during_a_burst_never_reissues_a_token() {
                         let body = format!(r#"{{"owner":"w{w}-{i}","ttl_ms":60000}}"#);
                         let resp = client
                             .post(format!("{url}/v1/locks/burst-{cycle}-{w}-{i}/acquire"))
+                            .header("content-type", "application/json")
                             .body(body)
                             .send();
                         let Ok(resp) = resp else { return };

@@ -3,7 +3,8 @@
 //!
 //! The rules, for a lock `L` at time `now`:
 //! - a waiter joins the back of `L`'s line, unless the line already holds
-//!   `max_per_lock` waiters;
+//!   `max_per_lock` waiters, or its [`Party`] already holds its
+//!   [`share`] of them ([`admit`], the rule both backends apply);
 //! - when `L` is free, its first waiter still waiting is granted it (by the
 //!   [`LockTable`], so with a new token); the others keep waiting behind the
 //!   new holder;
@@ -25,10 +26,61 @@ use crate::time::Timestamp;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+/// Who a waiter is, for the share of a line one caller may hold. Opaque
+/// here: the service derives it from the caller's API key, or, without
+/// keys, from the client's address (an owner name proves nothing: anyone
+/// can send any).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Party(String);
+
+impl Party {
+    pub fn new(id: impl Into<String>) -> Party {
+        Party(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Most places in one lock's line that one [`Party`] may hold: a quarter
+/// of the line, rounded up, and at least one. A caller that is not the
+/// holder can then fill at most a quarter of the line; it takes four
+/// parties to shut the rightful next holder out.
+pub fn share(max_per_lock: usize) -> usize {
+    max_per_lock.div_ceil(4).max(1)
+}
+
+/// Why a waiter may not join a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineFull {
+    /// The line holds `max` waiters.
+    Line { max: usize },
+    /// The waiter's party already holds `share` places in it.
+    Share { share: usize },
+}
+
+/// Whether a waiter may join a line in which `ahead` waiters are before
+/// it, `ahead_of_party` of them its own party's. Both backends decide
+/// with this, so the bounds mean the same on SQLite and on etcd: with
+/// `max_per_lock = 2`, two waiters wait and a third is refused.
+pub fn admit(ahead: usize, ahead_of_party: usize, max_per_lock: usize) -> Result<(), LineFull> {
+    if ahead >= max_per_lock {
+        return Err(LineFull::Line { max: max_per_lock });
+    }
+    let share = share(max_per_lock);
+    if ahead_of_party >= share {
+        return Err(LineFull::Share { share });
+    }
+    Ok(())
+}
+
 /// An acquire waiting in line.
 #[derive(Debug)]
 pub struct Waiter<R> {
     pub owner: String,
+    /// Who asked, for its [`share`] of the line.
+    pub party: Party,
     pub key: Option<KeyDigest>,
     pub ttl: Duration,
     /// Answered with the holder when this passes with the lock still held.
@@ -45,10 +97,6 @@ pub enum Served<R> {
     /// Its deadline passed with the lock held by `holder`.
     TimedOut { reply: R, holder: Lease },
 }
-
-/// A line was full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LineFull;
 
 /// The lines of every lock that has waiters.
 #[derive(Debug)]
@@ -79,11 +127,15 @@ impl<R> Lines<R> {
     }
 
     /// Puts `waiter` at the back of `lock`'s line; gives it back if the
-    /// line is full.
+    /// line is full or its party holds its share of it ([`admit`]).
     pub fn join(&mut self, lock: LockName, waiter: Waiter<R>) -> Result<(), (LineFull, Waiter<R>)> {
-        let line = self.lines.entry(lock).or_default();
-        if line.len() >= self.max_per_lock {
-            return Err((LineFull, waiter));
+        let line = self.lines.entry(lock.clone()).or_default();
+        let of_party = line.iter().filter(|w| w.party == waiter.party).count();
+        if let Err(full) = admit(line.len(), of_party, self.max_per_lock) {
+            if line.is_empty() {
+                self.lines.remove(&lock);
+            }
+            return Err((full, waiter));
         }
         line.push_back(waiter);
         self.waiting += 1;
@@ -169,6 +221,8 @@ mod tests {
     fn waiter(owner: &str, wait_ms: u64) -> Waiter<&'static str> {
         Waiter {
             owner: owner.to_owned(),
+            // Each owner its own party, unless a test says otherwise.
+            party: Party::new(owner),
             key: None,
             ttl: Duration::from_millis(1000),
             deadline: T0.saturating_add(Duration::from_millis(wait_ms)),
@@ -241,7 +295,56 @@ mod tests {
         let mut lines: Lines<&str> = Lines::new(1);
         lines.join(lock(), waiter("a", 10)).expect("room");
         let (full, back) = lines.join(lock(), waiter("b", 10)).expect_err("full");
-        assert_eq!((full, back.owner.as_str()), (LineFull, "b"));
+        assert_eq!(
+            (full, back.owner.as_str()),
+            (LineFull::Line { max: 1 }, "b")
+        );
         assert_eq!(lines.waiting(), 1);
+    }
+
+    #[test]
+    fn max_per_lock_waiters_wait_and_the_next_is_refused() {
+        let mut lines: Lines<&str> = Lines::new(2);
+        lines.join(lock(), waiter("a", 10)).expect("first waits");
+        lines.join(lock(), waiter("b", 10)).expect("second waits");
+        let (full, _) = lines.join(lock(), waiter("c", 10)).expect_err("third");
+        assert_eq!(full, LineFull::Line { max: 2 });
+        assert_eq!(lines.len(&lock()), 2);
+    }
+
+    #[test]
+    fn one_party_holds_at_most_its_share_and_others_still_get_in() {
+        assert_eq!([1, 2, 3, 4, 5, 8, 1024].map(share), [1, 1, 1, 1, 2, 2, 256]);
+        let mut lines: Lines<&str> = Lines::new(8);
+        let filler = |n: usize| Waiter {
+            party: Party::new("filler"),
+            ..waiter(&format!("f{n}"), 10)
+        };
+        lines.join(lock(), filler(1)).expect("within its share");
+        lines.join(lock(), filler(2)).expect("within its share");
+        let (full, back) = lines.join(lock(), filler(3)).expect_err("share used");
+        assert_eq!(
+            (full, back.owner.as_str()),
+            (LineFull::Share { share: 2 }, "f3")
+        );
+        // The rightful next holder, another party, still joins.
+        lines
+            .join(lock(), waiter("next", 10))
+            .expect("room for others");
+        assert_eq!(lines.len(&lock()), 3);
+        // A refused join on a lock without a line leaves no empty line.
+        let mut none: Lines<&str> = Lines::new(0);
+        assert!(none.join(lock(), waiter("a", 10)).is_err());
+        assert!(none.locks().is_empty());
+    }
+
+    #[test]
+    fn admit_counts_only_the_waiters_ahead() {
+        assert_eq!(admit(0, 0, 2), Ok(()));
+        assert_eq!(admit(1, 0, 2), Ok(()));
+        assert_eq!(admit(2, 0, 2), Err(LineFull::Line { max: 2 }));
+        assert_eq!(admit(1, 1, 2), Err(LineFull::Share { share: 1 }));
+        assert_eq!(admit(5, 1, 8), Ok(()));
+        assert_eq!(admit(5, 2, 8), Err(LineFull::Share { share: 2 }));
     }
 }

@@ -22,7 +22,7 @@ use fencegate_core::FencingToken;
 use serde::{Deserialize, Serialize};
 
 pub mod client;
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, Urls, UrlsError};
 
 /// The paths of the API.
 pub mod path {
@@ -211,11 +211,18 @@ pub enum ErrorCode {
     TooManyWaiters,
     StorageUnavailable,
     ShuttingDown,
+    /// The request's `Host` is not a name the service answers to (a web
+    /// page reached through DNS rebinding carries its own name there).
+    HostNotAllowed,
+    /// The request carries an `Origin` header: a web page sent it.
+    BrowserRequestRefused,
+    /// A request body that is not declared `application/json`.
+    UnsupportedMediaType,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 19] = {
+    pub const ALL: [ErrorCode; 22] = {
         use ErrorCode::*;
         [
             InvalidRequest,
@@ -237,6 +244,9 @@ impl ErrorCode {
             TooManyWaiters,
             StorageUnavailable,
             ShuttingDown,
+            HostNotAllowed,
+            BrowserRequestRefused,
+            UnsupportedMediaType,
         ]
     };
 
@@ -252,11 +262,16 @@ impl ErrorCode {
             | InvalidIdempotencyKey
             | SignedTokenRequired => 400,
             Unauthorized => 401,
-            LockNotAllowed | FencingTokenSignatureInvalid | FencingTokenWrongLock => 403,
+            LockNotAllowed
+            | FencingTokenSignatureInvalid
+            | FencingTokenWrongLock
+            | BrowserRequestRefused => 403,
             NotFound => 404,
             MethodNotAllowed => 405,
             LockHeld | LeaseLost => 409,
             BodyTooLarge => 413,
+            UnsupportedMediaType => 415,
+            HostNotAllowed => 421,
             TooManyWaiters => 429,
             StorageUnavailable | ShuttingDown => 503,
         }
@@ -285,6 +300,9 @@ impl ErrorCode {
             TooManyWaiters => "TooManyWaiters",
             StorageUnavailable => "StorageUnavailable",
             ShuttingDown => "ShuttingDown",
+            HostNotAllowed => "HostNotAllowed",
+            BrowserRequestRefused => "BrowserRequestRefused",
+            UnsupportedMediaType => "UnsupportedMediaType",
         }
     }
 }

@@ -24,12 +24,15 @@
 //! | 403    | `LockNotAllowed`                | the API key's lock patterns do not match the lock (field `lock`) |
 //! | 403    | `FencingTokenSignatureInvalid`  | the signed token's MAC does not verify                           |
 //! | 403    | `FencingTokenWrongLock`         | a genuine signed token of another lock                           |
+//! | 403    | `BrowserRequestRefused`         | a `/v1/` request with an `Origin` header (a web page sent it)    |
 //! | 404    | `NotFound`                      | no such endpoint                                                 |
 //! | 405    | `MethodNotAllowed`              | wrong method                                                     |
 //! | 409    | `LockHeld`                      | someone else holds the lock (`holder`, `expires_at_ms`)          |
 //! | 409    | `LeaseLost`                     | the token is not the live lease's (`current_token`, `current_owner`) |
 //! | 413    | `BodyTooLarge`                  | body above `max_body_bytes`                                      |
-//! | 429    | `TooManyWaiters`                | the lock's line is full                                          |
+//! | 415    | `UnsupportedMediaType`          | a body not declared `Content-Type: application/json`             |
+//! | 421    | `HostNotAllowed`                | `Host` is not a name the service answers to (`allowed_hosts`)    |
+//! | 429    | `TooManyWaiters`                | the lock's line is full, or the caller holds its share of it     |
 //! | 503    | `StorageUnavailable`, `ShuttingDown` | retry                                                       |
 //!
 //! **Who gets a capability.** The signed token, the lease-bound S3
@@ -39,9 +42,16 @@
 //! the grant answers that request and no other), a re-acquire that presents
 //! the first acquire's `idempotency_key`, and a renewal that presents the
 //! signed token. Refusals carry numbers and names only.
+//!
+//! **Who is refused before any of that** (`browser`): a request whose
+//! `Host` the service does not answer to (every path but `/health`), and on
+//! `/v1/` one with an `Origin` or a body not declared JSON, so that a web
+//! page cannot take a lease (DNS rebinding, CSRF). The Host rule runs
+//! first; the `/v1/` rule after authentication.
 
 use crate::auth::{Caller, Keyring};
 use crate::backend::Leases;
+use crate::browser::{self, AllowedHosts, Refusal};
 use crate::config::LocksvcConfig;
 use crate::engine::{EngineError, LockStatus};
 use crate::metrics::Metrics;
@@ -55,6 +65,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use fencegate_core::FencingToken;
+use fencegate_core::line::{LineFull, Party};
 use fencegate_core::{Lease, LockName, TokenKeys};
 pub use fencegate_lease_api::{
     AcquireRequest, ErrorBody, ErrorCode, ErrorResponse, LeaseResponse, LockStatusResponse,
@@ -81,6 +92,7 @@ struct Inner {
     metrics: Arc<Metrics>,
     keys: TokenKeys,
     api_keys: Keyring,
+    hosts: AllowedHosts,
 }
 
 impl AppState {
@@ -99,7 +111,15 @@ impl AppState {
                 .collect(),
         )
         .ok_or_else(|| anyhow::anyhow!("signing_keys are invalid"))?;
-        let api_keys = Keyring::new(&config.api_keys)?;
+        // The first signing key keys the API keys' parties: the same on
+        // every replica, and secret (see `auth`).
+        let secret = config
+            .signing_keys
+            .first()
+            .map(|k| k.as_bytes().to_vec())
+            .unwrap_or_default();
+        let api_keys = Keyring::new(&config.api_keys, &secret)?;
+        let hosts = AllowedHosts::new(&config.allowed_hosts).map_err(anyhow::Error::msg)?;
         Ok(AppState {
             inner: Arc::new(Inner {
                 config,
@@ -107,18 +127,30 @@ impl AppState {
                 metrics,
                 keys,
                 api_keys,
+                hosts,
             }),
         })
     }
 }
 
-/// The router with every route, auth, and the body limit.
+/// The router with every route, auth, the browser rules, and the body
+/// limit.
 pub fn router(state: AppState) -> Router {
+    let rules = Arc::new(browser::Rules {
+        hosts: state.inner.hosts.clone(),
+        metrics: state.inner.metrics.clone(),
+    });
     let api = Router::new()
         .route("/v1/locks/{lock}/acquire", post(acquire))
         .route("/v1/locks/{lock}/renew", post(renew))
         .route("/v1/locks/{lock}/release", post(release))
         .route("/v1/locks/{lock}", get(status))
+        // Inside `authenticate` (added after it, so it runs first): a
+        // request without a valid key is told so, whatever its shape.
+        .route_layer(middleware::from_fn_with_state(
+            rules.clone(),
+            browser::shape_rule,
+        ))
         .route("/", get(page))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
@@ -128,6 +160,8 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.inner.config.max_body_bytes))
+        // Outermost: an unknown host gets nothing else, not even a 404.
+        .layer(middleware::from_fn_with_state(rules, browser::host_rule))
         .with_state(state)
 }
 
@@ -200,9 +234,17 @@ impl From<EngineError> for ApiError {
                 }
                 err
             }
-            EngineError::TooManyWaiters => ApiError::new(
+            EngineError::TooManyWaiters(LineFull::Line { max }) => ApiError::new(
                 ErrorCode::TooManyWaiters,
-                "too many clients are already waiting for this lock; retry later",
+                format!(
+                    "{max} clients already wait for this lock (max_waiters_per_lock); retry later"
+                ),
+            ),
+            EngineError::TooManyWaiters(LineFull::Share { share }) => ApiError::new(
+                ErrorCode::TooManyWaiters,
+                format!(
+                    "this caller already has {share} acquires waiting for this lock, its share of the line (a quarter of max_waiters_per_lock); retry when one of them is answered. A caller is its API key, or without API keys its address"
+                ),
             ),
             EngineError::InLine { waiting } => ApiError::new(
                 ErrorCode::LockHeld,
@@ -222,6 +264,45 @@ impl From<EngineError> for ApiError {
                 "the lease service is shutting down; retry",
             ),
         }
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> ApiError {
+        match r {
+            Refusal::Host { host } => ApiError::new(
+                ErrorCode::HostNotAllowed,
+                format!(
+                    "this lease service does not answer to host {host:?}: reach it by an IP address or localhost, or add the name to allowed_hosts in its configuration (FENCEGATE_LOCKSVC_ALLOWED_HOSTS). Unknown names are refused because a web page can reach the service under a name it controls (DNS rebinding)"
+                ),
+            ),
+            Refusal::AmbiguousHost => ApiError::new(
+                ErrorCode::HostNotAllowed,
+                "send exactly one Host header, naming a host this lease service answers to",
+            ),
+            Refusal::Origin { origin } => ApiError::new(
+                ErrorCode::BrowserRequestRefused,
+                format!(
+                    "this request carries Origin: {origin}, which web browsers send and API clients do not: the lease API does not serve web pages. Call it from a program (fencegate lease, fencegate run, or an HTTP client that sends no Origin header)"
+                ),
+            ),
+            Refusal::ContentType { found } => ApiError::new(
+                ErrorCode::UnsupportedMediaType,
+                format!(
+                    "send the request body as JSON with Content-Type: application/json ({})",
+                    match found {
+                        Some(t) => format!("this one is {t:?}"),
+                        None => "this one has no Content-Type".to_owned(),
+                    }
+                ),
+            ),
+        }
+    }
+}
+
+impl IntoResponse for browser::Refused {
+    fn into_response(self) -> Response {
+        ApiError::from(self.0).into_response()
     }
 }
 
@@ -346,6 +427,27 @@ pub fn decode_request(kind: RequestKind, body: &[u8]) -> Result<DecodedRequest, 
     }
 }
 
+/// Who the caller is in a lock's line ([`Caller::party`]): its API key,
+/// or without keys the address its connection comes from.
+#[derive(Debug, Clone)]
+pub struct WaiterParty(pub Party);
+
+impl<S: Send + Sync> FromRequestParts<S> for WaiterParty {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let peer = parts
+            .extensions
+            .get::<fencegate_net::PeerAddr>()
+            .map(|p| p.0);
+        let party = match parts.extensions.get::<Caller>() {
+            Some(caller) => caller.party(peer),
+            None => crate::auth::peer_party(peer),
+        };
+        Ok(WaiterParty(party))
+    }
+}
+
 /// The `{lock}` of the path, valid, and within the caller's API-key scope.
 /// Handlers get their lock only through this, so no endpoint can forget the
 /// scope check.
@@ -453,6 +555,7 @@ impl Inner {
 async fn acquire(
     State(state): State<AppState>,
     AllowedLock(lock): AllowedLock,
+    WaiterParty(party): WaiterParty,
     JsonBody(req): JsonBody<AcquireRequest>,
 ) -> Result<axum::Json<LeaseResponse>, ApiError> {
     let s = &state.inner;
@@ -467,7 +570,14 @@ async fn acquire(
     }
     let result = s
         .engine
-        .acquire(lock, req.owner.clone(), key.map(|k| k.digest()), ttl, wait)
+        .acquire(
+            lock,
+            req.owner.clone(),
+            key.map(|k| k.digest()),
+            ttl,
+            wait,
+            party,
+        )
         .await;
     match result {
         Ok(lease) => Ok(axum::Json(s.response(lease, ttl))),
@@ -644,6 +754,194 @@ async fn authenticate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower::ServiceExt as _;
+
+    /// The router over a real engine in `dir`, configured by `config`.
+    fn app(dir: &std::path::Path, config: LocksvcConfig) -> (Router, crate::engine::Engine) {
+        let metrics = Arc::new(Metrics::new());
+        let store = crate::store::Store::open(&dir.join("locksvc.db")).expect("store");
+        let engine = crate::engine::Engine::start(store, metrics.clone(), 8).expect("engine");
+        let state = AppState::new(config, Leases::Sqlite(engine.handle()), metrics).expect("state");
+        (router(state), engine)
+    }
+
+    fn config() -> LocksvcConfig {
+        LocksvcConfig {
+            signing_keys: vec!["0123456789abcdef-api".into()],
+            ..LocksvcConfig::default()
+        }
+    }
+
+    /// Sends `method path` with `headers` and `body`; status and JSON.
+    async fn send(
+        app: &Router,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, Value) {
+        let mut req = axum::http::Request::builder().method(method).uri(path);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(axum::body::Body::from(body.to_owned()))
+            .expect("request");
+        let resp = app.clone().oneshot(req).await.expect("answered");
+        let status = resp.status().as_u16();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, v)
+    }
+
+    const LOCAL: (&str, &str) = ("host", "127.0.0.1:7070");
+    const JSON: (&str, &str) = ("content-type", "application/json");
+    const ACQUIRE: &str = r#"{"owner":"a-page","ttl_ms":60000}"#;
+
+    #[tokio::test]
+    async fn a_web_page_takes_no_lease_and_an_api_client_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (app, engine) = app(dir.path(), config());
+        let path = "/v1/locks/db/acquire";
+        // What a rebound page sends: its own name, its own origin, a body
+        // it may send without asking (text/plain). The name is refused
+        // first, then each browser trait on its own.
+        let page = [
+            ("host", "attacker.example"),
+            ("origin", "http://attacker.example"),
+            ("content-type", "text/plain;charset=UTF-8"),
+        ];
+        let (s, v) = send(&app, "POST", path, &page, ACQUIRE).await;
+        assert_eq!(
+            (s, &v["error"]["code"]),
+            (421, &json!("HostNotAllowed")),
+            "{v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("allowed_hosts"))
+        );
+        for (headers, status, code, fix) in [
+            (
+                vec![LOCAL, ("content-type", "text/plain")],
+                415,
+                "UnsupportedMediaType",
+                "Content-Type: application/json",
+            ),
+            (vec![LOCAL], 415, "UnsupportedMediaType", "no Content-Type"),
+            (
+                vec![LOCAL, JSON, ("origin", "http://attacker.example")],
+                403,
+                "BrowserRequestRefused",
+                "Origin",
+            ),
+        ] {
+            let (s, v) = send(&app, "POST", path, &headers, ACQUIRE).await;
+            assert_eq!(
+                (s, v["error"]["code"].as_str()),
+                (status, Some(code)),
+                "{headers:?}: {v}"
+            );
+            let message = v["error"]["message"].as_str().expect("message");
+            assert!(message.contains(fix), "{headers:?}: {message}");
+        }
+        // The page, the status and the metrics answer no unknown name
+        // either; /health answers any.
+        for path in ["/", "/v1/locks/db", "/metrics", "/nowhere"] {
+            let (s, v) = send(&app, "GET", path, &[("host", "attacker.example")], "").await;
+            assert_eq!(
+                (s, v["error"]["code"].as_str()),
+                (421, Some("HostNotAllowed")),
+                "{path}"
+            );
+        }
+        let (s, _) = send(&app, "GET", "/health", &[("host", "attacker.example")], "").await;
+        assert_eq!(s, 200);
+        // Nothing above took the lock.
+        let (s, st) = send(&app, "GET", "/v1/locks/db", &[LOCAL], "").await;
+        assert_eq!((s, &st["held"]), (200, &json!(false)), "{st}");
+
+        // What the project's clients send (reqwest's .json(): the type, no
+        // Origin), with or without a charset, with or without Host.
+        let (s, lease) = send(&app, "POST", path, &[LOCAL, JSON], ACQUIRE).await;
+        assert_eq!(s, 200, "{lease}");
+        let renew = json!({"token": lease["fencing_token"], "ttl_ms": 60000}).to_string();
+        let typed = ("content-type", "application/json; charset=utf-8");
+        let (s, v) = send(&app, "POST", "/v1/locks/db/renew", &[typed], &renew).await;
+        assert_eq!(s, 200, "{v}");
+        // A POST with neither body nor type is told which body it lacks;
+        // a wrong method is still a 405.
+        let (s, v) = send(&app, "POST", path, &[LOCAL], "").await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (400, Some("InvalidRequest")),
+            "{v}"
+        );
+        let (s, v) = send(&app, "POST", "/v1/locks/db", &[LOCAL], "").await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (405, Some("MethodNotAllowed")),
+            "{v}"
+        );
+        drop(app);
+        engine.stop();
+    }
+
+    #[tokio::test]
+    async fn allowed_hosts_add_names_and_keys_are_checked_before_the_shape() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (app, engine) = app(
+            dir.path(),
+            LocksvcConfig {
+                allowed_hosts: vec!["Locks.Internal".into(), "*.svc.cluster.local".into()],
+                api_keys: vec![crate::config::ApiKey::every_lock("admin-key-123")],
+                ..config()
+            },
+        );
+        let bearer = ("authorization", "Bearer admin-key-123");
+        for host in [
+            "locks.internal:7070",
+            "locksvc.ns.svc.cluster.local",
+            "[::1]:1",
+        ] {
+            let (s, v) = send(&app, "GET", "/v1/locks/db", &[("host", host), bearer], "").await;
+            assert_eq!(s, 200, "{host}: {v}");
+        }
+        let (s, _) = send(
+            &app,
+            "GET",
+            "/v1/locks/db",
+            &[("host", "other.internal"), bearer],
+            "",
+        )
+        .await;
+        assert_eq!(s, 421);
+        // Without the key, a browser-shaped request is first of all not
+        // authenticated (a site cannot send a Bearer key without asking).
+        let form = [LOCAL, ("content-type", "application/x-www-form-urlencoded")];
+        let (s, v) = send(&app, "POST", "/v1/locks/db/acquire", &form, ACQUIRE).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (401, Some("Unauthorized")),
+            "{v}"
+        );
+        let keyed = [
+            LOCAL,
+            bearer,
+            ("content-type", "application/x-www-form-urlencoded"),
+        ];
+        let (s, v) = send(&app, "POST", "/v1/locks/db/acquire", &keyed, ACQUIRE).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (415, Some("UnsupportedMediaType")),
+            "{v}"
+        );
+        drop(app);
+        engine.stop();
+    }
 
     #[test]
     fn wire_types_round_trip_and_plain_tokens_decode_for_a_precise_refusal() {
@@ -692,6 +990,10 @@ mod tests {
             (FencingTokenWrongLock, 403),
             (LockHeld, 409),
             (LeaseLost, 409),
+            (BrowserRequestRefused, 403),
+            (UnsupportedMediaType, 415),
+            (HostNotAllowed, 421),
+            (TooManyWaiters, 429),
         ] {
             assert_eq!(code.status(), status, "{}", code.as_str());
         }

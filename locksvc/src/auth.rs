@@ -10,9 +10,16 @@
 //! configured key are hashed to 32 bytes first (so the comparison does not
 //! stop early on a length difference), every configured key is compared,
 //! and the match is selected without a branch.
+//!
+//! The caller is also who waits in line: its [`Party`], whose share of a
+//! lock's line is bounded (`fencegate_core::line::share`), is its API key,
+//! or without keys the address it connects from (an owner name is not an
+//! identity: anyone may send any).
 
 use crate::config::ApiKey;
+use fencegate_core::line::Party;
 use fencegate_core::{KeyDigest, LockName, name::MAX_LOCK_NAME_LEN};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use subtle::{ConditionallySelectable as _, ConstantTimeEq as _};
 
@@ -108,28 +115,78 @@ pub enum Caller {
     /// lock (holding a lease still needs its proof).
     Open,
     /// A caller with a valid key, limited to its scope.
-    Key(Arc<Scope>),
+    Key(Arc<KeyEntry>),
+}
+
+/// What a configured key grants: its locks, and the party it waits as.
+#[derive(Debug)]
+pub struct KeyEntry {
+    scope: Scope,
+    party: Party,
 }
 
 impl Caller {
     pub fn allows(&self, lock: &LockName) -> bool {
         match self {
             Caller::Open => true,
-            Caller::Key(scope) => scope.allows(lock),
+            Caller::Key(entry) => entry.scope.allows(lock),
         }
     }
+
+    /// Who this caller is in a lock's line: its API key's party, or
+    /// without keys its address `peer` ([`peer_party`]).
+    pub fn party(&self, peer: Option<SocketAddr>) -> Party {
+        match self {
+            Caller::Key(entry) => entry.party.clone(),
+            Caller::Open => peer_party(peer),
+        }
+    }
+}
+
+/// The party of a caller known only by its address: one per IPv4 address,
+/// one per IPv6 /64 (what one host is usually given; a host can pick any
+/// address in it), the port ignored (a client opens many connections).
+/// Clients behind one reverse proxy or NAT are one party; give them API
+/// keys to tell them apart.
+pub fn peer_party(peer: Option<SocketAddr>) -> Party {
+    match peer.map(|p| p.ip().to_canonical()) {
+        Some(IpAddr::V4(v4)) => Party::new(format!("addr:{v4}")),
+        Some(IpAddr::V6(v6)) => {
+            let s = v6.segments();
+            Party::new(format!(
+                "addr:{:x}:{:x}:{:x}:{:x}::/64",
+                s[0], s[1], s[2], s[3]
+            ))
+        }
+        // Not served through `fencegate_net` (in-process tests): one party.
+        None => Party::new("addr:unknown"),
+    }
+}
+
+/// The party of an API key: a digest of the key keyed with a secret of the
+/// service (the first signing key), so that the same key is the same party
+/// on every replica, and a reader of etcd (where waiters' parties are
+/// stored) learns nothing it could test guessed keys against.
+fn key_party(secret: &[u8], key: &str) -> Party {
+    let mut input = b"fencegate waiter party\0".to_vec();
+    input.extend_from_slice(secret);
+    input.push(0);
+    input.extend_from_slice(key.as_bytes());
+    let digest = KeyDigest::of(&input);
+    Party::new(format!("key:{}", hex::encode(&digest.as_bytes()[..16])))
 }
 
 /// The configured API keys, as digests with their scopes.
 #[derive(Debug, Clone, Default)]
 pub struct Keyring {
-    entries: Vec<(KeyDigest, Arc<Scope>)>,
+    entries: Vec<(KeyDigest, Arc<KeyEntry>)>,
 }
 
 impl Keyring {
-    /// Builds the keyring; fails on a pattern that does not parse (a
-    /// validated configuration has none).
-    pub fn new(keys: &[ApiKey]) -> Result<Keyring, PatternError> {
+    /// Builds the keyring; `secret` keys the parties of the keys (see
+    /// [`key_party`]). Fails on a pattern that does not parse (a validated
+    /// configuration has none).
+    pub fn new(keys: &[ApiKey], secret: &[u8]) -> Result<Keyring, PatternError> {
         let entries = keys
             .iter()
             .map(|k| {
@@ -140,7 +197,10 @@ impl Keyring {
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok((
                     KeyDigest::of(k.key.as_bytes()),
-                    Arc::new(Scope { patterns }),
+                    Arc::new(KeyEntry {
+                        scope: Scope { patterns },
+                        party: key_party(secret, &k.key),
+                    }),
                 ))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -168,7 +228,7 @@ impl Keyring {
         let index = usize::try_from(found).ok()?;
         self.entries
             .get(index)
-            .map(|(_, scope)| Caller::Key(scope.clone()))
+            .map(|(_, entry)| Caller::Key(entry.clone()))
     }
 }
 
@@ -225,13 +285,16 @@ mod tests {
 
     #[test]
     fn a_key_is_limited_to_its_scope() {
-        let ring = Keyring::new(&[
-            ApiKey::every_lock("admin-key-123"),
-            ApiKey {
-                key: "db-a-key-123".into(),
-                locks: vec!["db-a".into(), "backup-*".into()],
-            },
-        ])
+        let ring = Keyring::new(
+            &[
+                ApiKey::every_lock("admin-key-123"),
+                ApiKey {
+                    key: "db-a-key-123".into(),
+                    locks: vec!["db-a".into(), "backup-*".into()],
+                },
+            ],
+            b"secret",
+        )
         .expect("valid");
         let admin = ring.identify("admin-key-123").expect("known");
         let scoped = ring.identify("db-a-key-123").expect("known");
@@ -246,5 +309,62 @@ mod tests {
                 .identify("whatever")
                 .is_some_and(|c| c.allows(&lock("x")))
         );
+    }
+
+    #[test]
+    fn a_party_is_the_key_or_else_the_address_without_its_port() {
+        let keys = [
+            ApiKey::every_lock("admin-key-123"),
+            ApiKey::every_lock("other-key-123"),
+        ];
+        let ring = Keyring::new(&keys, b"secret").expect("valid");
+        let peer = |s: &str| Some(s.parse::<SocketAddr>().expect("address"));
+        let admin = ring.identify("admin-key-123").expect("known");
+        let other = ring.identify("other-key-123").expect("known");
+        // A key is one party wherever it connects from, on every replica
+        // with the same secret, and never shows the key.
+        assert_eq!(
+            admin.party(peer("10.0.0.1:1")),
+            admin.party(peer("10.0.0.2:2"))
+        );
+        assert_ne!(admin.party(None), other.party(None));
+        let again = Keyring::new(&keys, b"secret").expect("valid");
+        assert_eq!(
+            again.identify("admin-key-123").expect("known").party(None),
+            admin.party(None)
+        );
+        assert_ne!(
+            Keyring::new(&keys, b"other secret")
+                .expect("valid")
+                .identify("admin-key-123")
+                .expect("known")
+                .party(None),
+            admin.party(None)
+        );
+        assert!(!admin.party(None).as_str().contains("admin"));
+
+        // Without keys: the address, not the port; IPv6 by /64.
+        let open = Caller::Open;
+        assert_eq!(
+            open.party(peer("10.0.0.1:1")),
+            open.party(peer("10.0.0.1:2"))
+        );
+        assert_ne!(
+            open.party(peer("10.0.0.1:1")),
+            open.party(peer("10.0.0.2:1"))
+        );
+        assert_eq!(
+            open.party(peer("[::ffff:10.0.0.1]:1")),
+            open.party(peer("10.0.0.1:1"))
+        );
+        assert_eq!(
+            open.party(peer("[2001:db8:1:2::5]:1")),
+            open.party(peer("[2001:db8:1:2:ffff::9]:1"))
+        );
+        assert_ne!(
+            open.party(peer("[2001:db8:1:2::5]:1")),
+            open.party(peer("[2001:db8:1:3::5]:1"))
+        );
+        assert_eq!(open.party(peer("10.0.0.1:1")).as_str(), "addr:10.0.0.1");
     }
 }

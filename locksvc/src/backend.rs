@@ -6,6 +6,7 @@
 use crate::engine::{EngineError, EngineHandle, LockStatus};
 use crate::etcd::EtcdLeases;
 use crate::proof::HeldToken;
+use fencegate_core::line::Party;
 use fencegate_core::{KeyDigest, Lease, LockName};
 use std::time::Duration;
 
@@ -34,10 +35,11 @@ impl Leases {
         key: Option<KeyDigest>,
         ttl: Duration,
         wait: Duration,
+        party: Party,
     ) -> Result<Lease, EngineError> {
         match self {
-            Leases::Sqlite(e) => e.acquire(lock, owner, key, ttl, wait).await,
-            Leases::Etcd(e) => e.acquire(lock, owner, key, ttl, wait).await,
+            Leases::Sqlite(e) => e.acquire(lock, owner, key, ttl, wait, party).await,
+            Leases::Etcd(e) => e.acquire(lock, owner, key, ttl, wait, party).await,
         }
     }
 

@@ -45,7 +45,14 @@ pub struct LocksvcConfig {
     /// Longest an acquire may wait in line for a held lock.
     #[serde(with = "humantime_serde")]
     pub max_wait: Duration,
-    /// Most clients waiting in line for one lock; more are refused (429).
+    /// Most clients waiting in line for one lock: with 2, two acquires
+    /// wait and a third is refused (429 `TooManyWaiters`), on SQLite and on
+    /// etcd alike. One caller may hold at most a quarter of a lock's places
+    /// (rounded up, at least one; 256 of the default 1024), so a client
+    /// that is not the holder cannot fill the line and shut the rightful
+    /// next holder out. A caller is its API key, or without `api_keys` its
+    /// address (an IPv6 /64); clients behind one reverse proxy or NAT are
+    /// one caller, so give them API keys of their own.
     pub max_waiters_per_lock: usize,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
@@ -75,10 +82,28 @@ pub struct LocksvcConfig {
     /// 1024, like `max_waiters_per_lock`. The open-file limit must exceed it
     /// (checked at start).
     pub max_connections: usize,
+    /// Most of those from one client address (IPv6: one /64); more get
+    /// the same 503. Connections are taken before a request can prove
+    /// anything, so they are shared out per address: no address can take
+    /// the others' part. Default: a quarter of `max_connections`. Clients
+    /// behind one address (a NAT, one host) share its part.
+    pub max_connections_per_address: Option<usize>,
     /// Serve HTTPS, and optionally require client certificates
     /// (`client_ca_file`). Tokens, lease-bound credentials and API keys are
     /// bearer secrets: serve TLS whenever clients are not on the same host.
     pub tls: TlsConfig,
+    /// Host names the service answers to, besides the ones it always does:
+    /// IP addresses, `localhost` and `*.localhost`. A request whose `Host`
+    /// names anything else is refused (421 `HostNotAllowed`), whatever its
+    /// credentials: that is what a web page the operator opens sends when
+    /// it reaches the service by DNS rebinding. List the names clients use
+    /// in their URLs (`"locks.internal"`, the TLS certificate's name, a
+    /// container's service name such as `"locksvc"`); `"*.example.com"`
+    /// is every subdomain of `example.com`; `"*"` turns the check off.
+    /// Case and a trailing dot do not matter; ports are not compared.
+    /// `/health` answers any host. Override with
+    /// `FENCEGATE_LOCKSVC_ALLOWED_HOSTS` (comma separated).
+    pub allowed_hosts: Vec<String>,
     /// Serve the locks from an etcd cluster instead of the SQLite file
     /// `db`: several replicas with the same `[etcd]` table serve the same
     /// locks, and any of them can answer any request. Absent: SQLite. Set
@@ -293,7 +318,9 @@ impl Default for LocksvcConfig {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            max_connections_per_address: None,
             tls: TlsConfig::default(),
+            allowed_hosts: Vec::new(),
             etcd: None,
         }
     }
@@ -360,6 +387,8 @@ impl<'de> Deserialize<'de> for ApiKey {
     }
 }
 
+/// Environment variable overriding `allowed_hosts` (comma separated).
+pub const ENV_ALLOWED_HOSTS: &str = "FENCEGATE_LOCKSVC_ALLOWED_HOSTS";
 /// Environment variable overriding `signing_keys`.
 pub const ENV_SIGNING_KEYS: &str = "FENCEGATE_SIGNING_KEYS";
 /// Environment variable overriding `api_keys` with keys that may use every
@@ -423,6 +452,9 @@ impl LocksvcConfig {
                 .chain(scoped.iter().map(|e| scoped_key_from_env(e)))
                 .collect();
         }
+        if let Some(v) = var(ENV_ALLOWED_HOSTS) {
+            self.allowed_hosts = split_list(&v);
+        }
         self.tls.apply_env(&var);
         EtcdConfig::apply_env(&mut self.etcd, &var);
     }
@@ -434,6 +466,9 @@ impl LocksvcConfig {
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
             max_connections: self.max_connections,
+            max_connections_per_address: self
+                .max_connections_per_address
+                .unwrap_or_else(|| fencegate_net::default_share(self.max_connections)),
             tls: self.tls.server_config()?,
             refusal: fencegate_net::Refusal::new(
                 "application/json",
@@ -493,6 +528,14 @@ impl LocksvcConfig {
         }
         if self.max_connections == 0 {
             p.push("max_connections must be at least 1".into());
+        }
+        if self.max_connections_per_address == Some(0) {
+            p.push("max_connections_per_address must be at least 1".into());
+        }
+        for (i, entry) in self.allowed_hosts.iter().enumerate() {
+            if let Some(why) = crate::browser::entry_problem(entry) {
+                p.push(format!("allowed_hosts[{i}] = {entry:?}: {why}"));
+            }
         }
         p.extend(self.tls.problems());
         if let Some(etcd) = &self.etcd {
@@ -674,6 +717,31 @@ mod tests {
             "{:?}",
             c.problems()
         );
+    }
+
+    #[test]
+    fn allowed_hosts_come_from_the_file_or_the_environment_and_bad_ones_are_listed() {
+        let mut c: LocksvcConfig = toml::from_str(
+            r#"
+            signing_keys = ["0123456789abcdef"]
+            allowed_hosts = ["locks.internal", "*.svc.cluster.local", "http://x", "x:7070"]
+            "#,
+        )
+        .expect("parses");
+        let p = c.problems();
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].starts_with("allowed_hosts[2] = \"http://x\": a host name, not a URL"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with("allowed_hosts[3] = \"x:7070\": ports are not compared"),
+            "{p:?}"
+        );
+        c.apply_env(|k| (k == ENV_ALLOWED_HOSTS).then(|| "locksvc, locksvc1 ,".into()));
+        assert_eq!(c.allowed_hosts, ["locksvc", "locksvc1"]);
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+        assert!(LocksvcConfig::default().allowed_hosts.is_empty());
     }
 
     #[test]

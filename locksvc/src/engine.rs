@@ -23,7 +23,7 @@ use crate::clock;
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use crate::store::{Durability, LeaseRow, Store};
-use fencegate_core::line::{Lines, Served, Waiter};
+use fencegate_core::line::{LineFull, Lines, Party, Served, Waiter};
 use fencegate_core::{Grant, KeyDigest, Lease, LockName, LockTable, Timestamp};
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -42,8 +42,10 @@ pub enum EngineError {
     Held { holder: Lease },
     #[error("the lease with this token is not live")]
     NotHolder { current: Option<Lease> },
+    /// The lock's line is full, or the caller's party holds its share of
+    /// it (`fencegate_core::line::admit`).
     #[error("too many clients are already waiting for this lock")]
-    TooManyWaiters,
+    TooManyWaiters(LineFull),
     /// The lock is free but others wait in line for it, and the acquire
     /// could not wait (or its wait ended first). Only the etcd backend
     /// answers this: there the first waiter takes a freed lock in its own
@@ -68,6 +70,8 @@ pub enum Command {
         key: Option<KeyDigest>,
         ttl: Duration,
         wait: Duration,
+        /// Who asked, for its share of the line if it waits.
+        party: Party,
         reply: Reply<Lease>,
     },
     Renew {
@@ -111,6 +115,14 @@ pub struct LockStatus {
     pub last_token: u64,
     /// Acquires waiting in line for this lock.
     pub waiting: usize,
+}
+
+/// The refusal metric's reason for a waiter that could not join a line.
+pub fn refusal_reason(full: LineFull) -> &'static str {
+    match full {
+        LineFull::Line { .. } => "too_many_waiters",
+        LineFull::Share { .. } => "waiter_share_used",
+    }
 }
 
 /// An answer held back until its batch is committed.
@@ -259,6 +271,7 @@ impl EngineHandle {
         key: Option<KeyDigest>,
         ttl: Duration,
         wait: Duration,
+        party: Party,
     ) -> Result<Lease, EngineError> {
         self.call(|reply| Command::Acquire {
             lock,
@@ -266,6 +279,7 @@ impl EngineHandle {
             key,
             ttl,
             wait,
+            party,
             reply,
         })
         .await
@@ -433,6 +447,7 @@ impl EngineState {
                 key,
                 ttl,
                 wait,
+                party,
                 reply,
             } => {
                 // Someone already in line goes first: a newcomer must queue
@@ -462,6 +477,7 @@ impl EngineState {
                 }
                 let waiter = Waiter {
                     owner,
+                    party,
                     key,
                     ttl,
                     deadline: now.saturating_add(wait),
@@ -471,11 +487,11 @@ impl EngineState {
                     Ok(()) => {
                         self.metrics.waiting.set(self.lines.waiting() as i64);
                     }
-                    Err((_full, waiter)) => {
-                        self.metrics.refused("too_many_waiters");
+                    Err((full, waiter)) => {
+                        self.metrics.refused(refusal_reason(full));
                         batch.replies.push(Pending::Lease(
                             waiter.reply,
-                            Err(EngineError::TooManyWaiters),
+                            Err(EngineError::TooManyWaiters(full)),
                         ));
                     }
                 };
@@ -603,16 +619,26 @@ mod tests {
     const T0: Timestamp = Timestamp(1_000_000);
 
     fn engine(dir: &std::path::Path) -> EngineState {
+        engine_with(dir, 16)
+    }
+
+    /// An engine whose lines hold `max_waiters` each.
+    fn engine_with(dir: &std::path::Path, max_waiters: usize) -> EngineState {
         EngineState {
             table: LockTable::new(),
             store: Store::open(&dir.join("locksvc.db")).expect("store"),
-            lines: Lines::new(16),
+            lines: Lines::new(max_waiters),
             metrics: Arc::new(Metrics::new()),
             last_purge: T0,
         }
     }
 
     fn acquire(owner: &str, ttl_ms: u64, wait_ms: u64) -> (Command, LeaseReply) {
+        acquire_as(owner, owner, ttl_ms, wait_ms)
+    }
+
+    /// An acquire by `owner` on behalf of `party`.
+    fn acquire_as(party: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> (Command, LeaseReply) {
         let (reply, rx) = oneshot::channel();
         let cmd = Command::Acquire {
             lock: LockName::new("l").expect("lock name"),
@@ -620,6 +646,7 @@ mod tests {
             key: None,
             ttl: Duration::from_millis(ttl_ms),
             wait: Duration::from_millis(wait_ms),
+            party: Party::new(party),
             reply,
         };
         (cmd, rx)
@@ -661,6 +688,55 @@ mod tests {
                 .any(|l| l == "fencegate_locksvc_refusals_total{reason=\"held\"} 1"),
             "{}",
             st.metrics.encode()
+        );
+    }
+
+    #[test]
+    fn max_waiters_wait_the_next_is_refused_and_one_party_holds_only_its_share() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // max 2: two acquires wait, whoever they are, and a third is
+        // refused (as on etcd: `line::admit` decides on both).
+        let mut st = engine_with(dir.path(), 2);
+        let (a, mut a_rx) = acquire("A", 60_000, 0);
+        st.step([a].into_iter(), T0);
+        answer(&mut a_rx).expect("A holds the lock");
+        let (b, mut b_rx) = acquire("B", 1000, 60_000);
+        let (c, mut c_rx) = acquire("C", 1000, 60_000);
+        let (d, mut d_rx) = acquire("D", 1000, 60_000);
+        st.step([b, c, d].into_iter(), T0);
+        assert!(b_rx.try_recv().is_err(), "B waits");
+        assert!(c_rx.try_recv().is_err(), "C waits");
+        assert_eq!(
+            answer(&mut d_rx),
+            Err(EngineError::TooManyWaiters(LineFull::Line { max: 2 }))
+        );
+
+        // max 8: one party holds at most 2 places (a quarter); the
+        // rightful next holder, another party, still gets in line.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut st = engine_with(dir.path(), 8);
+        let (a, mut a_rx) = acquire("A", 60_000, 0);
+        st.step([a].into_iter(), T0);
+        answer(&mut a_rx).expect("A holds the lock");
+        let fillers: Vec<_> = (0..3)
+            .map(|i| acquire_as("filler", &format!("f{i}"), 1000, 60_000))
+            .collect();
+        let (next, mut next_rx) = acquire_as("next", "N", 1000, 60_000);
+        let (mut cmds, mut rxs): (Vec<_>, Vec<_>) = fillers.into_iter().unzip();
+        cmds.push(next);
+        st.step(cmds.into_iter(), T0);
+        assert!(rxs[0].try_recv().is_err() && rxs[1].try_recv().is_err());
+        assert_eq!(
+            answer(&mut rxs[2]),
+            Err(EngineError::TooManyWaiters(LineFull::Share { share: 2 }))
+        );
+        assert!(next_rx.try_recv().is_err(), "the next holder waits in line");
+        assert_eq!(st.lines.len(&LockName::new("l").expect("lock")), 3);
+        let m = st.metrics.encode();
+        assert!(
+            m.lines()
+                .any(|l| l == "fencegate_locksvc_refusals_total{reason=\"waiter_share_used\"} 1"),
+            "{m}"
         );
     }
 

@@ -12,7 +12,7 @@
 //! | `P/meta/floor`            | the last token SQLite issued (migrate)       | none                     |
 //! | `P/locks/<L>/owner`       | [`Record`]: owner, key digest, epoch         | none                     |
 //! | `P/expiry/<L>`            | the lease's expiry, Unix ms, 19 digits       | none                     |
-//! | `P/locks/<L>/wait/<id>`   | the waiting owner's name                     | the waiter's, kept alive |
+//! | `P/locks/<L>/wait/<id>`   | [`PlaceValue`]: the waiting owner, its party | the waiter's, kept alive |
 //!
 //! **Tokens.** A grant is one transaction that creates `owner`; its token is
 //! `epoch << 47 | revision` of that transaction. etcd's revision is one
@@ -43,7 +43,9 @@
 //! older than mine and mine still exists", so nobody jumps the line, on any
 //! replica. A waiter's key lives on a short etcd lease its replica keeps
 //! alive; a replica that dies takes its waiters' places with it within
-//! [`WAITER_TTL_S`].
+//! [`WAITER_TTL_S`]. Whether a waiter may stay is decided as on SQLite
+//! (`fencegate_core::line::admit`), on the keys created before its own:
+//! the line's bound and its party's share.
 //!
 //! Every etcd call is bounded by `request_timeout`: without a quorum,
 //! requests fail with `StorageUnavailable` instead of hanging, and work
@@ -58,6 +60,7 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse,
 };
+use fencegate_core::line::{self, Party};
 use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
 use fencegate_etcd::{CallError, Etcd, Retried};
 use serde::{Deserialize, Serialize};
@@ -147,6 +150,22 @@ impl Record {
             idempotency,
         }
     }
+}
+
+/// What `P/locks/<L>/wait/<id>` holds: who waits, and its party (for its
+/// share of the line). A waiter key of an older replica holds the owner's
+/// name alone; it counts as a party of its own.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PlaceValue {
+    owner: String,
+    party: String,
+}
+
+/// The party of a waiter key, if it names one.
+fn party_of(kv: &KeyValue) -> Option<String> {
+    serde_json::from_slice::<PlaceValue>(kv.value())
+        .ok()
+        .map(|v| v.party)
 }
 
 fn record_of(kv: &KeyValue) -> Result<Record, EngineError> {
@@ -782,6 +801,7 @@ impl EtcdLeases {
         key: Option<KeyDigest>,
         ttl: Duration,
         wait: Duration,
+        party: Party,
     ) -> Result<Lease, EngineError> {
         let started = Instant::now();
         let deadline = started + wait;
@@ -825,7 +845,9 @@ impl EtcdLeases {
                 // Taken and released between the two reads: try again.
                 None => continue,
             }
-            return self.wait_in_line(lock, owner, key, ttl, deadline).await;
+            return self
+                .wait_in_line(lock, owner, key, ttl, deadline, party)
+                .await;
         }
         Err(EngineError::Storage(
             "too many conflicting changes to this lock in etcd; retry".into(),
@@ -839,14 +861,20 @@ impl EtcdLeases {
         key: Option<KeyDigest>,
         ttl: Duration,
         deadline: Instant,
+        party: Party,
     ) -> Result<Lease, EngineError> {
         let ttl_s = self.waiter_ttl_s();
         let waiter_lease = self.grant_etcd_lease(ttl_s).await?;
         let mine = format!("{}{waiter_lease:016x}", self.wait_prefix(&lock));
         // Kept alive from now on, and removed however this acquire ends.
-        let _place = Place::new(self.clone(), mine.clone(), waiter_lease);
+        let place = Place::new(self.clone(), mine.clone(), waiter_lease);
+        let value = serde_json::to_string(&PlaceValue {
+            owner: owner.clone(),
+            party: party.as_str().to_owned(),
+        })
+        .map_err(|e| EngineError::Storage(e.to_string()))?;
         self.call(|mut c| {
-            let (key, value) = (mine.clone(), owner.clone());
+            let (key, value) = (mine.clone(), value.clone());
             async move {
                 c.put(key, value, Some(PutOptions::new().with_lease(waiter_lease)))
                     .await
@@ -868,7 +896,41 @@ impl EtcdLeases {
             .ok_or_else(|| {
                 EngineError::Storage("this acquire's place in line vanished; retry".into())
             })?;
-        let prefix = self.wait_prefix(&lock);
+        if let Err(full) = self.admit(&lock, rev, &party).await? {
+            self.inner
+                .metrics
+                .refused(crate::engine::refusal_reason(full));
+            // Gone before the answer, so that the next waiter does not
+            // count this one ahead of it.
+            place.leave().await;
+            return Err(EngineError::TooManyWaiters(full));
+        }
+        self.inner.metrics.waiting.inc();
+        let result = self
+            .serve_place(&lock, &owner, key, ttl, deadline, &mine, rev)
+            .await;
+        self.inner.metrics.waiting.dec();
+        drop(place);
+        result
+    }
+
+    /// The line rule (`line::admit`) for the waiter whose key was created
+    /// at `rev`: counts the keys created before it, and those of `party`.
+    ///
+    /// The keys are read, not counted: etcd's count of a range ignores
+    /// `max_create_revision` (it counts every key under the prefix, this
+    /// waiter's own and those behind it), which made the bound one lower
+    /// than on SQLite. At most `max_waiters` keys are read (the oldest):
+    /// if that many are ahead, the line is full whatever the rest hold.
+    async fn admit(
+        &self,
+        lock: &LockName,
+        rev: i64,
+        party: &Party,
+    ) -> Result<Result<(), line::LineFull>, EngineError> {
+        let max = self.inner.max_waiters;
+        let prefix = self.wait_prefix(lock);
+        let limit = i64::try_from(max).unwrap_or(i64::MAX);
         let ahead = self
             .call(|mut c| {
                 let prefix = prefix.clone();
@@ -878,25 +940,29 @@ impl EtcdLeases {
                         Some(
                             GetOptions::new()
                                 .with_prefix()
-                                .with_count_only()
-                                .with_max_create_revision(rev - 1),
+                                .with_max_create_revision(rev - 1)
+                                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                                .with_limit(limit),
                         ),
                     )
                     .await
                 }
             })
-            .await?
+            .await?;
+        // The filter is applied by etcd; kept here too, so that the count
+        // cannot depend on it.
+        let kvs: Vec<&KeyValue> = ahead
+            .kvs()
+            .iter()
+            .filter(|kv| kv.create_revision() < rev)
+            .collect();
+        let of_party = kvs
+            .iter()
+            .filter(|kv| party_of(kv).as_deref() == Some(party.as_str()))
             .count();
-        if usize::try_from(ahead).unwrap_or(usize::MAX) >= self.inner.max_waiters {
-            self.inner.metrics.refused("too_many_waiters");
-            return Err(EngineError::TooManyWaiters);
-        }
-        self.inner.metrics.waiting.inc();
-        let result = self
-            .serve_place(&lock, &owner, key, ttl, deadline, &mine, rev)
-            .await;
-        self.inner.metrics.waiting.dec();
-        result
+        // More keys than were read: `max` of them are ahead at least.
+        let total = if ahead.more() { max } else { kvs.len() };
+        Ok(line::admit(total, of_party, max))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1342,20 +1408,39 @@ impl Place {
     }
 }
 
+impl Place {
+    /// Removes the place now, before the caller answers (a drop removes it
+    /// in the background).
+    async fn leave(mut self) {
+        self.keeper.abort();
+        let (l, key, id) = (self.leases.clone(), self.key.clone(), self.etcd_lease);
+        remove_place(&l, key, id).await;
+        // Removed: disarm the drop (which still removes the place if this
+        // is cancelled before).
+        self.key.clear();
+    }
+}
+
+/// Deletes a waiter's key and revokes its etcd lease.
+async fn remove_place(leases: &EtcdLeases, key: String, id: i64) {
+    let _ = leases
+        .call(|mut c| {
+            let key = key.clone();
+            async move { c.delete(key, None).await }
+        })
+        .await;
+    let _ = leases
+        .call(|mut c| async move { c.lease_revoke(id).await })
+        .await;
+}
+
 impl Drop for Place {
     fn drop(&mut self) {
         self.keeper.abort();
+        if self.key.is_empty() {
+            return;
+        }
         let (l, key, id) = (self.leases.clone(), self.key.clone(), self.etcd_lease);
-        tokio::spawn(async move {
-            let _ = l
-                .call(|mut c| {
-                    let key = key.clone();
-                    async move { c.delete(key, None).await }
-                })
-                .await;
-            let _ = l
-                .call(|mut c| async move { c.lease_revoke(id).await })
-                .await;
-        });
+        tokio::spawn(async move { remove_place(&l, key, id).await });
     }
 }

@@ -15,7 +15,10 @@
 //! - [`migrate`]: moving the locks and the counter from SQLite to etcd;
 //! - [`api`]: the HTTP routes, the wire types, request decoding and JSON
 //!   errors;
-//! - [`auth`]: API keys and the lock patterns each may use;
+//! - [`auth`]: API keys and the lock patterns each may use, and who a
+//!   caller is in a lock's line;
+//! - [`browser`]: what keeps web pages out (the `Host` allowlist against
+//!   DNS rebinding, no `Origin`, JSON bodies only);
 //! - [`proof`]: what proves holding a lease (the signed token, the
 //!   idempotency key), and the [`proof::HeldToken`] the engine requires;
 //! - [`metrics`]: Prometheus counters and histograms.
@@ -31,11 +34,17 @@
 //!   number; a lease (signed token, S3 credentials) is answered only to the
 //!   request that holds it (design rule 7);
 //! - every `/v1/locks/{lock}` handler gets its lock through
-//!   [`api::AllowedLock`], which checks the caller's API-key scope.
+//!   [`api::AllowedLock`], which checks the caller's API-key scope;
+//! - no request but `/health` reaches a handler with a `Host` the service
+//!   does not answer to, and no `/v1/` request with an `Origin` or a body
+//!   not declared JSON ([`browser`]);
+//! - a waiter joins a line only if `fencegate_core::line::admit` says so,
+//!   on both backends: the bound and each caller's share mean the same.
 
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod browser;
 pub mod clock;
 pub mod config;
 pub mod engine;
@@ -83,6 +92,7 @@ pub async fn run(
             (backend::Leases::Etcd(leases), None)
         }
     };
+    let allowed_hosts = config.allowed_hosts.clone();
     let state = api::AppState::new(config, leases, metrics)?;
     let app = api::router(state);
     tracing::info!(
@@ -91,6 +101,12 @@ pub async fn run(
         max_connections = options.max_connections,
         "locksvc listening"
     );
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() && allowed_hosts.is_empty() {
+        tracing::info!(
+            "answering to IP addresses and localhost only: clients that reach {addr} by a host name are refused (421 HostNotAllowed) until the name is in allowed_hosts (or FENCEGATE_LOCKSVC_ALLOWED_HOSTS)"
+        );
+    }
     let service = hyper::service::service_fn(move |req| {
         use tower::ServiceExt as _;
         // The connection counts as busy until the body is read or dropped,

@@ -119,6 +119,14 @@ pub struct ProxyConfig {
     /// (`<bucket>.<domain>`); the domain itself and every other host (IP
     /// addresses included) are path style.
     pub virtual_host_domains: Vec<String>,
+    /// Host names the proxy answers to on its pages (`/_fencegate/...`,
+    /// but `health`) and to anonymous requests, besides IP addresses,
+    /// `localhost`, `*.localhost` and the `virtual_host_domains` (and
+    /// their subdomains): exact names or `*.domain`; `"*"` for any. A web
+    /// page that reaches the proxy through DNS rebinding sends its own
+    /// name, and gets 421. Signed S3 requests are not checked (no page can
+    /// sign them).
+    pub allowed_hosts: Vec<String>,
     /// Longest a client may take to send a request's headers, counted from
     /// their first byte (for a new connection: from the accept, TLS
     /// handshake included); the connection is then closed. A head fits in
@@ -266,6 +274,7 @@ impl Default for ProxyConfig {
             max_buffered_body_bytes: 16 * 1024 * 1024,
             client_idle_timeout_secs: 60,
             virtual_host_domains: vec!["localhost".into()],
+            allowed_hosts: Vec::new(),
             header_read_timeout_secs: 10,
             idle_timeout_secs: 60,
             max_connections: 1024,
@@ -399,6 +408,16 @@ impl ProxyConfig {
         })
     }
 
+    /// The names the proxy answers to (see `allowed_hosts`).
+    pub fn answered_hosts(&self) -> anyhow::Result<fencegate_net::browser::AllowedHosts> {
+        let mut entries = self.allowed_hosts.clone();
+        for d in &self.virtual_host_domains {
+            entries.push(d.clone());
+            entries.push(format!("*.{d}"));
+        }
+        fencegate_net::browser::AllowedHosts::new(&entries).map_err(|e| anyhow::anyhow!(e))
+    }
+
     /// Whether plain decimal tokens are accepted (see the field).
     pub fn unsigned_tokens_accepted(&self) -> bool {
         self.accept_unsigned_tokens.unwrap_or(false)
@@ -515,6 +534,11 @@ impl ProxyConfig {
                         p.push(format!("lease service TLS: {e}"));
                     }
                 }
+            }
+        }
+        for h in &self.allowed_hosts {
+            if let Some(why) = fencegate_net::browser::entry_problem(h) {
+                p.push(format!("allowed_hosts: {h:?}: {why}"));
             }
         }
         for d in &self.virtual_host_domains {

@@ -206,7 +206,7 @@ fn is_bucket_path<B>(req: &Request<B>, hosts: &VirtualHosts) -> bool {
 /// An S3 XML error answered without reading the body; the connection is
 /// closed, since the unread body would otherwise be read as the next
 /// request.
-fn refuse(status: StatusCode, code: &str, message: &str) -> Box<Response<Body>> {
+pub(crate) fn refuse(status: StatusCode, code: &str, message: &str) -> Box<Response<Body>> {
     let xml = format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{}</Message></Error>",
         escape(message)

@@ -85,6 +85,7 @@ pub struct Proxy {
     edge: edge::Edge,
     hosts: host::VirtualHosts,
     viewers: access::Viewers,
+    answered: fencegate_net::browser::AllowedHosts,
     options: fencegate_net::ServerOptions,
 }
 
@@ -174,6 +175,7 @@ impl Proxy {
             edge,
             hosts,
             viewers: access::Viewers::new(&config.viewers, config.allow_anonymous),
+            answered: config.answered_hosts()?,
             options,
         })
     }
@@ -202,6 +204,7 @@ impl Proxy {
                 edge: self.edge,
                 hosts: self.hosts,
                 viewers: self.viewers,
+                answered: self.answered,
             },
             self.gate,
             self.options,

@@ -39,6 +39,7 @@ struct Router {
     gate: Arc<Gate>,
     hosts: Arc<VirtualHosts>,
     viewers: Arc<crate::access::Viewers>,
+    answered: Arc<fencegate_net::browser::AllowedHosts>,
 }
 
 impl Router {
@@ -77,7 +78,22 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             let started = Instant::now();
             let (method, path) = (req.method().clone(), req.uri().path().to_owned());
             if let Some(endpoint) = this.endpoint(&req) {
+                if let Err(refused) = this.browser_rules(endpoint, &req) {
+                    return Ok(*refused);
+                }
                 return Ok(this.ops(endpoint, req.method(), req.headers()).await);
+            }
+            // An anonymous request's only credential is where it comes
+            // from: a web page's (DNS rebinding) names the page's host.
+            if is_anonymous(&req)
+                && let Err(r) =
+                    fencegate_net::browser::check_host(req.headers(), req.uri(), &this.answered)
+            {
+                return Ok(*crate::early::refuse(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "HostNotAllowed",
+                    &host_refusal(&r),
+                ));
             }
             let body_read =
                 match crate::early::check(&req, &this.hosts, this.gate.body_budget().max_one()) {
@@ -286,7 +302,65 @@ fn json(status: StatusCode, body: String) -> Response<Body> {
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
+    r.headers_mut().insert(
+        http::header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
     r
+}
+
+/// Whether `req` is unsigned (no `Authorization`, no presigned query).
+fn is_anonymous<B>(req: &Request<B>) -> bool {
+    !req.headers().contains_key(http::header::AUTHORIZATION)
+        && !req
+            .uri()
+            .query()
+            .is_some_and(|q| q.contains("X-Amz-Signature=") || q.contains("Signature="))
+}
+
+/// What a request to a host the proxy does not answer to is told.
+fn host_refusal(r: &fencegate_net::browser::Refusal) -> String {
+    match r {
+        fencegate_net::browser::Refusal::Host { host } => format!(
+            "this proxy does not answer to the host {host:?} (a web page reaching it by DNS rebinding would send its own name): \
+             address it by IP address, localhost or a virtual_host_domains name, or add the name to allowed_hosts in the proxy config"
+        ),
+        _ => "send exactly one Host header".to_owned(),
+    }
+}
+
+impl Router {
+    /// The rules that keep web pages off the operations endpoints: the
+    /// Host rule on all but `health`, and no `Origin` on the fence (the
+    /// one that acts).
+    fn browser_rules<B>(
+        &self,
+        endpoint: &str,
+        req: &Request<B>,
+    ) -> Result<(), Box<Response<Body>>> {
+        if endpoint == "health" {
+            return Ok(());
+        }
+        if let Err(r) = fencegate_net::browser::check_host(req.headers(), req.uri(), &self.answered)
+        {
+            return Err(Box::new(json(
+                StatusCode::MISDIRECTED_REQUEST,
+                serde_json::json!({ "code": "HostNotAllowed", "error": host_refusal(&r) })
+                    .to_string(),
+            )));
+        }
+        if endpoint == "fence" && req.headers().contains_key(http::header::ORIGIN) {
+            return Err(Box::new(json(
+                StatusCode::FORBIDDEN,
+                serde_json::json!({
+                    "code": "BrowserRequestRefused",
+                    "error": "a request with an Origin header comes from a web page; fencegate run raises the fence without one",
+                })
+                .to_string(),
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Router {
@@ -473,6 +547,8 @@ pub struct Front {
     pub edge: Edge,
     pub hosts: VirtualHosts,
     pub viewers: crate::access::Viewers,
+    /// The names it answers to (see `allowed_hosts`).
+    pub answered: fencegate_net::browser::AllowedHosts,
 }
 
 /// Serves `front` on `listener` until `shutdown`, then stops accepting and
@@ -490,6 +566,7 @@ pub async fn serve(
         gate: gate.clone(),
         hosts: Arc::new(front.hosts),
         viewers: Arc::new(front.viewers),
+        answered: Arc::new(front.answered),
     };
     if serve_detached(listener, router, options, shutdown).await? {
         gate.end_run();
