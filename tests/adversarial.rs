@@ -54,12 +54,19 @@ impl Env {
         let mut conn = tokio::net::TcpStream::connect(self.addr())
             .await
             .expect("connect");
+        // A Host among `headers` replaces the proxy's own address.
+        let host = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("host"))
+            .map_or_else(|| self.addr(), |(_, v)| v.clone());
         let mut head = format!(
-            "{method} {target} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
-            self.addr(),
+            "{method} {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
             body.len()
         );
-        for (k, v) in headers {
+        for (k, v) in headers
+            .iter()
+            .filter(|(k, _)| !k.eq_ignore_ascii_case("host"))
+        {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         head.push_str("\r\n");
@@ -389,6 +396,81 @@ async fn h3_role_clients_with_proxy_credentials_but_no_lease_cannot_write(kind: 
         stored(&e.backend, BUCKET, "k").await,
         Some((b"holder".to_vec(), Some(4)))
     );
+}
+
+/// Issue 24, browsers: a web page that reaches the proxy by DNS rebinding
+/// sends its own name as Host. The proxy's pages and anonymous requests
+/// answer only to the names it knows (421 otherwise; `health` answers
+/// any), the fence refuses a request with an Origin, and JSON endpoints
+/// are served with `nosniff`. `allowed_hosts` adds a name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_pages_cannot_use_the_proxy_by_another_name() {
+    let e = env_with(BackendKind::S3Fs, "allowed_hosts = [\"proxy.internal\"]").await;
+    e.put_signed("k", &signed(BUCKET, 1), "secret data")
+        .await
+        .expect("write");
+    let attacker = || ("Host", "attacker.example:80".to_owned());
+    for target in [
+        "/_fencegate/".to_owned(),
+        "/_fencegate/events".to_owned(),
+        "/_fencegate/status".to_owned(),
+        "/_fencegate/metrics".to_owned(),
+        format!("/{BUCKET}/k"),
+        format!("/{BUCKET}?list-type=2"),
+    ] {
+        let (code, text) = e.raw("GET", &target, &[attacker()], b"").await;
+        assert_eq!(code, 421, "{target}: {text}");
+        assert!(
+            text.contains("HostNotAllowed") && text.contains("allowed_hosts"),
+            "{text}"
+        );
+        assert!(!text.contains("secret data"), "{text}");
+    }
+    let (code, text) = e
+        .raw(
+            "POST",
+            "/_fencegate/fence",
+            &[attacker(), ("Fencing-Token", signed(BUCKET, 2))],
+            b"",
+        )
+        .await;
+    assert_eq!(code, 421, "{text}");
+    let (code, text) = e.raw("GET", "/_fencegate/health", &[attacker()], b"").await;
+    assert_eq!(code, 200, "health answers any host: {text}");
+    // By a name it knows: served.
+    for host in ["proxy.internal:9000", "localhost", "127.0.0.1"] {
+        let (code, text) = e
+            .raw(
+                "GET",
+                &format!("/{BUCKET}/k"),
+                &[("Host", host.to_owned())],
+                b"",
+            )
+            .await;
+        assert_eq!(code, 200, "{host}: {text}");
+        assert!(text.contains("secret data"));
+    }
+    let (code, text) = e.raw("GET", "/_fencegate/events", &[], b"").await;
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("x-content-type-options: nosniff"),
+        "{text}"
+    );
+    // A page's POST to the fence carries an Origin.
+    let (code, text) = e
+        .raw(
+            "POST",
+            "/_fencegate/fence",
+            &[
+                ("Origin", "http://attacker.example".to_owned()),
+                ("Fencing-Token", signed(BUCKET, 2)),
+            ],
+            b"",
+        )
+        .await;
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("BrowserRequestRefused"), "{text}");
 }
 
 /// Issue 24: every integrity value a write carries is checked by the
