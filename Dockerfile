@@ -33,6 +33,7 @@ RUN apt-get update \
 # the toolchain pin and the crates' sources.
 COPY rust-toolchain.toml Cargo.toml Cargo.lock ./
 COPY core core
+COPY durable durable
 COPY net net
 COPY page page
 COPY etcd etcd

@@ -166,6 +166,9 @@ impl DevConfig {
         LocksvcConfig {
             listen,
             db: self.data_dir.join("locksvc.db"),
+            // dev keeps its state in its data directory and makes it on
+            // a first start.
+            create_db: true,
             signing_keys: vec![key],
             ..LocksvcConfig::default()
         }
@@ -176,6 +179,7 @@ impl DevConfig {
         ProxyConfig {
             listen,
             db: self.data_dir.join("proxy.db"),
+            create_db: true,
             backend: BackendConfig {
                 endpoint: format!("http://{backend}"),
                 access_key: DEV_BACKEND_KEY.0.into(),

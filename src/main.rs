@@ -54,6 +54,10 @@ enum Command {
     /// and what the proxy would do. Exits 1 if the proxy would refuse
     /// fenced writes to a bucket.
     Probe(probe_cmd::ProbeArgs),
+    /// Put a backup in place of a stopped service's SQLite database (the
+    /// lease service's or the proxy's): refuses while the service runs,
+    /// checks the backup, drops the old write-ahead log.
+    RestoreDb(services::RestoreArgs),
     /// Check a service's health endpoint (for container health checks):
     /// exits 0 if it answers 200.
     Health {
@@ -235,6 +239,9 @@ fn main() -> ExitCode {
                 Ok(false) => Ok(1),
                 Err(e) => Err(Failure::from(e)),
             },
+            Command::RestoreDb(args) => services::restore_db(&args)
+                .map(|()| 0)
+                .map_err(Failure::from),
             Command::Health { url, tls } => services::health(&url, &tls.client_tls())
                 .await
                 .map(|()| 0)

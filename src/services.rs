@@ -11,6 +11,22 @@ use std::path::PathBuf;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// Whether a service may create its database, and where a new one starts.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Create the SQLite database if it is missing (a first start). Without
+    /// it a missing database is refused: it may have been lost, and a new
+    /// one would count tokens from the start again.
+    #[arg(long)]
+    pub create_db: bool,
+    /// A new database's tokens start above N (the lease service's counter;
+    /// the proxy's max of every lock); an existing one is raised to N.
+    /// After a lost database: above every token ever issued (README, "A
+    /// lost database").
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub token_floor: u64,
+}
+
 #[derive(Debug, Args)]
 pub struct LocksvcArgs {
     /// TOML configuration file (see config/locksvc.toml).
@@ -22,6 +38,8 @@ pub struct LocksvcArgs {
     /// SQLite database; overrides `db` in the file.
     #[arg(long)]
     pub db: Option<PathBuf>,
+    #[command(flatten)]
+    pub create: CreateArgs,
     /// Only validate the configuration, then exit.
     #[arg(long)]
     pub check: bool,
@@ -117,6 +135,8 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
     if let Some(db) = args.db {
         config.db = db;
     }
+    config.create_db = args.create.create_db;
+    config.token_floor = args.create.token_floor;
     let mut config = config.validated()?;
     if let Some(LocksvcAction::Migrate { from_db }) = &args.action {
         let etcd = config.etcd.as_ref().context(
@@ -144,16 +164,16 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
         max_connections: config.max_connections,
         files_per_connection: 1,
     });
-    let listener = TcpListener::bind(config.listen)
+    let (listen, tls, max_connections) =
+        (config.listen, config.tls.enabled(), config.max_connections);
+    // The state is opened (and a read-only or missing database refused)
+    // before the service says it listens.
+    let prepared = fencegate_locksvc::prepare(config).await?;
+    let listener = TcpListener::bind(listen)
         .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    announce(
-        "locksvc",
-        listener.local_addr()?,
-        config.tls.enabled(),
-        config.max_connections,
-    );
-    fencegate_locksvc::run(listener, config, shutdown_signal()).await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    announce("locksvc", listener.local_addr()?, tls, max_connections);
+    prepared.serve(listener, shutdown_signal()).await
 }
 
 #[derive(Debug, Args)]
@@ -167,6 +187,8 @@ pub struct ProxyArgs {
     /// SQLite database; overrides `db` in the file.
     #[arg(long)]
     pub db: Option<PathBuf>,
+    #[command(flatten)]
+    pub create: CreateArgs,
     /// Backend endpoint URL; overrides `backend.endpoint` in the file.
     #[arg(long, env = "FENCEGATE_BACKEND_ENDPOINT")]
     pub backend: Option<String>,
@@ -186,6 +208,8 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     if let Some(b) = args.backend {
         config.backend.endpoint = b;
     }
+    config.create_db = args.create.create_db;
+    config.token_floor = args.create.token_floor;
     let mut config = config.validated()?;
     if args.check {
         println!("configuration is valid");
@@ -212,6 +236,28 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         max_connections,
     );
     proxy.serve(listener, shutdown_signal()).await
+}
+
+/// `fencegate restore-db`: puts a backup in place of a service's stopped
+/// database (either service's).
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The database to replace (the service's `db`).
+    #[arg(long)]
+    pub db: PathBuf,
+    /// The backup to put in its place.
+    #[arg(long)]
+    pub from: PathBuf,
+}
+
+pub fn restore_db(args: &RestoreArgs) -> anyhow::Result<()> {
+    fencegate_durable::restore(&args.from, &args.db, || fencegate_durable::in_use(&args.db))?;
+    println!(
+        "restored {} from {}; start the service (without --create-db)",
+        args.db.display(),
+        args.from.display()
+    );
+    Ok(())
 }
 
 pub async fn health(url: &str, tls: &fencegate_net::tls::ClientTls) -> anyhow::Result<()> {

@@ -800,6 +800,7 @@ fn health_checks_of_compose_and_dockerfile_hit_real_endpoints() {
     proxy_cmd
         .args([
             "proxy",
+            "--create-db",
             "--listen",
             "127.0.0.1:0",
             "--backend",

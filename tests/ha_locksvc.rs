@@ -56,10 +56,16 @@ fn replica_cmd_with(
     )
     .expect("config");
     let mut cmd = fencegate();
-    cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--config"])
-        .arg(path)
-        .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
-        .env("FENCEGATE_LOG", "warn");
+    cmd.args([
+        "locksvc",
+        "--create-db",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+    ])
+    .arg(path)
+    .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
+    .env("FENCEGATE_LOG", "warn");
     cmd
 }
 
@@ -548,7 +554,7 @@ fn migrate_moves_the_counter_and_the_live_leases_to_etcd() {
     // The SQLite service issues some tokens; one lease stays live.
     let mut sqlite = Service::start({
         let mut cmd = fencegate();
-        cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--db"])
+        cmd.args(["locksvc", "--create-db", "--listen", "127.0.0.1:0", "--db"])
             .arg(dir.path().join("old.db"))
             .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
             .env("FENCEGATE_LOG", "warn");
@@ -798,10 +804,16 @@ fn a_replica_reaches_etcd_over_tls_with_a_client_certificate() {
         let path = dir.path().join(format!("tls-{with_cert}.toml"));
         std::fs::write(&path, text).expect("config");
         let mut cmd = fencegate();
-        cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--config"])
-            .arg(path)
-            .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
-            .env("FENCEGATE_LOG", "warn");
+        cmd.args([
+            "locksvc",
+            "--create-db",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(path)
+        .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
+        .env("FENCEGATE_LOG", "warn");
         cmd
     };
     let r = Service::start(config(true));

@@ -194,9 +194,15 @@ secret_key = "backend-secret"
         let config = dir.path().join("proxy.toml");
         std::fs::write(&config, config_text).expect("config");
         let mut cmd = fencegate();
-        cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .env("FENCEGATE_LOG", "warn");
+        cmd.args([
+            "proxy",
+            "--create-db",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .env("FENCEGATE_LOG", "warn");
         if let Some(list) = env {
             cmd.env("FENCEGATE_LOCKSVC_URL", list);
         }

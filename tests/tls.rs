@@ -713,7 +713,7 @@ fn out_of_file_descriptors_the_lease_service_does_not_spin_and_recovers() {
     support::without_fencegate_env(&mut cmd);
     cmd.args(["-c", "ulimit -n 64 && exec \"$0\" \"$@\""])
         .arg(env!("CARGO_BIN_EXE_fencegate"))
-        .args(["locksvc", "--listen", "127.0.0.1:0", "--db"])
+        .args(["locksvc", "--create-db", "--listen", "127.0.0.1:0", "--db"])
         .arg(dir.path().join("locksvc.db"))
         .arg("--config")
         .arg(&config)

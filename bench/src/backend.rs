@@ -326,9 +326,15 @@ impl ProxyProc {
             proxy_toml(&backend.endpoint, &dir.path().join("proxy.db")) + &extra,
         )?;
         let mut cmd = std::process::Command::new(fencegate);
-        cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .env("FENCEGATE_LOG", "warn");
+        cmd.args([
+            "proxy",
+            "--create-db",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .env("FENCEGATE_LOG", "warn");
         let log = dir.path().join("proxy.log");
         let proc =
             tokio::task::spawn_blocking(move || crate::util::Proc::start_fencegate(cmd, log))

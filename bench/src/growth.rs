@@ -130,7 +130,11 @@ async fn scopes(opts: &GrowthOpts, tmp: &Path) -> anyhow::Result<(Vec<ScopeLevel
         let (dir, f) = populate_dir(tmp)?;
         fs = f;
         let fences = Fences::load(
-            Db::open(&dir.path().join("proxy.db"))?,
+            Db::open(
+                &dir.path().join("proxy.db"),
+                fencegate_durable::Opening::CreateIfMissing,
+                0,
+            )?,
             std::time::Duration::ZERO,
         )?;
         let ids: Vec<String> = (0..n).map(|i| format!("bucket-{i}")).collect();
@@ -159,7 +163,11 @@ async fn scopes(opts: &GrowthOpts, tmp: &Path) -> anyhow::Result<(Vec<ScopeLevel
 
 async fn raise_cost(opts: &GrowthOpts, tmp: &Path) -> anyhow::Result<RaiseCost> {
     let dir = tempfile::Builder::new().prefix("raise-").tempdir_in(tmp)?;
-    let db = Db::open(&dir.path().join("proxy.db"))?;
+    let db = Db::open(
+        &dir.path().join("proxy.db"),
+        fencegate_durable::Opening::CreateIfMissing,
+        0,
+    )?;
     let fences = Fences::load(db.clone(), std::time::Duration::ZERO)?;
     // Alternate: a raise through the fence (epoch barrier + spawn_blocking
     // + SQLite), and the same SQLite statement called directly.

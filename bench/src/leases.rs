@@ -53,7 +53,7 @@ impl Locksvc {
             .prefix("locksvc-")
             .tempdir_in(tmp)?;
         let mut cmd = Command::new(fencegate);
-        cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--db"])
+        cmd.args(["locksvc", "--create-db", "--listen", "127.0.0.1:0", "--db"])
             .arg(dir.path().join("locksvc.db"))
             .env("FENCEGATE_SIGNING_KEYS", crate::util::SIGNING_KEY)
             .env("FENCEGATE_LOG", "warn");

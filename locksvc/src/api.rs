@@ -156,6 +156,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(api)
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -667,6 +668,29 @@ async fn health() -> axum::Json<Value> {
     axum::Json(json!({ "status": "ok" }))
 }
 
+/// Readiness: whether the service can grant now (its last commit
+/// succeeded and its database file is still there). What a load balancer
+/// or a Kubernetes readiness probe should watch; `/health` is liveness.
+async fn ready(State(state): State<AppState>) -> Response {
+    let inner = &state.inner;
+    let problem = inner.engine.readiness_problem().or_else(|| {
+        (matches!(inner.engine, Leases::Sqlite(_)) && !inner.config.db.exists()).then(|| {
+            format!(
+                "the lease database {} is gone: the next commit will fail",
+                inner.config.db.display()
+            )
+        })
+    });
+    match problem {
+        None => axum::Json(json!({ "status": "ready" })).into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "status": "not ready", "reason": why })),
+        )
+            .into_response(),
+    }
+}
+
 async fn metrics(State(state): State<AppState>) -> Response {
     (
         [(
@@ -759,7 +783,12 @@ mod tests {
     /// The router over a real engine in `dir`, configured by `config`.
     fn app(dir: &std::path::Path, config: LocksvcConfig) -> (Router, crate::engine::Engine) {
         let metrics = Arc::new(Metrics::new());
-        let store = crate::store::Store::open(&dir.join("locksvc.db")).expect("store");
+        let store = crate::store::Store::open(
+            &dir.join("locksvc.db"),
+            fencegate_durable::Opening::CreateIfMissing,
+            0,
+        )
+        .expect("store");
         let engine = crate::engine::Engine::start(store, metrics.clone(), 8).expect("engine");
         let state = AppState::new(config, Leases::Sqlite(engine.handle()), metrics).expect("state");
         (router(state), engine)

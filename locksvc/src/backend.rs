@@ -43,6 +43,15 @@ impl Leases {
         }
     }
 
+    /// Why the service cannot grant now, if it cannot (SQLite: the last
+    /// commit failed; etcd answers each call for itself).
+    pub fn readiness_problem(&self) -> Option<String> {
+        match self {
+            Leases::Sqlite(e) => e.readiness().problem(),
+            Leases::Etcd(_) => None,
+        }
+    }
+
     pub async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
         match self {
             Leases::Sqlite(e) => e.renew(held, ttl).await,

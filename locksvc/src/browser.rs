@@ -57,7 +57,7 @@ pub async fn host_rule(
     req: Request,
     next: Next,
 ) -> Result<Response, Refused> {
-    if req.uri().path() != "/health"
+    if !matches!(req.uri().path(), "/health" | "/ready")
         && let Err(refusal) = check_host(req.headers(), req.uri(), &rules.hosts)
     {
         rules.metrics.refused(refusal.reason());

@@ -18,6 +18,16 @@ pub struct LocksvcConfig {
     /// SQLite file holding the token counter and the leases. Losing it
     /// would let tokens go backwards: back it up, never delete it.
     pub db: PathBuf,
+    /// Create `db` if it is missing (`--create-db`; `fencegate dev`). Not
+    /// a config key: a missing database on a normal start is a lost one,
+    /// and the service refuses to start.
+    #[serde(skip)]
+    pub create_db: bool,
+    /// The counter of a new database starts here (`--token-floor`; an
+    /// existing one's is raised to it): above every token ever issued,
+    /// after a loss.
+    #[serde(skip)]
+    pub token_floor: u64,
     /// HMAC keys (at least 16 bytes each) that sign fencing tokens; the first
     /// signs, all verify. Shared with the proxy. Override with the
     /// environment variable `FENCEGATE_SIGNING_KEYS` (comma separated) so
@@ -306,6 +316,8 @@ impl Default for LocksvcConfig {
         LocksvcConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             db: PathBuf::from("fencegate-locksvc.db"),
+            create_db: false,
+            token_floor: 0,
             signing_keys: Vec::new(),
             api_keys: Vec::new(),
             default_ttl: Duration::from_secs(30),

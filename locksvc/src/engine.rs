@@ -190,6 +190,27 @@ impl Batch {
     }
 }
 
+/// Whether the last commit succeeded: the service's readiness (what a
+/// load balancer should watch; `/health` stays liveness).
+#[derive(Debug, Default)]
+pub struct Readiness {
+    problem: std::sync::Mutex<Option<String>>,
+}
+
+impl Readiness {
+    /// Why the service is not ready, if it is not.
+    pub fn problem(&self) -> Option<String> {
+        self.problem
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set(&self, problem: Option<String>) {
+        *self.problem.lock().unwrap_or_else(|p| p.into_inner()) = problem;
+    }
+}
+
 /// The running engine thread.
 #[derive(Debug)]
 pub struct Engine {
@@ -201,6 +222,7 @@ pub struct Engine {
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
+    readiness: Arc<Readiness>,
 }
 
 impl Engine {
@@ -212,6 +234,12 @@ impl Engine {
         max_waiters: usize,
     ) -> anyhow::Result<Engine> {
         let (counter, leases) = store.load()?;
+        if store.created() {
+            tracing::warn!(
+                last_token = counter,
+                "created a new lease database (--create-db): tokens start above {counter}"
+            );
+        }
         anyhow::ensure!(
             counter < fencegate_core::lease::MAX_TOKEN,
             "the lease database says {counter} tokens were issued, the most there can be; refusing to start (is the database damaged?)"
@@ -228,18 +256,21 @@ impl Engine {
             .last_token
             .set(i64::try_from(table.counter()).unwrap_or(i64::MAX));
         let (tx, rx) = mpsc::channel();
+        let readiness = Arc::new(Readiness::default());
         let state = EngineState {
             table,
             store,
             lines: Lines::new(max_waiters),
             metrics,
             last_purge: now,
+            readiness: readiness.clone(),
+            failures: fencegate_durable::Throttle::default(),
         };
         let thread = std::thread::Builder::new()
             .name("locksvc-engine".into())
             .spawn(move || state.run(rx))?;
         Ok(Engine {
-            handle: EngineHandle { tx },
+            handle: EngineHandle { tx, readiness },
             thread: Some(thread),
         })
     }
@@ -258,6 +289,11 @@ impl Engine {
 }
 
 impl EngineHandle {
+    /// Whether the last commit succeeded.
+    pub fn readiness(&self) -> &Arc<Readiness> {
+        &self.readiness
+    }
+
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
         let (tx, rx) = oneshot::channel();
         self.tx.send(make(tx)).map_err(|_| EngineError::Stopped)?;
@@ -317,6 +353,9 @@ struct EngineState {
     lines: Lines<Reply<Lease>>,
     metrics: Arc<Metrics>,
     last_purge: Timestamp,
+    readiness: Arc<Readiness>,
+    /// Failed commits logged at most once a second.
+    failures: fencegate_durable::Throttle,
 }
 
 impl EngineState {
@@ -595,12 +634,24 @@ impl EngineState {
                 self.metrics
                     .last_token
                     .set(i64::try_from(self.table.counter()).unwrap_or(i64::MAX));
+                if batch.durability.is_some() {
+                    self.readiness.set(None);
+                    self.failures.reset();
+                }
             }
             Err(e) => {
-                tracing::error!(error = %e, "lease database commit failed; answering 503 and reloading");
-                match self.store.load() {
-                    Ok((counter, leases)) => self.table = LockTable::restore(counter, leases),
-                    Err(e) => tracing::error!(error = %e, "reload after failed commit failed"),
+                self.readiness
+                    .set(Some(format!("the last commit failed: {e}")));
+                if let Some(held_back) = self.failures.ready() {
+                    tracing::error!(error = %e, not_logged = held_back, "lease database commit failed; answering 503 (logged at most once a second)");
+                }
+                // A lost file is not read back: what has the name now is
+                // not this service's state.
+                if self.store.lost().is_none() {
+                    match self.store.load() {
+                        Ok((counter, leases)) => self.table = LockTable::restore(counter, leases),
+                        Err(e) => tracing::error!(error = %e, "reload after failed commit failed"),
+                    }
                 }
             }
         }
@@ -626,10 +677,17 @@ mod tests {
     fn engine_with(dir: &std::path::Path, max_waiters: usize) -> EngineState {
         EngineState {
             table: LockTable::new(),
-            store: Store::open(&dir.join("locksvc.db")).expect("store"),
+            store: Store::open(
+                &dir.join("locksvc.db"),
+                fencegate_durable::Opening::CreateIfMissing,
+                0,
+            )
+            .expect("store"),
             lines: Lines::new(max_waiters),
             metrics: Arc::new(Metrics::new()),
             last_purge: T0,
+            readiness: Arc::default(),
+            failures: fencegate_durable::Throttle::default(),
         }
     }
 

@@ -71,12 +71,34 @@ pub async fn run(
     config: LocksvcConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    prepare(config).await?.serve(listener, shutdown).await
+}
+
+/// A lease service with its state open (the SQLite file checked and
+/// loaded, or etcd joined), not serving yet: whatever keeps it from
+/// serving fails here, before it says it listens.
+#[derive(Debug)]
+pub struct Prepared {
+    config: LocksvcConfig,
+    options: fencegate_net::ServerOptions,
+    metrics: Arc<metrics::Metrics>,
+    leases: backend::Leases,
+    engine: Option<engine::Engine>,
+}
+
+/// Opens the lease service's state.
+pub async fn prepare(config: LocksvcConfig) -> anyhow::Result<Prepared> {
     let config = config.validated()?;
     let options = config.server_options()?;
     let metrics = Arc::new(metrics::Metrics::new());
     let (leases, engine) = match &config.etcd {
         None => {
-            let store = store::Store::open(&config.db)?;
+            let opening = if config.create_db {
+                fencegate_durable::Opening::CreateIfMissing
+            } else {
+                fencegate_durable::Opening::Existing
+            };
+            let store = store::Store::open(&config.db, opening, config.token_floor)?;
             let engine =
                 engine::Engine::start(store, metrics.clone(), config.max_waiters_per_lock)?;
             (backend::Leases::Sqlite(engine.handle()), Some(engine))
@@ -92,30 +114,55 @@ pub async fn run(
             (backend::Leases::Etcd(leases), None)
         }
     };
-    let allowed_hosts = config.allowed_hosts.clone();
-    let state = api::AppState::new(config, leases, metrics)?;
-    let app = api::router(state);
-    tracing::info!(
-        addr = %listener.local_addr()?,
-        tls = options.tls.is_some(),
-        max_connections = options.max_connections,
-        "locksvc listening"
-    );
-    let addr = listener.local_addr()?;
-    if !addr.ip().is_loopback() && allowed_hosts.is_empty() {
+    Ok(Prepared {
+        config,
+        options,
+        metrics,
+        leases,
+        engine,
+    })
+}
+
+impl Prepared {
+    /// Serves on `listener` until `shutdown` resolves, then finishes
+    /// in-flight requests and stops the engine.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let Prepared {
+            config,
+            options,
+            metrics,
+            leases,
+            engine,
+        } = self;
+        let allowed_hosts = config.allowed_hosts.clone();
+        let state = api::AppState::new(config, leases, metrics)?;
+        let app = api::router(state);
         tracing::info!(
-            "answering to IP addresses and localhost only: clients that reach {addr} by a host name are refused (421 HostNotAllowed) until the name is in allowed_hosts (or FENCEGATE_LOCKSVC_ALLOWED_HOSTS)"
+            addr = %listener.local_addr()?,
+            tls = options.tls.is_some(),
+            max_connections = options.max_connections,
+            "locksvc listening"
         );
+        let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() && allowed_hosts.is_empty() {
+            tracing::info!(
+                "answering to IP addresses and localhost only: clients that reach {addr} by a host name are refused (421 HostNotAllowed) until the name is in allowed_hosts (or FENCEGATE_LOCKSVC_ALLOWED_HOSTS)"
+            );
+        }
+        let service = hyper::service::service_fn(move |req| {
+            use tower::ServiceExt as _;
+            // The connection counts as busy until the body is read or dropped,
+            // not only until the answer is sent.
+            app.clone().oneshot(fencegate_net::track_request_body(req))
+        });
+        let served = fencegate_net::serve(listener, service, options, shutdown).await;
+        if let Some(engine) = engine {
+            engine.stop();
+        }
+        Ok(served?)
     }
-    let service = hyper::service::service_fn(move |req| {
-        use tower::ServiceExt as _;
-        // The connection counts as busy until the body is read or dropped,
-        // not only until the answer is sent.
-        app.clone().oneshot(fencegate_net::track_request_body(req))
-    });
-    let served = fencegate_net::serve(listener, service, options, shutdown).await;
-    if let Some(engine) = engine {
-        engine.stop();
-    }
-    Ok(served?)
 }

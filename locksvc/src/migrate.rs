@@ -43,7 +43,7 @@ pub fn epoch_needed(last_token: u64) -> u64 {
 
 pub async fn migrate(db: &Path, config: &EtcdConfig) -> anyhow::Result<Migrated> {
     anyhow::ensure!(db.exists(), "no SQLite lease database at {}", db.display());
-    let (last_token, leases) = Store::open(db)?.load()?;
+    let (last_token, leases) = Store::open(db, fencegate_durable::Opening::Existing, 0)?.load()?;
     let needed = epoch_needed(last_token);
     anyhow::ensure!(
         epoch_base(config.epoch) > last_token,

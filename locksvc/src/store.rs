@@ -8,15 +8,38 @@
 //! before the grant is answered; a commit that only renews or releases runs
 //! with `synchronous=NORMAL` (written to the OS, not fsync'd; see
 //! ARCHITECTURE.md for why safety does not depend on it).
+//!
+//! The file itself is `fencegate_durable`'s to guard: created only when
+//! told (a new database can start above a floor), probed for a read-only
+//! disk before the service listens, and watched before every commit for
+//! being deleted, replaced or written by someone else.
 
 use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
+use fencegate_durable::{Opening, Watch};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
+
+/// What the file is called in messages.
+const WHAT: &str = "lease database";
 
 /// The lease service's SQLite file.
 #[derive(Debug)]
 pub struct Store {
+    /// Not closed when the file was lost: a close would checkpoint the
+    /// log into whatever file now has the name.
     conn: Connection,
+    watch: Watch,
+    created: bool,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if self.watch.lost().is_some()
+            && let Ok(stand_in) = Connection::open_in_memory()
+        {
+            std::mem::forget(std::mem::replace(&mut self.conn, stand_in));
+        }
+    }
 }
 
 /// One lock's row to write in a commit.
@@ -36,13 +59,14 @@ pub enum Durability {
 }
 
 impl Store {
-    /// Opens (creating if needed) the database at `path`.
-    pub fn open(path: &Path) -> anyhow::Result<Store> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
+    /// Opens the database at `path`, creating it only as `opening` allows
+    /// (a new one's counter starts at `floor`; an existing one's is raised
+    /// to it), and checks that it can be written.
+    pub fn open(path: &Path, opening: Opening, floor: u64) -> anyhow::Result<Store> {
+        let created = fencegate_durable::prepare(path, opening, WHAT)?;
         let conn = Connection::open(path)
             .map_err(|e| anyhow::anyhow!("cannot open lease database {}: {e}", path.display()))?;
+        fencegate_durable::probe_writable(&conn, path, WHAT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(
@@ -67,7 +91,28 @@ impl Store {
         if !has_key_column {
             conn.execute_batch("ALTER TABLE leases ADD COLUMN idempotency_sha256 BLOB")?;
         }
-        Ok(Store { conn })
+        if floor > 0 {
+            conn.execute(
+                "UPDATE counter SET last_token = MAX(last_token, ?1) WHERE id = 1",
+                params![to_sql(floor)],
+            )?;
+        }
+        let watch = Watch::new(path, WHAT)?;
+        Ok(Store {
+            conn,
+            watch,
+            created,
+        })
+    }
+
+    /// Whether this open created the file.
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Why the file was given up, if it was (see `fencegate_durable::Watch`).
+    pub fn lost(&self) -> Option<&str> {
+        self.watch.lost()
     }
 
     /// The last token issued and every recorded lease.
@@ -120,11 +165,25 @@ impl Store {
         rows: &[LeaseRow],
         durability: Durability,
     ) -> rusqlite::Result<()> {
+        self.watch.check().map_err(|why| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(why),
+            )
+        })?;
         let sync = match durability {
             Durability::Fsync => "FULL",
             Durability::Written => "NORMAL",
         };
         self.conn.pragma_update(None, "synchronous", sync)?;
+        let result = self.write(counter, rows);
+        if result.is_ok() {
+            self.watch.written();
+        }
+        result
+    }
+
+    fn write(&mut self, counter: u64, rows: &[LeaseRow]) -> rusqlite::Result<()> {
         let tx = self.conn.transaction()?;
         // The counter only moves up: MAX() guards against a caller bug ever
         // writing a lower value.
@@ -184,12 +243,12 @@ mod tests {
             idempotency: Some(KeyDigest::of(b"client-secret-0123456789")),
         };
         {
-            let mut s = Store::open(&path).expect("open");
+            let mut s = Store::open(&path, Opening::CreateIfMissing, 0).expect("open");
             s.commit(4, &[LeaseRow::Put(lease.clone())], Durability::Fsync)
                 .expect("commit");
             s.commit(2, &[], Durability::Written).expect("commit");
         }
-        let s = Store::open(&path).expect("reopen");
+        let s = Store::open(&path, Opening::CreateIfMissing, 0).expect("reopen");
         let (counter, leases) = s.load().expect("load");
         assert_eq!(counter, 4);
         assert_eq!(leases, vec![lease]);
@@ -210,7 +269,7 @@ mod tests {
             )
             .expect("old schema");
         }
-        let s = Store::open(&path).expect("upgrades");
+        let s = Store::open(&path, Opening::CreateIfMissing, 0).expect("upgrades");
         let (counter, leases) = s.load().expect("load");
         assert_eq!(counter, 9);
         assert_eq!(leases.len(), 1);

@@ -127,6 +127,15 @@ pub struct ProxyConfig {
     /// name, and gets 421. Signed S3 requests are not checked (no page can
     /// sign them).
     pub allowed_hosts: Vec<String>,
+    /// Create the database if it is missing (`--create-db`; `fencegate
+    /// dev`). Not a config key: a missing database on a normal start is
+    /// a lost one, and the proxy refuses to start.
+    #[serde(skip)]
+    pub create_db: bool,
+    /// With `create_db`, the least max of every lock in the new database
+    /// (`--token-floor`): above every token ever issued, after a loss.
+    #[serde(skip)]
+    pub token_floor: u64,
     /// Longest a client may take to send a request's headers, counted from
     /// their first byte (for a new connection: from the accept, TLS
     /// handshake included); the connection is then closed. A head fits in
@@ -275,6 +284,8 @@ impl Default for ProxyConfig {
             client_idle_timeout_secs: 60,
             virtual_host_domains: vec!["localhost".into()],
             allowed_hosts: Vec::new(),
+            create_db: false,
+            token_floor: 0,
             header_read_timeout_secs: 10,
             idle_timeout_secs: 60,
             max_connections: 1024,

@@ -10,10 +10,20 @@
 //! (every request drained, no write left that the store may still
 //! commit): a run that did not may have left writes in flight, and the
 //! next one must wait them out before it raises a fence (`fences`).
+//!
+//! The file is `fencegate_durable`'s to guard: created only when told (a
+//! new one can start every lock's max at a floor), probed for a read-only
+//! disk before the proxy listens, claimed while the proxy runs, and
+//! watched before every write for being deleted, replaced or written by
+//! someone else (then every write fails, and the proxy is not ready).
 
+use fencegate_durable::{Claim, Opening, Watch};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+
+/// What the file is called in messages.
+const WHAT: &str = "proxy database";
 
 /// A multipart upload created through the proxy.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -32,7 +42,30 @@ pub struct UploadBinding {
 /// `spawn_blocking` (they are rare: a new max, a new upload).
 #[derive(Debug, Clone)]
 pub struct Db {
-    conn: Arc<Mutex<Connection>>,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Not closed when the file was lost: a close would checkpoint the
+    /// log into whatever file now has the name.
+    conn: Connection,
+    watch: Watch,
+    _claim: Claim,
+    /// Why the last write failed, if it did (readiness).
+    failed: Option<String>,
+    /// Its path, to see it deleted while nothing is written.
+    path: std::path::PathBuf,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.watch.lost().is_some()
+            && let Ok(stand_in) = Connection::open_in_memory()
+        {
+            std::mem::forget(std::mem::replace(&mut self.conn, stand_in));
+        }
+    }
 }
 
 fn to_sql(v: u64) -> i64 {
@@ -44,12 +77,14 @@ fn from_sql(v: i64) -> u64 {
 }
 
 impl Db {
-    pub fn open(path: &Path) -> anyhow::Result<Db> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
+    /// Opens the database at `path`, creating it only as `opening` allows;
+    /// `floor` (if above 0) becomes the least max of every lock, the ones
+    /// it never saw included.
+    pub fn open(path: &Path, opening: Opening, floor: u64) -> anyhow::Result<Db> {
+        let created = fencegate_durable::prepare(path, opening, WHAT)?;
         let conn = Connection::open(path)
             .map_err(|e| anyhow::anyhow!("cannot open proxy database {}: {e}", path.display()))?;
+        fencegate_durable::probe_writable(&conn, path, WHAT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(
@@ -60,6 +95,10 @@ impl Db {
              CREATE TABLE IF NOT EXISTS runs (
                  id INTEGER PRIMARY KEY CHECK (id = 1),
                  clean INTEGER NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS meta (
+                 name TEXT PRIMARY KEY,
+                 value INTEGER NOT NULL
              );
              CREATE TABLE IF NOT EXISTS uploads (
                  upload_id TEXT PRIMARY KEY,
@@ -77,23 +116,99 @@ impl Db {
         if !has_owner {
             conn.execute_batch("ALTER TABLE uploads ADD COLUMN owner TEXT NOT NULL DEFAULT ''")?;
         }
+        if floor > 0 {
+            conn.execute(
+                "INSERT INTO meta (name, value) VALUES ('floor', ?1)
+                 ON CONFLICT (name) DO UPDATE SET value = MAX(value, ?1)",
+                params![to_sql(floor)],
+            )?;
+        }
+        if created {
+            tracing::warn!(
+                db = %path.display(),
+                floor,
+                "created a new proxy database (--create-db): every lock's max starts at the floor"
+            );
+        }
+        let watch = Watch::new(path, WHAT)?;
+        let claim = fencegate_durable::claim(path)?;
         Ok(Db {
-            conn: Arc::new(Mutex::new(conn)),
+            inner: Arc::new(Mutex::new(Inner {
+                conn,
+                watch,
+                _claim: claim,
+                failed: None,
+                path: path.to_owned(),
+            })),
         })
     }
 
-    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A poisoned lock means a panic mid-call; the connection itself is
         // still consistent (SQLite transactions), so keep using it.
-        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        f(&conn)
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A read.
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+        f(&self.lock().conn)
+    }
+
+    /// A write: only to the file the proxy opened, as it left it.
+    fn write<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+        let mut inner = self.lock();
+        inner.watch.check().map_err(|why| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(why),
+            )
+        })?;
+        let r = f(&inner.conn);
+        match &r {
+            Ok(_) => {
+                inner.watch.written();
+                inner.failed = None;
+            }
+            Err(e) => inner.failed = Some(e.to_string()),
+        }
+        r
+    }
+
+    /// Why the proxy cannot persist a raise now, if it cannot: the file
+    /// was given up or is gone, or the last write failed (readiness).
+    pub fn problem(&self) -> Option<String> {
+        let inner = self.lock();
+        if let Some(why) = inner.watch.lost() {
+            return Some(why.to_owned());
+        }
+        if !inner.path.exists() {
+            return Some(format!(
+                "the proxy database {} is gone: the next raise will fail",
+                inner.path.display()
+            ));
+        }
+        inner
+            .failed
+            .as_ref()
+            .map(|e| format!("the last write to the proxy database failed: {e}"))
+    }
+
+    /// The least max of every lock (`--token-floor`; 0 if none was set).
+    pub fn floor(&self) -> rusqlite::Result<u64> {
+        self.with(|c| {
+            c.query_row("SELECT value FROM meta WHERE name = 'floor'", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .optional()
+            .map(|v| v.map_or(0, from_sql))
+        })
     }
 
     /// Starts a run: whether the last one ended cleanly (a database no run
     /// has used yet: yes), and this one recorded, durably, as not (yet)
     /// ended cleanly.
     pub fn begin_run(&self) -> rusqlite::Result<bool> {
-        self.with(|c| {
+        self.write(|c| {
             let clean = c
                 .query_row("SELECT clean FROM runs WHERE id = 1", [], |r| {
                     r.get::<_, i64>(0)
@@ -111,7 +226,7 @@ impl Db {
 
     /// Records that this run ended cleanly.
     pub fn end_run_cleanly(&self) -> rusqlite::Result<()> {
-        self.with(|c| {
+        self.write(|c| {
             c.execute("UPDATE runs SET clean = 1 WHERE id = 1", [])
                 .map(drop)
         })
@@ -128,7 +243,7 @@ impl Db {
 
     /// Raises `scope`'s max to `token` (never lowers it), durably.
     pub fn raise(&self, scope: &str, token: u64) -> rusqlite::Result<()> {
-        self.with(|c| {
+        self.write(|c| {
             c.execute(
                 "INSERT INTO fences (scope, max_token) VALUES (?1, ?2)
                  ON CONFLICT(scope) DO UPDATE SET max_token = MAX(max_token, ?2)",
@@ -139,7 +254,7 @@ impl Db {
     }
 
     pub fn bind_upload(&self, b: &UploadBinding) -> rusqlite::Result<()> {
-        self.with(|c| {
+        self.write(|c| {
             c.execute(
                 "INSERT OR REPLACE INTO uploads (upload_id, bucket, key, scope, token, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![b.upload_id, b.bucket, b.key, b.scope, to_sql(b.token), b.owner],
@@ -169,7 +284,7 @@ impl Db {
     }
 
     pub fn forget_upload(&self, upload_id: &str) -> rusqlite::Result<()> {
-        self.with(|c| {
+        self.write(|c| {
             c.execute(
                 "DELETE FROM uploads WHERE upload_id = ?1",
                 params![upload_id],
@@ -188,7 +303,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("p.db");
         {
-            let db = Db::open(&path).expect("open");
+            let db = Db::open(&path, Opening::CreateIfMissing, 0).expect("open");
             db.raise("b", 5).expect("raise");
             db.raise("b", 3).expect("raise");
             db.bind_upload(&UploadBinding {
@@ -201,7 +316,7 @@ mod tests {
             })
             .expect("bind");
         }
-        let db = Db::open(&path).expect("reopen");
+        let db = Db::open(&path, Opening::CreateIfMissing, 0).expect("reopen");
         assert_eq!(db.load_fences().expect("load"), vec![("b".to_owned(), 5)]);
         assert_eq!(db.upload("u1").expect("read").map(|u| u.token), Some(5));
         db.forget_upload("u1").expect("forget");
@@ -212,7 +327,7 @@ mod tests {
     fn a_run_is_unclean_until_it_says_otherwise() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("p.db");
-        let open = || Db::open(&path).expect("open");
+        let open = || Db::open(&path, Opening::CreateIfMissing, 0).expect("open");
         assert!(open().begin_run().expect("first"), "no run before");
         assert!(
             !open().begin_run().expect("after a crash"),

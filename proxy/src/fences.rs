@@ -138,6 +138,9 @@ pub struct Fences {
     durable: Durable,
     /// Until when a write of the process's last run may still commit.
     settled: tokio::time::Instant,
+    /// The least max of every scope (`--token-floor` of a database
+    /// re-created after a loss): a scope it never saw starts there.
+    floor: u64,
 }
 
 impl Fences {
@@ -146,13 +149,15 @@ impl Fences {
     /// raise completes before then.
     pub fn load(db: Db, store_decision: std::time::Duration) -> anyhow::Result<Fences> {
         let scopes = DashMap::new();
+        let floor = db.floor()?;
         for (scope, max) in db.load_fences()? {
-            scopes.insert(scope, Arc::new(ScopeFence::new(max)));
+            scopes.insert(scope, Arc::new(ScopeFence::new(max.max(floor))));
         }
         Ok(Fences {
             scopes: Arc::new(scopes),
             durable: Durable::Db(db),
             settled: tokio::time::Instant::now() + store_decision,
+            floor,
         })
     }
 
@@ -164,6 +169,7 @@ impl Fences {
             scopes: Arc::new(DashMap::new()),
             durable: Durable::Cluster(cluster),
             settled: tokio::time::Instant::now(),
+            floor: 0,
         }
     }
 
@@ -195,7 +201,7 @@ impl Fences {
         // Two first admits may race here: one insert wins and both get it.
         self.scopes
             .entry(id.to_owned())
-            .or_insert_with(|| Arc::new(ScopeFence::new(0)))
+            .or_insert_with(|| Arc::new(ScopeFence::new(self.floor)))
             .value()
             .clone()
     }
@@ -209,7 +215,7 @@ impl Fences {
         }
         self.scopes
             .get(scope)
-            .map_or(0, |f| f.max.load(Ordering::Acquire))
+            .map_or(self.floor, |f| f.max.load(Ordering::Acquire))
     }
 
     /// Whether `scope` has a fence (it admitted a write, now or before a
@@ -233,6 +239,18 @@ impl Fences {
                 .load(Ordering::Acquire)
                 .max(f.max.load(Ordering::Acquire))
         })
+    }
+
+    /// With one proxy: waits for a raise in progress in `scope` to end,
+    /// then the max (raised, or left as it was if the raise failed). With
+    /// replicas, `None`: the cluster's raise is decided by its protocol.
+    pub async fn after_raise(&self, scope: &str) -> Option<u64> {
+        if self.cluster().is_some() {
+            return None;
+        }
+        let fence = self.scopes.get(scope).map(|f| f.value().clone())?;
+        let _settled = fence.epoch.read().await;
+        Some(fence.max.load(Ordering::Acquire))
     }
 
     /// Number of scopes with a fence.
@@ -368,7 +386,12 @@ mod tests {
 
     fn fences() -> (tempfile::TempDir, Fences) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = Db::open(&dir.path().join("f.db")).expect("db");
+        let db = Db::open(
+            &dir.path().join("f.db"),
+            fencegate_durable::Opening::CreateIfMissing,
+            0,
+        )
+        .expect("db");
         (dir, Fences::load(db, Duration::ZERO).expect("load"))
     }
 
@@ -420,7 +443,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("f.db");
         let settle = Duration::from_millis(400);
-        let f = Fences::load(Db::open(&path).expect("db"), settle).expect("load");
+        let f = Fences::load(
+            Db::open(&path, fencegate_durable::Opening::CreateIfMissing, 0).expect("db"),
+            settle,
+        )
+        .expect("load");
         let start = tokio::time::Instant::now();
         let a = f.admit("s", 1).await.expect("raised");
         assert!(a.raised);
@@ -442,10 +469,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("f.db");
         {
-            let f = Fences::load(Db::open(&path).expect("db"), Duration::ZERO).expect("load");
+            let f = Fences::load(
+                Db::open(&path, fencegate_durable::Opening::CreateIfMissing, 0).expect("db"),
+                Duration::ZERO,
+            )
+            .expect("load");
             drop(f.admit("s", 9).await.expect("admitted"));
         }
-        let f = Fences::load(Db::open(&path).expect("db"), Duration::ZERO).expect("load");
+        let f = Fences::load(
+            Db::open(&path, fencegate_durable::Opening::CreateIfMissing, 0).expect("db"),
+            Duration::ZERO,
+        )
+        .expect("load");
         assert_eq!(f.max("s"), 9);
     }
 

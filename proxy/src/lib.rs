@@ -99,7 +99,15 @@ impl Proxy {
     pub async fn build(config: ProxyConfig) -> anyhow::Result<Proxy> {
         let config = config.validated()?;
         let options = config.server_options()?;
-        let db = db::Db::open(&config.db)?;
+        let db = db::Db::open(
+            &config.db,
+            if config.create_db {
+                fencegate_durable::Opening::CreateIfMissing
+            } else {
+                fencegate_durable::Opening::Existing
+            },
+            config.token_floor,
+        )?;
         let cluster = config
             .cluster
             .as_ref()

@@ -338,7 +338,7 @@ impl Router {
         endpoint: &str,
         req: &Request<B>,
     ) -> Result<(), Box<Response<Body>>> {
-        if endpoint == "health" {
+        if matches!(endpoint, "health" | "ready") {
             return Ok(());
         }
         if let Err(r) = fencegate_net::browser::check_host(req.headers(), req.uri(), &self.answered)
@@ -373,6 +373,13 @@ impl Router {
         match endpoint {
             "fence" => self.fence(method, headers).await,
             "health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
+            "ready" => match self.gate.not_ready() {
+                None => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+                Some(why) => json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({ "status": "not ready", "reason": why }).to_string(),
+                ),
+            },
             "status" => json(StatusCode::OK, self.gate.status().await.to_string()),
             "" | "events" => {
                 if let Err(why) = self.viewers.admit(headers) {

@@ -233,7 +233,7 @@ FG=$WORK/bin/fencegate
 SIGNING_KEY=$(openssl rand -hex 32)
 printf '[tls]\ncert_file = "%s"\nkey_file = "%s"\n' "$WORK/tls/server.crt" "$WORK/tls/server.key" \
   >"$WORK/svc/locksvc.toml"
-FENCEGATE_SIGNING_KEYS=$SIGNING_KEY "$FG" locksvc --config "$WORK/svc/locksvc.toml" \
+FENCEGATE_SIGNING_KEYS=$SIGNING_KEY "$FG" locksvc --create-db --config "$WORK/svc/locksvc.toml" \
   --listen 127.0.0.1:0 --db "$WORK/svc/locksvc.db" \
   >"$LOGS/locksvc.out" 2>"$LOGS/locksvc.log" &
 PIDS+=($!)
@@ -325,7 +325,7 @@ region = "us-east-1"
 path_style = true
 EOF
 FENCEGATE_SIGNING_KEYS=$SIGNING_KEY FENCEGATE_BACKEND_ACCESS_KEY=$BACKEND_KEY \
-  FENCEGATE_BACKEND_SECRET_KEY=$BACKEND_SECRET "$FG" proxy --config "$WORK/svc/proxy.toml" >"$LOGS/proxy.out" 2>"$LOGS/proxy.log" &
+  FENCEGATE_BACKEND_SECRET_KEY=$BACKEND_SECRET "$FG" proxy --create-db --config "$WORK/svc/proxy.toml" >"$LOGS/proxy.out" 2>"$LOGS/proxy.log" &
 PIDS+=($!)
 PROXY_ADDR=$(listen_addr "$LOGS/proxy.out" proxy)
 PROXY_PORT=${PROXY_ADDR##*:}

@@ -520,9 +520,15 @@ pub fn proxy_toml_to(
 
 pub fn proxy_cmd(config: &Path) -> Command {
     let mut cmd = fencegate();
-    cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .env("FENCEGATE_LOG", "warn");
+    cmd.args([
+        "proxy",
+        "--create-db",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+    ])
+    .arg(config)
+    .env("FENCEGATE_LOG", "warn");
     cmd
 }
 

@@ -62,6 +62,8 @@ pub struct Gate {
     tokens: TokenPolicy,
     /// The header families writes may carry.
     write_headers: crate::write_headers::WriteHeaders,
+    /// Failed raises, logged at most once a second.
+    storage_failures: std::sync::Mutex<fencegate_durable::Throttle>,
     /// Checks plain tokens with the lease service, when configured.
     issuer: Option<Issuer>,
     /// The lease service (`locksvc_url`), asked after each raise who the
@@ -350,6 +352,7 @@ impl Gate {
                 config.unsigned_tokens_accepted() && config.locksvc_url.is_none(),
             ),
             write_headers: crate::write_headers::WriteHeaders::new(&config.allow_write_headers),
+            storage_failures: std::sync::Mutex::default(),
             issuer: lease_service
                 .clone()
                 .filter(|_| config.unsigned_tokens_accepted())
@@ -772,6 +775,17 @@ impl Gate {
         }
     }
 
+    /// Why the proxy cannot admit a new token now, if it cannot (its
+    /// database; with replicas, its standing): readiness.
+    pub fn not_ready(&self) -> Option<String> {
+        if let Some(c) = self.fences.cluster()
+            && !c.admits()
+        {
+            return Some(c.why_not());
+        }
+        self.db.problem()
+    }
+
     /// The header families writes may carry.
     pub fn write_headers(&self) -> &crate::write_headers::WriteHeaders {
         &self.write_headers
@@ -1057,9 +1071,20 @@ impl Gate {
             Err(FenceError::Stale { token, max }) => {
                 Err(self.stale(op, scope, token, max, &format!(" for lock {}", scope.lock)))
             }
-            Err(FenceError::Storage(e)) => Err(errors::storage(format!(
-                "cannot persist the new max token: {e}; nothing was written"
-            ))),
+            Err(FenceError::Storage(e)) => {
+                self.count(op, scope, "unavailable");
+                let held_back = self
+                    .storage_failures
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .ready();
+                if let Some(held_back) = held_back {
+                    tracing::error!(lock = %scope.lock, token, error = %e, not_logged = held_back, "cannot persist a raise of the fence in the proxy database; answering 503 (logged at most once a second)");
+                }
+                Err(errors::storage(format!(
+                    "cannot persist the new max token: {e}; nothing was written"
+                )))
+            }
             Err(FenceError::Unavailable(e)) => {
                 self.count(op, scope, "unavailable");
                 Err(errors::storage(format!("{e}; nothing was written")))
@@ -1116,7 +1141,7 @@ impl Gate {
         let cut = admission.cancel.clone();
         let guard = tokio::select! {
             g = self.keys.lock(bucket, key) => g,
-            () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission)),
+            () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission).await),
         };
         let trusted = |k: &Known| {
             let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
@@ -1177,7 +1202,7 @@ impl Gate {
     /// `FencingTokenStale`, whatever the write and however far it got: a
     /// higher token exists for its lock, so no retry with its token can
     /// succeed. The max reported is the token that cut it.
-    pub fn cut(
+    pub async fn cut(
         &self,
         op: &'static str,
         scope: &Scope,
@@ -1185,6 +1210,17 @@ impl Gate {
         admission: Admission,
     ) -> S3Error {
         drop(admission);
+        // The answer is the raise's outcome, not its attempt: a raise the
+        // database refused admitted nobody, and this writer may still hold
+        // the lease.
+        if let Some(max) = self.fences.after_raise(scope.fence()).await
+            && max <= token
+        {
+            self.count(op, scope, "unavailable");
+            return errors::storage(
+                "a newer token's raise of the fence could not be made durable (the proxy database failed); this request was cut in flight and nothing of it was committed: retry".to_owned(),
+            );
+        }
         if let Some(c) = self.fences.cluster()
             && !c.admits()
             && self.fences.cut_by(scope.fence()) <= token
@@ -1275,7 +1311,7 @@ impl Gate {
                         ..
                     } = w;
                     drop(key);
-                    return Err(self.cut(op.name(), &scope, token, admission));
+                    return Err(self.cut(op.name(), &scope, token, admission).await);
                 }
                 if errors::is_condition_failure(&e) {
                     self.count(w.op.name(), &w.scope, "conflict");

@@ -203,7 +203,7 @@ pub async fn upload_part(
         .await?;
     let result = gate.upload_part(&admission, req).await;
     if admission.cancel.is_cancelled() {
-        return Err(gate.cut(OP, &scope, binding.token, admission));
+        return Err(gate.cut(OP, &scope, binding.token, admission).await);
     }
     let resp = result.map_err(errors::from_backend)?;
     gate.count(OP, &scope, "accepted");
@@ -234,7 +234,7 @@ pub async fn upload_part_copy(
         .await?;
     let result = gate.upload_part_copy(&admission, req).await;
     if admission.cancel.is_cancelled() {
-        return Err(gate.cut(OP, &scope, binding.token, admission));
+        return Err(gate.cut(OP, &scope, binding.token, admission).await);
     }
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
