@@ -30,6 +30,8 @@ pub struct Store {
     conn: Connection,
     watch: Watch,
     created: bool,
+    /// Held while the service runs (`fencegate restore-db` checks it).
+    _claim: fencegate_durable::Claim,
 }
 
 impl Drop for Store {
@@ -102,6 +104,7 @@ impl Store {
             conn,
             watch,
             created,
+            _claim: fencegate_durable::claim(path)?,
         })
     }
 

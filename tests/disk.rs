@@ -1,0 +1,489 @@
+//! Sick disks and operators' mistakes, on real filesystems (issue 25): a
+//! database deleted, replaced or restored while its service runs, a full
+//! tmpfs, an ext4 image remounted read-only. The services must never go
+//! on from a database that is not theirs, never count tokens from the
+//! start again on their own, say what is wrong at ERROR (once a second,
+//! not once a request), report it on their readiness endpoint, and
+//! recover on their own once the disk does.
+//!
+//! Mounting needs root (the test machines run the suite as root).
+
+mod support;
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::s3::*;
+use support::*;
+
+const BUCKET: &str = "bkt";
+
+/// A filesystem mounted for one test, unmounted when dropped.
+struct Mount {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Mount {
+    fn run(cmd: &mut Command) {
+        let out = cmd.output().expect("runs");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A tmpfs of `size` (e.g. "2m").
+    fn tmpfs(size: &str) -> Mount {
+        let dir = tempdir();
+        let path = dir.path().join("mnt");
+        std::fs::create_dir(&path).expect("mount point");
+        Mount::run(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&path),
+        );
+        Mount { path, _dir: dir }
+    }
+
+    /// An ext4 image of 32 MiB on a loop device.
+    fn ext4() -> Mount {
+        let dir = tempdir();
+        let image = dir.path().join("fs.img");
+        let path = dir.path().join("mnt");
+        std::fs::create_dir(&path).expect("mount point");
+        Mount::run(Command::new("truncate").args(["-s", "32M"]).arg(&image));
+        Mount::run(Command::new("mkfs.ext4").arg("-q").arg(&image));
+        Mount::run(
+            Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(&image)
+                .arg(&path),
+        );
+        Mount { path, _dir: dir }
+    }
+
+    fn remount(&self, how: &str) {
+        Mount::run(
+            Command::new("mount")
+                .args(["-o", &format!("remount,{how}")])
+                .arg(&self.path),
+        );
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Fills the filesystem at `dir` until it has no room left; returns the
+/// file that holds the space.
+fn fill(dir: &Path) -> PathBuf {
+    let filler = dir.join("filler");
+    let mut f = std::fs::File::create(&filler).expect("filler");
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        if std::io::Write::write_all(&mut f, &chunk).is_err() {
+            break;
+        }
+    }
+    // And the last few bytes.
+    while std::io::Write::write_all(&mut f, &[0u8; 512]).is_ok() {}
+    filler
+}
+
+/// `fencegate locksvc` on the database `db`, its log (stderr) to `log`.
+fn locksvc(db: &Path, extra: &[&str], log: &Path) -> Command {
+    let mut cmd = fencegate();
+    cmd.args(["locksvc", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .arg("--db")
+        .arg(db)
+        .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
+        .env("FENCEGATE_LOG", "warn")
+        .stderr(std::fs::File::create(log).expect("log"));
+    cmd
+}
+
+fn start_locksvc_at(db: &Path, extra: &[&str], log: &Path) -> Service {
+    let mut cmd = locksvc(db, extra, log);
+    cmd.stdin(Stdio::null());
+    Service::start_logging(cmd, std::fs::File::create(log).expect("log"))
+}
+
+/// Runs a service that is expected to refuse to start: its exit status,
+/// what it printed on stdout and on stderr.
+fn refused_start(mut cmd: Command) -> (bool, String, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the service did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("stdout");
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("stderr");
+    (status.success(), out, err)
+}
+
+fn errors_in(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("ERROR"))
+        .count()
+}
+
+fn get(url: &str) -> (u16, serde_json::Value) {
+    let resp = reqwest::blocking::get(url).expect("get");
+    let status = resp.status().as_u16();
+    (status, resp.json().unwrap_or_default())
+}
+
+fn remove_database(db: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = db.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+}
+
+#[test]
+fn a_lease_database_deleted_while_running_stops_grants_and_is_never_recreated_alone() {
+    let dir = tempdir();
+    let (db, log) = (
+        dir.path().join("locksvc.db"),
+        dir.path().join("locksvc.log"),
+    );
+    // A first start must say so.
+    let (ok, out, err) = refused_start(locksvc(&db, &[], &dir.path().join("first.log")));
+    let err = err + &std::fs::read_to_string(dir.path().join("first.log")).unwrap_or_default();
+    assert!(!ok && !out.contains("listening on"), "{out}");
+    assert!(
+        err.contains("does not exist") && err.contains("--create-db"),
+        "{err}"
+    );
+    assert!(!db.exists(), "nothing was created");
+
+    let mut svc = start_locksvc_at(&db, &["--create-db"], &log);
+    let api = Api::new(&svc.url);
+    assert_eq!(token_of(&api.acquire("a", "A", 60_000).1), 1);
+    assert_eq!(token_of(&api.acquire("b", "B", 60_000).1), 2);
+    assert_eq!(get(&format!("{}/ready", svc.url)).0, 200);
+
+    remove_database(&db);
+    for i in 0..50 {
+        let (s, v) = api.acquire(&format!("c{i}"), "C", 60_000);
+        assert_eq!(s, 503, "a grant after the database was deleted: {v}");
+        assert!(v.to_string().contains("deleted"), "{v}");
+    }
+    let (s, ready) = get(&format!("{}/ready", svc.url));
+    assert_eq!(s, 503, "{ready}");
+    assert!(
+        ready["reason"].as_str().unwrap_or("").contains("deleted"),
+        "{ready}"
+    );
+    assert_eq!(get(&format!("{}/health", svc.url)).0, 200, "liveness stays");
+    let errors = errors_in(&log);
+    assert!(
+        (1..=3).contains(&errors),
+        "{errors} ERROR lines for 50 refused grants: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    svc.terminate();
+    assert!(!db.exists(), "a lost database is not written back at exit");
+
+    // A restart does not count from 1 on its own.
+    let (ok, out, err) = refused_start(locksvc(&db, &[], &dir.path().join("restart.log")));
+    let err = err + &std::fs::read_to_string(dir.path().join("restart.log")).unwrap_or_default();
+    assert!(!ok && !out.contains("listening on"), "{out}");
+    assert!(err.contains("--token-floor"), "{err}");
+    // The operator re-creates it above every token issued.
+    let svc = start_locksvc_at(&db, &["--create-db", "--token-floor", "1000"], &log);
+    let api = Api::new(&svc.url);
+    assert_eq!(token_of(&api.acquire("a", "A", 60_000).1), 1001);
+}
+
+#[test]
+fn a_lease_database_replaced_while_running_is_not_mixed_with_the_old_state() {
+    let dir = tempdir();
+    let (db, log) = (
+        dir.path().join("locksvc.db"),
+        dir.path().join("locksvc.log"),
+    );
+    let mut svc = start_locksvc_at(&db, &["--create-db"], &log);
+    let api = Api::new(&svc.url);
+    assert_eq!(token_of(&api.acquire("a", "A", 60_000).1), 1);
+    svc.terminate();
+    let backup = dir.path().join("backup.db");
+    std::fs::copy(&db, &backup).expect("backup");
+
+    let mut svc = start_locksvc_at(&db, &[], &log);
+    let api = Api::new(&svc.url);
+    assert_eq!(token_of(&api.acquire("b", "B", 60_000).1), 2);
+    assert_eq!(token_of(&api.acquire("c", "C", 60_000).1), 3);
+    // The backup copied over the live file, in place.
+    std::fs::copy(&backup, &db).expect("copied over");
+    let (s, v) = api.acquire("d", "D", 60_000);
+    assert_eq!(s, 503, "{v}");
+    assert!(v.to_string().contains("another process"), "{v}");
+    // restore-db refuses while the service has it open.
+    let out = fencegate()
+        .args(["restore-db", "--db"])
+        .arg(&db)
+        .arg("--from")
+        .arg(&backup)
+        .output()
+        .expect("restore-db");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stop it first"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    svc.terminate();
+
+    // Stopped: the documented restore, then a start above what was issued.
+    let out = fencegate()
+        .args(["restore-db", "--db"])
+        .arg(&db)
+        .arg("--from")
+        .arg(&backup)
+        .output()
+        .expect("restore-db");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svc = start_locksvc_at(&db, &["--token-floor", "3"], &log);
+    let api = Api::new(&svc.url);
+    // The backup's state, not the running service's: b and c are not held.
+    let (s, v) = api.acquire("b", "B2", 60_000);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(token_of(&v), 4, "above every token issued");
+}
+
+#[test]
+fn a_full_disk_refuses_grants_says_so_once_a_second_and_recovers() {
+    let mnt = Mount::tmpfs("2m");
+    let (db, log) = (mnt.path.join("locksvc.db"), mnt.path.join("../locksvc.log"));
+    let svc = start_locksvc_at(&db, &["--create-db"], &log);
+    let api = Api::new(&svc.url);
+    let first = token_of(&api.acquire("a", "A", 60_000).1);
+    let filler = fill(&mnt.path);
+    let mut refused = 0;
+    for i in 0..200 {
+        // Distinct owners and locks: each grant is a write of its own.
+        let (s, v) = api.acquire(
+            &format!("full-{i}"),
+            &format!("owner-{i}-{}", "x".repeat(200)),
+            60_000,
+        );
+        if s == 503 {
+            refused += 1;
+        } else {
+            assert_eq!(s, 200, "{v}");
+        }
+    }
+    assert!(refused > 0, "the full disk refused no grant");
+    let (s, ready) = get(&format!("{}/ready", svc.url));
+    assert_eq!(s, 503, "{ready}");
+    assert_eq!(get(&format!("{}/health", svc.url)).0, 200);
+    let errors = errors_in(&log);
+    assert!(
+        errors <= 5,
+        "{errors} ERROR lines for {refused} refused grants"
+    );
+    std::fs::remove_file(&filler).expect("free the disk");
+    let (s, v) = api.acquire("after", "A", 60_000);
+    assert_eq!(s, 200, "recovered: {v}");
+    assert!(token_of(&v) > first);
+    assert_eq!(get(&format!("{}/ready", svc.url)).0, 200, "ready again");
+}
+
+#[test]
+fn a_read_only_filesystem_is_named_before_the_service_says_it_listens() {
+    let mnt = Mount::ext4();
+    let dir = tempdir();
+    let db = mnt.path.join("locksvc.db");
+    let log = dir.path().join("locksvc.log");
+    let mut svc = start_locksvc_at(&db, &["--create-db"], &log);
+    assert_eq!(token_of(&Api::new(&svc.url).acquire("a", "A", 60_000).1), 1);
+    svc.terminate();
+    mnt.remount("ro");
+    let (ok, out, err) = refused_start(locksvc(&db, &[], &dir.path().join("ro.log")));
+    let err = err + &std::fs::read_to_string(dir.path().join("ro.log")).unwrap_or_default();
+    assert!(!ok, "started on a read-only filesystem");
+    assert!(!out.contains("listening on"), "claimed to listen: {out}");
+    assert!(
+        err.contains("read-only filesystem") && err.contains(&db.display().to_string()),
+        "{err}"
+    );
+    mnt.remount("rw");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_database_lost_while_running_refuses_raises_and_a_restart_needs_a_floor() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempdir();
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "");
+    let mut proxy = Proxy::start(&toml, dir.path()).await;
+    let put = |url: String, key: &'static str, token: u64| async move {
+        let r = reqwest::Client::new()
+            .put(format!("{url}/{BUCKET}/{key}"))
+            .header("Fencing-Token", signed(BUCKET, token))
+            .body("v")
+            .send()
+            .await
+            .expect("put");
+        let status = r.status().as_u16();
+        (status, r.text().await.unwrap_or_default())
+    };
+    assert_eq!(put(proxy.url.clone(), "k1", 3).await.0, 200);
+    remove_database(&dir.path().join("proxy.db"));
+    let (s, text) = put(proxy.url.clone(), "k2", 4).await;
+    assert_eq!(s, 503, "a raise with no database: {text}");
+    assert!(text.contains("deleted"), "{text}");
+    let ready = reqwest::get(format!("{}/_fencegate/ready", proxy.url))
+        .await
+        .expect("ready");
+    assert_eq!(ready.status().as_u16(), 503);
+    proxy.terminate();
+
+    // Without --create-db, a restart refuses; with it and a floor, a token
+    // below the floor is stale even on a key never written.
+    let config = dir.path().join("restart.toml");
+    std::fs::write(&config, &toml).expect("config");
+    let mut cmd = fencegate();
+    cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env("FENCEGATE_LOG", "warn");
+    let (ok, out, err) = tokio::task::spawn_blocking(move || refused_start(cmd))
+        .await
+        .expect("joined");
+    assert!(!ok && !out.contains("listening on"), "{out}");
+    assert!(
+        err.contains("does not exist") && err.contains("--token-floor"),
+        "{err}"
+    );
+    let mut cmd = fencegate();
+    cmd.args([
+        "proxy",
+        "--create-db",
+        "--token-floor",
+        "4",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+    ])
+    .arg(&config)
+    .env("FENCEGATE_LOG", "warn");
+    let svc = tokio::task::spawn_blocking(move || Service::start(cmd))
+        .await
+        .expect("started");
+    let (s, text) = put(svc.url.clone(), "never-written", 3).await;
+    assert_eq!(s, 409, "a token below the floor: {text}");
+    assert_eq!(put(svc.url.clone(), "never-written", 5).await.0, 200);
+}
+
+/// A write cut by a raise that the database then refused was not cut by a
+/// newer holder: its writer may still hold the lease. It is answered 503
+/// (retry), not 409 "stale", no cut is recorded, and the max stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_cut_by_a_raise_that_could_not_persist_is_told_to_retry() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let mnt = Mount::tmpfs("2m");
+    let toml = proxy_toml(&backend, &mnt.path, BUCKET, "");
+    let proxy = Proxy::start(&toml, &mnt.path).await;
+    let http = reqwest::Client::new();
+    let url = |key: &str| format!("{}/{BUCKET}/{key}", proxy.url);
+    let first = http
+        .put(url("k"))
+        .header("Fencing-Token", signed(BUCKET, 3))
+        .body("v")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(first.status().as_u16(), 200);
+
+    // Token 3's upload, in flight: one chunk, then it waits.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    tx.send(Ok(vec![b'a'; 1024])).await.expect("chunk");
+    let body = reqwest::Body::wrap_stream(tokio_stream_of(rx));
+    let slow = tokio::spawn({
+        let req = http
+            .put(url("slow"))
+            .header("Fencing-Token", signed(BUCKET, 3))
+            .header("Content-Length", "2048")
+            .body(body);
+        async move { req.send().await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let filler = fill(&mnt.path);
+    let newer = http
+        .put(url("newer"))
+        .header("Fencing-Token", signed(BUCKET, 4))
+        .body("v")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(newer.status().as_u16(), 503, "the raise could not persist");
+    let _ = tx.send(Ok(vec![b'b'; 1024])).await;
+    drop(tx);
+    let slow = slow.await.expect("joined").expect("answered");
+    let status = slow.status().as_u16();
+    let text = slow.text().await.unwrap_or_default();
+    assert_eq!(status, 503, "cut by a raise that did not happen: {text}");
+    assert!(!text.contains("FencingTokenStale"), "{text}");
+    let events: serde_json::Value = reqwest::get(format!("{}/_fencegate/events", proxy.url))
+        .await
+        .expect("events")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        !events.to_string().contains("\"cut\""),
+        "a cut was recorded: {events}"
+    );
+    std::fs::remove_file(&filler).expect("free");
+    let again = http
+        .put(url("k"))
+        .header("Fencing-Token", signed(BUCKET, 3))
+        .body("again")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(again.status().as_u16(), 200, "token 3 still holds the lock");
+}
+
+/// The receiving end of `rx` as a stream of body chunks.
+fn tokio_stream_of(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
+) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
