@@ -487,3 +487,97 @@ fn tokio_stream_of(
 ) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
+
+/// `fsfreeze` of the filesystem for as long as the value lives.
+struct Frozen<'m>(&'m Mount);
+
+impl<'m> Frozen<'m> {
+    fn new(m: &'m Mount) -> Frozen<'m> {
+        Mount::run(Command::new("fsfreeze").arg("-f").arg(&m.path));
+        Frozen(m)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze")
+            .arg("-u")
+            .arg(&self.0.path)
+            .status();
+    }
+}
+
+/// A lease service on a frozen filesystem answers 503 within its
+/// `storage_timeout`, status reads included, instead of holding every
+/// request for as long as the disk stalls; and it serves again once the
+/// disk does.
+#[test]
+fn a_stalled_disk_costs_an_answer_not_a_hung_request() {
+    let mnt = Mount::ext4();
+    let dir = tempdir();
+    let config = dir.path().join("locksvc.toml");
+    std::fs::write(&config, "storage_timeout = \"1s\"\n").expect("config");
+    let config = config.display().to_string();
+    let db = mnt.path.join("locksvc.db");
+    let svc = start_locksvc_at(
+        &db,
+        &["--create-db", "--config", &config],
+        &dir.path().join("locksvc.log"),
+    );
+    let api = Api::new(&svc.url);
+    assert_eq!(token_of(&api.acquire("a", "A", 60_000).1), 1);
+    {
+        let _frozen = Frozen::new(&mnt);
+        for (what, req) in [("acquire", 0), ("status", 1), ("acquire", 2)] {
+            let started = Instant::now();
+            let (s, v) = if req == 1 {
+                api.status("a")
+            } else {
+                api.acquire(&format!("stalled-{req}"), "B", 60_000)
+            };
+            let took = started.elapsed();
+            assert_eq!(s, 503, "{what} on a frozen disk: {v}");
+            assert!(
+                took < Duration::from_secs(5),
+                "{what} took {took:?} on a frozen disk (storage_timeout 1s)"
+            );
+        }
+    }
+    let (s, v) = api.acquire("after", "A", 60_000);
+    assert_eq!(s, 200, "serves again: {v}");
+}
+
+/// A lease that runs out while its grant is being committed (a stalled
+/// disk) is not answered as granted: the waiter would start its work under
+/// a lease already over.
+#[test]
+fn a_lease_that_runs_out_during_its_commit_is_not_answered_as_granted() {
+    let mnt = Mount::ext4();
+    let dir = tempdir();
+    let config = dir.path().join("locksvc.toml");
+    std::fs::write(&config, "storage_timeout = \"30s\"\n").expect("config");
+    let config = config.display().to_string();
+    let db = mnt.path.join("locksvc.db");
+    let svc = start_locksvc_at(
+        &db,
+        &["--create-db", "--config", &config],
+        &dir.path().join("locksvc.log"),
+    );
+    let api = Api::new(&svc.url);
+    // A holds it for 1 s; B waits for it with a 2 s lease.
+    assert_eq!(api.acquire("l", "A", 1000).0, 200);
+    let waiter = {
+        let api = api.clone();
+        std::thread::spawn(move || api.acquire_wait("l", "B", 2000, 20_000))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    {
+        let _frozen = Frozen::new(&mnt);
+        // A's lease ends; B's grant is committed on the frozen disk, and
+        // its 2 s run out meanwhile.
+        std::thread::sleep(Duration::from_secs(4));
+    }
+    let (s, v) = waiter.join().expect("waiter");
+    assert_eq!(s, 503, "a grant answered after its lease ran out: {v}");
+    assert!(v.to_string().contains("ran out"), "{v}");
+}

@@ -789,7 +789,13 @@ mod tests {
             0,
         )
         .expect("store");
-        let engine = crate::engine::Engine::start(store, metrics.clone(), 8).expect("engine");
+        let engine = crate::engine::Engine::start(
+            store,
+            metrics.clone(),
+            8,
+            std::time::Duration::from_secs(10),
+        )
+        .expect("engine");
         let state = AppState::new(config, Leases::Sqlite(engine.handle()), metrics).expect("state");
         (router(state), engine)
     }

@@ -78,6 +78,14 @@ pub struct LocksvcConfig {
     /// that stall or trickle.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// Longest a request waits for the SQLite database (its commit, or
+    /// the commits queued before it) beyond its own `wait_ms`: then 503
+    /// StorageUnavailable, as etcd calls are bounded by its
+    /// `request_timeout`. A stalled disk (a frozen filesystem, a dying
+    /// device) then costs clients an answer, not a hung connection; an
+    /// acquire that gave up before it was applied is not applied.
+    #[serde(with = "humantime_serde")]
+    pub storage_timeout: Duration,
     /// A keep-alive connection with no request in flight and nothing
     /// received for this long is closed. 60s: above `fencegate run`'s
     /// renewal interval for TTLs up to 3 minutes (a third of the TTL), so
@@ -328,6 +336,7 @@ impl Default for LocksvcConfig {
             max_body_bytes: 16 * 1024,
             credential_ttl: Duration::from_secs(24 * 3600),
             header_read_timeout: Duration::from_secs(10),
+            storage_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
             max_connections_per_address: None,

@@ -142,13 +142,23 @@ impl Pending {
     /// which the failed commit rolled back, so "held by X with token N" may
     /// name a grant that never happened, and "lease lost" may follow a
     /// release that never happened.
-    fn send(self, commit: &Result<(), String>) {
+    ///
+    /// A lease whose time ran out while its commit was on its way to disk
+    /// (a stalled disk) is not answered as granted: its holder would start
+    /// work under a lease already over. It is a storage error (retry).
+    fn send(self, commit: &Result<(), String>, committed_at: Timestamp) {
         let fail = |e: &String| EngineError::Storage(e.clone());
         match self {
             Pending::Lease(tx, r) => {
-                let _ = tx.send(match commit {
-                    Ok(()) => r,
-                    Err(e) => Err(fail(e)),
+                let _ = tx.send(match (commit, r) {
+                    (Ok(()), Ok(lease)) if lease.expires_at <= committed_at => {
+                        Err(EngineError::Storage(format!(
+                            "the lease on {} (token {}) ran out while the database committed it (the disk stalled); retry",
+                            lease.lock, lease.token
+                        )))
+                    }
+                    (Ok(()), r) => r,
+                    (Err(e), _) => Err(fail(e)),
                 });
             }
             Pending::Unit(tx, r) => {
@@ -223,6 +233,8 @@ pub struct Engine {
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
     readiness: Arc<Readiness>,
+    /// Longest a call waits for the engine beyond its own wait.
+    storage_timeout: Duration,
 }
 
 impl Engine {
@@ -232,6 +244,7 @@ impl Engine {
         store: Store,
         metrics: Arc<Metrics>,
         max_waiters: usize,
+        storage_timeout: Duration,
     ) -> anyhow::Result<Engine> {
         let (counter, leases) = store.load()?;
         if store.created() {
@@ -270,7 +283,11 @@ impl Engine {
             .name("locksvc-engine".into())
             .spawn(move || state.run(rx))?;
         Ok(Engine {
-            handle: EngineHandle { tx, readiness },
+            handle: EngineHandle {
+                tx,
+                readiness,
+                storage_timeout,
+            },
             thread: Some(thread),
         })
     }
@@ -294,10 +311,23 @@ impl EngineHandle {
         &self.readiness
     }
 
-    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
+    /// Sends a command and waits for its answer, at most `wait` plus the
+    /// storage timeout: a stalled disk answers 503, and a command the
+    /// engine had not applied when its caller gave up is dropped.
+    async fn call<T>(
+        &self,
+        wait: Duration,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<T, EngineError> {
         let (tx, rx) = oneshot::channel();
         self.tx.send(make(tx)).map_err(|_| EngineError::Stopped)?;
-        rx.await.map_err(|_| EngineError::Stopped)?
+        match tokio::time::timeout(wait + self.storage_timeout, rx).await {
+            Ok(answer) => answer.map_err(|_| EngineError::Stopped)?,
+            Err(_) => Err(EngineError::Storage(format!(
+                "the lease database did not answer within storage_timeout ({:?}): is its disk stalled? Retry",
+                self.storage_timeout
+            ))),
+        }
     }
 
     pub async fn acquire(
@@ -309,7 +339,7 @@ impl EngineHandle {
         wait: Duration,
         party: Party,
     ) -> Result<Lease, EngineError> {
-        self.call(|reply| Command::Acquire {
+        self.call(wait, |reply| Command::Acquire {
             lock,
             owner,
             key,
@@ -322,15 +352,18 @@ impl EngineHandle {
     }
 
     pub async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
-        self.call(|reply| Command::Renew { held, ttl, reply }).await
+        self.call(Duration::ZERO, |reply| Command::Renew { held, ttl, reply })
+            .await
     }
 
     pub async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
-        self.call(|reply| Command::Release { held, reply }).await
+        self.call(Duration::ZERO, |reply| Command::Release { held, reply })
+            .await
     }
 
     pub async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
-        self.call(|reply| Command::Status { lock, reply }).await
+        self.call(Duration::ZERO, |reply| Command::Status { lock, reply })
+            .await
     }
 
     pub async fn list(
@@ -338,7 +371,7 @@ impl EngineHandle {
         limit: usize,
         allow: LockFilter,
     ) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
-        self.call(|reply| Command::List {
+        self.call(Duration::ZERO, |reply| Command::List {
             limit,
             allow,
             reply,
@@ -479,6 +512,13 @@ impl EngineState {
     }
 
     fn apply(&mut self, cmd: Command, now: Timestamp, batch: &mut Batch) {
+        // Its caller gave up (storage_timeout) before it was applied: a
+        // grant nobody will be told of would hold the lock for nothing.
+        if let Command::Acquire { reply, .. } = &cmd
+            && reply.is_closed()
+        {
+            return;
+        }
         match cmd {
             Command::Acquire {
                 lock,
@@ -655,8 +695,9 @@ impl EngineState {
                 }
             }
         }
+        let committed_at = clock::now();
         for reply in batch.replies {
-            reply.send(&result);
+            reply.send(&result, committed_at);
         }
     }
 }

@@ -99,8 +99,12 @@ pub async fn prepare(config: LocksvcConfig) -> anyhow::Result<Prepared> {
                 fencegate_durable::Opening::Existing
             };
             let store = store::Store::open(&config.db, opening, config.token_floor)?;
-            let engine =
-                engine::Engine::start(store, metrics.clone(), config.max_waiters_per_lock)?;
+            let engine = engine::Engine::start(
+                store,
+                metrics.clone(),
+                config.max_waiters_per_lock,
+                config.storage_timeout,
+            )?;
             (backend::Leases::Sqlite(engine.handle()), Some(engine))
         }
         Some(etcd) => {
