@@ -192,9 +192,13 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     } else {
         Instant::now() + ttl - ttl.min(Duration::from_millis(50))
     };
-    // And never past what the service says is left (a grant answered
-    // late, after a slow commit or a long line, has less than its TTL).
-    deadline = deadline.min(remaining_by_the_service(lease.expires_at_ms));
+    // And never past what the service says was left when it answered (a
+    // grant answered late, after a slow commit or a long line, has less
+    // than its TTL).
+    if let Some(left) = lease.remaining_ms {
+        let left = Duration::from_millis(left).saturating_sub(Duration::from_millis(50));
+        deadline = deadline.min(Instant::now() + left);
+    }
     tracing::info!(lock = %lease.lock, token = lease.token, owner = %owner, "lease acquired");
     let renew_every = ttl / 3;
     let mut next_renew = Instant::now() + renew_every;
@@ -435,20 +439,4 @@ fn exit_code(status: ExitStatus) -> u8 {
         (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
         (None, None) => 1,
     }
-}
-
-/// When the lease the service says expires at `expires_at_ms` (Unix ms)
-/// runs out, on this process's clock, less 50 ms for the answer's way
-/// here. (A clock ahead of the service's makes it early, never late
-/// against a clock behind: `run` keeps the earlier of this and its own.)
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the service states the expiry on the wall clock"
-)]
-fn remaining_by_the_service(expires_at_ms: u64) -> Instant {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let left = Duration::from_millis(expires_at_ms.saturating_sub(now_ms));
-    Instant::now() + left.saturating_sub(Duration::from_millis(50))
 }

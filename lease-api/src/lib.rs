@@ -154,6 +154,13 @@ pub struct LeaseResponse {
     /// When the lease expires, in Unix milliseconds (the same value status
     /// shows).
     pub expires_at_ms: u64,
+    /// How long the lease had left when the service answered, on its own
+    /// clock: a holder's deadline is when it got the answer plus this
+    /// (less the answer's way), whatever the clocks say. Less than
+    /// `ttl_ms` when the answer came late (a long line, a slow disk).
+    /// Absent from services older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_ms: Option<u64>,
     /// S3 access key bound to this lease (for tools that cannot send the
     /// `Fencing-Token` header); sign with `s3_secret_access_key`.
     pub s3_access_key_id: String,

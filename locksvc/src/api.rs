@@ -549,6 +549,12 @@ impl Inner {
             // `now + ttl`, so this is the TTL in force.
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             expires_at_ms: lease.expires_at.as_millis(),
+            remaining_ms: Some(
+                lease
+                    .expires_at
+                    .as_millis()
+                    .saturating_sub(crate::clock::now().as_millis()),
+            ),
         }
     }
 }
