@@ -161,6 +161,19 @@ struct PlaceValue {
     party: String,
 }
 
+/// A key of this acquire's own (see `EtcdLeases::acquire`).
+fn own_key() -> KeyDigest {
+    let mut bytes = [0u8; 32];
+    // Without randomness, the time: unique enough for one call's rounds.
+    if getrandom::getrandom(&mut bytes).is_err() {
+        let t = std::time::SystemTime::UNIX_EPOCH
+            .elapsed()
+            .map_or(0, |d| d.as_nanos());
+        bytes[..16].copy_from_slice(&t.to_le_bytes());
+    }
+    KeyDigest::of(&bytes)
+}
+
 /// The party of a waiter key, if it names one.
 fn party_of(kv: &KeyValue) -> Option<String> {
     serde_json::from_slice::<PlaceValue>(kv.value())
@@ -805,6 +818,13 @@ impl EtcdLeases {
     ) -> Result<Lease, EngineError> {
         let started = Instant::now();
         let deadline = started + wait;
+        // An acquire that sent no idempotency key gets one of its own for
+        // this call. A transaction that timed out on one member may have
+        // been applied there and is retried on the next: with the key, the
+        // retry (or this call's next round) recognises its own grant
+        // instead of waiting behind it and answering "held by" itself.
+        // Nobody else knows the key, so nothing else changes.
+        let key = Some(key.unwrap_or_else(own_key));
         for _ in 0..MAX_CONFLICTS {
             let seen = match self.try_grant(&lock, &owner, key, ttl, None).await? {
                 Ok(lease) => return Ok(lease),

@@ -249,7 +249,9 @@ impl Fences {
             return None;
         }
         let fence = self.scopes.get(scope).map(|f| f.value().clone())?;
-        let _settled = fence.epoch.read().await;
+        // A raiser holds `raising` from before it cuts the epoch until its
+        // outcome is stored: whoever it cut waits for that here.
+        let _settled = fence.raising.lock().await;
         Some(fence.max.load(Ordering::Acquire))
     }
 
