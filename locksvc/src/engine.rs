@@ -428,7 +428,7 @@ impl EngineState {
         if n > 0 {
             self.metrics.batch_size.observe(n as f64);
         }
-        self.commit(batch);
+        self.commit(batch, now);
     }
 
     /// When the engine must wake even if no request arrives: the next purge,
@@ -652,7 +652,10 @@ impl EngineState {
     /// answer in the batch is a storage error and the
     /// in-memory state is reloaded from disk, so memory never runs ahead of
     /// what a restart would see.
-    fn commit(&mut self, batch: Batch) {
+    fn commit(&mut self, batch: Batch, now: Timestamp) {
+        // The batch's time, moved on by how long the commit took (the
+        // same clock the batch was decided on: manual in tests).
+        let began = Instant::now();
         let result = match batch.durability {
             None => Ok(()),
             Some(durability) => {
@@ -695,7 +698,8 @@ impl EngineState {
                 }
             }
         }
-        let committed_at = clock::now();
+        let took = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let committed_at = Timestamp(now.0.saturating_add(took));
         for reply in batch.replies {
             reply.send(&result, committed_at);
         }
@@ -773,7 +777,7 @@ mod tests {
         let (c, mut c_rx) = acquire("C", 1000, 0);
         let mut batch = Batch::default();
         st.apply(c, later, &mut batch);
-        st.commit(batch);
+        st.commit(batch, later);
         let b = answer(&mut b_rx).expect("B granted");
         assert!(b.token > a.token);
         match answer(&mut c_rx) {
