@@ -16,9 +16,9 @@
 //! or without keys the address it connects from (an owner name is not an
 //! identity: anyone may send any).
 
-use crate::config::ApiKey;
 use fencegate_core::line::Party;
 use fencegate_core::{KeyDigest, LockName, name::MAX_LOCK_NAME_LEN};
+use serde::{Deserialize, Deserializer};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use subtle::{ConditionallySelectable as _, ConstantTimeEq as _};
@@ -229,6 +229,67 @@ impl Keyring {
         self.entries
             .get(index)
             .map(|(_, entry)| Caller::Key(entry.clone()))
+    }
+}
+
+/// One entry of `api_keys`: a bearer key and the lock-name patterns it may
+/// use.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    /// The key clients send as `Authorization: Bearer <key>`.
+    pub key: String,
+    /// Lock-name patterns (see [`LockPattern`]); `["*"]` is every lock.
+    pub locks: Vec<String>,
+}
+
+impl ApiKey {
+    /// A key that may use every lock (the plain-string form).
+    pub fn every_lock(key: impl Into<String>) -> ApiKey {
+        ApiKey {
+            key: key.into(),
+            locks: vec!["*".to_owned()],
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key itself.
+        f.debug_struct("ApiKey")
+            .field("locks", &self.locks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `"KEY"` or `{ key = "KEY", locks = [...] }`. Written by hand rather than
+/// `#[serde(untagged)]` so a mistake in the table form (a typo, a missing
+/// `locks`) is reported as such instead of "did not match any variant".
+impl<'de> Deserialize<'de> for ApiKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ApiKey, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Scoped {
+            key: String,
+            locks: Vec<String>,
+        }
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ApiKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "an API key string (it may use every lock), or a table { key = \"...\", locks = [\"pattern\", ...] }",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ApiKey, E> {
+                Ok(ApiKey::every_lock(s))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ApiKey, A::Error> {
+                let Scoped { key, locks } =
+                    Scoped::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(ApiKey { key, locks })
+            }
+        }
+        d.deserialize_any(Visitor)
     }
 }
 

@@ -2,9 +2,10 @@
 //! documented, loaded from TOML, secrets overridable from the environment,
 //! validated at start with every problem listed at once.
 
+pub use crate::auth::ApiKey;
 use crate::auth::LockPattern;
 use fencegate_net::tls::TlsConfig;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -344,67 +345,6 @@ impl Default for LocksvcConfig {
             allowed_hosts: Vec::new(),
             etcd: None,
         }
-    }
-}
-
-/// One entry of `api_keys`: a bearer key and the lock-name patterns it may
-/// use.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey {
-    /// The key clients send as `Authorization: Bearer <key>`.
-    pub key: String,
-    /// Lock-name patterns (see [`LockPattern`]); `["*"]` is every lock.
-    pub locks: Vec<String>,
-}
-
-impl ApiKey {
-    /// A key that may use every lock (the plain-string form).
-    pub fn every_lock(key: impl Into<String>) -> ApiKey {
-        ApiKey {
-            key: key.into(),
-            locks: vec!["*".to_owned()],
-        }
-    }
-}
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the key itself.
-        f.debug_struct("ApiKey")
-            .field("locks", &self.locks)
-            .finish_non_exhaustive()
-    }
-}
-
-/// `"KEY"` or `{ key = "KEY", locks = [...] }`. Written by hand rather than
-/// `#[serde(untagged)]` so a mistake in the table form (a typo, a missing
-/// `locks`) is reported as such instead of "did not match any variant".
-impl<'de> Deserialize<'de> for ApiKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ApiKey, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Scoped {
-            key: String,
-            locks: Vec<String>,
-        }
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = ApiKey;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(
-                    "an API key string (it may use every lock), or a table { key = \"...\", locks = [\"pattern\", ...] }",
-                )
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ApiKey, E> {
-                Ok(ApiKey::every_lock(s))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ApiKey, A::Error> {
-                let Scoped { key, locks } =
-                    Scoped::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-                Ok(ApiKey { key, locks })
-            }
-        }
-        d.deserialize_any(Visitor)
     }
 }
 

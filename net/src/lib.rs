@@ -31,6 +31,7 @@
 //! descriptors the server holds for clients are bounded by
 //! `max_connections + MAX_REFUSING`.
 
+mod answer;
 pub mod browser;
 pub mod conn;
 mod refuse;

@@ -361,7 +361,7 @@ pub(crate) async fn accept(
     }
     if first[0] != TLS_HANDSHAKE_RECORD {
         if first[0].is_ascii_alphabetic() {
-            crate::refuse::answer_and_close(tcp, PLAIN_HTTP_TO_TLS_PORT).await;
+            crate::answer::answer_and_close(tcp, PLAIN_HTTP_TO_TLS_PORT).await;
         }
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,

@@ -20,9 +20,7 @@ use http::StatusCode;
 use s3s::{S3Error, S3ErrorCode};
 use std::time::Duration;
 
-/// The object metadata key holding the writer's token
-/// (`x-amz-meta-fencing-token` on the wire).
-pub const TOKEN_METADATA_KEY: &str = "fencing-token";
+use crate::tokens::TOKEN_METADATA_KEY;
 
 /// Longest a connection to the store may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

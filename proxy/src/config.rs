@@ -8,6 +8,21 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// Longest a graceful shutdown waits for in-flight requests.
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Fence events kept per ring by default (`fence_events_kept`).
+pub const DEFAULT_FENCE_EVENTS_KEPT: usize = 1000;
+
+/// What a connection over `max_connections` gets: S3's retryable 503.
+pub fn refusal() -> fencegate_net::Refusal {
+    fencegate_net::Refusal::new(
+        "application/xml",
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>ServiceUnavailable</Code>\
+         <Message>the proxy is serving as many connections as it may (max_connections); retry shortly</Message></Error>",
+    )
+}
+
 /// `fencegate proxy --config FILE`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -277,7 +292,7 @@ impl Default for ProxyConfig {
             accept_weak_backend: false,
             allow_write_headers: Vec::new(),
             etag_cache_entries: 100_000,
-            fence_events_kept: crate::events::DEFAULT_KEPT,
+            fence_events_kept: DEFAULT_FENCE_EVENTS_KEPT,
             viewers: Vec::new(),
             max_xml_body_bytes: 8 * 1024 * 1024,
             max_buffered_body_bytes: 16 * 1024 * 1024,
@@ -410,8 +425,8 @@ impl ProxyConfig {
                 .max_connections_per_address
                 .unwrap_or_else(|| fencegate_net::default_share(self.max_connections)),
             tls: self.tls.server_config()?,
-            refusal: crate::server::refusal(),
-            drain_timeout: crate::server::DRAIN_TIMEOUT,
+            refusal: refusal(),
+            drain_timeout: DRAIN_TIMEOUT,
             workers: Some(match self.serving_threads {
                 0 => fencegate_net::Workers::per_core("proxy-serve")?,
                 n => fencegate_net::Workers::start(n, "proxy-serve")?,

@@ -32,8 +32,6 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
-/// Events kept by default.
-pub const DEFAULT_KEPT: usize = 1000;
 /// Longest key kept in an event (longer ones are cut, marked with `…`).
 const MAX_KEY_CHARS: usize = 1024;
 /// Tokens per lock whose lease owner is remembered.

@@ -19,11 +19,11 @@ mod sign;
 /// The signer's hex, shared with the edge, which checks what it signs.
 pub(crate) use sign::hex;
 
-use crate::backend::TOKEN_METADATA_KEY;
 use crate::config::BackendConfig;
 use crate::dialect::Dialect;
 use crate::errors;
 use crate::send_check::{Check, CheckedConnector};
+use crate::tokens::TOKEN_METADATA_KEY;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};

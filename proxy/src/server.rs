@@ -20,18 +20,6 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
-/// Longest a graceful shutdown waits for in-flight requests.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What a connection over `max_connections` gets: S3's retryable 503.
-pub fn refusal() -> fencegate_net::Refusal {
-    fencegate_net::Refusal::new(
-        "application/xml",
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>ServiceUnavailable</Code>\
-         <Message>the proxy is serving as many connections as it may (max_connections); retry shortly</Message></Error>",
-    )
-}
-
 #[derive(Clone)]
 struct Router {
     s3: S3Service,
@@ -597,8 +585,8 @@ where
     S::Future: Send + 'static,
 {
     let options = fencegate_net::ServerOptions {
-        refusal: refusal(),
-        drain_timeout: DRAIN_TIMEOUT,
+        refusal: crate::config::refusal(),
+        drain_timeout: crate::config::DRAIN_TIMEOUT,
         ..fencegate_net::ServerOptions::default()
     };
     serve_detached(listener, router, options, shutdown)

@@ -12,6 +12,10 @@ use fencegate_core::token::VerifyError;
 use fencegate_core::{FencingToken, TokenError, TokenKeys};
 use http::HeaderMap;
 
+/// The object metadata key holding the writer's token
+/// (`x-amz-meta-fencing-token` on the wire).
+pub const TOKEN_METADATA_KEY: &str = "fencing-token";
+
 /// The request header carrying the token.
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
 

@@ -563,9 +563,9 @@ fn copied(out: aws_sdk_s3::operation::copy_object::CopyObjectOutput) -> CopyObje
 /// Replaces any client-supplied fencing-token metadata with `token`.
 pub(crate) fn tag(metadata: &mut Option<Metadata>, token: u64) {
     let m = metadata.get_or_insert_with(Default::default);
-    m.retain(|k, _| !k.eq_ignore_ascii_case(crate::backend::TOKEN_METADATA_KEY));
+    m.retain(|k, _| !k.eq_ignore_ascii_case(crate::tokens::TOKEN_METADATA_KEY));
     m.insert(
-        crate::backend::TOKEN_METADATA_KEY.to_owned(),
+        crate::tokens::TOKEN_METADATA_KEY.to_owned(),
         token.to_string(),
     );
 }
