@@ -492,7 +492,7 @@ async fn the_lean_put_forwards_what_describes_the_object_and_nothing_else(kind: 
         let url = format!(
             "{}/{BUCKET}/{}",
             e.proxy().url,
-            fencegate_proxy::lean::encode_key(key)
+            fencegate_proxy::sigv4::encode_key(key)
         );
         let r = http
             .put(&url)

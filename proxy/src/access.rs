@@ -203,7 +203,7 @@ impl S3Access for Access {
             // in the one form it can (`trailer`).
             if let Some(v) = h.get("x-amz-content-sha256")
                 && v != "UNSIGNED-PAYLOAD"
-                && !crate::trailer::is_sha256_hex(v.as_bytes())
+                && !crate::sigv4::is_sha256_hex(v.as_bytes())
             {
                 return Err(s3_error!(
                     InvalidArgument,

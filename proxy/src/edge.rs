@@ -160,7 +160,9 @@ impl Edge {
         }
         let payload = match unique(h, "x-amz-content-sha256")? {
             "UNSIGNED-PAYLOAD" => Payload::Unsigned,
-            hash if is_lower_hex(hash, 64) => Payload::Sha256(hash.to_owned()),
+            hash if crate::sigv4::is_sha256_hex(hash.as_bytes()) => {
+                Payload::Sha256(hash.to_owned())
+            }
             _ => return None,
         };
         let auth = Authorization::parse(unique(h, "authorization")?)?;
@@ -204,7 +206,7 @@ impl Edge {
         let secret = self.auth.get_secret_key(auth.access_key).await.ok()?;
         let mut canonical = String::with_capacity(512);
         canonical.push_str("PUT\n");
-        uri_encode(&mut canonical, &decoded);
+        crate::sigv4::uri_encode(&mut canonical, &decoded);
         canonical.push('\n');
         canonical.push_str(query);
         canonical.push('\n');
@@ -229,7 +231,7 @@ impl Edge {
             "AWS4-HMAC-SHA256\n{stamp}\n{}/{}/s3/aws4_request\n{}",
             auth.date,
             auth.region,
-            crate::lean::hex(&Sha256::digest(canonical.as_bytes()))
+            crate::sigv4::hex(&Sha256::digest(canonical.as_bytes()))
         );
         let signing = signing_key(&secret, auth.date, auth.region);
         let mut mac = HmacSha256::new_from_slice(&signing).ok()?;
@@ -387,7 +389,7 @@ impl<'a> Authorization<'a> {
             && plain(region)
             && s3s::region::Region::new(region.into()).is_ok()
             && header_names_ok
-            && is_lower_hex(signature, 64))
+            && crate::sigv4::is_sha256_hex(signature.as_bytes()))
         .then_some(Authorization {
             access_key,
             date,
@@ -436,10 +438,6 @@ fn unique<'h>(h: &'h HeaderMap, name: &str) -> Option<&'h str> {
     }
 }
 
-fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
 /// `YYYYMMDDTHHMMSSZ` as a time.
 fn parse_amz_date(stamp: &str) -> Option<SystemTime> {
     let b = stamp.as_bytes();
@@ -465,23 +463,6 @@ fn parse_amz_date(stamp: &str) -> Option<SystemTime> {
         &stamp[13..15]
     );
     humantime::parse_rfc3339(&rfc3339).ok()
-}
-
-/// SigV4's URI encoding of a decoded path, `/` kept (as s3s encodes it).
-fn uri_encode(out: &mut String, path: &str) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in path.as_bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'~' | b'.' | b'/' => {
-                out.push(char::from(b));
-            }
-            _ => {
-                out.push('%');
-                out.push(char::from(HEX[usize::from(b >> 4)]));
-                out.push(char::from(HEX[usize::from(b & 15)]));
-            }
-        }
-    }
 }
 
 /// A header value trimmed, with inner runs of whitespace made one space
@@ -511,15 +492,7 @@ fn signing_key(secret: &SecretKey, date: &str, region: &str) -> [u8; 32] {
         {
             return *k;
         }
-        let mac = |key: &[u8], data: &[u8]| -> [u8; 32] {
-            let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
-            m.update(data);
-            m.finalize().into_bytes().into()
-        };
-        let k_date = mac(format!("AWS4{secret_text}").as_bytes(), date.as_bytes());
-        let k_region = mac(&k_date, region.as_bytes());
-        let k_service = mac(&k_region, b"s3");
-        let key = mac(&k_service, b"aws4_request");
+        let key = crate::sigv4::signing_key(secret_text, date, region);
         if keys.len() >= 8 {
             keys.remove(0);
         }
@@ -564,7 +537,7 @@ impl Checked {
 
     /// Whether what arrived so far is the whole body it was signed as.
     fn complete(&mut self) -> Result<(), s3s::StdError> {
-        let hash = crate::lean::hex(&std::mem::take(&mut self.hash).finalize());
+        let hash = crate::sigv4::hex(&std::mem::take(&mut self.hash).finalize());
         if hash != self.expected_hash {
             return Err(
                 "the body's SHA-256 is not the x-amz-content-sha256 it was signed with".into(),

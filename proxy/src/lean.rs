@@ -16,9 +16,6 @@
 
 mod sign;
 
-/// The signer's hex, shared with the edge, which checks what it signs.
-pub(crate) use sign::hex;
-
 use crate::config::BackendConfig;
 use crate::dialect::Dialect;
 use crate::errors;
@@ -253,7 +250,7 @@ impl Lean {
 
     /// The URI of `bucket/key` on the store.
     fn object_uri(&self, bucket: &str, key: &str) -> Result<Uri, http::Error> {
-        let key = encode_key(key);
+        let key = crate::sigv4::encode_key(key);
         let (authority, path) = if self.path_style {
             (
                 self.authority.to_string(),
@@ -454,29 +451,9 @@ fn internal(e: impl std::fmt::Display) -> S3Error {
     S3Error::with_message(S3ErrorCode::InternalError, e.to_string())
 }
 
-/// A key as S3 wants it in a path: every byte but the unreserved ones and
-/// `/` percent-encoded (the encoding SigV4 signs, once).
-pub fn encode_key(key: &str) -> String {
-    let mut out = String::with_capacity(key.len() + 8);
-    for &b in key.as_bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_are_encoded_once_with_slashes_kept() {
-        assert_eq!(encode_key("a/b c+d%e"), "a/b%20c%2Bd%25e");
-        assert_eq!(encode_key("ü~x"), "%C3%BC~x");
-    }
 
     fn put(headers: &[(&str, &str)], length: Option<i64>) -> S3Request<PutObjectInput> {
         let mut map = HeaderMap::new();

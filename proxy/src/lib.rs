@@ -65,6 +65,7 @@ pub mod query;
 pub mod scope;
 pub mod send_check;
 pub mod server;
+pub mod sigv4;
 pub mod tokens;
 pub mod trailer;
 pub mod write_headers;

@@ -182,7 +182,7 @@ impl Digests {
         }
         if anonymous
             && let Some(v) = headers.get("x-amz-content-sha256")
-            && is_sha256_hex(v.as_bytes())
+            && crate::sigv4::is_sha256_hex(v.as_bytes())
         {
             wanted.push(Wanted::PayloadSha256(
                 String::from_utf8_lossy(v.as_bytes()).into_owned(),
@@ -348,11 +348,6 @@ where
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
-}
-
-/// Whether `v` is a SHA-256 in lower-case hex.
-pub fn is_sha256_hex(v: &[u8]) -> bool {
-    v.len() == 64 && v.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Whether s3s decoded the request's body from `aws-chunked`.

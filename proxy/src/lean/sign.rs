@@ -12,13 +12,11 @@
 //! which it replaces on this path because it costs a sixth of the forward's
 //! CPU (BENCHMARKS.md, "Where the time goes").
 
-use hmac::{Hmac, Mac};
+use crate::sigv4::{hex, hmac, is_sha256_hex};
 use http::{HeaderMap, HeaderValue, Method};
 use sha2::{Digest, Sha256};
 use std::sync::Mutex;
 use std::time::SystemTime;
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// What every request is signed as.
 const SERVICE: &str = "s3";
@@ -139,41 +137,10 @@ impl Signer {
         {
             return *key;
         }
-        let k_date = hmac(
-            format!("AWS4{}", self.secret_key).as_bytes(),
-            date.as_bytes(),
-        );
-        let k_region = hmac(&k_date, self.region.as_bytes());
-        let k_service = hmac(&k_region, SERVICE.as_bytes());
-        let key = hmac(&k_service, b"aws4_request");
+        let key = crate::sigv4::signing_key(&self.secret_key, date, &self.region);
         *day = Some((date.to_owned(), key));
         key
     }
-}
-
-/// 64 lower-case hex digits: a SHA-256 as SigV4 writes it.
-fn is_sha256_hex(v: &[u8]) -> bool {
-    v.len() == 64 && v.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-/// Lower-case hex of `bytes`, as SigV4 writes hashes and signatures.
-/// `hex::encode` builds its `String` a `char` at a time through an
-/// iterator; a request signs or checks three or four digests, so this
-/// writes the digits straight into a buffer of the final size.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
-}
-
-fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
-    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
-    mac.update(data);
-    mac.finalize().into_bytes().into()
 }
 
 /// `text` with leading and trailing spaces removed and inner runs of

@@ -154,9 +154,9 @@ pub async fn copy_object(
         .await?;
     let w = gate.begin(op, &bucket, &key, scope, token).await?;
 
-    let mut source = format!("{}/{}", src_bucket, encode_key(src_key));
+    let mut source = format!("{}/{}", src_bucket, crate::sigv4::encode_key(src_key));
     if let Some(v) = src_version {
-        source.push_str(&format!("?versionId={}", encode_key(v)));
+        source.push_str(&format!("?versionId={}", crate::sigv4::encode_key(v)));
     }
     let conditions = SourceConditions {
         if_match: input.copy_source_if_match.clone(),
@@ -226,26 +226,5 @@ fn etag_header(c: &s3s::dto::ETagCondition) -> String {
     match c {
         s3s::dto::ETagCondition::Any => "*".to_owned(),
         s3s::dto::ETagCondition::ETag(e) => format!("\"{}\"", e.value()),
-    }
-}
-
-/// Percent-encodes a key for `x-amz-copy-source`, keeping `/`.
-fn encode_key(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn copy_source_keys_are_encoded() {
-        assert_eq!(super::encode_key("a b/ü+c"), "a%20b/%C3%BC%2Bc");
     }
 }
