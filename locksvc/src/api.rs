@@ -453,7 +453,7 @@ impl<S: Send + Sync> FromRequestParts<S> for WaiterParty {
 /// Handlers get their lock only through this, so no endpoint can forget the
 /// scope check.
 #[derive(Debug, Clone)]
-pub struct AllowedLock(pub LockName);
+pub struct AllowedLock(LockName);
 
 impl FromRequestParts<AppState> for AllowedLock {
     type Rejection = ApiError;

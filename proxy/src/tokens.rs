@@ -39,10 +39,24 @@ pub fn named_lock(
 /// A token read from a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Presented {
-    pub token: u64,
+    token: u64,
     /// Signed by a lease service key (or bound to signed credentials), or
     /// trusted because the proxy accepts plain numbers: it may raise a max.
-    pub vouched: bool,
+    /// Private: only this module's checks make one, so a `Presented` that
+    /// says "vouched" was vouched for.
+    vouched: bool,
+}
+
+impl Presented {
+    /// The token number.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Whether the proxy can vouch for it (see the field).
+    pub fn vouched(&self) -> bool {
+        self.vouched
+    }
 }
 
 /// How the proxy treats tokens.

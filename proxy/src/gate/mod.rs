@@ -825,8 +825,8 @@ impl Gate {
         else {
             return Ok(None);
         };
-        let token = presented.token;
-        if presented.vouched {
+        let token = presented.token();
+        if presented.vouched() {
             crate::events::note_verified();
             return Ok(Some(token));
         }
