@@ -126,6 +126,22 @@ fn connect_options(c: &Connection) -> anyhow::Result<ConnectOptions> {
     Ok(opts)
 }
 
+/// Refuses endpoints that mix `https://` with plain ones (no scheme is
+/// plain `http://` to etcd's client), naming the first plain one.
+fn one_scheme(endpoints: &[String]) -> anyhow::Result<()> {
+    let tls = |e: &String| e.trim().to_ascii_lowercase().starts_with("https://");
+    if let (Some(secure), Some(plain)) = (
+        endpoints.iter().find(|e| tls(e)),
+        endpoints.iter().find(|e| !tls(e)),
+    ) {
+        anyhow::bail!(
+            "the etcd endpoints mix https:// and plain http: {plain} is plain while {secure} is HTTPS; \
+             a failover would send the etcd user's password and every request in clear. Use https:// for every member"
+        );
+    }
+    Ok(())
+}
+
 /// Whether another member may answer what this one refused: everything
 /// but the answers that would be the same anywhere.
 pub fn retryable(e: &etcd_client::Error) -> bool {
@@ -146,7 +162,10 @@ pub fn retryable(e: &etcd_client::Error) -> bool {
 
 impl Etcd {
     /// The members of `c`, not connected yet (reading its TLS files).
+    /// A list that mixes `https://` with plain members is refused: a
+    /// failover to a plain one would send the etcd password in clear.
     pub fn new(c: &Connection) -> anyhow::Result<Etcd> {
+        one_scheme(&c.endpoints)?;
         let options = connect_options(c)?;
         Ok(Etcd {
             members: c
@@ -244,5 +263,23 @@ impl Etcd {
             "no etcd member answered within {} (request_timeout; last: {last}); is a quorum of members up?",
             humantime::format_duration(total)
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_of_one_scheme_only() {
+        let list = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(one_scheme(&list(&["https://a:2379", "https://b:2379"])).is_ok());
+        assert!(one_scheme(&list(&["http://a:2379", "b:2379"])).is_ok());
+        let e = one_scheme(&list(&["https://a:2379", "http://b:2379"])).expect_err("mixed");
+        assert!(e.to_string().contains("http://b:2379"), "{e}");
+        assert!(
+            one_scheme(&list(&["https://a:2379", "b:2379"])).is_err(),
+            "no scheme is plain"
+        );
     }
 }
