@@ -507,27 +507,49 @@ impl Drop for Frozen<'_> {
     }
 }
 
+/// A lease service with its database on an ext4 image of its own and the
+/// given `storage_timeout` (fields drop in order: the service first).
+struct OnExt4 {
+    svc: Service,
+    mnt: Mount,
+    _dir: tempfile::TempDir,
+}
+
+impl OnExt4 {
+    fn start(storage_timeout: &str) -> OnExt4 {
+        let mnt = Mount::ext4();
+        let dir = tempdir();
+        let config = dir.path().join("locksvc.toml");
+        std::fs::write(
+            &config,
+            format!("storage_timeout = \"{storage_timeout}\"\n"),
+        )
+        .expect("config");
+        let config = config.display().to_string();
+        let svc = start_locksvc_at(
+            &mnt.path.join("locksvc.db"),
+            &["--create-db", "--config", &config],
+            &dir.path().join("locksvc.log"),
+        );
+        OnExt4 {
+            svc,
+            mnt,
+            _dir: dir,
+        }
+    }
+}
+
 /// A lease service on a frozen filesystem answers 503 within its
 /// `storage_timeout`, status reads included, instead of holding every
 /// request for as long as the disk stalls; and it serves again once the
 /// disk does.
 #[test]
 fn a_stalled_disk_costs_an_answer_not_a_hung_request() {
-    let mnt = Mount::ext4();
-    let dir = tempdir();
-    let config = dir.path().join("locksvc.toml");
-    std::fs::write(&config, "storage_timeout = \"1s\"\n").expect("config");
-    let config = config.display().to_string();
-    let db = mnt.path.join("locksvc.db");
-    let svc = start_locksvc_at(
-        &db,
-        &["--create-db", "--config", &config],
-        &dir.path().join("locksvc.log"),
-    );
-    let api = Api::new(&svc.url);
+    let on = OnExt4::start("1s");
+    let (mnt, api) = (&on.mnt, Api::new(&on.svc.url));
     assert_eq!(token_of(&api.acquire("a", "A", 60_000).1), 1);
     {
-        let _frozen = Frozen::new(&mnt);
+        let _frozen = Frozen::new(mnt);
         for (what, req) in [("acquire", 0), ("status", 1), ("acquire", 2)] {
             let started = Instant::now();
             let (s, v) = if req == 1 {
@@ -552,18 +574,8 @@ fn a_stalled_disk_costs_an_answer_not_a_hung_request() {
 /// a lease already over.
 #[test]
 fn a_lease_that_runs_out_during_its_commit_is_not_answered_as_granted() {
-    let mnt = Mount::ext4();
-    let dir = tempdir();
-    let config = dir.path().join("locksvc.toml");
-    std::fs::write(&config, "storage_timeout = \"30s\"\n").expect("config");
-    let config = config.display().to_string();
-    let db = mnt.path.join("locksvc.db");
-    let svc = start_locksvc_at(
-        &db,
-        &["--create-db", "--config", &config],
-        &dir.path().join("locksvc.log"),
-    );
-    let api = Api::new(&svc.url);
+    let on = OnExt4::start("30s");
+    let (mnt, api) = (&on.mnt, Api::new(&on.svc.url));
     // A holds it for 1 s; B waits for it with a 2 s lease.
     assert_eq!(api.acquire("l", "A", 1000).0, 200);
     let waiter = {
@@ -572,7 +584,7 @@ fn a_lease_that_runs_out_during_its_commit_is_not_answered_as_granted() {
     };
     std::thread::sleep(Duration::from_millis(300));
     {
-        let _frozen = Frozen::new(&mnt);
+        let _frozen = Frozen::new(mnt);
         // A's lease ends; B's grant is committed on the frozen disk, and
         // its 2 s run out meanwhile.
         std::thread::sleep(Duration::from_secs(4));
