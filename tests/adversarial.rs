@@ -417,6 +417,9 @@ async fn web_pages_cannot_use_the_proxy_by_another_name() {
         "/_fencegate/metrics".to_owned(),
         format!("/{BUCKET}/k"),
         format!("/{BUCKET}?list-type=2"),
+        // A parameter's value that names a signature signs nothing.
+        format!("/{BUCKET}?delimiter=Signature="),
+        format!("/{BUCKET}/k?response-content-type=X-Amz-Signature="),
     ] {
         let (code, text) = e.raw("GET", &target, &[attacker()], b"").await;
         assert_eq!(code, 421, "{target}: {text}");
@@ -1648,4 +1651,42 @@ async fn a_trickled_xml_body_cannot_pin_the_budget() {
         .expect("the trickled bodies timed out and gave their share back");
     assert_eq!(out.deleted().len(), 1, "{out:?}");
     drop(pins);
+}
+
+/// A DeleteObjects with a plain token (where the operator trusts plain
+/// numbers) in a bucket fenced by prefix scopes: the token names no lock,
+/// so its right to have the body read is proved against the bucket's
+/// scopes, and the keys are then decided one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_delete_with_a_plain_token_in_prefix_scopes() {
+    let e = env_with(
+        BackendKind::S3Fs,
+        "accept_unsigned_tokens = true\n[[scopes]]\nbucket = \"bkt\"\nprefix = \"logs/\"\nlock = \"logs\"\n\
+         [[scopes]]\nbucket = \"bkt\"\nprefix = \"db/\"\nlock = \"db\"\n",
+    )
+    .await;
+    let (code, text) = e
+        .raw(
+            "PUT",
+            &format!("/{BUCKET}/db/x"),
+            &[("Fencing-Token", "5".into())],
+            b"v",
+        )
+        .await;
+    assert_eq!(code, 200, "{text}");
+    let c = e.proxy().client();
+    let out = fenced!(
+        c.delete_objects().bucket(BUCKET).delete(
+            Delete::builder()
+                .objects(ObjectIdentifier::builder().key("db/x").build().expect("id"))
+                .build()
+                .expect("delete"),
+        ),
+        "5".to_owned()
+    )
+    .send()
+    .await
+    .expect("the batch delete");
+    assert_eq!(out.deleted().len(), 1, "{out:?}");
+    assert_eq!(stored(&e.backend, BUCKET, "db/x").await, None);
 }

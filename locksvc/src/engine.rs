@@ -428,6 +428,12 @@ impl EngineState {
         if n > 0 {
             self.metrics.batch_size.observe(n as f64);
         }
+        // Not ready: commit something (the counter) at least once a wake,
+        // so that readiness comes back with the disk even when no client
+        // asks (a load balancer sends none to a service it took out).
+        if batch.durability.is_none() && self.readiness.problem().is_some() {
+            batch.needs(Durability::Written);
+        }
         self.commit(batch, now);
     }
 

@@ -36,7 +36,9 @@ pub struct Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        if self.watch.lost().is_some()
+        // A file replaced since the last write (and never written since)
+        // is caught here, before the close would checkpoint into it.
+        if (self.watch.lost().is_some() || self.watch.check().is_err())
             && let Ok(stand_in) = Connection::open_in_memory()
         {
             std::mem::forget(std::mem::replace(&mut self.conn, stand_in));

@@ -60,7 +60,9 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if self.watch.lost().is_some()
+        // A file replaced since the last write (and never written since)
+        // is caught here, before the close would checkpoint into it.
+        if (self.watch.lost().is_some() || self.watch.check().is_err())
             && let Ok(stand_in) = Connection::open_in_memory()
         {
             std::mem::forget(std::mem::replace(&mut self.conn, stand_in));
@@ -177,6 +179,12 @@ impl Db {
     /// Why the proxy cannot persist a raise now, if it cannot: the file
     /// was given up or is gone, or the last write failed (readiness).
     pub fn problem(&self) -> Option<String> {
+        // After a failed write, a probe: readiness comes back with the
+        // disk even if no raise is asked for (a load balancer sends none
+        // to a proxy it took out).
+        if self.lock().failed.is_some() {
+            let _ = self.write(|c| c.execute_batch("BEGIN IMMEDIATE; COMMIT;"));
+        }
         let inner = self.lock();
         if let Some(why) = inner.watch.lost() {
             return Some(why.to_owned());

@@ -84,6 +84,15 @@ pub fn check<B>(
     hosts: &VirtualHosts,
     max_xml_body: usize,
 ) -> Result<BodyRead, Box<Response<Body>>> {
+    // One reading of a body's length for every request (see
+    // `strict_length`).
+    if strict_length(req.headers()).is_err() {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "InvalidArgument",
+            "send one Content-Length, a plain number",
+        ));
+    }
     let names: Vec<&str> = req
         .uri()
         .query()
@@ -133,11 +142,16 @@ pub fn check<B>(
         Method::PUT if is_bucket_path(req, hosts) => MAX_BUCKET_BODY,
         _ => return Ok(BodyRead::Streamed),
     };
-    let length = req
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+    let length = match strict_length(req.headers()) {
+        Ok(n) => n,
+        Err(()) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "InvalidArgument",
+                "send one Content-Length, a plain number",
+            ));
+        }
+    };
     let chunked = req.headers().contains_key(http::header::TRANSFER_ENCODING);
     let length = match (length, chunked) {
         (Some(n), false) => n,
@@ -170,12 +184,36 @@ pub fn check<B>(
     Ok(BodyRead::Whole)
 }
 
-/// The length a request announces, if it does.
+/// The length a request announces, if it announces one in the only form
+/// accepted here (see [`strict_length`]).
 pub fn announced_length(headers: &http::HeaderMap) -> Option<usize> {
-    headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<usize>().ok())
+    strict_length(headers)
+        .ok()
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
+}
+
+/// `Content-Length` as one header of digits only: hyper also takes a
+/// comma list of equal values (`8, 8`), which a plain parse reads as no
+/// length at all, and s3s as the number. Anything but one plain number
+/// is an error, so that no two readers disagree on a body's length.
+fn strict_length(headers: &http::HeaderMap) -> Result<Option<u64>, ()> {
+    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(());
+    }
+    let v = v.as_bytes();
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return Err(());
+    }
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Some)
+        .ok_or(())
 }
 
 /// Whether `req` announces a body.
@@ -305,6 +343,22 @@ mod tests {
         );
         let put = req("PUT", "/b/k", &[("content-length", "1000000")]);
         assert_eq!(check(&put, &hosts(), 100).ok(), Some(BodyRead::Streamed));
+    }
+
+    #[test]
+    fn a_length_is_one_plain_number() {
+        for bad in ["8388608, 8388608", "+5", " 5", "0x10", ""] {
+            let r = req("POST", "/b?delete", &[("content-length", bad)]);
+            assert_eq!(
+                check(&r, &hosts(), 100).expect_err(bad).status(),
+                StatusCode::BAD_REQUEST,
+                "{bad:?}"
+            );
+        }
+        let mut two = req("PUT", "/b/k", &[("content-length", "5")]);
+        two.headers_mut()
+            .append("content-length", http::HeaderValue::from_static("5"));
+        assert!(check(&two, &hosts(), 100).is_err(), "two headers");
     }
 
     #[test]

@@ -104,11 +104,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             // A body read whole is checked against its integrity values
             // here: s3s checks none of them on these bodies.
             let whole = (body_read == crate::early::BodyRead::Whole).then(|| {
-                let anonymous = !req.headers().contains_key(http::header::AUTHORIZATION)
-                    && !req
-                        .uri()
-                        .query()
-                        .is_some_and(|q| q.contains("X-Amz-Signature="));
+                let anonymous = is_anonymous(&req);
                 let complete = req
                     .uri()
                     .query()
@@ -298,12 +294,16 @@ fn json(status: StatusCode, body: String) -> Response<Body> {
 }
 
 /// Whether `req` is unsigned (no `Authorization`, no presigned query).
+/// As s3s decides it: by the `Authorization` header and the names of the
+/// query's parameters (not by what their values hold).
 fn is_anonymous<B>(req: &Request<B>) -> bool {
-    !req.headers().contains_key(http::header::AUTHORIZATION)
-        && !req
-            .uri()
-            .query()
-            .is_some_and(|q| q.contains("X-Amz-Signature=") || q.contains("Signature="))
+    let signed_query = req.uri().query().is_some_and(|q| {
+        q.split('&').any(|p| {
+            let name = p.split_once('=').map_or(p, |(n, _)| n);
+            matches!(name, "X-Amz-Signature" | "Signature")
+        })
+    });
+    !req.headers().contains_key(http::header::AUTHORIZATION) && !signed_query
 }
 
 /// What a request to a host the proxy does not answer to is told.

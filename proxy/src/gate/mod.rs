@@ -791,6 +791,16 @@ impl Gate {
         &self.write_headers
     }
 
+    /// The configured scopes in `bucket` (none in bucket-per-scope mode).
+    pub fn scopes_in_bucket(&self, bucket: &str) -> Vec<Scope> {
+        self.scopes
+            .configured()
+            .iter()
+            .filter(|s| s.bucket == bucket)
+            .cloned()
+            .collect()
+    }
+
     /// A scope in `bucket` fenced by `lock`, if there is one.
     pub fn scope_in_bucket(&self, bucket: &str, lock: &fencegate_core::LockName) -> Option<Scope> {
         self.scopes.in_bucket(bucket, lock)

@@ -7,6 +7,7 @@
 //! DeleteObjects is decided key by key the same way, each key an individual
 //! conditional delete, and answered in one DeleteObjects result.
 
+use crate::errors;
 use crate::gate::{Gate, RequestToken, WriteOp};
 use s3s::dto::{
     DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, DeletedObject,
@@ -43,14 +44,34 @@ pub async fn delete_object(
 /// the lock its token names.
 pub async fn may_delete_batch(gate: &Gate, bucket: &str, token: RequestToken<'_>) -> S3Result<()> {
     let op = WriteOp::DeleteMany.name();
-    let scope = match crate::tokens::named_lock(token.headers, token.access_key)
+    if let Some(scope) = crate::tokens::named_lock(token.headers, token.access_key)
         .and_then(|lock| gate.scope_in_bucket(bucket, &lock))
     {
-        Some(scope) => scope,
-        None => gate.scope(op, bucket, "")?,
+        let token = gate.required_token(op, token, &scope).await?;
+        return gate.refuse_if_stale(op, &scope, token);
+    }
+    // A plain number names no lock: it proves its right if it passes the
+    // fence of one of the bucket's scopes (the handler then decides each
+    // key), and is refused as the first of them would refuse it.
+    let candidates = gate.scopes_in_bucket(bucket);
+    let Some(first) = candidates.first() else {
+        let scope = gate.scope(op, bucket, "")?;
+        let token = gate.required_token(op, token, &scope).await?;
+        return gate.refuse_if_stale(op, &scope, token);
     };
-    let token = gate.required_token(op, token, &scope).await?;
-    gate.refuse_if_stale(op, &scope, token)
+    let mut refusal = None;
+    for scope in &candidates {
+        let checked = match gate.required_token(op, token, scope).await {
+            Ok(t) => gate.refuse_if_stale(op, scope, t),
+            Err(e) => Err(e),
+        };
+        match checked {
+            Ok(()) => return Ok(()),
+            Err(e) if scope == first => refusal = Some(e),
+            Err(_) => {}
+        }
+    }
+    Err(refusal.unwrap_or_else(|| errors::unscoped(bucket, "", &[])))
 }
 
 pub async fn delete_objects(
