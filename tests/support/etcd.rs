@@ -2,9 +2,11 @@
 //! (`scripts/install-test-tools.sh` installs it), members on loopback
 //! ports, flags as in `ha-design.md`.
 //!
-//! A cluster's members are killed when it is dropped, and by a watchdog
-//! process when the test binary exits without dropping it (the shared
-//! cluster of the etcd pass lives in a static).
+//! A cluster's members are killed and its directory removed when it is
+//! dropped, and by a watchdog process when the test binary exits without
+//! dropping it (the shared cluster of the etcd pass lives in a static):
+//! each cluster's data is some 370 MB, and a directory left per test binary
+//! and run filled the disk of the machine the suite runs on.
 //!
 //! **The lease backend of a test run.** `FENCEGATE_TEST_LEASE_BACKEND=etcd`
 //! makes [`super::locksvc_cmd`] start every lease service on the shared
@@ -244,9 +246,10 @@ impl EtcdCluster {
         let watchdog = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null",
+                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null; rm -rf '{}'",
                 std::process::id(),
-                pids.join(" ")
+                pids.join(" "),
+                dir.path().display()
             ))
             .stdin(Stdio::null())
             .spawn()
