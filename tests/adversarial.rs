@@ -543,6 +543,21 @@ async fn integrity_values_are_checked_on_every_path(kind: BackendKind) {
             "{what} reached the store"
         );
     }
+    // A checksum in the query (where presigned URLs carry them).
+    let (status, text) = e
+        .raw(
+            "PUT",
+            &format!(
+                "/{BUCKET}/k?x-amz-checksum-sha256={}",
+                urlencoding_of(&wrong_b64)
+            ),
+            &[("Fencing-Token", token.clone())],
+            body,
+        )
+        .await;
+    assert_eq!(status, 400, "a wrong checksum in the query: {text}");
+    assert!(text.contains("BadDigest"), "{text}");
+    assert_eq!(stored(&e.backend, BUCKET, "k").await, None);
     let (status, text) = put(vec![
         ("x-amz-content-sha256", hex_sha.clone()),
         ("x-amz-checksum-sha256", b64_sha.clone()),
@@ -1689,4 +1704,17 @@ async fn a_batch_delete_with_a_plain_token_in_prefix_scopes() {
     .expect("the batch delete");
     assert_eq!(out.deleted().len(), 1, "{out:?}");
     assert_eq!(stored(&e.backend, BUCKET, "db/x").await, None);
+}
+
+/// `s` percent-encoded for a query value.
+fn urlencoding_of(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }

@@ -120,6 +120,31 @@ pub fn check(
     verdict
 }
 
+/// Checksums a presigned URL (or any request) carries in its query, where
+/// the query allowlist accepts them: added to `headers`, so that [`check`]
+/// verifies them with the rest (the proxy would otherwise accept a value
+/// it neither checks nor forwards).
+pub fn hoist_query_checksums(uri: &http::Uri, headers: &mut HeaderMap) {
+    let Some(query) = uri.query() else {
+        return;
+    };
+    for pair in query.split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = name.to_ascii_lowercase();
+        if !NAMES.contains(&name.as_str()) {
+            continue;
+        }
+        let value =
+            urlencoding::decode(value).map_or_else(|_| value.to_owned(), |v| v.into_owned());
+        if let (Ok(name), Ok(value)) = (
+            http::header::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_str(&value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+}
+
 /// Whether the request carries a value [`check`] verifies.
 pub fn carries_digests(headers: &HeaderMap, anonymous: bool) -> bool {
     Digests::wanted(headers, None, anonymous).is_some()
@@ -155,7 +180,7 @@ impl Digests {
     ) -> Option<Digests> {
         let mut wanted = Vec::new();
         for (index, name) in NAMES.iter().enumerate() {
-            if let Some(v) = headers.get(*name) {
+            for v in headers.get_all(*name) {
                 wanted.push(Wanted::Header {
                     index,
                     value: String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),

@@ -64,6 +64,7 @@ impl Write {
         held: Option<crate::early::Held>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let token = self.token;
+        crate::trailer::hoist_query_checksums(&req.uri, &mut req.headers);
         let verdict = crate::trailer::check(
             &mut req.input.body,
             &req.headers,
@@ -368,6 +369,7 @@ impl Gate {
         admitted: &Admission,
         mut req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
+        crate::trailer::hoist_query_checksums(&req.uri, &mut req.headers);
         let verdict = crate::trailer::check(
             &mut req.input.body,
             &req.headers,
