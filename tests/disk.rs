@@ -147,6 +147,17 @@ fn refused_start(mut cmd: Command) -> (bool, String, String) {
     (status.success(), out, err)
 }
 
+/// `fencegate restore-db --db DB --from BACKUP`, run to its end.
+fn restore_db(db: &Path, backup: &Path) -> std::process::Output {
+    fencegate()
+        .args(["restore-db", "--db"])
+        .arg(db)
+        .arg("--from")
+        .arg(backup)
+        .output()
+        .expect("restore-db")
+}
+
 fn errors_in(log: &Path) -> usize {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -249,13 +260,7 @@ fn a_lease_database_replaced_while_running_is_not_mixed_with_the_old_state() {
     assert_eq!(s, 503, "{v}");
     assert!(v.to_string().contains("another process"), "{v}");
     // restore-db refuses while the service has it open.
-    let out = fencegate()
-        .args(["restore-db", "--db"])
-        .arg(&db)
-        .arg("--from")
-        .arg(&backup)
-        .output()
-        .expect("restore-db");
+    let out = restore_db(&db, &backup);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("stop it first"),
@@ -265,13 +270,7 @@ fn a_lease_database_replaced_while_running_is_not_mixed_with_the_old_state() {
     svc.terminate();
 
     // Stopped: the documented restore, then a start above what was issued.
-    let out = fencegate()
-        .args(["restore-db", "--db"])
-        .arg(&db)
-        .arg("--from")
-        .arg(&backup)
-        .output()
-        .expect("restore-db");
+    let out = restore_db(&db, &backup);
     assert!(
         out.status.success(),
         "{}",
@@ -631,13 +630,7 @@ fn a_backup_copied_over_a_running_service_is_not_undone_by_its_stop() {
     );
     // The old log is left beside the file; the documented restore drops
     // it (a plain start would replay it over the backup).
-    let out = fencegate()
-        .args(["restore-db", "--db"])
-        .arg(&db)
-        .arg("--from")
-        .arg(&backup)
-        .output()
-        .expect("restore-db");
+    let out = restore_db(&db, &backup);
     assert!(
         out.status.success(),
         "{}",

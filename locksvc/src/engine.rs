@@ -324,7 +324,7 @@ impl EngineHandle {
         match tokio::time::timeout(wait + self.storage_timeout, rx).await {
             Ok(answer) => answer.map_err(|_| EngineError::Stopped)?,
             Err(_) => Err(EngineError::Storage(format!(
-                "the lease database did not answer within storage_timeout ({:?}): is its disk stalled? Retry",
+                "the lease database did not answer within storage_timeout ({:?}): is its disk stalled? The request may still be applied when the disk answers: retry (an acquire with the same idempotency key gets the same lease)",
                 self.storage_timeout
             ))),
         }
