@@ -17,6 +17,7 @@
 //! watched before every write for being deleted, replaced or written by
 //! someone else (then every write fails, and the proxy is not ready).
 
+use crate::tokens::upload::{UploadBinding, UploadRecord};
 use fencegate_durable::{Claim, Opening, Watch};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
@@ -24,19 +25,6 @@ use std::sync::{Arc, Mutex};
 
 /// What the file is called in messages.
 const WHAT: &str = "proxy database";
-
-/// A multipart upload created through the proxy.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct UploadBinding {
-    pub upload_id: String,
-    pub bucket: String,
-    pub key: String,
-    pub scope: String,
-    pub token: u64,
-    /// Who created the upload (see `ops::multipart::Identity`); only they
-    /// may continue, complete or abort it.
-    pub owner: String,
-}
 
 /// Handle to the database; cheap to clone. Calls block: run them from
 /// `spawn_blocking` (they are rare: a new max, a new upload).
@@ -262,6 +250,7 @@ impl Db {
     }
 
     pub fn bind_upload(&self, b: &UploadBinding) -> rusqlite::Result<()> {
+        let b = b.record();
         self.write(|c| {
             c.execute(
                 "INSERT OR REPLACE INTO uploads (upload_id, bucket, key, scope, token, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -277,13 +266,16 @@ impl Db {
                 "SELECT upload_id, bucket, key, scope, token, owner FROM uploads WHERE upload_id = ?1",
                 params![upload_id],
                 |r| {
-                    Ok(UploadBinding {
+                    UploadBinding::from_record(UploadRecord {
                         upload_id: r.get(0)?,
                         bucket: r.get(1)?,
                         key: r.get(2)?,
                         scope: r.get(3)?,
                         token: from_sql(r.get(4)?),
                         owner: r.get(5)?,
+                    })
+                    .map_err(|e| {
+                        rusqlite::Error::FromSqlConversionFailure(5, rusqlite::types::Type::Text, e.into())
                     })
                 },
             )
@@ -314,19 +306,23 @@ mod tests {
             let db = Db::open(&path, Opening::CreateIfMissing, 0).expect("open");
             db.raise("b", 5).expect("raise");
             db.raise("b", 3).expect("raise");
-            db.bind_upload(&UploadBinding {
+            let record = UploadRecord {
                 upload_id: "u1".into(),
                 bucket: "b".into(),
                 key: "k".into(),
                 scope: "b".into(),
                 token: 5,
                 owner: "key:k".into(),
-            })
-            .expect("bind");
+            };
+            db.bind_upload(&UploadBinding::from_record(record).expect("binding"))
+                .expect("bind");
         }
         let db = Db::open(&path, Opening::CreateIfMissing, 0).expect("reopen");
         assert_eq!(db.load_fences().expect("load"), vec![("b".to_owned(), 5)]);
-        assert_eq!(db.upload("u1").expect("read").map(|u| u.token), Some(5));
+        assert_eq!(
+            db.upload("u1").expect("read").map(|u| u.token().number()),
+            Some(5)
+        );
         db.forget_upload("u1").expect("forget");
         assert_eq!(db.upload("u1").expect("read"), None);
     }

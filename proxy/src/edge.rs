@@ -320,7 +320,7 @@ impl Verified {
             ..PutObjectInput::default()
         };
         let mut extensions = parts.extensions;
-        extensions.insert(FromEdge);
+        extensions.insert(crate::lean::FromEdge);
         S3Request {
             input,
             method: parts.method,
@@ -334,11 +334,6 @@ impl Verified {
         }
     }
 }
-
-/// Marks a request built by the edge: its typed input holds only what the
-/// lean path reads, so it must never be sent by the SDK path.
-#[derive(Debug, Clone, Copy)]
-pub struct FromEdge;
 
 /// `Authorization: AWS4-HMAC-SHA256 Credential=<key>/<date>/<region>/s3/aws4_request, SignedHeaders=<a;b>, Signature=<hex>`,
 /// in exactly that grammar (anything else goes to s3s).

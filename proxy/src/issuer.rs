@@ -49,10 +49,31 @@ struct Asked {
 /// What the lease service said about a plain token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
-    /// `n` is (or was, when the proxy asked) the lock's current token.
-    Issued,
+    /// The token is (or was, when the proxy asked) the lock's current one.
+    Issued(Issued),
     /// The lock's current token is another one (or none is held).
     NotIssued,
+}
+
+/// The lease service's word that it issued a token: what makes a plain
+/// number a [`crate::tokens::VerifiedToken`]. Only [`Issuer::check`] makes
+/// one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Issued {
+    token: u64,
+}
+
+impl Issued {
+    /// The token the lease service issued.
+    pub fn token(self) -> u64 {
+        self.token
+    }
+
+    /// A confirmation for unit tests of its users.
+    #[cfg(test)]
+    pub fn for_tests(token: u64) -> Issued {
+        Issued { token }
+    }
 }
 
 impl Issuer {
@@ -70,7 +91,7 @@ impl Issuer {
     /// already confirmed). An error means it could not be asked.
     pub async fn check(&self, lock: &str, token: u64) -> Result<Answer, String> {
         if self.already_confirmed(lock, token) {
-            return Ok(Answer::Issued);
+            return Ok(Answer::Issued(Issued { token }));
         }
         let arrived = Instant::now();
         let slot = self.slot(lock);
@@ -96,7 +117,7 @@ impl Issuer {
         let mut confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
         let best = confirmed.entry(lock.to_owned()).or_insert(token);
         *best = (*best).max(token);
-        Ok(Answer::Issued)
+        Ok(Answer::Issued(Issued { token }))
     }
 
     /// The question slot of `lock`.
@@ -201,6 +222,9 @@ mod tests {
         assert!(questions <= 3, "{questions} questions for one lock");
         // The holder's own number is still confirmed, with a question of
         // its own.
-        assert_eq!(issuer.check("db", 7).await, Ok(Answer::Issued));
+        assert_eq!(
+            issuer.check("db", 7).await,
+            Ok(Answer::Issued(Issued { token: 7 }))
+        );
     }
 }

@@ -94,6 +94,12 @@ fn body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     None
 }
 
+/// Marks a request built by the edge (`crate::edge`): its typed input
+/// holds only what the lean path reads, so it must never be sent by the SDK
+/// path.
+#[derive(Debug, Clone, Copy)]
+pub struct FromEdge;
+
 /// A keep-alive pool of backend connections.
 fn pool(connector: Connector) -> Pool {
     Client::builder(TokioExecutor::new())

@@ -6,10 +6,19 @@
 //! gate refuses it, or, with `locksvc_url`, asks the lease service whether
 //! it issued it (see [`crate::issuer`]), so a made-up high number cannot
 //! raise a scope's max and lock every real holder out.
+//!
+//! **The rule as a type.** Every write is admitted and sent with a
+//! [`VerifiedToken`], and only this module makes one: by vouching
+//! ([`TokenPolicy`]), from the lease service's confirmation
+//! ([`Unvouched::issued`]), for a number below the scope's max, which can
+//! only be refused as stale ([`Unvouched::below`]), or, in [`upload`], from
+//! the proxy's own record of a token it verified when the upload was
+//! created. A number from anywhere else cannot reach the fence.
 
-use crate::scope::Scope;
+pub mod upload;
+
 use fencegate_core::token::VerifyError;
-use fencegate_core::{FencingToken, TokenError, TokenKeys};
+use fencegate_core::{FencingToken, LockName, TokenError, TokenKeys};
 use http::HeaderMap;
 
 /// The object metadata key holding the writer's token
@@ -22,10 +31,7 @@ pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
 /// The lock a request's token names, if it names one: its lease-bound
 /// credentials' lock, else its signed `Fencing-Token`'s (unverified: this
 /// only picks the scope the token is then verified against).
-pub fn named_lock(
-    headers: &HeaderMap,
-    access_key: Option<&str>,
-) -> Option<fencegate_core::LockName> {
+pub fn named_lock(headers: &HeaderMap, access_key: Option<&str>) -> Option<LockName> {
     if let Some(Ok(bound)) = access_key.map(fencegate_core::credentials::parse_access_key) {
         return Some(bound.lock);
     }
@@ -36,26 +42,74 @@ pub fn named_lock(
     }
 }
 
-/// A token read from a request.
+/// A token the proxy may admit and write with. Its field is private: only
+/// this module makes one (see the module docs), so holding one is proof.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Presented {
-    token: u64,
+pub struct VerifiedToken {
+    number: u64,
+}
+
+impl VerifiedToken {
+    /// The token number.
+    pub fn number(self) -> u64 {
+        self.number
+    }
+}
+
+impl std::fmt::Display for VerifiedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.number.fmt(f)
+    }
+}
+
+/// A token read from a request, as far as the request itself proves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presented {
     /// Signed by a lease service key (or bound to signed credentials), or
-    /// trusted because the proxy accepts plain numbers: it may raise a max.
-    /// Private: only this module's checks make one, so a `Presented` that
-    /// says "vouched" was vouched for.
-    vouched: bool,
+    /// a plain number where the proxy trusts plain numbers: it may raise a
+    /// max.
+    Vouched(VerifiedToken),
+    /// A number nothing in the request vouches for.
+    Unvouched(Unvouched),
 }
 
 impl Presented {
     /// The token number.
-    pub fn token(&self) -> u64 {
-        self.token
+    pub fn number(self) -> u64 {
+        match self {
+            Presented::Vouched(t) => t.number,
+            Presented::Unvouched(u) => u.number,
+        }
+    }
+}
+
+/// A token number the request does not prove: it becomes a
+/// [`VerifiedToken`] only by the lease service's word, or by being too low
+/// to raise anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unvouched {
+    number: u64,
+}
+
+impl Unvouched {
+    /// The token number.
+    pub fn number(self) -> u64 {
+        self.number
     }
 
-    /// Whether the proxy can vouch for it (see the field).
-    pub fn vouched(&self) -> bool {
-        self.vouched
+    /// Verified by the lease service saying it issued this number.
+    pub fn issued(self, proof: crate::issuer::Issued) -> Option<VerifiedToken> {
+        (proof.token() == self.number).then_some(VerifiedToken {
+            number: self.number,
+        })
+    }
+
+    /// Below the scope's current max: it can only be refused as stale
+    /// (a max never goes down), so the lease service need not be asked.
+    pub fn below(self, max: u64) -> Option<VerifiedToken> {
+        (self.number < max).then_some(VerifiedToken {
+            number: self.number,
+        })
     }
 }
 
@@ -99,12 +153,12 @@ impl TokenPolicy {
         }
     }
 
-    /// The token number in `headers` for a write in `scope`; `Ok(None)` if
+    /// The token in `headers` for a write under `lock`; `Ok(None)` if
     /// the request carries no token.
     pub fn from_headers(
         &self,
         headers: &HeaderMap,
-        scope: &Scope,
+        lock: &LockName,
     ) -> Result<Option<Presented>, Rejection> {
         let mut values = headers.get_all(FENCING_TOKEN_HEADER).iter();
         let Some(value) = values.next() else {
@@ -114,7 +168,7 @@ impl TokenPolicy {
             return Err(Rejection::Repeated);
         }
         let text = value.to_str().map_err(|_| Rejection::NotText)?;
-        self.verify(text, scope).map(Some)
+        self.verify(text, lock).map(Some)
     }
 
     /// The token of a request: from the `Fencing-Token` header and/or the
@@ -124,16 +178,16 @@ impl TokenPolicy {
         &self,
         headers: &HeaderMap,
         access_key: Option<&str>,
-        scope: &Scope,
+        lock: &LockName,
     ) -> Result<Option<Presented>, Rejection> {
-        let header = self.from_headers(headers, scope)?;
+        let header = self.from_headers(headers, lock)?;
         let bound = match access_key.map(fencegate_core::credentials::parse_access_key) {
             // The signature already proved the key pair came from a lease
             // service holding our key (see access::ClientAuth).
             Some(Ok(bound)) => {
-                if bound.lock != scope.lock {
+                if bound.lock != *lock {
                     return Err(Rejection::Verify(VerifyError::WrongLock {
-                        expected: scope.lock.to_string(),
+                        expected: lock.to_string(),
                         found: bound.lock.to_string(),
                     }));
                 }
@@ -142,15 +196,12 @@ impl TokenPolicy {
             _ => None,
         };
         match (header, bound) {
-            (Some(h), Some(c)) if h.token != c => Err(Rejection::Disagree {
-                header: h.token,
+            (Some(h), Some(c)) if h.number() != c => Err(Rejection::Disagree {
+                header: h.number(),
                 credentials: c,
             }),
             // The credentials vouch for the number the header repeats.
-            (_, Some(c)) => Ok(Some(Presented {
-                token: c,
-                vouched: true,
-            })),
+            (_, Some(c)) => Ok(Some(Presented::Vouched(VerifiedToken { number: c }))),
             (h, None) => Ok(h),
         }
     }
@@ -160,39 +211,40 @@ impl TokenPolicy {
         self.keys.as_ref()
     }
 
-    /// Checks a header value against `scope`'s lock.
-    pub fn verify(&self, text: &str, scope: &Scope) -> Result<Presented, Rejection> {
+    /// Checks a header value against `lock`.
+    pub fn verify(&self, text: &str, lock: &LockName) -> Result<Presented, Rejection> {
         match FencingToken::parse(text).map_err(Rejection::Malformed)? {
-            FencingToken::Plain(token) => Ok(Presented {
-                token,
-                vouched: self.accept_unsigned,
-            }),
-            FencingToken::Signed(signed) => self.verify_signed(signed, scope),
+            FencingToken::Plain(token) => Ok(self.plain(token)),
+            FencingToken::Signed(signed) => self.verify_signed(signed, lock),
+        }
+    }
+
+    /// A number worth only itself: vouched for where plain numbers are
+    /// trusted.
+    fn plain(&self, number: u64) -> Presented {
+        if self.accept_unsigned {
+            Presented::Vouched(VerifiedToken { number })
+        } else {
+            Presented::Unvouched(Unvouched { number })
         }
     }
 
     fn verify_signed(
         &self,
         signed: fencegate_core::SignedToken,
-        scope: &Scope,
+        lock: &LockName,
     ) -> Result<Presented, Rejection> {
         match &self.keys {
             Some(keys) => keys
-                .verify(&signed, &scope.lock)
-                .map(|token| Presented {
-                    token,
-                    vouched: true,
-                })
+                .verify(&signed, lock)
+                .map(|number| Presented::Vouched(VerifiedToken { number }))
                 .map_err(Rejection::Verify),
             // Without keys the signature cannot be checked: the token is
             // worth its number (trusted, or checked with the lease service,
             // like a plain one), still held to its lock.
-            None if signed.lock == scope.lock => Ok(Presented {
-                token: signed.token,
-                vouched: self.accept_unsigned,
-            }),
+            None if signed.lock == *lock => Ok(self.plain(signed.token)),
             None => Err(Rejection::Verify(VerifyError::WrongLock {
-                expected: scope.lock.to_string(),
+                expected: lock.to_string(),
                 found: signed.lock.to_string(),
             })),
         }
@@ -202,24 +254,23 @@ impl TokenPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fencegate_core::LockName;
 
-    fn scope() -> Scope {
-        Scope {
-            id: "bkt".into(),
-            bucket: "bkt".into(),
-            prefix: String::new(),
-            lock: LockName::new("bkt").expect("lock"),
-        }
+    fn lock() -> LockName {
+        LockName::new("bkt").expect("lock")
     }
 
     fn keys() -> TokenKeys {
         TokenKeys::new(vec![b"a-signing-key-for-tests".to_vec()]).expect("keys")
     }
 
+    /// The number and whether the request vouched for it.
+    fn read(p: Presented) -> (u64, bool) {
+        (p.number(), matches!(p, Presented::Vouched(_)))
+    }
+
     #[test]
     fn only_signed_tokens_are_vouched_for_unless_plain_ones_are_trusted() {
-        let signed = keys().sign(&scope().lock, 7).to_string();
+        let signed = keys().sign(&lock(), 7).to_string();
         let strict = TokenPolicy::new(Some(keys()), false);
         let trusting = TokenPolicy::new(Some(keys()), true);
         for (policy, text, want) in [
@@ -228,34 +279,49 @@ mod tests {
             (&trusting, "7", (7, true)),
             (&trusting, signed.as_str(), (7, true)),
         ] {
-            let p = policy.verify(text, &scope()).expect("accepted");
-            assert_eq!((p.token, p.vouched), want, "{text}");
+            let p = policy.verify(text, &lock()).expect("accepted");
+            assert_eq!(read(p), want, "{text}");
         }
+    }
+
+    #[test]
+    fn an_unvouched_number_is_verified_only_below_the_max_or_by_the_issuer() {
+        let Ok(Presented::Unvouched(u)) = TokenPolicy::new(None, false).verify("7", &lock()) else {
+            panic!("a plain number is not vouched for");
+        };
+        assert_eq!(u.below(7), None, "at the max it could raise it");
+        assert_eq!(u.below(8).map(VerifiedToken::number), Some(7));
+        assert_eq!(
+            u.issued(crate::issuer::Issued::for_tests(6)),
+            None,
+            "another number was issued"
+        );
+        assert_eq!(
+            u.issued(crate::issuer::Issued::for_tests(7))
+                .map(VerifiedToken::number),
+            Some(7)
+        );
     }
 
     #[test]
     fn lease_credentials_vouch_and_must_agree_with_the_header() {
         let policy = TokenPolicy::new(Some(keys()), false);
-        let access = keys().credentials(&scope().lock, 5, 1_000).access_key;
+        let access = keys().credentials(&lock(), 5, 1_000).access_key;
         let mut headers = HeaderMap::new();
         let p = policy
-            .from_request(&headers, Some(&access), &scope())
+            .from_request(&headers, Some(&access), &lock())
             .expect("accepted")
             .expect("a token");
-        assert_eq!((p.token, p.vouched), (5, true));
+        assert_eq!(read(p), (5, true));
         headers.insert(FENCING_TOKEN_HEADER, "5".parse().expect("value"));
         let p = policy
-            .from_request(&headers, Some(&access), &scope())
+            .from_request(&headers, Some(&access), &lock())
             .expect("accepted")
             .expect("a token");
-        assert_eq!(
-            (p.token, p.vouched),
-            (5, true),
-            "the plain header repeats it"
-        );
+        assert_eq!(read(p), (5, true), "the plain header repeats it");
         headers.insert(FENCING_TOKEN_HEADER, "6".parse().expect("value"));
         assert_eq!(
-            policy.from_request(&headers, Some(&access), &scope()),
+            policy.from_request(&headers, Some(&access), &lock()),
             Err(Rejection::Disagree {
                 header: 6,
                 credentials: 5

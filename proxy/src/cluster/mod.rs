@@ -29,7 +29,7 @@ pub mod config;
 
 pub use config::ClusterConfig;
 
-use crate::db::UploadBinding;
+use crate::tokens::upload::{UploadBinding, UploadRecord};
 use dashmap::DashMap;
 use fencegate_core::replicas::{
     Admit, Answer, Event, MemberView, Ms, Published, Replica, ReqId, Request, Timing, WriteId,
@@ -958,7 +958,9 @@ impl Cluster {
         if self.inner.uploads.len() >= UPLOAD_COPIES {
             self.inner.uploads.clear();
         }
-        self.inner.uploads.insert(b.upload_id.clone(), b.clone());
+        self.inner
+            .uploads
+            .insert(b.upload_id().to_owned(), b.clone());
     }
 
     /// Every member with its registration and acks per lock, read at most
@@ -1050,9 +1052,9 @@ impl Cluster {
 
     /// Records a new upload's binding in etcd (before its id is returned).
     pub async fn bind_upload(&self, b: &UploadBinding) -> Result<(), ClusterError> {
-        let key = self.key(&format!("uploads/{}", b.upload_id));
-        let value =
-            serde_json::to_string(b).map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        let key = self.key(&format!("uploads/{}", b.upload_id()));
+        let value = serde_json::to_string(&b.record())
+            .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
         self.inner
             .etcd
             .call(|mut c| {
@@ -1082,8 +1084,9 @@ impl Cluster {
         let Some(kv) = resp.kvs().first() else {
             return Ok(None);
         };
-        let b: UploadBinding = serde_json::from_slice(kv.value())
+        let record: UploadRecord = serde_json::from_slice(kv.value())
             .map_err(|e| ClusterError::Unavailable(format!("unreadable upload binding: {e}")))?;
+        let b = UploadBinding::from_record(record).map_err(ClusterError::Unavailable)?;
         self.keep_copy(&b);
         Ok(Some(b))
     }

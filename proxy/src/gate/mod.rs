@@ -23,7 +23,7 @@ pub use write::CopySpec;
 use crate::backend::Backend;
 use crate::body::{BodyWatch, Cancellable};
 use crate::config::ProxyConfig;
-use crate::db::{Db, UploadBinding};
+use crate::db::Db;
 use crate::dialect::Dialect;
 use crate::errors;
 use crate::events::{FenceEvents, Kind, Refusal};
@@ -33,7 +33,8 @@ use crate::keys::{KeyGuard, Keys, Known};
 use crate::metrics::{LockLabels, Metrics, ProbeLabels};
 use crate::probe::{ProbeError, ProbeReport, probe};
 use crate::scope::{Scope, ScopeMap};
-use crate::tokens::{Rejection, TokenPolicy};
+use crate::tokens::upload::UploadBinding;
+use crate::tokens::{Presented, Rejection, TokenPolicy, VerifiedToken};
 use fencegate_core::TokenKeys;
 use http::HeaderMap;
 use s3s::dto::StreamingBlob;
@@ -593,7 +594,13 @@ impl Gate {
     /// Refuses `token` if it is below the max of `scope` (a check before
     /// any key of a many-key request is touched; each key is then admitted
     /// on its own).
-    pub fn refuse_if_stale(&self, op: &'static str, scope: &Scope, token: u64) -> S3Result<()> {
+    pub fn refuse_if_stale(
+        &self,
+        op: &'static str,
+        scope: &Scope,
+        token: VerifiedToken,
+    ) -> S3Result<()> {
+        let token = token.number();
         let max = self.fences.max(scope.fence());
         if token < max {
             return Err(self.stale(op, scope, token, max, &format!(" for lock {}", scope.lock)));
@@ -826,31 +833,37 @@ impl Gate {
         op: &'static str,
         req: RequestToken<'_>,
         scope: &Scope,
-    ) -> S3Result<Option<u64>> {
+    ) -> S3Result<Option<VerifiedToken>> {
         let refuse = |r: Rejection| self.forged(op, scope, presented_number(&req), &r);
-        let Some(presented) = self
+        let presented = self
             .tokens
-            .from_request(req.headers, req.access_key, scope)
-            .map_err(refuse)?
-        else {
-            return Ok(None);
+            .from_request(req.headers, req.access_key, &scope.lock)
+            .map_err(refuse)?;
+        let unvouched = match presented {
+            None => return Ok(None),
+            Some(Presented::Vouched(token)) => {
+                crate::events::note_verified();
+                return Ok(Some(token));
+            }
+            Some(Presented::Unvouched(u)) => u,
         };
-        let token = presented.token();
-        if presented.vouched() {
-            crate::events::note_verified();
-            return Ok(Some(token));
-        }
         let Some(issuer) = &self.issuer else {
             return Err(refuse(Rejection::Unsigned));
         };
-        if token < self.fences.max(scope.fence()) {
-            return Ok(Some(token));
+        if let Some(below) = unvouched.below(self.fences.max(scope.fence())) {
+            return Ok(Some(below));
         }
+        let token = unvouched.number();
         // Boxed: an HTTP call, rare, and large (see `Call`).
         match Box::pin(issuer.check(scope.lock.as_str(), token)).await {
-            Ok(Answer::Issued) => {
+            Ok(Answer::Issued(proof)) => {
+                let Some(verified) = unvouched.issued(proof) else {
+                    return Err(errors::retry(format!(
+                        "the lease service confirmed another token than {token}; retry"
+                    )));
+                };
                 crate::events::note_verified();
-                Ok(Some(token))
+                Ok(Some(verified))
             }
             // The lock's current token stays out of the answer: a client
             // that cannot present it should not learn it here.
@@ -1028,7 +1041,7 @@ impl Gate {
         self.count(OP, &scope, "accepted");
         Ok((
             scope.lock.to_string(),
-            token,
+            token.number(),
             self.fences.max(scope.fence()),
         ))
     }
@@ -1039,7 +1052,7 @@ impl Gate {
         op: &'static str,
         req: RequestToken<'_>,
         scope: &Scope,
-    ) -> S3Result<u64> {
+    ) -> S3Result<VerifiedToken> {
         match self.token(op, req, scope).await? {
             Some(t) => Ok(t),
             None => {
@@ -1055,8 +1068,9 @@ impl Gate {
         op: &'static str,
         bucket: &str,
         scope: &Scope,
-        token: u64,
+        token: VerifiedToken,
     ) -> S3Result<Admission> {
+        let token = token.number();
         self.require_safe(bucket).await?;
         match self.fences.admit(scope.fence(), token).await {
             Ok(a) => {
@@ -1109,7 +1123,7 @@ impl Gate {
         bucket: &str,
         key: &str,
         scope: Scope,
-        token: u64,
+        token: VerifiedToken,
     ) -> S3Result<Write> {
         self.begin_with(write, bucket, key, scope, token, false)
             .await
@@ -1126,7 +1140,7 @@ impl Gate {
         bucket: &str,
         key: &str,
         scope: Scope,
-        token: u64,
+        token: VerifiedToken,
         resendable: bool,
     ) -> S3Result<Write> {
         let presume = resendable && self.backend.lean.is_some();
@@ -1140,14 +1154,15 @@ impl Gate {
         bucket: &str,
         key: &str,
         scope: Scope,
-        token: u64,
+        verified: VerifiedToken,
         presume_absent: bool,
     ) -> S3Result<Write> {
         let op = write.name();
+        let token = verified.number();
         // A many-key request (DeleteObjects) resolves every scope first,
         // then begins each key: its refusals must name the key begun.
         crate::events::note_target(bucket, key);
-        let admission = self.admit(op, bucket, &scope, token).await?;
+        let admission = self.admit(op, bucket, &scope, verified).await?;
         let cut = admission.cancel.clone();
         let guard = tokio::select! {
             g = self.keys.lock(bucket, key) => g,

@@ -16,9 +16,10 @@
 //! or for an abort the upload's verified binding.
 
 use super::{Gate, Sent, Write};
-use crate::db::UploadBinding;
 use crate::fences::Admission;
 use crate::keys::Known;
+use crate::tokens::VerifiedToken;
+use crate::tokens::upload::UploadBinding;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
 
@@ -94,7 +95,7 @@ impl Write {
             .clone()
             .filter(|_| crate::lean::eligible(&req))
         else {
-            if req.extensions.get::<crate::edge::FromEdge>().is_some() {
+            if req.extensions.get::<crate::lean::FromEdge>().is_some() {
                 // Its typed input holds only what the lean path reads.
                 return Err(s3s::s3_error!(
                     InternalError,
@@ -352,9 +353,9 @@ impl Gate {
         &self,
         _admitted: &Admission,
         mut req: S3Request<CreateMultipartUploadInput>,
-        token: u64,
+        token: VerifiedToken,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        tag(&mut req.input.metadata, token);
+        tag(&mut req.input.metadata, token.number());
         req.input.content_encoding = strip_aws_chunked(req.input.content_encoding.take());
         self.call(
             Box::pin(self.backend.forward.create_multipart_upload(req)),

@@ -15,40 +15,12 @@
 //! present that token. Abort changes no object: the upload's own client
 //! may abort it even when its token went stale, to clean up its parts.
 
-use crate::db::UploadBinding;
 use crate::errors;
 use crate::gate::{Gate, RequestToken, WriteOp};
 use crate::scope::Scope;
-use fencegate_core::credentials::{is_lease_access_key, parse_access_key};
+use crate::tokens::upload::{Identity, UploadBinding};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result};
-
-/// Who sent a request, as recorded on an upload: `key:<access key>` for a
-/// configured client key, `lease:<lock>:<token>` for lease-bound
-/// credentials (any credentials of the same lease; they change with the
-/// expiry), `anonymous` for an unsigned request.
-struct Identity(String);
-
-impl Identity {
-    fn of<T>(req: &S3Request<T>) -> Identity {
-        Identity::signed_by(req.credentials.as_ref())
-    }
-
-    fn signed_by(credentials: Option<&s3s::auth::Credentials>) -> Identity {
-        Identity(match credentials {
-            None => ANONYMOUS.to_owned(),
-            Some(c) if is_lease_access_key(&c.access_key) => {
-                match parse_access_key(&c.access_key) {
-                    Ok(k) => format!("lease:{}:{}", k.lock, k.token),
-                    Err(_) => format!("key:{}", c.access_key),
-                }
-            }
-            Some(c) => format!("key:{}", c.access_key),
-        })
-    }
-}
-
-const ANONYMOUS: &str = "anonymous";
 
 pub async fn create(
     gate: &Gate,
@@ -60,7 +32,7 @@ pub async fn create(
     let token = gate
         .required_token(OP, RequestToken::of(&req), &scope)
         .await?;
-    let owner = Identity::of(&req).0;
+    let owner = Identity::signed_by(req.credentials.as_ref().map(|c| c.access_key.as_str()));
     let admission = gate.admit(OP, &bucket, &scope, token).await?;
     let resp = gate
         .create_upload(&admission, req, token)
@@ -71,14 +43,14 @@ pub async fn create(
         .upload_id
         .clone()
         .ok_or_else(|| errors::retry("the backend returned no upload id"))?;
-    gate.bind_upload(UploadBinding {
+    gate.bind_upload(UploadBinding::new(
         upload_id,
         bucket,
         key,
-        scope: scope.id.clone(),
+        scope.id.clone(),
         token,
         owner,
-    })
+    ))
     .await?;
     drop(admission);
     gate.count(OP, &scope, "accepted");
@@ -144,45 +116,46 @@ impl UploadCall<'_> {
     pub async fn may_complete(&self, gate: &Gate) -> S3Result<()> {
         let op = WriteOp::Complete.name();
         let (binding, scope) = self.bound(gate, op).await?;
-        gate.refuse_if_stale(op, &scope, binding.token)
+        gate.refuse_if_stale(op, &scope, binding.token())
     }
 
     /// The upload's binding and scope, checked against this request.
     async fn bound(&self, gate: &Gate, op: &'static str) -> S3Result<(UploadBinding, Scope)> {
         let (upload_id, bucket, key) = (self.upload_id, self.bucket, self.key);
         let binding = gate.upload(upload_id).await?;
-        if binding.bucket != bucket || binding.key != key {
+        if binding.bucket() != bucket || binding.key() != key {
             return Err(errors::unknown_upload(upload_id));
         }
         let scope = gate.scope(op, bucket, key)?;
-        if scope.id != binding.scope {
+        if scope.id != binding.scope() {
             // The scopes were reconfigured while the upload was open: its
             // token was issued for another lock, and must not enter this
             // scope.
             return Err(errors::upload_scope_changed(
                 upload_id,
-                &binding.scope,
+                binding.scope(),
                 &scope.id,
             ));
         }
+        let bound = binding.token();
         let sent = gate.token(op, self.token, &scope).await?;
         if let Some(sent) = sent
-            && sent != binding.token
+            && sent != bound
         {
             gate.count(op, &scope, "invalid_token");
-            let e = errors::upload_token_mismatch(upload_id, binding.token, sent);
-            gate.refused_token(op, &scope, Some(sent), &e);
+            let e = errors::upload_token_mismatch(upload_id, bound.number(), sent.number());
+            gate.refused_token(op, &scope, Some(sent.number()), &e);
             return Err(e);
         }
         // Only the upload's creator may touch it; an upload whose creator
         // had no identity (anonymous, or bound before identities were
         // recorded) answers only to its token.
-        let who = Identity::signed_by(self.credentials).0;
-        let tokenless_owner = binding.owner.is_empty() || binding.owner == ANONYMOUS;
+        let who = Identity::signed_by(self.credentials.map(|c| c.access_key.as_str()));
+        let tokenless_owner = *binding.owner() == Identity::Anonymous;
         let allowed = if tokenless_owner {
-            sent == Some(binding.token)
+            sent == Some(bound)
         } else {
-            who == binding.owner
+            who == *binding.owner()
         };
         if !allowed {
             gate.count(op, &scope, "not_owner");
@@ -199,11 +172,13 @@ pub async fn upload_part(
     const OP: &str = "UploadPart";
     let (binding, scope) = bound(gate, OP, &req).await?;
     let admission = gate
-        .admit(OP, &binding.bucket, &scope, binding.token)
+        .admit(OP, binding.bucket(), &scope, binding.token())
         .await?;
     let result = gate.upload_part(&admission, req).await;
     if admission.cancel.is_cancelled() {
-        return Err(gate.cut(OP, &scope, binding.token, admission).await);
+        return Err(gate
+            .cut(OP, &scope, binding.token().number(), admission)
+            .await);
     }
     let resp = result.map_err(errors::from_backend)?;
     gate.count(OP, &scope, "accepted");
@@ -230,11 +205,13 @@ pub async fn upload_part_copy(
     // Hold the scope's epoch with the upload's token while the part is
     // copied, so a newer holder waits for it and it cannot start after one.
     let admission = gate
-        .admit(OP, &binding.bucket, &scope, binding.token)
+        .admit(OP, binding.bucket(), &scope, binding.token())
         .await?;
     let result = gate.upload_part_copy(&admission, req).await;
     if admission.cancel.is_cancelled() {
-        return Err(gate.cut(OP, &scope, binding.token, admission).await);
+        return Err(gate
+            .cut(OP, &scope, binding.token().number(), admission)
+            .await);
     }
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
@@ -249,11 +226,11 @@ pub async fn complete(
     let op = WriteOp::Complete;
     let (binding, scope) = bound(gate, op.name(), &req).await?;
     let w = gate
-        .begin(op, &binding.bucket, &binding.key, scope, binding.token)
+        .begin(op, binding.bucket(), binding.key(), scope, binding.token())
         .await?;
     let out = w.complete(gate, req).await;
     if out.is_ok() {
-        gate.forget_upload(&binding.upload_id).await;
+        gate.forget_upload(binding.upload_id()).await;
     }
     out
 }
@@ -268,7 +245,7 @@ pub async fn abort(
         .abort_upload(&binding, req)
         .await
         .map_err(errors::from_backend)?;
-    gate.forget_upload(&binding.upload_id).await;
+    gate.forget_upload(binding.upload_id()).await;
     gate.count(OP, &scope, "accepted");
     Ok(resp)
 }
