@@ -2,14 +2,14 @@
 //!
 //! Client credentials are checked by s3s (SigV4, every chunked variant)
 //! against [`ClientAuth`]; [`Access`] then refuses anonymous requests unless
-//! the config allows them, every operation [`crate::ops::classify`] does
+//! the config allows them, every operation [`crate::op::Op`] does
 //! not name, query parameters the proxy does not know
 //! ([`crate::query`]) and keys that could escape their bucket
 //! ([`crate::object_key`]), before any handler runs.
 
 use crate::config::ClientKey;
 use crate::errors;
-use crate::ops::classify;
+use crate::op::{Class, Op};
 use fencegate_core::TokenKeys;
 use fencegate_core::credentials::{CredentialError, is_lease_access_key};
 use s3s::access::{S3Access, S3AccessContext};
@@ -102,7 +102,7 @@ impl Access {
     /// For DeleteObjects and Complete, whose XML bodies s3s reads whole
     /// right after this check: the proof that the request may write
     /// (see [`crate::early`]), then its share of the body budget.
-    async fn body_share(&self, cx: &S3AccessContext<'_>, op: &str) -> S3Result<Option<BodyShare>> {
+    async fn body_share(&self, cx: &S3AccessContext<'_>, op: Op) -> S3Result<Option<BodyShare>> {
         let Some(length) = crate::early::announced_length(cx.headers()).filter(|n| *n > 0) else {
             return Ok(None);
         };
@@ -111,10 +111,10 @@ impl Access {
             access_key: cx.credentials().map(|c| c.access_key.as_str()),
         };
         match (op, cx.s3_path()) {
-            ("DeleteObjects", s3s::path::S3Path::Bucket { bucket }) => {
+            (Op::DeleteObjects, s3s::path::S3Path::Bucket { bucket }) => {
                 crate::ops::delete::may_delete_batch(&self.gate, bucket, token).await?;
             }
-            ("CompleteMultipartUpload", s3s::path::S3Path::Object { bucket, key }) => {
+            (Op::CompleteMultipartUpload, s3s::path::S3Path::Object { bucket, key }) => {
                 let upload_id = upload_id(cx.uri()).ok_or_else(|| {
                     s3_error!(InvalidRequest, "CompleteMultipartUpload needs ?uploadId=")
                 })?;
@@ -154,16 +154,16 @@ fn upload_id(uri: &http::Uri) -> Option<String> {
 impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
         let op = cx.s3_op().name();
-        match classify(op) {
-            None => return Err(errors::not_forwarded(op)),
+        let Some(known) = Op::parse(op) else {
+            return Err(errors::not_forwarded(op));
+        };
+        match known.class() {
             // CreateBucket has a rule of its own: plain creates only
             // (`ops::bucket`).
-            Some(crate::ops::Class::Fenced) => {
-                self.gate.write_headers().check(op, cx.headers())?;
-            }
-            Some(crate::ops::Class::Read | crate::ops::Class::CreateBucket) => {}
+            Class::Fenced => self.gate.write_headers().check(known, cx.headers())?,
+            Class::Read | Class::CreateBucket => {}
         }
-        crate::query::require_known(op, cx.uri())?;
+        crate::query::require_known(known, cx.uri())?;
         if let s3s::path::S3Path::Object { key, .. } = cx.s3_path() {
             crate::object_key::require(key)?;
         }
@@ -172,7 +172,7 @@ impl S3Access for Access {
             crate::events::note_client(&c.access_key);
         }
         if cx.credentials().is_none() {
-            if op == "CreateBucket" {
+            if known == Op::CreateBucket {
                 return Err(s3_error!(
                     AccessDenied,
                     "CreateBucket needs credentials: sign the request with a client key"
@@ -222,7 +222,7 @@ impl S3Access for Access {
                 ));
             }
         }
-        if let Some(share) = self.body_share(cx, op).await? {
+        if let Some(share) = self.body_share(cx, known).await? {
             cx.extensions_mut().insert(share);
         }
         Ok(())

@@ -7,6 +7,7 @@
 use crate::config::BackendConfig;
 use crate::dialect::{Dialect, SourceCondition, SourceNames, strip_quotes};
 use crate::keys::Known;
+use crate::op::Op;
 use crate::send_check::{Check, SdkClient};
 use aws_credential_types::Credentials;
 use aws_sdk_s3::config::{
@@ -251,19 +252,20 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for Respell {
         _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        let Some(operation) = cfg
+        // Every operation a write client sends is one the proxy knows.
+        let Some(op) = cfg
             .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-            .map(|m| m.name().to_owned())
+            .and_then(|m| Op::parse(m.name()))
         else {
             return Ok(());
         };
         let headers = context.request_mut().headers_mut();
         if let Some(value) = headers.remove("if-match")
-            && let Some(respelled) = self.0.if_match(&operation, &value)
+            && let Some(respelled) = self.0.if_match(op, &value)
         {
             headers.try_insert("if-match", respelled)?;
         }
-        if matches!(operation.as_str(), "CopyObject" | "UploadPartCopy") {
+        if matches!(op, Op::CopyObject | Op::UploadPartCopy) {
             for condition in SourceCondition::ALL {
                 let Some(value) = headers.remove(SourceNames::Aws.header(condition)) else {
                     continue;

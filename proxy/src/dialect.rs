@@ -5,6 +5,7 @@
 //! (`probe`) learns a store's [`Dialect`]; the write paths (`backend`'s SDK
 //! interceptor, `lean`) write conditions in it.
 
+use crate::op::Op;
 use serde::Serialize;
 
 /// How an ETag is written in a condition header.
@@ -116,17 +117,17 @@ impl Dialect {
         source: Some((SourceNames::Aws, Spelling::Quoted)),
     };
 
-    /// The `If-Match` an S3 operation (by its name) sends for `etag`, or
-    /// None where the store was not seen to enforce it.
-    pub fn if_match(&self, operation: &str, etag: &str) -> Option<String> {
+    /// The `If-Match` operation `op` sends for `etag`, or None where the
+    /// store was not seen to enforce it.
+    pub fn if_match(&self, op: Op, etag: &str) -> Option<String> {
         if etag.trim() == "*" {
             return Some("*".to_owned());
         }
-        let spelling = match operation {
-            "PutObject" => self.put_if_match,
-            "CompleteMultipartUpload" => self.complete_if_match,
-            "CopyObject" => self.copy_if_match,
-            "DeleteObject" => self.delete_if_match,
+        let spelling = match op {
+            Op::PutObject => self.put_if_match,
+            Op::CompleteMultipartUpload => self.complete_if_match,
+            Op::CopyObject => self.copy_if_match,
+            Op::DeleteObject => self.delete_if_match,
             _ => Some(Spelling::Quoted),
         }?;
         Some(spelling.write(etag))
@@ -163,9 +164,9 @@ mod tests {
             complete_if_match: None,
             ..Dialect::AWS
         };
-        assert_eq!(d.if_match("PutObject", "\"e\"").as_deref(), Some("e"));
-        assert_eq!(d.if_match("CompleteMultipartUpload", "\"e\""), None);
-        assert_eq!(d.if_match("CopyObject", "e").as_deref(), Some("\"e\""));
-        assert_eq!(d.if_match("PutObject", "*").as_deref(), Some("*"));
+        assert_eq!(d.if_match(Op::PutObject, "\"e\"").as_deref(), Some("e"));
+        assert_eq!(d.if_match(Op::CompleteMultipartUpload, "\"e\""), None);
+        assert_eq!(d.if_match(Op::CopyObject, "e").as_deref(), Some("\"e\""));
+        assert_eq!(d.if_match(Op::PutObject, "*").as_deref(), Some("*"));
     }
 }

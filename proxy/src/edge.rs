@@ -104,7 +104,10 @@ impl Edge {
         if !gate.lean_forwards(req.headers()) {
             return Err(req);
         }
-        if let Err(e) = gate.write_headers().check("PutObject", req.headers()) {
+        if let Err(e) = gate
+            .write_headers()
+            .check(crate::op::Op::PutObject, req.headers())
+        {
             return Ok(error_response(e));
         }
         gate.metrics().edge_puts.inc();
@@ -239,7 +242,7 @@ impl Edge {
         mac.verify_slice(&hex::decode(auth.signature).ok()?).ok()?;
 
         // The access rules s3s would apply next (`access::Access`).
-        crate::query::require_known("PutObject", req.uri()).ok()?;
+        crate::query::require_known(crate::op::Op::PutObject, req.uri()).ok()?;
         crate::object_key::require(&key).ok()?;
 
         let condition = |name| -> Option<Option<ETagCondition>> {

@@ -12,17 +12,114 @@ use s3s::{S3Error, S3ErrorCode};
 
 pub const MAX_TOKEN_HEADER: &str = "fencing-max-token";
 
-fn custom(code: &'static str, status: StatusCode, msg: impl Into<String>) -> S3Error {
-    let mut e = S3Error::with_message(S3ErrorCode::Custom(code.into()), msg.into());
+/// The proxy's own error codes (design.md's contract), each with its
+/// status, as `fencegate_lease_api::ErrorCode` is for the lease service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// 409: below the scope's (or the object's) max.
+    TokenStale,
+    /// 428: a fenced write without a token.
+    TokenRequired,
+    /// 400: a token that cannot be read, or that contradicts another.
+    InvalidToken,
+    /// 403: a plain number where only signed tokens are accepted.
+    TokenUnsigned,
+    /// 403: a plain number the lease service did not issue.
+    TokenNotIssued,
+    /// 403: a token for another lock.
+    TokenWrongLock,
+    /// 403: a signature that does not verify.
+    TokenSignatureInvalid,
+    /// 403: a fence asked of a proxy that cannot verify tokens.
+    TokenUnverifiable,
+    /// 404: a fence for a lock no scope is fenced by.
+    LockUnknown,
+    /// 409: an upload whose key moved to another scope.
+    ScopeChanged,
+    /// 403: a write outside every scope.
+    ScopeUndefined,
+    /// 503: a store that does not enforce what fencing needs.
+    BackendUnsafe,
+}
+
+impl Code {
+    pub const ALL: [Code; 12] = [
+        Code::TokenStale,
+        Code::TokenRequired,
+        Code::InvalidToken,
+        Code::TokenUnsigned,
+        Code::TokenNotIssued,
+        Code::TokenWrongLock,
+        Code::TokenSignatureInvalid,
+        Code::TokenUnverifiable,
+        Code::LockUnknown,
+        Code::ScopeChanged,
+        Code::ScopeUndefined,
+        Code::BackendUnsafe,
+    ];
+
+    /// The code on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::TokenStale => "FencingTokenStale",
+            Code::TokenRequired => "FencingTokenRequired",
+            Code::InvalidToken => "InvalidFencingToken",
+            Code::TokenUnsigned => "FencingTokenUnsigned",
+            Code::TokenNotIssued => "FencingTokenNotIssued",
+            Code::TokenWrongLock => "FencingTokenWrongLock",
+            Code::TokenSignatureInvalid => "FencingTokenSignatureInvalid",
+            Code::TokenUnverifiable => "FencingTokenUnverifiable",
+            Code::LockUnknown => "FencingLockUnknown",
+            Code::ScopeChanged => "FencingScopeChanged",
+            Code::ScopeUndefined => "FencingScopeUndefined",
+            Code::BackendUnsafe => "FencingBackendUnsafe",
+        }
+    }
+
+    /// The HTTP status it is answered with.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Code::TokenStale | Code::ScopeChanged => StatusCode::CONFLICT,
+            Code::TokenRequired => StatusCode::PRECONDITION_REQUIRED,
+            Code::InvalidToken => StatusCode::BAD_REQUEST,
+            Code::TokenUnsigned
+            | Code::TokenNotIssued
+            | Code::TokenWrongLock
+            | Code::TokenSignatureInvalid
+            | Code::TokenUnverifiable
+            | Code::ScopeUndefined => StatusCode::FORBIDDEN,
+            Code::LockUnknown => StatusCode::NOT_FOUND,
+            Code::BackendUnsafe => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The error with this code, its status and `msg`.
+    fn error(self, msg: impl Into<String>) -> S3Error {
+        standard(
+            S3ErrorCode::Custom(self.as_str().into()),
+            self.status(),
+            msg,
+        )
+    }
+
+    /// The proxy's code `e` carries, if it carries one.
+    pub fn of(e: &S3Error) -> Option<Code> {
+        Code::ALL
+            .into_iter()
+            .find(|c| e.code().as_str() == c.as_str())
+    }
+}
+
+/// An error with `code` and `status`.
+fn standard(code: S3ErrorCode, status: StatusCode, msg: impl Into<String>) -> S3Error {
+    let mut e = S3Error::with_message(code, msg.into());
     e.set_status_code(status);
     e
 }
 
 /// 409: the token is below the scope's (or the object's) max.
 pub fn stale(token: u64, max: u64, detail: &str) -> S3Error {
-    let mut e = custom(
-        "FencingTokenStale",
-        StatusCode::CONFLICT,
+    let mut e = Code::TokenStale.error(
         format!(
             "fencing token {token} is stale: token {max} has already been admitted{detail}; this writer lost its lease and must stop"
         ),
@@ -40,28 +137,22 @@ pub fn stale(token: u64, max: u64, detail: &str) -> S3Error {
 
 /// 404: a fence asked for a lock no scope of this proxy is fenced by.
 pub fn unknown_lock(lock: &str) -> S3Error {
-    custom(
-        "FencingLockUnknown",
-        StatusCode::NOT_FOUND,
-        format!("no scope of this proxy is fenced by lock {lock}: nothing to fence here"),
-    )
+    Code::LockUnknown.error(format!(
+        "no scope of this proxy is fenced by lock {lock}: nothing to fence here"
+    ))
 }
 
 /// 403: a fence asked of a proxy without `signing_keys`, which cannot
 /// tell a lease service's token from a made-up one.
 pub fn fence_unverifiable() -> S3Error {
-    custom(
-        "FencingTokenUnverifiable",
-        StatusCode::FORBIDDEN,
+    Code::TokenUnverifiable.error(
         "this proxy has no signing_keys, so it cannot verify the token: fences are raised only by signed tokens it can verify (set signing_keys to the lease service's)",
     )
 }
 
 /// 428: a fenced write without a token.
 pub fn missing(op: &str, scope: &str, lock: &str) -> S3Error {
-    custom(
-        "FencingTokenRequired",
-        StatusCode::PRECONDITION_REQUIRED,
+    Code::TokenRequired.error(
         format!(
             "{op} in fence scope {scope:?} needs a Fencing-Token header: take a lease on lock {lock:?} and send its fencing_token"
         ),
@@ -70,8 +161,8 @@ pub fn missing(op: &str, scope: &str, lock: &str) -> S3Error {
 
 /// 400 RequestTimeout: the client stopped sending its body (S3's answer).
 pub fn request_timeout(idle: std::time::Duration) -> S3Error {
-    custom(
-        "RequestTimeout",
+    standard(
+        S3ErrorCode::RequestTimeout,
         StatusCode::BAD_REQUEST,
         format!(
             "the request body stalled: nothing arrived for {}s; nothing was written, send the request again",
@@ -86,39 +177,21 @@ pub fn rejected(r: &Rejection) -> S3Error {
         Rejection::Malformed(_)
         | Rejection::Repeated
         | Rejection::NotText
-        | Rejection::Disagree { .. } => custom(
-            "InvalidFencingToken",
-            StatusCode::BAD_REQUEST,
-            r.to_string(),
-        ),
-        Rejection::Unsigned => custom("FencingTokenUnsigned", StatusCode::FORBIDDEN, r.to_string()),
-        Rejection::NotIssued { .. } => custom(
-            "FencingTokenNotIssued",
-            StatusCode::FORBIDDEN,
-            r.to_string(),
-        ),
-        Rejection::Verify(fencegate_core::token::VerifyError::WrongLock { .. }) => custom(
-            "FencingTokenWrongLock",
-            StatusCode::FORBIDDEN,
-            r.to_string(),
-        ),
-        Rejection::Verify(_) => custom(
-            "FencingTokenSignatureInvalid",
-            StatusCode::FORBIDDEN,
-            r.to_string(),
-        ),
+        | Rejection::Disagree { .. } => Code::InvalidToken.error(r.to_string()),
+        Rejection::Unsigned => Code::TokenUnsigned.error(r.to_string()),
+        Rejection::NotIssued { .. } => Code::TokenNotIssued.error(r.to_string()),
+        Rejection::Verify(fencegate_core::token::VerifyError::WrongLock { .. }) => {
+            Code::TokenWrongLock.error(r.to_string())
+        }
+        Rejection::Verify(_) => Code::TokenSignatureInvalid.error(r.to_string()),
     }
 }
 
 /// 400: a token that contradicts the one the upload was created with.
 pub fn upload_token_mismatch(upload_id: &str, bound: u64, sent: u64) -> S3Error {
-    custom(
-        "InvalidFencingToken",
-        StatusCode::BAD_REQUEST,
-        format!(
-            "upload {upload_id} was created with token {bound}, but this request carries token {sent}"
-        ),
-    )
+    Code::InvalidToken.error(format!(
+        "upload {upload_id} was created with token {bound}, but this request carries token {sent}"
+    ))
 }
 
 /// 403: a request for an upload another client created.
@@ -128,8 +201,8 @@ pub fn upload_not_yours(upload_id: &str, by_token: bool) -> S3Error {
     } else {
         "only the credentials that created it may send parts, complete or abort it"
     };
-    custom(
-        "AccessDenied",
+    standard(
+        S3ErrorCode::AccessDenied,
         StatusCode::FORBIDDEN,
         format!("upload {upload_id} belongs to another client: {how}"),
     )
@@ -138,9 +211,7 @@ pub fn upload_not_yours(upload_id: &str, by_token: bool) -> S3Error {
 /// 409: an upload created in one fence scope, continued after a
 /// reconfiguration put its key in another.
 pub fn upload_scope_changed(upload_id: &str, was: &str, now: &str) -> S3Error {
-    custom(
-        "FencingScopeChanged",
-        StatusCode::CONFLICT,
+    Code::ScopeChanged.error(
         format!(
             "upload {upload_id} was created in fence scope {was:?}, but its key is now in scope {now:?}; abort it on the backend and start a new upload"
         ),
@@ -161,9 +232,7 @@ pub fn unknown_upload(upload_id: &str) -> S3Error {
 
 /// 403: a write outside every configured scope.
 pub fn unscoped(bucket: &str, key: &str, configured: &[String]) -> S3Error {
-    custom(
-        "FencingScopeUndefined",
-        StatusCode::FORBIDDEN,
+    Code::ScopeUndefined.error(
         format!(
             "s3://{bucket}/{key} is in no fence scope, and writes outside the scopes are denied; configured scopes: {}",
             configured.join(", ")
@@ -199,11 +268,7 @@ pub fn retry(msg: impl Into<String>) -> S3Error {
 
 /// 503: the backend is not safe to write to in fenced mode.
 pub fn unsafe_backend(bucket: &str, why: &str) -> S3Error {
-    custom(
-        "FencingBackendUnsafe",
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("writes to bucket {bucket} are refused: {why}"),
-    )
+    Code::BackendUnsafe.error(format!("writes to bucket {bucket} are refused: {why}"))
 }
 
 /// 501: an operation fencegate does not forward.
@@ -269,6 +334,36 @@ mod tests {
     use super::*;
 
     /// What the comment on [`storage`] says: a retryable 503, not a 500.
+    #[test]
+    fn each_code_is_its_own_and_answers_the_contracts_status() {
+        let names: std::collections::HashSet<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names.len(), Code::ALL.len(), "two codes share a name");
+        for c in Code::ALL {
+            let e = c.error("m");
+            assert_eq!(Code::of(&e), Some(c));
+            assert_eq!(e.status_code(), Some(c.status()));
+        }
+        // design.md: stale 409, missing 428, malformed 400, forged 403.
+        let stale = stale(3, 4, "");
+        assert_eq!(
+            (Code::of(&stale), stale.status_code()),
+            (Some(Code::TokenStale), Some(StatusCode::CONFLICT))
+        );
+        assert_eq!(
+            missing("PutObject", "b", "l").status_code(),
+            Some(StatusCode::PRECONDITION_REQUIRED)
+        );
+        assert_eq!(
+            rejected(&Rejection::Repeated).status_code(),
+            Some(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(
+            rejected(&Rejection::Unsigned).status_code(),
+            Some(StatusCode::FORBIDDEN)
+        );
+        assert_eq!(Code::of(&retry("x")), None);
+    }
+
     #[test]
     fn own_storage_failure_is_a_retryable_503() {
         let e = storage("disk full");

@@ -313,7 +313,7 @@ impl Lean {
         let LeanPut { uri, mut headers } = put;
         if let Some(v) = if_match
             .as_ref()
-            .and_then(|c| dialect.if_match("PutObject", &condition(c)))
+            .and_then(|c| dialect.if_match(crate::op::Op::PutObject, &condition(c)))
         {
             headers.insert(
                 http::header::IF_MATCH,

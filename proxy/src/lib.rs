@@ -58,6 +58,7 @@ pub mod keys;
 pub mod lean;
 pub mod metrics;
 pub mod object_key;
+pub mod op;
 pub mod ops;
 pub mod page;
 pub mod probe;

@@ -10,6 +10,7 @@
 //! pre-signed-URL parameters; anything else is refused before a handler
 //! runs.
 
+use crate::op::Op;
 use s3s::S3Result;
 
 /// Parameters every operation accepts: the signature of a pre-signed URL.
@@ -36,75 +37,22 @@ const RESPONSE_OVERRIDES: &[&str] = &[
     "response-expires",
 ];
 
-/// The parameters `op` accepts besides [`PRESIGNED`] and `x-id`.
-fn accepted(op: &str) -> &'static [&'static str] {
-    match op {
-        "PutObject" | "CopyObject" | "HeadBucket" | "CreateBucket" => &[],
-        "GetObject" | "HeadObject" => &["partNumber", "versionId"],
-        "DeleteObject" => &["versionId"],
-        "DeleteObjects" => &["delete"],
-        "CreateMultipartUpload" => &["uploads"],
-        "UploadPart" | "UploadPartCopy" => &["partNumber", "uploadId"],
-        "CompleteMultipartUpload" | "AbortMultipartUpload" => &["uploadId"],
-        "ListParts" => &["uploadId", "max-parts", "part-number-marker"],
-        "ListObjects" => &["delimiter", "encoding-type", "marker", "max-keys", "prefix"],
-        "ListObjectsV2" => &[
-            "list-type",
-            "continuation-token",
-            "delimiter",
-            "encoding-type",
-            "fetch-owner",
-            "max-keys",
-            "prefix",
-            "start-after",
-        ],
-        "ListObjectVersions" => &[
-            "versions",
-            "delimiter",
-            "encoding-type",
-            "key-marker",
-            "max-keys",
-            "prefix",
-            "version-id-marker",
-        ],
-        "ListMultipartUploads" => &[
-            "uploads",
-            "delimiter",
-            "encoding-type",
-            "key-marker",
-            "max-uploads",
-            "prefix",
-            "upload-id-marker",
-        ],
-        "ListBuckets" => &[
-            "max-buckets",
-            "continuation-token",
-            "prefix",
-            "bucket-region",
-        ],
-        "GetBucketLocation" => &["location"],
-        "GetBucketVersioning" => &["versioning"],
-        "GetObjectTagging" => &["tagging", "versionId"],
-        "GetObjectAttributes" => &["attributes", "versionId"],
-        _ => &[],
-    }
-}
-
 /// Refuses a request to `op` whose query names a parameter `op` does not
 /// accept (400 `InvalidArgument`, naming it).
-pub fn require_known(op: &str, uri: &http::Uri) -> S3Result<()> {
+pub fn require_known(op: Op, uri: &http::Uri) -> S3Result<()> {
     let Some(query) = uri.query() else {
         return Ok(());
     };
-    let response_overrides = matches!(op, "GetObject" | "HeadObject");
+    let response_overrides = op.takes_response_overrides();
+    let name_of_op = op.name();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
         let name = percent_decode(raw_name);
         if name == "x-id" {
-            if percent_decode(raw_value) != op {
+            if percent_decode(raw_value) != name_of_op {
                 return Err(s3s::s3_error!(
                     InvalidArgument,
-                    "query parameter x-id={} does not name this request's operation ({op})",
+                    "query parameter x-id={} does not name this request's operation ({name_of_op})",
                     percent_decode(raw_value)
                 ));
             }
@@ -118,12 +66,12 @@ pub fn require_known(op: &str, uri: &http::Uri) -> S3Result<()> {
             lower.starts_with("x-amz-checksum-") || lower == "x-amz-sdk-checksum-algorithm";
         let known = checksum
             || PRESIGNED.iter().any(|p| p.eq_ignore_ascii_case(&name))
-            || accepted(op).contains(&name.as_str())
+            || op.accepted_query().contains(&name.as_str())
             || (response_overrides && RESPONSE_OVERRIDES.contains(&name.as_str()));
         if !known {
             return Err(s3s::s3_error!(
                 InvalidArgument,
-                "query parameter {name:?} is not supported through the fencing proxy for {op}; \
+                "query parameter {name:?} is not supported through the fencing proxy for {name_of_op}; \
                  it forwards only the operations and parameters it fences"
             ));
         }
@@ -164,20 +112,19 @@ mod tests {
 
     #[test]
     fn known_parameters_pass() {
-        assert!(require_known("PutObject", &uri("x-id=PutObject")).is_ok());
-        assert!(require_known("UploadPart", &uri("partNumber=1&uploadId=abc")).is_ok());
-        assert!(require_known("GetObject", &uri("response-content-type=text%2Fplain")).is_ok());
+        assert!(require_known(Op::PutObject, &uri("x-id=PutObject")).is_ok());
+        assert!(require_known(Op::UploadPart, &uri("partNumber=1&uploadId=abc")).is_ok());
+        assert!(require_known(Op::GetObject, &uri("response-content-type=text%2Fplain")).is_ok());
         assert!(
             require_known(
-                "PutObject",
+                Op::PutObject,
                 &uri("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=00")
             )
             .is_ok()
         );
-        assert!(require_known("ListObjectsV2", &uri("list-type=2&prefix=a%2F")).is_ok());
+        assert!(require_known(Op::ListObjectsV2, &uri("list-type=2&prefix=a%2F")).is_ok());
         assert!(
-            require_known(
-                "PutObject",
+            require_known(Op::PutObject,
                 &uri("X-Amz-Content-Sha256=UNSIGNED-PAYLOAD&x-amz-checksum-crc32=AAAAAA%3D%3D&x-amz-sdk-checksum-algorithm=CRC32")
             )
             .is_ok(),
@@ -188,15 +135,15 @@ mod tests {
     #[test]
     fn unknown_parameters_are_refused() {
         for (op, q) in [
-            ("PutObject", "renameObject"),
-            ("PutObject", "renameObject="),
-            ("PutObject", "x-id=RenameObject"),
-            ("DeleteObject", "tagging"),
-            ("PutObject", "response-content-type=x"),
-            ("CompleteMultipartUpload", "uploadId=1&append"),
+            (Op::PutObject, "renameObject"),
+            (Op::PutObject, "renameObject="),
+            (Op::PutObject, "x-id=RenameObject"),
+            (Op::DeleteObject, "tagging"),
+            (Op::PutObject, "response-content-type=x"),
+            (Op::CompleteMultipartUpload, "uploadId=1&append"),
         ] {
             let e = require_known(op, &uri(q)).expect_err(q);
-            assert_eq!(e.code(), &s3s::S3ErrorCode::InvalidArgument, "{op} {q}");
+            assert_eq!(e.code(), &s3s::S3ErrorCode::InvalidArgument, "{op:?} {q}");
         }
     }
 

@@ -28,6 +28,7 @@
 //!
 //! `x-amz-acl: private` passes: it is the ACL every new object gets anyway.
 
+use crate::op::Op;
 use http::HeaderMap;
 use s3s::{S3Error, S3ErrorCode};
 
@@ -133,7 +134,8 @@ impl WriteHeaders {
 
     /// Refuses `op`'s request if one of its headers is in a family not
     /// allowed, or names a customer key.
-    pub fn check(&self, op: &str, headers: &HeaderMap) -> Result<(), S3Error> {
+    pub fn check(&self, op: Op, headers: &HeaderMap) -> Result<(), S3Error> {
+        let op = op.name();
         for (name, value) in headers {
             match kind(name.as_str(), value.as_bytes()) {
                 Kind::Plain => {}
@@ -229,12 +231,12 @@ mod tests {
             ),
         ] {
             let h = headers(&[(header, value)]);
-            let e = none.check("PutObject", &h).expect_err(header);
+            let e = none.check(Op::PutObject, &h).expect_err(header);
             assert_eq!(e.status_code(), Some(http::StatusCode::NOT_IMPLEMENTED));
             let msg = e.message().unwrap_or_default();
             assert!(msg.contains(header) && msg.contains(family.name()), "{msg}");
             WriteHeaders::new(&[family])
-                .check("PutObject", &h)
+                .check(Op::PutObject, &h)
                 .unwrap_or_else(|e| panic!("{header} with {} allowed: {e:?}", family.name()));
         }
     }
@@ -255,7 +257,7 @@ mod tests {
             "x-amz-copy-source-server-side-encryption-customer-key",
         ] {
             let e = all
-                .check("CopyObject", &headers(&[(header, "AES256")]))
+                .check(Op::CopyObject, &headers(&[(header, "AES256")]))
                 .expect_err(header);
             assert!(e.message().unwrap_or_default().contains("SSE-C"));
         }
@@ -268,7 +270,7 @@ mod tests {
             ("x-amz-checksum-sha256", "x"),
         ]);
         WriteHeaders::default()
-            .check("PutObject", &plain)
+            .check(Op::PutObject, &plain)
             .expect("plain headers pass");
     }
 }

@@ -120,15 +120,21 @@ pub enum WriteOp {
 }
 
 impl WriteOp {
+    /// The S3 operation.
+    pub fn op(self) -> crate::op::Op {
+        use crate::op::Op;
+        match self {
+            WriteOp::Put => Op::PutObject,
+            WriteOp::Copy => Op::CopyObject,
+            WriteOp::Delete => Op::DeleteObject,
+            WriteOp::DeleteMany => Op::DeleteObjects,
+            WriteOp::Complete => Op::CompleteMultipartUpload,
+        }
+    }
+
     /// The S3 operation name (metrics, logs).
     pub fn name(self) -> &'static str {
-        match self {
-            WriteOp::Put => "PutObject",
-            WriteOp::Copy => "CopyObject",
-            WriteOp::Delete => "DeleteObject",
-            WriteOp::DeleteMany => "DeleteObjects",
-            WriteOp::Complete => "CompleteMultipartUpload",
-        }
+        self.op().name()
     }
 
     /// Whether a cached state of the key may stand in for reading it, on

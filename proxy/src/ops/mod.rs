@@ -1,8 +1,8 @@
 //! The S3 operations the proxy serves, one module per fenced family.
 //!
-//! [`classify`] is the single list of what the proxy forwards. The access
-//! check refuses every operation it does not name before any handler runs,
-//! and [`FencedS3`] implements exactly the named ones: a forwarded write
+//! [`crate::op::Op`] is the single list of what the proxy forwards. The
+//! access check refuses every operation it does not name before any handler
+//! runs, and [`FencedS3`] implements exactly the named ones: a forwarded write
 //! cannot exist without a decision here about how it is fenced.
 //!
 //! - `put`: PutObject
@@ -23,52 +23,6 @@ use crate::gate::Gate;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
 use std::sync::Arc;
-
-/// How the proxy treats an operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// Forwarded untouched.
-    Read,
-    /// Creates a bucket; touches no object. Forwarded (rclone creates its
-    /// destination bucket before uploading).
-    CreateBucket,
-    /// Mutates objects: goes through the fence.
-    Fenced,
-}
-
-/// The operations the proxy forwards; `None` for everything else, which is
-/// refused with 501 before reaching a handler.
-pub fn classify(op: &str) -> Option<Class> {
-    match op {
-        "PutObject"
-        | "CopyObject"
-        | "DeleteObject"
-        | "DeleteObjects"
-        | "CreateMultipartUpload"
-        | "UploadPart"
-        | "UploadPartCopy"
-        | "CompleteMultipartUpload"
-        | "AbortMultipartUpload" => Some(Class::Fenced),
-        "GetObject"
-        | "HeadObject"
-        | "ListObjects"
-        | "ListObjectsV2"
-        | "ListObjectVersions"
-        | "ListBuckets"
-        | "HeadBucket"
-        | "GetBucketLocation"
-        | "ListMultipartUploads"
-        | "ListParts"
-        | "GetObjectTagging"
-        | "GetObjectAttributes"
-        | "GetBucketVersioning" => Some(Class::Read),
-        "CreateBucket" => Some(Class::CreateBucket),
-        // Everything else mutates a bucket's configuration or an object's
-        // tags, ACL or retention without a fence, or is not needed by the
-        // clients fencegate serves: refused.
-        _ => None,
-    }
-}
 
 /// The S3 service: fenced writes, forwarded reads.
 #[derive(Debug, Clone)]
@@ -174,42 +128,5 @@ impl S3 for FencedS3 {
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
         multipart::abort(&self.gate, req).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_write_is_fenced_and_unknown_ops_are_refused() {
-        for op in [
-            "PutObject",
-            "CopyObject",
-            "DeleteObject",
-            "DeleteObjects",
-            "CreateMultipartUpload",
-            "UploadPart",
-            "UploadPartCopy",
-            "CompleteMultipartUpload",
-            "AbortMultipartUpload",
-        ] {
-            assert_eq!(classify(op), Some(Class::Fenced), "{op}");
-        }
-        for op in [
-            "PutObjectTagging",
-            "DeleteObjectTagging",
-            "PutObjectAcl",
-            "PutObjectRetention",
-            "PutObjectLegalHold",
-            "RestoreObject",
-            "PutBucketLifecycleConfiguration",
-            "PutBucketPolicy",
-            "DeleteBucket",
-            "PostObject",
-            "WriteGetObjectResponse",
-        ] {
-            assert_eq!(classify(op), None, "{op} must not be forwarded");
-        }
     }
 }

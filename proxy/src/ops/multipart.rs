@@ -17,6 +17,7 @@
 
 use crate::errors;
 use crate::gate::{Gate, RequestToken, WriteOp};
+use crate::op::Op;
 use crate::scope::Scope;
 use crate::tokens::upload::{Identity, UploadBinding};
 use s3s::dto::*;
@@ -26,7 +27,7 @@ pub async fn create(
     gate: &Gate,
     req: S3Request<CreateMultipartUploadInput>,
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-    const OP: &str = "CreateMultipartUpload";
+    const OP: &str = Op::CreateMultipartUpload.name();
     let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
     let scope = gate.scope(OP, &bucket, &key)?;
     let token = gate
@@ -169,7 +170,7 @@ pub async fn upload_part(
     gate: &Gate,
     req: S3Request<UploadPartInput>,
 ) -> S3Result<S3Response<UploadPartOutput>> {
-    const OP: &str = "UploadPart";
+    const OP: &str = Op::UploadPart.name();
     let (binding, scope) = bound(gate, OP, &req).await?;
     let admission = gate
         .admit(OP, binding.bucket(), &scope, binding.token())
@@ -189,7 +190,7 @@ pub async fn upload_part_copy(
     gate: &Gate,
     req: S3Request<UploadPartCopyInput>,
 ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-    const OP: &str = "UploadPartCopy";
+    const OP: &str = Op::UploadPartCopy.name();
     if let CopySource::Bucket { key, .. } = &req.input.copy_source {
         crate::object_key::require(key)?;
     }
@@ -239,7 +240,7 @@ pub async fn abort(
     gate: &Gate,
     req: S3Request<AbortMultipartUploadInput>,
 ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-    const OP: &str = "AbortMultipartUpload";
+    const OP: &str = Op::AbortMultipartUpload.name();
     let (binding, scope) = bound(gate, OP, &req).await?;
     let resp = gate
         .abort_upload(&binding, req)
