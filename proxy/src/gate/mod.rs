@@ -899,6 +899,30 @@ impl Gate {
         e
     }
 
+    /// The object's rule, decided here only: a key whose stored token is
+    /// above `token` was written by a newer holder (through another
+    /// replica, or another proxy of the store), so the write is stale.
+    pub(crate) fn refuse_if_overwritten(
+        &self,
+        op: &'static str,
+        scope: &Scope,
+        token: u64,
+        bucket: &str,
+        key: &str,
+        stored: &Known,
+    ) -> S3Result<()> {
+        if stored.token() > token {
+            return Err(self.stale(
+                op,
+                scope,
+                token,
+                stored.token(),
+                &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Records a refusal answered with `e` as a fence event.
     fn record(
         &self,
@@ -1200,15 +1224,7 @@ impl Gate {
                 k
             }
         };
-        if known.token() > token {
-            return Err(self.stale(
-                op,
-                &scope,
-                token,
-                known.token(),
-                &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
-            ));
-        }
+        self.refuse_if_overwritten(op, &scope, token, bucket, key, &known)?;
         let dialect = self.dialect_of(bucket);
         Ok(Write {
             op: write,
@@ -1371,16 +1387,12 @@ impl Gate {
             .call(Box::pin(self.backend.head(bucket, key)), None)
             .await
         {
-            Ok(k) if k.token() > token => self.stale(
-                op,
-                scope,
-                token,
-                k.token(),
-                &format!(" on s3://{bucket}/{key}"),
-            ),
-            Ok(_) => errors::retry(format!(
-                "s3://{bucket}/{key} changed in the store while this write was decided; retry"
-            )),
+            Ok(k) => match self.refuse_if_overwritten(op, scope, token, bucket, key, &k) {
+                Err(stale) => stale,
+                Ok(()) => errors::retry(format!(
+                    "s3://{bucket}/{key} changed in the store while this write was decided; retry"
+                )),
+            },
             Err(e) => e,
         }
     }

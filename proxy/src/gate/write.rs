@@ -163,15 +163,7 @@ impl Write {
             }
         };
         self.key.remember(stored.clone());
-        if stored.token() > token {
-            return Err(gate.stale(
-                self.op.name(),
-                &self.scope,
-                token,
-                stored.token(),
-                &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
-            ));
-        }
+        gate.refuse_if_overwritten(self.op.name(), &self.scope, token, &bucket, &key, &stored)?;
         self.known = stored;
         let conds = conditions(&self.known, None, None)?;
         let call = async move {
