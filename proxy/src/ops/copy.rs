@@ -14,7 +14,8 @@
 //! store's dialect, `probe`), so that a store that reads them also checks
 //! them at the copy itself. UploadPartCopy does the same.
 
-use crate::gate::{CopySpec, Gate, RequestToken, WriteOp};
+use crate::gate::write::CopySpec;
+use crate::gate::{Gate, RequestToken, WriteOp};
 use aws_sdk_s3::operation::head_object::HeadObjectOutput;
 use s3s::dto::{CopyObjectInput, CopyObjectOutput, CopySource, ETagCondition, Timestamp};
 use s3s::{S3Request, S3Response, S3Result};

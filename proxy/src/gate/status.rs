@@ -1,0 +1,93 @@
+//! What the gate tells operators: readiness, the status documents, and
+//! joining the replicas' cluster at start.
+
+use super::*;
+
+impl Gate {
+    /// With replicas: joins the cluster (waiting up to `patience` for
+    /// etcd), then raises the cluster's maxes to at least what this
+    /// proxy's SQLite database kept from running alone, so that turning
+    /// replicas on never lets a token go back.
+    pub async fn join_cluster(&self, patience: Duration) -> anyhow::Result<()> {
+        let Some(c) = self.fences.cluster() else {
+            return Ok(());
+        };
+        c.start(patience, self.metrics.clone()).await?;
+        for (lock, max) in self.db.load_fences()? {
+            if lock.contains('/') || max <= self.fences.max(&lock) {
+                continue;
+            }
+            match self.fences.admit(&lock, max).await {
+                Ok(_) | Err(FenceError::Stale { .. }) => {}
+                Err(e) => {
+                    anyhow::bail!("cannot carry lock {lock}'s max {max} into the cluster: {e}")
+                }
+            }
+            tracing::info!(
+                lock,
+                max,
+                "carried a max from the SQLite database into the cluster"
+            );
+        }
+        Ok(())
+    }
+
+    /// What `/_fencegate/status` shows.
+    pub async fn status(&self) -> serde_json::Value {
+        self.status_as(false).await
+    }
+
+    /// What the status page shows (behind its sign-in): `status`, and the
+    /// lease owner holding each lock's max and the keys being written,
+    /// which the open `/_fencegate/status` leaves out.
+    pub async fn status_for_viewers(&self) -> serde_json::Value {
+        self.status_as(true).await
+    }
+
+    pub(super) async fn status_as(&self, viewer: bool) -> serde_json::Value {
+        let cluster = match self.fences.cluster() {
+            Some(c) => c.status().await,
+            None => serde_json::Value::Null,
+        };
+        let mut status = serde_json::json!({
+            "cluster": cluster,
+            "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| {
+                let mut l = serde_json::json!({"lock": lock, "max_token": max});
+                if viewer {
+                    l["holder"] = self.events.owner_of(&lock, max).into();
+                }
+                l
+            }).collect::<Vec<_>>(),
+            "inflight_writes": self.metrics.inflight_writes.get(),
+            "lingering_writes": self.metrics.lingering_writes.get(),
+            "configured_scopes": self.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
+            "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({
+                "report": r,
+                "safe": r.safe(),
+                "summary": r.summary(),
+                "checks": r.checks().iter().map(crate::probe::CheckLine::to_json).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+            "accept_weak_backend": self.accept_weak_backend,
+            "etag_cache_entries": self.keys.cached(),
+        });
+        if viewer {
+            let (keys, total) = self.keys.busy(BUSY_KEYS_SHOWN);
+            status["busy_keys"] = serde_json::json!({
+                "total": total,
+                "shown": keys.into_iter().map(|(b, k)| format!("s3://{b}/{k}")).collect::<Vec<_>>(),
+            });
+        }
+        status
+    }
+
+    /// Why the proxy cannot admit a new token now, if it cannot (its
+    /// database; with replicas, its standing): readiness.
+    pub fn not_ready(&self) -> Option<String> {
+        if let Some(c) = self.fences.cluster()
+            && !c.admits()
+        {
+            return Some(c.why_not());
+        }
+        self.db.problem()
+    }
+}

@@ -1,0 +1,91 @@
+//! Stage two: the token a request carries for its scope, as a
+//! [`VerifiedToken`] or a refusal (a plain number the proxy cannot vouch
+//! for is checked with the lease service).
+
+use super::*;
+
+impl Gate {
+    /// The token a request carries for `scope`, or why it is refused. A
+    /// plain token the proxy cannot vouch for is refused, unless the lease
+    /// service (`locksvc_url`) confirms it issued it; below the scope's max
+    /// it needs no confirmation, since admission answers it stale anyway.
+    pub async fn token(
+        &self,
+        op: &'static str,
+        req: RequestToken<'_>,
+        scope: &Scope,
+    ) -> S3Result<Option<VerifiedToken>> {
+        let refuse = |r: Rejection| self.forged(op, scope, presented_number(&req), &r);
+        let presented = self
+            .tokens
+            .from_request(req.headers, req.access_key, &scope.lock)
+            .map_err(refuse)?;
+        let unvouched = match presented {
+            None => return Ok(None),
+            Some(Presented::Vouched(token)) => {
+                crate::events::note_verified();
+                return Ok(Some(token));
+            }
+            Some(Presented::Unvouched(u)) => u,
+        };
+        let Some(issuer) = &self.issuer else {
+            return Err(refuse(Rejection::Unsigned));
+        };
+        if let Some(below) = unvouched.below(self.fences.max(scope.fence())) {
+            return Ok(Some(below));
+        }
+        let token = unvouched.number();
+        // Boxed: an HTTP call, rare, and large (see `Call`).
+        match Box::pin(issuer.check(scope.lock.as_str(), token)).await {
+            Ok(Answer::Issued(proof)) => {
+                let Some(verified) = unvouched.issued(proof) else {
+                    return Err(errors::retry(format!(
+                        "the lease service confirmed another token than {token}; retry"
+                    )));
+                };
+                crate::events::note_verified();
+                Ok(Some(verified))
+            }
+            // The lock's current token stays out of the answer: a client
+            // that cannot present it should not learn it here.
+            Ok(Answer::NotIssued) => Err(refuse(Rejection::NotIssued {
+                token,
+                lock: scope.lock.to_string(),
+            })),
+            Err(e) => Err(errors::retry(format!(
+                "cannot check plain token {token} with the lease service ({e}); retry, or send the signed fencing_token"
+            ))),
+        }
+    }
+
+    /// Like [`Gate::token`], but a missing token is an error (428).
+    pub async fn required_token(
+        &self,
+        op: &'static str,
+        req: RequestToken<'_>,
+        scope: &Scope,
+    ) -> S3Result<VerifiedToken> {
+        match self.token(op, req, scope).await? {
+            Some(t) => Ok(t),
+            None => {
+                self.count(op, scope, "missing");
+                Err(errors::missing(op, &scope.id, scope.lock.as_str()))
+            }
+        }
+    }
+}
+
+/// The token number a request presents, if it can be read (for fence
+/// events of refused tokens): its header's, or its lease-bound access key's.
+fn presented_number(req: &RequestToken<'_>) -> Option<u64> {
+    req.headers
+        .get(crate::tokens::FENCING_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| fencegate_core::FencingToken::parse(v).ok())
+        .map(|t| t.number())
+        .or_else(|| {
+            req.access_key
+                .and_then(|k| fencegate_core::credentials::parse_access_key(k).ok())
+                .map(|k| k.token)
+        })
+}
