@@ -99,6 +99,41 @@ impl Lease {
     }
 }
 
+/// What an acquire does about a lock's current lease: the one rule both
+/// backends apply (the SQLite engine through [`LockTable::acquire`], the
+/// etcd backend in its grant loop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireStep {
+    /// No lease: grant a new token.
+    Grant,
+    /// Only an expired lease: its record goes, then a new token is granted
+    /// (an expired lease is never extended, even for its own holder).
+    ClearExpired,
+    /// The caller's own live lease (same owner, same idempotency key): a
+    /// retried acquire, which extends it with the same token.
+    Extend,
+    /// Another client's live lease: wait in line, or be refused.
+    Held,
+}
+
+impl AcquireStep {
+    /// The step for an acquire by `owner` with idempotency `key` at `now`,
+    /// finding `current` at the lock.
+    pub fn of(
+        current: Option<&Lease>,
+        owner: &str,
+        key: Option<&KeyDigest>,
+        now: Timestamp,
+    ) -> AcquireStep {
+        match current {
+            None => AcquireStep::Grant,
+            Some(l) if !l.is_live(now) => AcquireStep::ClearExpired,
+            Some(l) if l.granted_to(owner, key) => AcquireStep::Extend,
+            Some(_) => AcquireStep::Held,
+        }
+    }
+}
+
 /// A successful acquire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -199,17 +234,25 @@ impl LockTable {
         now: Timestamp,
     ) -> Result<Grant, Held> {
         let expires_at = now.saturating_add(ttl);
-        if let Some(lease) = self.leases.get_mut(lock).filter(|l| l.is_live(now)) {
-            if !lease.granted_to(owner, key.as_ref()) {
-                return Err(Held {
-                    holder: lease.clone(),
-                });
+        match AcquireStep::of(self.leases.get(lock), owner, key.as_ref(), now) {
+            AcquireStep::Held => {
+                if let Some(lease) = self.leases.get(lock) {
+                    return Err(Held {
+                        holder: lease.clone(),
+                    });
+                }
             }
-            Self::reschedule(&mut self.deadlines, lease, expires_at);
-            return Ok(Grant {
-                lease: lease.clone(),
-                new_token: false,
-            });
+            AcquireStep::Extend => {
+                if let Some(lease) = self.leases.get_mut(lock) {
+                    Self::reschedule(&mut self.deadlines, lease, expires_at);
+                    return Ok(Grant {
+                        lease: lease.clone(),
+                        new_token: false,
+                    });
+                }
+            }
+            // The expired lease is replaced below.
+            AcquireStep::Grant | AcquireStep::ClearExpired => {}
         }
         // `restore` refuses a counter at MAX_TOKEN, and reaching it from
         // there takes 2^63 grants; saturating keeps this total anyway.
@@ -364,6 +407,34 @@ mod tests {
         LockName::new(s).expect("valid lock name")
     }
     const TTL: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn the_acquire_step_both_backends_take() {
+        let k = KeyDigest::of(b"alice-secret-0123456789");
+        let lease = Lease {
+            lock: lock("l"),
+            owner: "A".into(),
+            token: 3,
+            expires_at: Timestamp(100),
+            idempotency: Some(k),
+        };
+        let step = |current, owner, key: Option<&KeyDigest>, now| {
+            AcquireStep::of(current, owner, key, Timestamp(now))
+        };
+        assert_eq!(step(None, "A", Some(&k), 0), AcquireStep::Grant);
+        assert_eq!(step(Some(&lease), "A", Some(&k), 99), AcquireStep::Extend);
+        assert_eq!(
+            step(Some(&lease), "A", None, 99),
+            AcquireStep::Held,
+            "no key, no proof"
+        );
+        assert_eq!(step(Some(&lease), "B", Some(&k), 99), AcquireStep::Held);
+        assert_eq!(
+            step(Some(&lease), "A", Some(&k), 100),
+            AcquireStep::ClearExpired,
+            "an expired lease is never extended"
+        );
+    }
 
     #[test]
     fn the_reference_scenario() {

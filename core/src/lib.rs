@@ -31,7 +31,7 @@ pub mod time;
 pub mod token;
 
 pub use fence::{Fence, Verdict};
-pub use lease::{Grant, Held, KeyDigest, Lease, LockTable, NotHolder};
+pub use lease::{AcquireStep, Grant, Held, KeyDigest, Lease, LockTable, NotHolder};
 pub use name::{LockName, LockNameError};
 pub use time::Timestamp;
 pub use token::{FencingToken, SignedToken, TokenError, TokenKeys, VerifyError};

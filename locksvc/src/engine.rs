@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use crate::store::{Durability, LeaseRow, Store};
 use fencegate_core::line::{LineFull, Lines, Party, Served, Waiter};
-use fencegate_core::{Grant, KeyDigest, Lease, LockName, LockTable, Timestamp};
+use fencegate_core::{AcquireStep, Grant, KeyDigest, Lease, LockName, LockTable, Timestamp};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -543,8 +543,12 @@ impl EngineState {
                 // lease that is really live. Only the live holder itself,
                 // proven by its idempotency key, is not a newcomer.
                 self.serve_waiters(&lock, now, batch);
-                match self.table.live(&lock, now) {
-                    Some(holder) if !holder.granted_to(&owner, key.as_ref()) => {
+                let live = self.table.live(&lock, now);
+                match (
+                    AcquireStep::of(live.as_ref(), &owner, key.as_ref(), now),
+                    live,
+                ) {
+                    (AcquireStep::Held, Some(holder)) => {
                         if wait.is_zero() {
                             self.metrics.refused("held");
                             batch

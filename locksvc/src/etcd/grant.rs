@@ -270,21 +270,24 @@ impl EtcdLeases {
             };
             let now = clock::now();
             match &seen.owner {
-                Some(held) if !held.lease(&lock).is_live(now) => {
-                    self.clear_expired(&lock, held).await?;
-                    continue;
-                }
                 Some(held) => {
                     let holder = held.lease(&lock);
-                    if holder.granted_to(&owner, key.as_ref()) {
-                        match self.extend(&lock, held, ttl).await? {
+                    match AcquireStep::of(Some(&holder), &owner, key.as_ref(), now) {
+                        AcquireStep::ClearExpired => {
+                            self.clear_expired(&lock, held).await?;
+                            continue;
+                        }
+                        AcquireStep::Extend => match self.extend(&lock, held, ttl).await? {
                             Some(lease) => return Ok(lease),
                             None => continue,
+                        },
+                        // (`Grant` is the step for a lock without a lease.)
+                        AcquireStep::Held | AcquireStep::Grant => {
+                            if wait.is_zero() {
+                                self.inner.metrics.refused("held");
+                                return Err(EngineError::Held { holder });
+                            }
                         }
-                    }
-                    if wait.is_zero() {
-                        self.inner.metrics.refused("held");
-                        return Err(EngineError::Held { holder });
                     }
                 }
                 // Free, but others are in line: the first of them takes it.

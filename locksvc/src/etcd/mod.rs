@@ -61,7 +61,7 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencegate_core::line::{self, Party};
-use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
+use fencegate_core::{AcquireStep, KeyDigest, Lease, LockName, Timestamp};
 use fencegate_etcd::{CallError, Etcd, Retried};
 use std::future::Future;
 use std::sync::Arc;
