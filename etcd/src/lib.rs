@@ -126,6 +126,31 @@ fn connect_options(c: &Connection) -> anyhow::Result<ConnectOptions> {
     Ok(opts)
 }
 
+impl Connection {
+    /// What is wrong with this connection as configured in table `table`
+    /// (`etcd` of the lease service, `cluster` of the proxy): the checks
+    /// both services share, each message naming the table's option.
+    pub fn problems(&self, table: &str) -> Vec<String> {
+        let mut p = Vec::new();
+        for e in &self.endpoints {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                p.push(format!(
+                    "{table}.endpoints: {e:?} must start with http:// or https://"
+                ));
+            }
+        }
+        if let Err(e) = one_scheme(&self.endpoints) {
+            p.push(format!("{table}.endpoints: {e}"));
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            p.push(format!(
+                "{table}.cert_file and {table}.key_file go together"
+            ));
+        }
+        p
+    }
+}
+
 /// Refuses endpoints that mix `https://` with plain ones (no scheme is
 /// plain `http://` to etcd's client), naming the first plain one.
 fn one_scheme(endpoints: &[String]) -> anyhow::Result<()> {
@@ -270,9 +295,42 @@ impl Etcd {
 mod tests {
     use super::*;
 
+    fn list(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn connection_problems_name_the_table() {
+        let c = Connection {
+            endpoints: list(&["https://a:2379", "http://b:2379", "c:2379"]),
+            cert_file: Some("cert.pem".into()),
+            ..Connection::default()
+        };
+        let p = c.problems("cluster");
+        assert!(
+            p.iter()
+                .any(|s| s.starts_with("cluster.endpoints: \"c:2379\" must start")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|s| s.starts_with("cluster.endpoints: the etcd endpoints mix")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|s| s == "cluster.cert_file and cluster.key_file go together"),
+            "{p:?}"
+        );
+        let fine = Connection {
+            endpoints: list(&["https://a:2379", "https://b:2379"]),
+            ..Connection::default()
+        };
+        assert!(fine.problems("etcd").is_empty());
+    }
+
     #[test]
     fn endpoints_of_one_scheme_only() {
-        let list = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         assert!(one_scheme(&list(&["https://a:2379", "https://b:2379"])).is_ok());
         assert!(one_scheme(&list(&["http://a:2379", "b:2379"])).is_ok());
         let e = one_scheme(&list(&["https://a:2379", "http://b:2379"])).expect_err("mixed");

@@ -284,13 +284,7 @@ impl EtcdConfig {
                 "etcd.endpoints is empty: list the cluster's client URLs (or set {ENV_ETCD_ENDPOINTS})"
             ));
         }
-        for e in &self.endpoints {
-            if !(e.starts_with("http://") || e.starts_with("https://")) {
-                p.push(format!(
-                    "etcd.endpoints: {e:?} is not an http:// or https:// URL"
-                ));
-            }
-        }
+        p.extend(self.connection().problems("etcd"));
         if !(self.prefix.starts_with('/') && self.prefix.ends_with('/') && self.prefix.len() > 1) {
             p.push(format!(
                 "etcd.prefix {:?} must start and end with '/' (for example \"/fencegate/v1/\")",
@@ -303,9 +297,6 @@ impl EtcdConfig {
             p.push(format!(
                 "etcd.username and etcd.password go together (password: {ENV_ETCD_PASSWORD})"
             ));
-        }
-        if self.cert_file.is_some() != self.key_file.is_some() {
-            p.push("etcd.cert_file and etcd.key_file go together".into());
         }
         if self.request_timeout < Duration::from_millis(100) {
             p.push("etcd.request_timeout must be at least 100ms".into());

@@ -157,13 +157,7 @@ impl ClusterConfig {
                 "cluster.endpoints is empty: list the etcd members (or {ENV_CLUSTER_ENDPOINTS})"
             ));
         }
-        for e in &self.endpoints {
-            if !(e.starts_with("http://") || e.starts_with("https://")) {
-                p.push(format!(
-                    "cluster.endpoints: {e:?} must start with http:// or https://"
-                ));
-            }
-        }
+        p.extend(self.connection().problems("cluster"));
         if !(self.prefix.starts_with('/') && self.prefix.ends_with('/') && self.prefix.len() > 1) {
             p.push(format!(
                 "cluster.prefix {:?} must start and end with '/' (like \"/fencegate/proxy/v1/\")",
@@ -198,9 +192,6 @@ impl ClusterConfig {
             p.push(format!(
                 "cluster.username and cluster.password go together (or {ENV_CLUSTER_PASSWORD})"
             ));
-        }
-        if self.cert_file.is_some() != self.key_file.is_some() {
-            p.push("cluster.cert_file and cluster.key_file go together".into());
         }
         p
     }
