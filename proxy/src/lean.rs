@@ -159,23 +159,19 @@ pub fn eligible(req: &S3Request<PutObjectInput>) -> bool {
 }
 
 /// [`eligible`], on the request's headers.
+///
+/// One pass over the headers (it runs on every PutObject): no streaming
+/// payload hash, nothing `aws-chunked`, no trailer, and every header it
+/// forwards is text.
 pub fn eligible_headers(h: &HeaderMap) -> bool {
-    let streaming = h
-        .get("x-amz-content-sha256")
-        .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
-    let chunked = h
-        .get_all(http::header::CONTENT_ENCODING)
-        .iter()
-        .any(|v| String::from_utf8_lossy(v.as_bytes()).contains("aws-chunked"));
-    let text = h
-        .iter()
-        .filter(|(n, _)| forwarded(n))
-        .all(|(_, v)| v.to_str().is_ok());
-    !streaming
-        && !chunked
-        && !h.contains_key("x-amz-trailer")
-        && !h.contains_key("x-amz-decoded-content-length")
-        && text
+    h.iter().all(|(name, v)| match name.as_str() {
+        "x-amz-content-sha256" => !v.as_bytes().starts_with(b"STREAMING-"),
+        "content-encoding" => {
+            !v.as_bytes().windows(11).any(|w| w == b"aws-chunked") && v.to_str().is_ok()
+        }
+        "x-amz-trailer" | "x-amz-decoded-content-length" => false,
+        _ => !forwarded(name) || v.to_str().is_ok(),
+    })
 }
 
 /// Whether the lean path forwards a header of the client's request as it

@@ -62,109 +62,120 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             .extensions()
             .get::<fencegate_net::PeerAddr>()
             .map(|p| p.0);
-        Box::pin(crate::events::attempt(remote, async move {
-            let started = Instant::now();
-            let (method, path) = (req.method().clone(), req.uri().path().to_owned());
-            if let Some(endpoint) = this.endpoint(&req) {
-                if let Err(refused) = this.browser_rules(endpoint, &req) {
-                    return Ok(*refused);
-                }
-                return Ok(this.ops(endpoint, req.method(), req.headers()).await);
-            }
-            // An anonymous request's only credential is where it comes
-            // from: a web page's (DNS rebinding) names the page's host.
-            if is_anonymous(&req)
-                && let Err(r) =
-                    fencegate_net::browser::check_host(req.headers(), req.uri(), &this.answered)
-            {
-                return Ok(*crate::early::refuse(
-                    StatusCode::MISDIRECTED_REQUEST,
-                    "HostNotAllowed",
-                    &host_refusal(&r),
-                ));
-            }
-            let body_read =
-                match crate::early::check(&req, &this.hosts, this.gate.body_budget().max_one()) {
-                    Ok(read) => read,
-                    Err(refused) => return Ok(*refused),
-                };
-            let expects_continue = req
-                .headers()
-                .get(http::header::EXPECT)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-            // The connection stays busy (no idle or header timer) until the
-            // body is read, here or by the drain below.
-            let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            // A body read whole (and its share of the budget, taken by
-            // `access` once the request proved it may write) gets
-            // `client_idle_timeout_secs` in all, so a client trickling it
-            // cannot hold either.
-            let deadline = (body_read == crate::early::BodyRead::Whole)
-                .then(|| Box::pin(tokio::time::sleep(this.gate.client_idle())));
-            // A body read whole is checked against its integrity values
-            // here: s3s checks none of them on these bodies.
-            let whole = (body_read == crate::early::BodyRead::Whole).then(|| {
-                let anonymous = is_anonymous(&req);
-                let complete = req
-                    .uri()
-                    .query()
-                    .is_some_and(|q| q.split('&').any(|p| p.starts_with("uploadId=")));
-                (req.headers().clone(), anonymous, complete)
-            });
-            let mut whole_verdict = None;
-            let req = fencegate_net::track_request_body(req).map(|body| {
-                let mut body = DrainOnDrop::new(body, expects_continue, polled.clone());
-                body.deadline = deadline;
-                match whole {
-                    Some((headers, anonymous, complete)) => {
-                        let (checked, verdict) =
-                            crate::trailer::check_whole(body, &headers, anonymous, complete);
-                        whole_verdict = Some(verdict);
-                        s3s::Body::http_body_unsync(checked)
+        // The handler's future is boxed before `attempt` wraps it: it is
+        // the size of the deepest request path (kilobytes), and moved by
+        // value into the task-local scope and then into this box it was
+        // copied whole four times per request (BENCHMARKS.md, "Instructions
+        // per PUT").
+        Box::pin(crate::events::attempt(
+            remote,
+            Box::pin(async move {
+                let started = Instant::now();
+                let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+                if let Some(endpoint) = this.endpoint(&req) {
+                    if let Err(refused) = this.browser_rules(endpoint, &req) {
+                        return Ok(*refused);
                     }
-                    None => s3s::Body::http_body_unsync(body),
+                    return Ok(this.ops(endpoint, req.method(), req.headers()).await);
                 }
-            });
-            let call = async {
-                // Awaited apart, so the edge's future is gone before s3s's
-                // starts and the two share their space in this one.
-                let declined = match this.edge.put(&this.gate, req).await {
-                    Ok(resp) => return Ok(resp),
-                    Err(req) => req,
+                // An anonymous request's only credential is where it comes
+                // from: a web page's (DNS rebinding) names the page's host.
+                if is_anonymous(&req)
+                    && let Err(r) =
+                        fencegate_net::browser::check_host(req.headers(), req.uri(), &this.answered)
+                {
+                    return Ok(*crate::early::refuse(
+                        StatusCode::MISDIRECTED_REQUEST,
+                        "HostNotAllowed",
+                        &host_refusal(&r),
+                    ));
+                }
+                let body_read =
+                    match crate::early::check(&req, &this.hosts, this.gate.body_budget().max_one())
+                    {
+                        Ok(read) => read,
+                        Err(refused) => return Ok(*refused),
+                    };
+                let expects_continue = req
+                    .headers()
+                    .get(http::header::EXPECT)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+                // The connection stays busy (no idle or header timer) until the
+                // body is read, here or by the drain below.
+                let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                // A body read whole (and its share of the budget, taken by
+                // `access` once the request proved it may write) gets
+                // `client_idle_timeout_secs` in all, so a client trickling it
+                // cannot hold either.
+                let deadline = (body_read == crate::early::BodyRead::Whole)
+                    .then(|| Box::pin(tokio::time::sleep(this.gate.client_idle())));
+                // A body read whole is checked against its integrity values
+                // here: s3s checks none of them on these bodies.
+                let whole = (body_read == crate::early::BodyRead::Whole).then(|| {
+                    let anonymous = is_anonymous(&req);
+                    let complete = req
+                        .uri()
+                        .query()
+                        .is_some_and(|q| q.split('&').any(|p| p.starts_with("uploadId=")));
+                    (req.headers().clone(), anonymous, complete)
+                });
+                let mut whole_verdict = None;
+                let req = fencegate_net::track_request_body(req).map(|body| {
+                    let mut body = DrainOnDrop::new(body, expects_continue, polled.clone());
+                    body.deadline = deadline;
+                    match whole {
+                        Some((headers, anonymous, complete)) => {
+                            let (checked, verdict) =
+                                crate::trailer::check_whole(body, &headers, anonymous, complete);
+                            whole_verdict = Some(verdict);
+                            s3s::Body::http_body_unsync(checked)
+                        }
+                        None => s3s::Body::http_body_unsync(body),
+                    }
+                });
+                let call = async {
+                    let declined = match this.edge.put(&this.gate, req).await {
+                        Ok(resp) => return Ok(resp),
+                        Err(req) => req,
+                    };
+                    // Boxed: s3s's future is several times the edge's, and held
+                    // inline it would be every request's size, copied whole
+                    // (twice) when the request starts, the edge's PutObjects
+                    // too (BENCHMARKS.md, "Instructions per PUT").
+                    Box::pin(this.s3.call(declined)).await
                 };
-                this.s3.call(declined).await
-            };
-            let mut resp = match AssertUnwindSafe(call).catch_unwind().await {
-                Ok(r) => r?,
-                Err(_) => {
-                    tracing::error!(%method, %path, "request handler panicked");
-                    json(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        r#"{"error":"internal error"}"#.into(),
-                    )
+                let mut resp = match AssertUnwindSafe(call).catch_unwind().await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        tracing::error!(%method, %path, "request handler panicked");
+                        json(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            r#"{"error":"internal error"}"#.into(),
+                        )
+                    }
+                };
+                if let Some(e) = whole_verdict.and_then(|v| v.failed()) {
+                    resp = e.to_http_response().unwrap_or(resp);
                 }
-            };
-            if let Some(e) = whole_verdict.and_then(|v| v.failed()) {
-                resp = e.to_http_response().unwrap_or(resp);
-            }
-            // A client that asked for `100 Continue` and got a final answer
-            // instead may still send its body (botocore does, when the
-            // answer took over a second): on a reused connection those
-            // bytes would be read as the next request (a 400). Close it.
-            if expects_continue && !polled.load(std::sync::atomic::Ordering::Acquire) {
-                resp.headers_mut().insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
-            }
-            let status = resp.status();
-            if status.is_server_error() {
-                tracing::warn!(%method, %path, %status, elapsed = ?started.elapsed(), "request failed");
-            } else {
-                tracing::debug!(%method, %path, %status, elapsed = ?started.elapsed(), "request");
-            }
-            Ok(resp)
-        }))
+                // A client that asked for `100 Continue` and got a final answer
+                // instead may still send its body (botocore does, when the
+                // answer took over a second): on a reused connection those
+                // bytes would be read as the next request (a 400). Close it.
+                if expects_continue && !polled.load(std::sync::atomic::Ordering::Acquire) {
+                    resp.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
+                let status = resp.status();
+                if status.is_server_error() {
+                    tracing::warn!(%method, %path, %status, elapsed = ?started.elapsed(), "request failed");
+                } else {
+                    tracing::debug!(%method, %path, %status, elapsed = ?started.elapsed(), "request");
+                }
+                Ok(resp)
+            }),
+        ))
     }
 }
 

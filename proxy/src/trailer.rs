@@ -178,6 +178,17 @@ impl Digests {
         trailing: Option<&TrailingHeaders>,
         anonymous: bool,
     ) -> Option<Digests> {
+        // One pass first: most requests carry none of them, and each
+        // lookup by name below hashes it.
+        let any = headers.keys().any(|n| {
+            let n = n.as_str();
+            n.starts_with("x-amz-checksum-")
+                || matches!(n, "content-md5" | "x-amz-trailer")
+                || (anonymous && n == "x-amz-content-sha256")
+        });
+        if !any {
+            return None;
+        }
         let mut wanted = Vec::new();
         for (index, name) in NAMES.iter().enumerate() {
             for v in headers.get_all(*name) {

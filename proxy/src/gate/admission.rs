@@ -184,7 +184,7 @@ impl Gate {
         };
         let trusted = |k: &Known| {
             let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
-            write.trusts_cached(k, probes.get(bucket))
+            write.trusts_cached(k, probes.get(bucket).map(|r| &**r))
         };
         let presumable = || {
             let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());

@@ -100,7 +100,7 @@ pub struct Gate {
     store_decision: Duration,
     /// How long a client may send nothing in the middle of a body.
     client_idle: Duration,
-    probes: Mutex<HashMap<String, ProbeReport>>,
+    probes: Mutex<HashMap<String, Arc<ProbeReport>>>,
     probing: tokio::sync::Mutex<()>,
     /// Bytes of whole-read request bodies held at once (see `early`).
     body_budget: crate::early::BodyBudget,

@@ -73,7 +73,7 @@ impl Gate {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .cloned()
+            .map(|r| ProbeReport::clone(r))
             .collect();
         v.sort_by(|a, b| a.bucket.cmp(&b.bucket));
         v
@@ -85,7 +85,7 @@ impl Gate {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(bucket)
-            .map_or(Dialect::AWS, ProbeReport::dialect)
+            .map_or(Dialect::AWS, |r| r.dialect())
     }
 
     /// The client that writes to `bucket` in its store's dialect.
@@ -93,8 +93,9 @@ impl Gate {
         self.backend.writes(self.dialect_of(bucket))
     }
 
-    /// Probes `bucket` now (or returns the earlier report).
-    pub async fn probe_bucket(&self, bucket: &str) -> Result<ProbeReport, ProbeError> {
+    /// Probes `bucket` now (or returns the earlier report: shared, since
+    /// every write asks).
+    pub async fn probe_bucket(&self, bucket: &str) -> Result<Arc<ProbeReport>, ProbeError> {
         if let Some(r) = self
             .probes
             .lock()
@@ -110,7 +111,7 @@ impl Gate {
 
     /// Probes `bucket`, one probe at a time, unless another probe reported
     /// on it meanwhile.
-    pub(super) async fn probe_now(&self, bucket: &str) -> Result<ProbeReport, ProbeError> {
+    pub(super) async fn probe_now(&self, bucket: &str) -> Result<Arc<ProbeReport>, ProbeError> {
         let _one_at_a_time = self.probing.lock().await;
         if let Some(r) = self
             .probes
@@ -120,7 +121,7 @@ impl Gate {
         {
             return Ok(r.clone());
         }
-        let report = probe(&self.backend.client, bucket, self.backend_timeout).await?;
+        let report = Arc::new(probe(&self.backend.client, bucket, self.backend_timeout).await?);
         if report.safe() {
             tracing::info!(probe = %report.summary(), "backend probe");
         } else {
