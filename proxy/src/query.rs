@@ -61,13 +61,16 @@ pub fn require_known(op: Op, uri: &http::Uri) -> S3Result<()> {
         // Checksums some presigners move into the query (the SDK that
         // forwards rebuilds the request from parsed fields, so none of
         // these reaches the store as sent).
-        let lower = name.to_ascii_lowercase();
-        let checksum =
-            lower.starts_with("x-amz-checksum-") || lower == "x-amz-sdk-checksum-algorithm";
+        // By bytes: the name may hold any character after decoding.
+        let checksum = name
+            .as_bytes()
+            .get(.."x-amz-checksum-".len())
+            .is_some_and(|b| b.eq_ignore_ascii_case(b"x-amz-checksum-"))
+            || name.eq_ignore_ascii_case("x-amz-sdk-checksum-algorithm");
         let known = checksum
             || PRESIGNED.iter().any(|p| p.eq_ignore_ascii_case(&name))
-            || op.accepted_query().contains(&name.as_str())
-            || (response_overrides && RESPONSE_OVERRIDES.contains(&name.as_str()));
+            || op.accepted_query().contains(&&*name)
+            || (response_overrides && RESPONSE_OVERRIDES.contains(&&*name));
         if !known {
             return Err(s3s::s3_error!(
                 InvalidArgument,
@@ -79,8 +82,11 @@ pub fn require_known(op: Op, uri: &http::Uri) -> S3Result<()> {
     Ok(())
 }
 
-fn percent_decode(s: &str) -> String {
+fn percent_decode(s: &str) -> std::borrow::Cow<'_, str> {
     let bytes = s.as_bytes();
+    if !bytes.iter().any(|b| matches!(b, b'%' | b'+')) {
+        return std::borrow::Cow::Borrowed(s);
+    }
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -99,7 +105,7 @@ fn percent_decode(s: &str) -> String {
         }
         i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 #[cfg(test)]
@@ -141,6 +147,11 @@ mod tests {
             (Op::DeleteObject, "tagging"),
             (Op::PutObject, "response-content-type=x"),
             (Op::CompleteMultipartUpload, "uploadId=1&append"),
+            // Decoded to characters of several bytes, none of them ASCII.
+            (
+                Op::PutObject,
+                "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9=1",
+            ),
         ] {
             let e = require_known(op, &uri(q)).expect_err(q);
             assert_eq!(e.code(), &s3s::S3ErrorCode::InvalidArgument, "{op:?} {q}");
@@ -151,5 +162,9 @@ mod tests {
     fn percent_decoding() {
         assert_eq!(percent_decode("a%2Fb+c%"), "a/b c%");
         assert_eq!(percent_decode("%4"), "%4");
+        assert!(matches!(
+            percent_decode("plain"),
+            std::borrow::Cow::Borrowed("plain")
+        ));
     }
 }

@@ -581,8 +581,10 @@ pub async fn serve(
 }
 
 /// Serves any hyper service the same way, with the default connection
-/// options (used for the embedded backend of `fencegate dev` and for test
-/// backends). Every request runs to its end (see [`Detached`]).
+/// options but no share per client address (used for the embedded backend
+/// of `fencegate dev`, the tests and the benchmark, whose clients are
+/// proxies on this machine). Every request runs to its end (see
+/// [`Detached`]).
 pub async fn serve_service<S>(
     listener: TcpListener,
     router: S,
@@ -595,10 +597,16 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    let defaults = fencegate_net::ServerOptions::default();
     let options = fencegate_net::ServerOptions {
         refusal: crate::config::refusal(),
         drain_timeout: crate::config::DRAIN_TIMEOUT,
-        ..fencegate_net::ServerOptions::default()
+        // The embedded store's clients are proxies on this machine, all
+        // from one address: a share per address would cap them at a part
+        // of the connections (the benchmark's four variants at c=64 hit
+        // it).
+        max_connections_per_address: defaults.max_connections,
+        ..defaults
     };
     serve_detached(listener, router, options, shutdown)
         .await
