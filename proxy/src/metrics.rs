@@ -7,6 +7,50 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// How a fenced write ended: the `outcome` label of
+/// `fencegate_proxy_writes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Forwarded, and the store took it.
+    Accepted,
+    /// Refused: its token is below the max.
+    Stale,
+    /// Refused: no token.
+    Missing,
+    /// Refused: a token the proxy does not accept.
+    InvalidToken,
+    /// Refused: an upload another client created.
+    NotOwner,
+    /// Refused: a key in no fence scope.
+    Unscoped,
+    /// The store refused its condition (another writer won the race).
+    Conflict,
+    /// The store did not answer in time.
+    Timeout,
+    /// The store answered with an error.
+    BackendError,
+    /// Refused 503: the proxy's own state could not be kept or read.
+    Unavailable,
+}
+
+impl Outcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Stale => "stale",
+            Outcome::Missing => "missing",
+            Outcome::InvalidToken => "invalid_token",
+            Outcome::NotOwner => "not_owner",
+            Outcome::Unscoped => "unscoped",
+            Outcome::Conflict => "conflict",
+            Outcome::Timeout => "timeout",
+            Outcome::BackendError => "backend_error",
+            Outcome::Unavailable => "unavailable",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     pub op: &'static str,
@@ -158,12 +202,12 @@ impl Metrics {
         }
     }
 
-    pub fn write(&self, op: &'static str, lock: &str, outcome: &'static str) {
+    pub fn write(&self, op: &'static str, lock: &str, outcome: Outcome) {
         self.writes
             .get_or_create(&WriteLabels {
                 op,
                 lock: lock.to_owned(),
-                outcome,
+                outcome: outcome.as_str(),
             })
             .inc();
     }

@@ -68,7 +68,7 @@ impl Gate {
                 }
             })?;
         drop(admission);
-        self.count(OP, &scope, "accepted");
+        self.count(OP, &scope, Outcome::Accepted);
         Ok((
             scope.lock.to_string(),
             token.number(),
@@ -110,7 +110,7 @@ impl Gate {
                 Err(self.stale(op, scope, token, max, &format!(" for lock {}", scope.lock)))
             }
             Err(FenceError::Storage(e)) => {
-                self.count(op, scope, "unavailable");
+                self.count(op, scope, Outcome::Unavailable);
                 let held_back = self
                     .storage_failures
                     .lock()
@@ -124,7 +124,7 @@ impl Gate {
                 )))
             }
             Err(FenceError::Unavailable(e)) => {
-                self.count(op, scope, "unavailable");
+                self.count(op, scope, Outcome::Unavailable);
                 Err(errors::storage(format!("{e}; nothing was written")))
             }
         }
@@ -247,7 +247,7 @@ impl Gate {
         if let Some(max) = self.fences.after_raise(scope.fence()).await
             && max <= token
         {
-            self.count(op, scope, "unavailable");
+            self.count(op, scope, Outcome::Unavailable);
             return errors::storage(
                 "a newer token's raise of the fence could not be made durable (the proxy database failed); this request was cut in flight and nothing of it was committed: retry".to_owned(),
             );
@@ -258,13 +258,13 @@ impl Gate {
         {
             // Cut because this replica lost its standing, not by a newer
             // token: the writer may still hold the lease.
-            self.count(op, scope, "unavailable");
+            self.count(op, scope, Outcome::Unavailable);
             return errors::storage(format!(
                 "{}; this request was cut in flight and nothing of it was committed",
                 c.why_not()
             ));
         }
-        self.count(op, scope, "stale");
+        self.count(op, scope, Outcome::Stale);
         let by = self
             .fences
             .cut_by(scope.fence())
@@ -298,7 +298,7 @@ impl Gate {
             Sent::Answered(r) => r,
             Sent::Unanswered(pending) => {
                 w.key.forget();
-                self.count(w.op.name(), &w.scope, "timeout");
+                self.count(w.op.name(), &w.scope, Outcome::Timeout);
                 tracing::warn!(
                     op = w.op.name(),
                     bucket = w.key.bucket(),
@@ -324,7 +324,7 @@ impl Gate {
                     Some(k) => w.key.remember(k),
                     None => w.key.forget(),
                 }
-                self.count(w.op.name(), &w.scope, "accepted");
+                self.count(w.op.name(), &w.scope, Outcome::Accepted);
                 Ok(out)
             }
             Err(e) => {
@@ -345,13 +345,13 @@ impl Gate {
                     return Err(self.cut(op.name(), &scope, token, admission).await);
                 }
                 if errors::is_condition_failure(&e) {
-                    self.count(w.op.name(), &w.scope, "conflict");
+                    self.count(w.op.name(), &w.scope, Outcome::Conflict);
                     let (bucket, key) = (w.key.bucket().to_owned(), w.key.key().to_owned());
                     return Err(self
                         .redecide(w.op.name(), &bucket, &key, &w.scope, w.token)
                         .await);
                 }
-                self.count(w.op.name(), &w.scope, "backend_error");
+                self.count(w.op.name(), &w.scope, Outcome::BackendError);
                 Err(errors::from_backend(e))
             }
         }

@@ -44,7 +44,7 @@ use crate::events::{FenceEvents, Kind, Refusal};
 use crate::fences::{Admission, FenceError, Fences};
 use crate::issuer::{Answer, Issuer};
 use crate::keys::{KeyGuard, Keys, Known};
-use crate::metrics::{LockLabels, Metrics, ProbeLabels};
+use crate::metrics::{LockLabels, Metrics, Outcome, ProbeLabels};
 use crate::probe::{ProbeError, ProbeReport, probe};
 use crate::scope::{Scope, ScopeMap};
 use crate::tokens::upload::UploadBinding;
@@ -528,7 +528,7 @@ impl Gate {
     /// Counts a write's outcome under its lock; a lock that is neither
     /// configured nor has a fence counts as [`UNKNOWN_LOCK`], so refused
     /// requests naming made-up buckets add no metric series.
-    pub fn count(&self, op: &'static str, scope: &Scope, outcome: &'static str) {
+    pub fn count(&self, op: &'static str, scope: &Scope, outcome: Outcome) {
         let known = self.fences.known(scope.fence())
             || self
                 .scopes

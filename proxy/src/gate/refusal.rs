@@ -32,7 +32,7 @@ impl Gate {
         max: u64,
         detail: &str,
     ) -> S3Error {
-        self.count(op, scope, "stale");
+        self.count(op, scope, Outcome::Stale);
         let e = errors::stale(token, max, detail);
         self.record(Kind::Stale, op, Some(scope), Some(token), Some(max), &e);
         e
@@ -91,7 +91,7 @@ impl Gate {
         token: Option<u64>,
         why: &Rejection,
     ) -> S3Error {
-        self.count(op, scope, "invalid_token");
+        self.count(op, scope, Outcome::InvalidToken);
         let e = errors::rejected(why);
         self.refused_token(op, scope, token, &e);
         e

@@ -22,7 +22,7 @@ impl Gate {
     pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scope> {
         crate::events::note_target(bucket, key);
         self.scopes.resolve(bucket, key).map_err(|u| {
-            self.metrics.write(op, UNKNOWN_LOCK, "unscoped");
+            self.metrics.write(op, UNKNOWN_LOCK, Outcome::Unscoped);
             let e = errors::unscoped(&u.bucket, &u.key, &u.configured);
             self.record(Kind::Unscoped, op, None, None, None, &e);
             e

@@ -68,7 +68,7 @@ impl Gate {
         match self.token(op, req, scope).await? {
             Some(t) => Ok(t),
             None => {
-                self.count(op, scope, "missing");
+                self.count(op, scope, Outcome::Missing);
                 Err(errors::missing(op, &scope.id, scope.lock.as_str()))
             }
         }

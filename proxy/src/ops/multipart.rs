@@ -17,6 +17,7 @@
 
 use crate::errors;
 use crate::gate::{Gate, RequestToken, WriteOp};
+use crate::metrics::Outcome;
 use crate::op::Op;
 use crate::scope::Scope;
 use crate::tokens::upload::{Identity, UploadBinding};
@@ -54,7 +55,7 @@ pub async fn create(
     ))
     .await?;
     drop(admission);
-    gate.count(OP, &scope, "accepted");
+    gate.count(OP, &scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -143,7 +144,7 @@ impl UploadCall<'_> {
         if let Some(sent) = sent
             && sent != bound
         {
-            gate.count(op, &scope, "invalid_token");
+            gate.count(op, &scope, Outcome::InvalidToken);
             let e = errors::upload_token_mismatch(upload_id, bound.number(), sent.number());
             gate.refused_token(op, &scope, Some(sent.number()), &e);
             return Err(e);
@@ -159,7 +160,7 @@ impl UploadCall<'_> {
             who == *binding.owner()
         };
         if !allowed {
-            gate.count(op, &scope, "not_owner");
+            gate.count(op, &scope, Outcome::NotOwner);
             return Err(errors::upload_not_yours(upload_id, tokenless_owner));
         }
         Ok((binding, scope))
@@ -182,7 +183,7 @@ pub async fn upload_part(
             .await);
     }
     let resp = result.map_err(errors::from_backend)?;
-    gate.count(OP, &scope, "accepted");
+    gate.count(OP, &scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -216,7 +217,7 @@ pub async fn upload_part_copy(
     }
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
-    gate.count(OP, &scope, "accepted");
+    gate.count(OP, &scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -247,6 +248,6 @@ pub async fn abort(
         .await
         .map_err(errors::from_backend)?;
     gate.forget_upload(binding.upload_id()).await;
-    gate.count(OP, &scope, "accepted");
+    gate.count(OP, &scope, Outcome::Accepted);
     Ok(resp)
 }
