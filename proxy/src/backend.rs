@@ -6,6 +6,7 @@
 
 use crate::config::BackendConfig;
 use crate::dialect::{Dialect, SourceCondition, SourceNames, strip_quotes};
+use crate::fences::Admission;
 use crate::keys::Known;
 use crate::op::Op;
 use crate::send_check::{Check, SdkClient};
@@ -22,6 +23,12 @@ use s3s::{S3Error, S3ErrorCode};
 use std::time::Duration;
 
 use crate::tokens::TOKEN_METADATA_KEY;
+use crate::tokens::upload::UploadBinding;
+use s3s::dto::{
+    AbortMultipartUploadInput, AbortMultipartUploadOutput, CreateBucketInput, CreateBucketOutput,
+    CreateMultipartUploadInput, CreateMultipartUploadOutput, UploadPartInput, UploadPartOutput,
+};
+use s3s::{S3, S3Request, S3Response, S3Result};
 
 /// Longest a connection to the store may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,7 +38,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Backend {
     /// Writes in AWS's dialect, and the proxy's own calls (HEAD, probe).
     pub client: aws_sdk_s3::Client,
-    pub forward: s3s_aws::Proxy,
+    /// Private: every call through it takes a witness of the fence
+    /// (below), so none can be sent that the fence did not let through.
+    forward: s3s_aws::Proxy,
     /// The write client's configuration, to which [`Backend::writes`]
     /// adds a store's dialect.
     write_config: aws_sdk_s3::Config,
@@ -173,10 +182,41 @@ impl Backend {
             .clone()
     }
 
-    /// A forwarder of its own, for a call that may outlive the request
-    /// that made it (a write the store has not answered yet).
-    pub fn forwarder(&self) -> s3s_aws::Proxy {
-        s3s_aws::Proxy::from(self.client.clone())
+    /// Creates a multipart upload in a scope that admitted its token.
+    pub async fn create_upload(
+        &self,
+        _admitted: &Admission,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.forward.create_multipart_upload(req).await
+    }
+
+    /// Sends a part of an upload whose token the scope admitted.
+    pub async fn upload_part(
+        &self,
+        _admitted: &Admission,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.forward.upload_part(req).await
+    }
+
+    /// Aborts the upload of `_bound`, the binding verified for this
+    /// request's client (an abort changes no object).
+    pub async fn abort_upload(
+        &self,
+        _bound: &UploadBinding,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.forward.abort_multipart_upload(req).await
+    }
+
+    /// Creates a bucket (the gate sends only plain creates, which touch no
+    /// object: `Gate::create_bucket`).
+    pub async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.forward.create_bucket(req).await
     }
 
     /// What the store holds at `bucket/key`: absent, or its ETag and token.

@@ -46,7 +46,6 @@ impl Gate {
         &self,
         req: s3s::S3Request<s3s::dto::CreateBucketInput>,
     ) -> S3Result<s3s::S3Response<s3s::dto::CreateBucketOutput>> {
-        use s3s::S3 as _;
         let location = req
             .input
             .create_bucket_configuration
@@ -61,7 +60,7 @@ impl Gate {
             ..Default::default()
         };
         let req = req.map_input(|_| plain);
-        self.call(Box::pin(self.backend.forward.create_bucket(req)), None)
+        self.call(Box::pin(self.backend.create_bucket(req)), None)
             .await
             .map_err(errors::from_backend)
     }

@@ -343,17 +343,14 @@ impl Gate {
     /// Creates a multipart upload in a scope that admitted it.
     pub async fn create_upload(
         &self,
-        _admitted: &Admission,
+        admitted: &Admission,
         mut req: S3Request<CreateMultipartUploadInput>,
         token: VerifiedToken,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         tag(&mut req.input.metadata, token.number());
         req.input.content_encoding = strip_aws_chunked(req.input.content_encoding.take());
-        self.call(
-            Box::pin(self.backend.forward.create_multipart_upload(req)),
-            None,
-        )
-        .await
+        self.call(Box::pin(self.backend.create_upload(admitted, req)), None)
+            .await
     }
 
     /// Sends a part of an upload whose token the scope admitted.
@@ -375,7 +372,7 @@ impl Gate {
         {
             return Err(crate::body::unless_stalled(watch.as_ref(), e));
         }
-        self.call_watched(Box::pin(self.backend.forward.upload_part(req)), watch)
+        self.call_watched(Box::pin(self.backend.upload_part(admitted, req)), watch)
             .await
             .map_err(|e| verdict.failed().unwrap_or(e))
     }
@@ -400,14 +397,11 @@ impl Gate {
     /// cleaning up its parts); `_bound` is the verified binding.
     pub async fn abort_upload(
         &self,
-        _bound: &UploadBinding,
+        bound: &UploadBinding,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.call(
-            Box::pin(self.backend.forward.abort_multipart_upload(req)),
-            None,
-        )
-        .await
+        self.call(Box::pin(self.backend.abort_upload(bound, req)), None)
+            .await
     }
 }
 
