@@ -40,6 +40,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// The error of a service or body, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// After a graceful close was asked of an idle connection, how long it has
 /// to close before it is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -202,14 +205,14 @@ pub(crate) async fn serve_connection<S, B>(
     tcp: TcpStream,
     service: S,
     shared: Arc<Shared>,
-    _slot: crate::Slot,
+    _slot: crate::slots::Slot,
 ) where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<crate::BoxError>,
+    S::Error: Into<BoxError>,
     B: Body + Send + 'static,
     B::Data: Send,
-    B::Error: Into<crate::BoxError>,
+    B::Error: Into<BoxError>,
 {
     let watch = Arc::new(Watch::new(Instant::now()));
     let timeouts = shared.timeouts;

@@ -35,6 +35,7 @@ mod answer;
 pub mod browser;
 pub mod conn;
 mod refuse;
+mod slots;
 pub mod tls;
 pub mod workers;
 
@@ -56,11 +57,9 @@ use tokio_util::task::TaskTracker;
 /// Most connections being refused at once (each is answered and closed
 /// within [`REFUSAL_TIME`]); connections beyond it are closed unanswered.
 pub const MAX_REFUSING: usize = 64;
-/// Longest a refusal may take: TLS handshake, answer, and waiting for the
-/// client to close.
-pub const REFUSAL_TIME: Duration = Duration::from_secs(3);
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use conn::BoxError;
+pub use refuse::REFUSAL_TIME;
+pub use slots::default_share;
 
 /// How a server treats its connections.
 #[derive(Debug, Clone)]
@@ -179,8 +178,7 @@ where
         stop: CancellationToken::new(),
     });
     let refusal = options.refusal.response();
-    let slots = Arc::new(Semaphore::new(options.max_connections));
-    let shares = AddressShares::new(options.max_connections_per_address);
+    let slots = slots::Slots::new(options.max_connections, options.max_connections_per_address);
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let tasks = TaskTracker::new();
     let mut backoff = AcceptBackoff::default();
@@ -213,13 +211,7 @@ where
             }
         };
         let _ = tcp.set_nodelay(true);
-        let slot = slots.clone().try_acquire_owned().ok().and_then(|global| {
-            let share = shares.take(peer.ip())?;
-            Some(Slot {
-                _global: global,
-                _share: share,
-            })
-        });
+        let slot = slots.take(peer.ip());
         match slot {
             Some(slot) => match &options.workers {
                 None => {
@@ -293,88 +285,6 @@ where
         );
     }
     Ok(())
-}
-
-/// The default share of one address: a quarter of `max_connections` (at
-/// least one), so that it takes four addresses to fill the server.
-pub fn default_share(max_connections: usize) -> usize {
-    (max_connections / 4).max(1)
-}
-
-/// A connection's place: one of `max_connections`, and one of its
-/// address's share.
-pub(crate) struct Slot {
-    _global: tokio::sync::OwnedSemaphorePermit,
-    _share: Share,
-}
-
-/// The connections held per client address.
-#[derive(Debug, Clone)]
-struct AddressShares {
-    max: usize,
-    held: Arc<std::sync::Mutex<std::collections::HashMap<AddressKey, usize>>>,
-}
-
-/// One connection of an address; given back when dropped.
-struct Share {
-    shares: AddressShares,
-    key: AddressKey,
-}
-
-/// An IPv4 address, or the /64 an IPv6 address is in (one host is
-/// usually given a whole /64).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum AddressKey {
-    V4(std::net::Ipv4Addr),
-    V6(u64),
-}
-
-impl AddressKey {
-    fn of(ip: std::net::IpAddr) -> AddressKey {
-        match ip {
-            std::net::IpAddr::V4(v4) => AddressKey::V4(v4),
-            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => AddressKey::V4(v4),
-                None => AddressKey::V6((v6.to_bits() >> 64) as u64),
-            },
-        }
-    }
-}
-
-impl AddressShares {
-    fn new(max: usize) -> AddressShares {
-        AddressShares {
-            max: max.max(1),
-            held: Arc::default(),
-        }
-    }
-
-    /// One more connection for `ip`, unless it holds its whole share.
-    fn take(&self, ip: std::net::IpAddr) -> Option<Share> {
-        let key = AddressKey::of(ip);
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let n = held.entry(key).or_insert(0);
-        if *n >= self.max {
-            return None;
-        }
-        *n += 1;
-        Some(Share {
-            shares: self.clone(),
-            key,
-        })
-    }
-}
-
-impl Drop for Share {
-    fn drop(&mut self) {
-        let mut held = self.shares.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.key);
-            }
-        }
-    }
 }
 
 /// Errors of `accept` that concern one connection only.
@@ -484,32 +394,6 @@ pub mod test_pki;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_address_takes_its_share_and_no_more() {
-        let shares = AddressShares::new(2);
-        let a: std::net::IpAddr = "10.0.0.1".parse().expect("ip");
-        let b: std::net::IpAddr = "10.0.0.2".parse().expect("ip");
-        let one = shares.take(a).expect("first");
-        let two = shares.take(a).expect("second");
-        assert!(shares.take(a).is_none(), "over its share");
-        assert!(shares.take(b).is_some(), "another address has its own");
-        drop(one);
-        assert!(shares.take(a).is_some(), "a share comes back");
-        drop(two);
-        // IPv6 by its /64; an IPv4-mapped address is its IPv4 address.
-        let v6 = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
-        assert_eq!(
-            AddressKey::of(v6("2001:db8:1:2::1")),
-            AddressKey::of(v6("2001:db8:1:2:ffff::9"))
-        );
-        assert_ne!(
-            AddressKey::of(v6("2001:db8:1:2::1")),
-            AddressKey::of(v6("2001:db8:1:3::1"))
-        );
-        assert_eq!(AddressKey::of(v6("::ffff:10.0.0.1")), AddressKey::of(a));
-        assert!(shares.held.lock().expect("lock").len() <= 1);
-    }
 
     #[test]
     fn backoff_doubles_to_a_second_and_resets() {

@@ -3,11 +3,16 @@
 
 use crate::answer::answer_and_close;
 use bytes::Bytes;
+use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
+/// Longest a refusal may take: TLS handshake, answer, and waiting for the
+/// client to close.
+pub const REFUSAL_TIME: Duration = Duration::from_secs(3);
+
 /// Answers a connection over the cap with `response` (through TLS on a TLS
-/// port) and closes it, within [`crate::REFUSAL_TIME`].
+/// port) and closes it, within [`REFUSAL_TIME`].
 pub(crate) async fn refuse(
     tcp: TcpStream,
     tls: Option<tokio_rustls::TlsAcceptor>,
@@ -25,5 +30,5 @@ pub(crate) async fn refuse(
             },
         }
     };
-    let _ = tokio::time::timeout(crate::REFUSAL_TIME, answer).await;
+    let _ = tokio::time::timeout(REFUSAL_TIME, answer).await;
 }
