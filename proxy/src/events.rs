@@ -187,7 +187,7 @@ fn current() -> Attempt {
 
 /// What a refusal site knows.
 #[derive(Debug, Clone)]
-pub struct Refusal<'a> {
+pub struct Refused<'a> {
     pub kind: Kind,
     pub op: &'static str,
     pub scope: Option<&'a crate::scope::Scope>,
@@ -278,7 +278,7 @@ impl FenceEvents {
 
     /// Records a refusal with what the request's [`Attempt`] knows, and
     /// logs it as one structured line.
-    pub fn refused(&self, r: Refusal<'_>) {
+    pub fn refused(&self, r: Refused<'_>) {
         let a = current();
         let mut key = a.key.unwrap_or_default();
         if key.chars().count() > MAX_KEY_CHARS {
@@ -486,7 +486,7 @@ mod tests {
     }
 
     fn stale(events: &FenceEvents, token: u64) {
-        events.refused(Refusal {
+        events.refused(Refused {
             kind: Kind::Stale,
             op: "PutObject",
             scope: Some(&scope()),
@@ -539,7 +539,7 @@ mod tests {
         let events = FenceEvents::new(5);
         stale(&events, 1);
         for _ in 0..100 {
-            events.refused(Refusal {
+            events.refused(Refused {
                 kind: Kind::Forged,
                 op: "PutObject",
                 scope: Some(&scope()),
@@ -556,7 +556,7 @@ mod tests {
     }
 
     fn forged(events: &FenceEvents) {
-        events.refused(Refusal {
+        events.refused(Refused {
             kind: Kind::Forged,
             op: "PutObject",
             scope: Some(&scope()),

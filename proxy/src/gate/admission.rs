@@ -3,6 +3,7 @@
 //! the write's end (answered, cut, re-decided, or lingering while the
 //! store may still commit it).
 
+use super::refusal::Refusal;
 use super::*;
 
 impl Gate {
@@ -106,9 +107,15 @@ impl Gate {
                 }
                 Ok(a)
             }
-            Err(FenceError::Stale { token, max }) => {
-                Err(self.stale(op, scope, token, max, &format!(" for lock {}", scope.lock)))
-            }
+            Err(FenceError::Stale { token, max }) => Err(self.refuse(
+                op,
+                scope,
+                Refusal::Stale {
+                    token,
+                    max,
+                    detail: format!(" for lock {}", scope.lock),
+                },
+            )),
             Err(FenceError::Storage(e)) => {
                 self.count(op, scope, Outcome::Unavailable);
                 let held_back = self
@@ -264,18 +271,19 @@ impl Gate {
                 c.why_not()
             ));
         }
-        self.count(op, scope, Outcome::Stale);
         let by = self
             .fences
             .cut_by(scope.fence())
             .max(token.saturating_add(1));
-        let e = errors::stale(
-            token,
-            by,
-            &format!(" for lock {} while this request was in flight", scope.lock),
-        );
-        self.record(Kind::Cut, op, Some(scope), Some(token), Some(by), &e);
-        e
+        self.refuse(
+            op,
+            scope,
+            Refusal::Cut {
+                token,
+                by,
+                lock: scope.lock.as_str(),
+            },
+        )
     }
 
     /// Ends a write: records the outcome and what the store now holds.

@@ -26,7 +26,7 @@
 //! holds the state they share and the one timeout policy of backend calls.
 
 mod admission;
-mod refusal;
+pub mod refusal;
 mod scope;
 mod status;
 mod store;
@@ -40,7 +40,7 @@ use crate::config::ProxyConfig;
 use crate::db::Db;
 use crate::dialect::Dialect;
 use crate::errors;
-use crate::events::{FenceEvents, Kind, Refusal};
+use crate::events::{FenceEvents, Kind, Refused};
 use crate::fences::{Admission, FenceError, Fences};
 use crate::issuer::{Answer, Issuer};
 use crate::keys::{KeyGuard, Keys, Known};

@@ -1,8 +1,90 @@
-//! Refusals of the fence: stale, forged or unverifiable tokens, each
-//! counted and recorded as a fence event; and the owners the lease service
-//! names for the tokens the proxy admitted.
+//! Refusals of the fence: stale, cut, forged or unverifiable tokens,
+//! unscoped keys. Each is one [`Refusal`], from which come the S3 error the
+//! client gets (`errors`), the metric it is counted under
+//! (`metrics::Outcome`) and the fence event it is recorded as
+//! (`events::Kind`), so no site can pick them apart. Beside them: the
+//! owners the lease service names for the tokens the proxy admitted.
 
 use super::*;
+
+/// A refusal of the fence, as its site knows it.
+#[derive(Debug)]
+pub enum Refusal<'a> {
+    /// A token below the lock's max, or below the key's stored token;
+    /// `detail` says where ("for lock L", "on s3://b/k ...").
+    Stale {
+        token: u64,
+        max: u64,
+        detail: String,
+    },
+    /// Admitted, then cut in flight by the newer token `by`.
+    Cut { token: u64, by: u64, lock: &'a str },
+    /// A token the proxy does not accept (`presented`: its number, if it
+    /// could be read).
+    Token {
+        presented: Option<u64>,
+        why: &'a Rejection,
+    },
+    /// A token that contradicts the one its upload was created with.
+    UploadToken {
+        upload_id: &'a str,
+        bound: u64,
+        sent: u64,
+    },
+    /// A fenced write without a token.
+    Missing,
+    /// A request for an upload another client created (`by_token`: one
+    /// created without credentials, which answers only to its token).
+    NotOwner { upload_id: &'a str, by_token: bool },
+}
+
+impl Refusal<'_> {
+    /// What it is counted as.
+    fn outcome(&self) -> Outcome {
+        match self {
+            Refusal::Stale { .. } | Refusal::Cut { .. } => Outcome::Stale,
+            Refusal::Token { .. } | Refusal::UploadToken { .. } => Outcome::InvalidToken,
+            Refusal::Missing => Outcome::Missing,
+            Refusal::NotOwner { .. } => Outcome::NotOwner,
+        }
+    }
+
+    /// The fence event it is recorded as, with the token and the max it
+    /// names (a missing token, or another client's upload, is no event:
+    /// no token was refused).
+    fn event(&self) -> Option<(Kind, Option<u64>, Option<u64>)> {
+        match *self {
+            Refusal::Stale { token, max, .. } => Some((Kind::Stale, Some(token), Some(max))),
+            Refusal::Cut { token, by, .. } => Some((Kind::Cut, Some(token), Some(by))),
+            Refusal::Token { presented, .. } => Some((Kind::Forged, presented, None)),
+            Refusal::UploadToken { sent, .. } => Some((Kind::Forged, Some(sent), None)),
+            Refusal::Missing | Refusal::NotOwner { .. } => None,
+        }
+    }
+
+    /// The S3 error the client gets for `op` in `scope`.
+    fn error(&self, op: &str, scope: &Scope) -> S3Error {
+        match self {
+            Refusal::Stale { token, max, detail } => errors::stale(*token, *max, detail),
+            Refusal::Cut { token, by, lock } => errors::stale(
+                *token,
+                *by,
+                &format!(" for lock {lock} while this request was in flight"),
+            ),
+            Refusal::Token { why, .. } => errors::rejected(why),
+            Refusal::UploadToken {
+                upload_id,
+                bound,
+                sent,
+            } => errors::upload_token_mismatch(upload_id, *bound, *sent),
+            Refusal::Missing => errors::missing(op, &scope.id, scope.lock.as_str()),
+            Refusal::NotOwner {
+                upload_id,
+                by_token,
+            } => errors::upload_not_yours(upload_id, *by_token),
+        }
+    }
+}
 
 impl Gate {
     /// Refuses `token` if it is below the max of `scope` (a check before
@@ -17,24 +99,27 @@ impl Gate {
         let token = token.number();
         let max = self.fences.max(scope.fence());
         if token < max {
-            return Err(self.stale(op, scope, token, max, &format!(" for lock {}", scope.lock)));
+            return Err(self.refuse(
+                op,
+                scope,
+                Refusal::Stale {
+                    token,
+                    max,
+                    detail: format!(" for lock {}", scope.lock),
+                },
+            ));
         }
         Ok(())
     }
 
-    /// Refuses a stale write: counts it, records its fence event, and
-    /// answers the 409 that says so (every stale refusal goes through here).
-    pub fn stale(
-        &self,
-        op: &'static str,
-        scope: &Scope,
-        token: u64,
-        max: u64,
-        detail: &str,
-    ) -> S3Error {
-        self.count(op, scope, Outcome::Stale);
-        let e = errors::stale(token, max, detail);
-        self.record(Kind::Stale, op, Some(scope), Some(token), Some(max), &e);
+    /// Refuses with `r`: counts it, records its fence event, and answers
+    /// its error (every refusal of the fence goes through here).
+    pub fn refuse(&self, op: &'static str, scope: &Scope, r: Refusal<'_>) -> S3Error {
+        self.count(op, scope, r.outcome());
+        let e = r.error(op, scope);
+        if let Some((kind, token, max)) = r.event() {
+            self.record(kind, op, Some(scope), token, max, &e);
+        }
         e
     }
 
@@ -51,12 +136,14 @@ impl Gate {
         stored: &Known,
     ) -> S3Result<()> {
         if stored.token() > token {
-            return Err(self.stale(
+            return Err(self.refuse(
                 op,
                 scope,
-                token,
-                stored.token(),
-                &format!(" on s3://{bucket}/{key} (by another writer of this store)"),
+                Refusal::Stale {
+                    token,
+                    max: stored.token(),
+                    detail: format!(" on s3://{bucket}/{key} (by another writer of this store)"),
+                },
             ));
         }
         Ok(())
@@ -72,7 +159,7 @@ impl Gate {
         max: Option<u64>,
         e: &S3Error,
     ) {
-        self.events.refused(Refusal {
+        self.events.refused(Refused {
             kind,
             op,
             scope,
@@ -80,26 +167,6 @@ impl Gate {
             max,
             reason: e.message().unwrap_or_default().to_owned(),
         });
-    }
-
-    /// Refuses a token the proxy cannot verify, as [`Gate::stale`] does a
-    /// stale one; `token` is the number it presented, if readable.
-    pub fn forged(
-        &self,
-        op: &'static str,
-        scope: &Scope,
-        token: Option<u64>,
-        why: &Rejection,
-    ) -> S3Error {
-        self.count(op, scope, Outcome::InvalidToken);
-        let e = errors::rejected(why);
-        self.refused_token(op, scope, token, &e);
-        e
-    }
-
-    /// Records a token refusal answered with `e` as a forged-token event.
-    pub fn refused_token(&self, op: &'static str, scope: &Scope, token: Option<u64>, e: &S3Error) {
-        self.record(Kind::Forged, op, Some(scope), token, None, e);
     }
 
     /// The recent fence events.
@@ -143,5 +210,87 @@ impl Gate {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::errors::Code;
+
+    #[test]
+    fn each_refusal_is_counted_recorded_and_answered_as_one() {
+        let scope = Scope {
+            id: "b".into(),
+            bucket: "b".into(),
+            prefix: String::new(),
+            lock: fencegate_core::LockName::new("l").expect("lock"),
+        };
+        let unsigned = Rejection::Unsigned;
+        let cases = [
+            (
+                Refusal::Stale {
+                    token: 3,
+                    max: 4,
+                    detail: String::new(),
+                },
+                Outcome::Stale,
+                Some((Kind::Stale, Some(3), Some(4))),
+                Some(Code::TokenStale),
+            ),
+            (
+                Refusal::Cut {
+                    token: 3,
+                    by: 5,
+                    lock: "l",
+                },
+                Outcome::Stale,
+                Some((Kind::Cut, Some(3), Some(5))),
+                Some(Code::TokenStale),
+            ),
+            (
+                Refusal::Token {
+                    presented: Some(9),
+                    why: &unsigned,
+                },
+                Outcome::InvalidToken,
+                Some((Kind::Forged, Some(9), None)),
+                Some(Code::TokenUnsigned),
+            ),
+            (
+                Refusal::UploadToken {
+                    upload_id: "u",
+                    bound: 3,
+                    sent: 4,
+                },
+                Outcome::InvalidToken,
+                Some((Kind::Forged, Some(4), None)),
+                Some(Code::InvalidToken),
+            ),
+            (
+                Refusal::Missing,
+                Outcome::Missing,
+                None,
+                Some(Code::TokenRequired),
+            ),
+            (
+                Refusal::NotOwner {
+                    upload_id: "u",
+                    by_token: false,
+                },
+                Outcome::NotOwner,
+                None,
+                None,
+            ),
+        ];
+        for (r, outcome, event, code) in cases {
+            assert_eq!(r.outcome(), outcome, "{r:?}");
+            assert_eq!(r.event(), event, "{r:?}");
+            let e = r.error("PutObject", &scope);
+            assert_eq!(Code::of(&e), code, "{r:?}");
+            if let Some(c) = code {
+                assert_eq!(e.status_code(), Some(c.status()), "{r:?}");
+            }
+        }
     }
 }

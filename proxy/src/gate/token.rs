@@ -2,6 +2,7 @@
 //! [`VerifiedToken`] or a refusal (a plain number the proxy cannot vouch
 //! for is checked with the lease service).
 
+use super::refusal::Refusal;
 use super::*;
 
 impl Gate {
@@ -15,7 +16,17 @@ impl Gate {
         req: RequestToken<'_>,
         scope: &Scope,
     ) -> S3Result<Option<VerifiedToken>> {
-        let refuse = |r: Rejection| self.forged(op, scope, presented_number(&req), &r);
+        let refuse = |why: Rejection| {
+            let presented = presented_number(&req);
+            self.refuse(
+                op,
+                scope,
+                Refusal::Token {
+                    presented,
+                    why: &why,
+                },
+            )
+        };
         let presented = self
             .tokens
             .from_request(req.headers, req.access_key, &scope.lock)
@@ -67,10 +78,7 @@ impl Gate {
     ) -> S3Result<VerifiedToken> {
         match self.token(op, req, scope).await? {
             Some(t) => Ok(t),
-            None => {
-                self.count(op, scope, Outcome::Missing);
-                Err(errors::missing(op, &scope.id, scope.lock.as_str()))
-            }
+            None => Err(self.refuse(op, scope, Refusal::Missing)),
         }
     }
 }

@@ -16,6 +16,7 @@
 //! may abort it even when its token went stale, to clean up its parts.
 
 use crate::errors;
+use crate::gate::refusal::Refusal;
 use crate::gate::{Gate, RequestToken, WriteOp};
 use crate::metrics::Outcome;
 use crate::op::Op;
@@ -144,10 +145,15 @@ impl UploadCall<'_> {
         if let Some(sent) = sent
             && sent != bound
         {
-            gate.count(op, &scope, Outcome::InvalidToken);
-            let e = errors::upload_token_mismatch(upload_id, bound.number(), sent.number());
-            gate.refused_token(op, &scope, Some(sent.number()), &e);
-            return Err(e);
+            return Err(gate.refuse(
+                op,
+                &scope,
+                Refusal::UploadToken {
+                    upload_id,
+                    bound: bound.number(),
+                    sent: sent.number(),
+                },
+            ));
         }
         // Only the upload's creator may touch it; an upload whose creator
         // had no identity (anonymous, or bound before identities were
@@ -160,8 +166,14 @@ impl UploadCall<'_> {
             who == *binding.owner()
         };
         if !allowed {
-            gate.count(op, &scope, Outcome::NotOwner);
-            return Err(errors::upload_not_yours(upload_id, tokenless_owner));
+            return Err(gate.refuse(
+                op,
+                &scope,
+                Refusal::NotOwner {
+                    upload_id,
+                    by_token: tokenless_owner,
+                },
+            ));
         }
         Ok((binding, scope))
     }
