@@ -53,7 +53,7 @@ use crate::auth::{Caller, Keyring};
 use crate::backend::Leases;
 use crate::browser::{self, AllowedHosts, Refusal};
 use crate::config::LocksvcConfig;
-use crate::engine::{EngineError, LockStatus};
+use crate::leases::{Acquire, EngineError, LockStatus};
 use crate::metrics::Metrics;
 use crate::proof::{self, HeldToken, IdempotencyKey, ProofError};
 use axum::Router;
@@ -577,14 +577,14 @@ async fn acquire(
     }
     let result = s
         .engine
-        .acquire(
+        .acquire(Acquire {
             lock,
-            req.owner.clone(),
-            key.map(|k| k.digest()),
+            owner: req.owner.clone(),
+            key: key.map(|k| k.digest()),
             ttl,
             wait,
             party,
-        )
+        })
         .await;
     match result {
         Ok(lease) => Ok(axum::Json(s.response(lease, ttl))),

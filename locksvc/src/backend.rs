@@ -3,11 +3,11 @@
 //! single point of failure). The API talks to [`Leases`] only, so both
 //! backends answer the same requests with the same rules and errors.
 
-use crate::engine::{EngineError, EngineHandle, LockStatus};
+use crate::engine::EngineHandle;
 use crate::etcd::EtcdLeases;
+use crate::leases::{Acquire, EngineError, LeaseStore, LockFilter, LockStatus};
 use crate::proof::HeldToken;
-use fencegate_core::line::Party;
-use fencegate_core::{KeyDigest, Lease, LockName};
+use fencegate_core::{Lease, LockName};
 use std::time::Duration;
 
 /// The lease store the API serves from.
@@ -28,18 +28,10 @@ impl Leases {
         }
     }
 
-    pub async fn acquire(
-        &self,
-        lock: LockName,
-        owner: String,
-        key: Option<KeyDigest>,
-        ttl: Duration,
-        wait: Duration,
-        party: Party,
-    ) -> Result<Lease, EngineError> {
+    pub async fn acquire(&self, a: Acquire) -> Result<Lease, EngineError> {
         match self {
-            Leases::Sqlite(e) => e.acquire(lock, owner, key, ttl, wait, party).await,
-            Leases::Etcd(e) => e.acquire(lock, owner, key, ttl, wait, party).await,
+            Leases::Sqlite(e) => e.acquire(a).await,
+            Leases::Etcd(e) => e.acquire(a).await,
         }
     }
 
@@ -81,12 +73,10 @@ impl Leases {
         limit: usize,
         allow: impl Fn(&LockName) -> bool + Send + Sync + 'static,
     ) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
+        let allow = LockFilter(Box::new(allow));
         match self {
-            Leases::Sqlite(e) => {
-                e.list(limit, crate::engine::LockFilter(Box::new(allow)))
-                    .await
-            }
-            Leases::Etcd(e) => e.list(limit, &allow).await,
+            Leases::Sqlite(e) => e.list(limit, allow).await,
+            Leases::Etcd(e) => e.list(limit, allow).await,
         }
     }
 }

@@ -20,6 +20,7 @@
 //! number (design rule 7).
 
 use crate::clock;
+use crate::leases::{Acquire, EngineError, LeaseStore, LockFilter, LockStatus};
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use crate::store::{Durability, LeaseRow, Store};
@@ -34,29 +35,6 @@ use tokio::sync::oneshot;
 const PURGE_INTERVAL: Duration = Duration::from_secs(1);
 /// Most commands applied in one group commit.
 const MAX_BATCH: usize = 4096;
-
-/// Why the engine refused a request.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EngineError {
-    #[error("lock is held by {} until {}", holder.owner, holder.expires_at.as_millis())]
-    Held { holder: Lease },
-    #[error("the lease with this token is not live")]
-    NotHolder { current: Option<Lease> },
-    /// The lock's line is full, or the caller's party holds its share of
-    /// it (`fencegate_core::line::admit`).
-    #[error("too many clients are already waiting for this lock")]
-    TooManyWaiters(LineFull),
-    /// The lock is free but others wait in line for it, and the acquire
-    /// could not wait (or its wait ended first). Only the etcd backend
-    /// answers this: there the first waiter takes a freed lock in its own
-    /// transaction, a moment later; on SQLite it takes it in the same batch.
-    #[error("the lock is free, but {waiting} acquires wait in line for it")]
-    InLine { waiting: usize },
-    #[error("the lease database could not commit: {0}")]
-    Storage(String),
-    #[error("the lease service is shutting down")]
-    Stopped,
-}
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
@@ -95,26 +73,6 @@ pub enum Command {
         reply: Reply<Vec<(LockName, LockStatus)>>,
     },
     Stop,
-}
-
-/// Which locks a list may name (the caller's API key's).
-pub struct LockFilter(pub Box<dyn Fn(&LockName) -> bool + Send>);
-
-impl std::fmt::Debug for LockFilter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LockFilter")
-    }
-}
-
-/// What a status request returns.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockStatus {
-    /// The live lease, if any.
-    pub lease: Option<Lease>,
-    /// The last token issued by this service (for any lock).
-    pub last_token: u64,
-    /// Acquires waiting in line for this lock.
-    pub waiting: usize,
 }
 
 /// The refusal metric's reason for a waiter that could not join a line.
@@ -329,16 +287,18 @@ impl EngineHandle {
             ))),
         }
     }
+}
 
-    pub async fn acquire(
-        &self,
-        lock: LockName,
-        owner: String,
-        key: Option<KeyDigest>,
-        ttl: Duration,
-        wait: Duration,
-        party: Party,
-    ) -> Result<Lease, EngineError> {
+impl LeaseStore for EngineHandle {
+    async fn acquire(&self, a: Acquire) -> Result<Lease, EngineError> {
+        let Acquire {
+            lock,
+            owner,
+            key,
+            ttl,
+            wait,
+            party,
+        } = a;
         self.call(wait, |reply| Command::Acquire {
             lock,
             owner,
@@ -351,22 +311,22 @@ impl EngineHandle {
         .await
     }
 
-    pub async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
+    async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
         self.call(Duration::ZERO, |reply| Command::Renew { held, ttl, reply })
             .await
     }
 
-    pub async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
+    async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
         self.call(Duration::ZERO, |reply| Command::Release { held, reply })
             .await
     }
 
-    pub async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
+    async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
         self.call(Duration::ZERO, |reply| Command::Status { lock, reply })
             .await
     }
 
-    pub async fn list(
+    async fn list(
         &self,
         limit: usize,
         allow: LockFilter,

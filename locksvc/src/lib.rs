@@ -49,6 +49,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod etcd;
+pub mod leases;
 pub mod metrics;
 pub mod migrate;
 pub mod page;

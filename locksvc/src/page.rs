@@ -4,7 +4,7 @@
 //! browser sends the API key as the Basic password); the frame is
 //! `fencegate_page`'s.
 
-use crate::engine::LockStatus;
+use crate::leases::LockStatus;
 use fencegate_core::LockName;
 use fencegate_page::{Markup, countdown, document, html, tag, utc};
 

@@ -3,6 +3,7 @@
 //! of expired records.
 
 use super::*;
+use crate::leases::{Acquire, LeaseStore, LockFilter};
 
 impl EtcdLeases {
     /// Reads what `acquire` decides on, in one consistent snapshot.
@@ -245,282 +246,6 @@ impl EtcdLeases {
         Compare::value(self.expiry_key(lock), CompareOp::Greater, expiry_value(now))
     }
 
-    pub async fn acquire(
-        &self,
-        lock: LockName,
-        owner: String,
-        key: Option<KeyDigest>,
-        ttl: Duration,
-        wait: Duration,
-        party: Party,
-    ) -> Result<Lease, EngineError> {
-        let started = Instant::now();
-        let deadline = started + wait;
-        // An acquire that sent no idempotency key gets one of its own for
-        // this call. A transaction that timed out on one member may have
-        // been applied there and is retried on the next: with the key, the
-        // retry (or this call's next round) recognises its own grant
-        // instead of waiting behind it and answering "held by" itself.
-        // Nobody else knows the key, so nothing else changes.
-        let key = Some(key.unwrap_or_else(own_key));
-        for _ in 0..MAX_CONFLICTS {
-            let seen = match self.try_grant(&lock, &owner, key, ttl, None).await? {
-                Ok(lease) => return Ok(lease),
-                Err(seen) => seen,
-            };
-            let now = clock::now();
-            match &seen.owner {
-                Some(held) => {
-                    let holder = held.lease(&lock);
-                    match AcquireStep::of(Some(&holder), &owner, key.as_ref(), now) {
-                        AcquireStep::ClearExpired => {
-                            self.clear_expired(&lock, held).await?;
-                            continue;
-                        }
-                        AcquireStep::Extend => match self.extend(&lock, held, ttl).await? {
-                            Some(lease) => return Ok(lease),
-                            None => continue,
-                        },
-                        // (`Grant` is the step for a lock without a lease.)
-                        AcquireStep::Held | AcquireStep::Grant => {
-                            if wait.is_zero() {
-                                self.inner.metrics.refused("held");
-                                return Err(EngineError::Held { holder });
-                            }
-                        }
-                    }
-                }
-                // Free, but others are in line: the first of them takes it.
-                None if seen.waiters > 0 => {
-                    if wait.is_zero() {
-                        if started.elapsed() < LINE_HANDOVER {
-                            tokio::time::sleep(FIRST_WAITER_POLL).await;
-                            continue;
-                        }
-                        self.inner.metrics.refused("held");
-                        return Err(EngineError::InLine {
-                            waiting: seen.waiters,
-                        });
-                    }
-                }
-                // Taken and released between the two reads: try again.
-                None => continue,
-            }
-            return self
-                .wait_in_line(lock, owner, key, ttl, deadline, party)
-                .await;
-        }
-        Err(EngineError::Storage(
-            "too many conflicting changes to this lock in etcd; retry".into(),
-        ))
-    }
-
-    pub async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
-        let (lock, token) = (held.lock(), held.token());
-        let now = clock::now();
-        let expires = now.saturating_add(ttl);
-        // The usual case in one round trip.
-        let (resp, retried) = self
-            .txn_tracked(
-                Txn::new()
-                    .when(
-                        [
-                            self.granted(lock, token).as_slice(),
-                            &[self.live_at(lock, now)],
-                        ]
-                        .concat(),
-                    )
-                    .and_then([
-                        TxnOp::put(self.expiry_key(lock), expiry_value(expires), None),
-                        TxnOp::get(self.owner_key(lock), None),
-                    ])
-                    .or_else([
-                        TxnOp::get(self.owner_key(lock), None),
-                        TxnOp::get(self.expiry_key(lock), None),
-                    ]),
-            )
-            .await?;
-        let ops = resp.op_responses();
-        let get = |i: usize| match ops.get(i) {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first(),
-            _ => None,
-        };
-        if resp.succeeded() {
-            let kv = get(1).ok_or_else(|| {
-                EngineError::Storage("the renewed lease's record vanished".into())
-            })?;
-            self.inner.metrics.renewals.inc();
-            return Ok(record_of(kv)?.lease(lock, token, expires));
-        }
-        let mut current = held_of(get(0), get(1))?;
-        if let Some(h) = current.as_ref().filter(|h| {
-            retried.0
-                && h.lease(lock).token == token
-                && h.expiry
-                    .as_ref()
-                    .is_some_and(|e| e.value() == expiry_value(expires).as_bytes())
-        }) {
-            // An earlier attempt of this very renewal was applied.
-            self.inner.metrics.renewals.inc();
-            return Ok(h.record.lease(lock, token, expires));
-        }
-        for _ in 0..MAX_CONFLICTS {
-            let now = clock::now();
-            match current.as_ref().map(|h| (h, h.lease(lock))) {
-                // A migrated lease, or a lease granted under an older epoch.
-                Some((h, lease)) if lease.token == token && lease.is_live(now) => {
-                    if let Some(lease) = self.extend(lock, h, ttl).await? {
-                        return Ok(lease);
-                    }
-                    current = self.see(lock, None).await?.owner;
-                }
-                other => {
-                    self.inner.metrics.refused("lease_lost");
-                    return Err(EngineError::NotHolder {
-                        current: other.map(|(_, l)| l).filter(|l| l.is_live(now)),
-                    });
-                }
-            }
-        }
-        Err(EngineError::Storage(
-            "too many conflicting changes to this lock in etcd; retry".into(),
-        ))
-    }
-
-    /// Ends the lease `held` names, live or expired, as on SQLite
-    /// (`LockTable::release`): releasing a lease that already ended and
-    /// that nobody took since is not an error (a client may retry);
-    /// releasing while another lease is live, or after a newer grant, is.
-    pub async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
-        let (lock, token) = (held.lock(), held.token());
-        let delete = [
-            TxnOp::delete(self.owner_key(lock), None),
-            TxnOp::delete(self.expiry_key(lock), None),
-        ];
-        // The usual case in one round trip: the owner key is the one this
-        // token's grant created, live or not.
-        let when = self.granted(lock, token);
-        let resp = self
-            .txn(Txn::new().when(when).and_then(delete.clone()).or_else([
-                TxnOp::get(self.owner_key(lock), None),
-                TxnOp::get(self.expiry_key(lock), None),
-            ]))
-            .await?;
-        if resp.succeeded() {
-            self.inner.metrics.releases.inc();
-            return Ok(());
-        }
-        let ops = resp.op_responses();
-        let get = |i: usize| match ops.get(i) {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first(),
-            _ => None,
-        };
-        let now = clock::now();
-        match held_of(get(0), get(1))? {
-            // A migrated lease, or one granted under an older epoch.
-            Some(h) if h.lease(lock).token == token => {
-                let resp = self
-                    .txn(
-                        Txn::new()
-                            .when(h.unchanged(self.owner_key(lock), self.expiry_key(lock)))
-                            .and_then(delete),
-                    )
-                    .await?;
-                if resp.succeeded() {
-                    self.inner.metrics.releases.inc();
-                    return Ok(());
-                }
-                Err(EngineError::Storage(
-                    "the lease changed while it was being released; retry".into(),
-                ))
-            }
-            // Another lease is live, or a newer one was granted.
-            Some(h) if h.lease(lock).is_live(now) || h.lease(lock).token > token => {
-                self.inner.metrics.refused("not_holder");
-                Err(EngineError::NotHolder {
-                    current: Some(h.lease(lock)).filter(|l| l.is_live(now)),
-                })
-            }
-            // Nothing newer than the token holds the lock: its lease ended
-            // (released, perhaps by an earlier attempt of this very call, or
-            // expired and swept). The token is genuine (`HeldToken`), so it
-            // was issued: releasing it again changes nothing.
-            _ => Ok(()),
-        }
-    }
-
-    pub async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
-        let resp = self
-            .txn(Txn::new().and_then(self.seeing(&lock, None)))
-            .await?;
-        let seen = self.seen(&resp, false)?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        let now = clock::now();
-        Ok(LockStatus {
-            lease: seen
-                .owner
-                .map(|h| h.lease(&lock))
-                .filter(|l| l.is_live(now)),
-            // Every token issued so far is at most this (the store's
-            // revision counts every write, not only grants).
-            last_token: epoch_base(seen.epoch.unwrap_or(0).max(self.inner.epoch))
-                | u64::try_from(revision).unwrap_or(0),
-            waiting: seen.waiters,
-        })
-    }
-
-    /// The locks `allow` admits that are held or waited for, in name
-    /// order, at most `limit`, each with its status (for the status page:
-    /// one range read of the keys, then one status read per lock shown).
-    pub async fn list(
-        &self,
-        limit: usize,
-        allow: &(dyn Fn(&LockName) -> bool + Send + Sync),
-    ) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
-        let prefix = self.key("locks/");
-        let resp = self
-            .txn(Txn::new().and_then(vec![TxnOp::get(
-                prefix.clone(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only()
-                        .with_limit(LIST_KEYS_READ),
-                ),
-            )]))
-            .await?;
-        let mut locks = Vec::new();
-        for op in resp.op_responses() {
-            let TxnOpResponse::Get(g) = op else { continue };
-            for kv in g.kvs() {
-                let Ok(key) = std::str::from_utf8(kv.key()) else {
-                    continue;
-                };
-                // `locks/<lock>/owner`, `.../expiry`, `.../wait/<id>`: a
-                // lock name has no `/`, so the first segment is the lock.
-                if let Some(name) = key
-                    .strip_prefix(prefix.as_str())
-                    .and_then(|rest| rest.split_once('/'))
-                    .and_then(|(name, _)| LockName::new(name).ok())
-                    .filter(|name| allow(name))
-                {
-                    locks.push(name);
-                }
-            }
-        }
-        locks.sort();
-        locks.dedup();
-        locks.truncate(limit);
-        let mut listed = Vec::with_capacity(locks.len());
-        for lock in locks {
-            let status = self.status(lock.clone()).await?;
-            if status.lease.is_some() || status.waiting > 0 {
-                listed.push((lock, status));
-            }
-        }
-        Ok(listed)
-    }
-
     /// Writes a lease migrated from SQLite, keeping its token; `false` if
     /// the lock already has a record in etcd.
     pub async fn import(&self, lease: &Lease) -> Result<bool, EngineError> {
@@ -628,6 +353,284 @@ impl EtcdLeases {
                 }
             }
         });
+    }
+}
+
+impl LeaseStore for EtcdLeases {
+    async fn acquire(&self, a: Acquire) -> Result<Lease, EngineError> {
+        let Acquire {
+            lock,
+            owner,
+            key,
+            ttl,
+            wait,
+            party,
+        } = a;
+        let started = Instant::now();
+        let deadline = started + wait;
+        // An acquire that sent no idempotency key gets one of its own for
+        // this call. A transaction that timed out on one member may have
+        // been applied there and is retried on the next: with the key, the
+        // retry (or this call's next round) recognises its own grant
+        // instead of waiting behind it and answering "held by" itself.
+        // Nobody else knows the key, so nothing else changes.
+        let key = Some(key.unwrap_or_else(own_key));
+        for _ in 0..MAX_CONFLICTS {
+            let seen = match self.try_grant(&lock, &owner, key, ttl, None).await? {
+                Ok(lease) => return Ok(lease),
+                Err(seen) => seen,
+            };
+            let now = clock::now();
+            match &seen.owner {
+                Some(held) => {
+                    let holder = held.lease(&lock);
+                    match AcquireStep::of(Some(&holder), &owner, key.as_ref(), now) {
+                        AcquireStep::ClearExpired => {
+                            self.clear_expired(&lock, held).await?;
+                            continue;
+                        }
+                        AcquireStep::Extend => match self.extend(&lock, held, ttl).await? {
+                            Some(lease) => return Ok(lease),
+                            None => continue,
+                        },
+                        // (`Grant` is the step for a lock without a lease.)
+                        AcquireStep::Held | AcquireStep::Grant => {
+                            if wait.is_zero() {
+                                self.inner.metrics.refused("held");
+                                return Err(EngineError::Held { holder });
+                            }
+                        }
+                    }
+                }
+                // Free, but others are in line: the first of them takes it.
+                None if seen.waiters > 0 => {
+                    if wait.is_zero() {
+                        if started.elapsed() < LINE_HANDOVER {
+                            tokio::time::sleep(FIRST_WAITER_POLL).await;
+                            continue;
+                        }
+                        self.inner.metrics.refused("held");
+                        return Err(EngineError::InLine {
+                            waiting: seen.waiters,
+                        });
+                    }
+                }
+                // Taken and released between the two reads: try again.
+                None => continue,
+            }
+            return self
+                .wait_in_line(lock, owner, key, ttl, deadline, party)
+                .await;
+        }
+        Err(EngineError::Storage(
+            "too many conflicting changes to this lock in etcd; retry".into(),
+        ))
+    }
+
+    async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
+        let (lock, token) = (held.lock(), held.token());
+        let now = clock::now();
+        let expires = now.saturating_add(ttl);
+        // The usual case in one round trip.
+        let (resp, retried) = self
+            .txn_tracked(
+                Txn::new()
+                    .when(
+                        [
+                            self.granted(lock, token).as_slice(),
+                            &[self.live_at(lock, now)],
+                        ]
+                        .concat(),
+                    )
+                    .and_then([
+                        TxnOp::put(self.expiry_key(lock), expiry_value(expires), None),
+                        TxnOp::get(self.owner_key(lock), None),
+                    ])
+                    .or_else([
+                        TxnOp::get(self.owner_key(lock), None),
+                        TxnOp::get(self.expiry_key(lock), None),
+                    ]),
+            )
+            .await?;
+        let ops = resp.op_responses();
+        let get = |i: usize| match ops.get(i) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first(),
+            _ => None,
+        };
+        if resp.succeeded() {
+            let kv = get(1).ok_or_else(|| {
+                EngineError::Storage("the renewed lease's record vanished".into())
+            })?;
+            self.inner.metrics.renewals.inc();
+            return Ok(record_of(kv)?.lease(lock, token, expires));
+        }
+        let mut current = held_of(get(0), get(1))?;
+        if let Some(h) = current.as_ref().filter(|h| {
+            retried.0
+                && h.lease(lock).token == token
+                && h.expiry
+                    .as_ref()
+                    .is_some_and(|e| e.value() == expiry_value(expires).as_bytes())
+        }) {
+            // An earlier attempt of this very renewal was applied.
+            self.inner.metrics.renewals.inc();
+            return Ok(h.record.lease(lock, token, expires));
+        }
+        for _ in 0..MAX_CONFLICTS {
+            let now = clock::now();
+            match current.as_ref().map(|h| (h, h.lease(lock))) {
+                // A migrated lease, or a lease granted under an older epoch.
+                Some((h, lease)) if lease.token == token && lease.is_live(now) => {
+                    if let Some(lease) = self.extend(lock, h, ttl).await? {
+                        return Ok(lease);
+                    }
+                    current = self.see(lock, None).await?.owner;
+                }
+                other => {
+                    self.inner.metrics.refused("lease_lost");
+                    return Err(EngineError::NotHolder {
+                        current: other.map(|(_, l)| l).filter(|l| l.is_live(now)),
+                    });
+                }
+            }
+        }
+        Err(EngineError::Storage(
+            "too many conflicting changes to this lock in etcd; retry".into(),
+        ))
+    }
+
+    /// Ends the lease `held` names, live or expired, as on SQLite
+    /// (`LockTable::release`): releasing a lease that already ended and
+    /// that nobody took since is not an error (a client may retry);
+    /// releasing while another lease is live, or after a newer grant, is.
+    async fn release(&self, held: HeldToken) -> Result<(), EngineError> {
+        let (lock, token) = (held.lock(), held.token());
+        let delete = [
+            TxnOp::delete(self.owner_key(lock), None),
+            TxnOp::delete(self.expiry_key(lock), None),
+        ];
+        // The usual case in one round trip: the owner key is the one this
+        // token's grant created, live or not.
+        let when = self.granted(lock, token);
+        let resp = self
+            .txn(Txn::new().when(when).and_then(delete.clone()).or_else([
+                TxnOp::get(self.owner_key(lock), None),
+                TxnOp::get(self.expiry_key(lock), None),
+            ]))
+            .await?;
+        if resp.succeeded() {
+            self.inner.metrics.releases.inc();
+            return Ok(());
+        }
+        let ops = resp.op_responses();
+        let get = |i: usize| match ops.get(i) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first(),
+            _ => None,
+        };
+        let now = clock::now();
+        match held_of(get(0), get(1))? {
+            // A migrated lease, or one granted under an older epoch.
+            Some(h) if h.lease(lock).token == token => {
+                let resp = self
+                    .txn(
+                        Txn::new()
+                            .when(h.unchanged(self.owner_key(lock), self.expiry_key(lock)))
+                            .and_then(delete),
+                    )
+                    .await?;
+                if resp.succeeded() {
+                    self.inner.metrics.releases.inc();
+                    return Ok(());
+                }
+                Err(EngineError::Storage(
+                    "the lease changed while it was being released; retry".into(),
+                ))
+            }
+            // Another lease is live, or a newer one was granted.
+            Some(h) if h.lease(lock).is_live(now) || h.lease(lock).token > token => {
+                self.inner.metrics.refused("not_holder");
+                Err(EngineError::NotHolder {
+                    current: Some(h.lease(lock)).filter(|l| l.is_live(now)),
+                })
+            }
+            // Nothing newer than the token holds the lock: its lease ended
+            // (released, perhaps by an earlier attempt of this very call, or
+            // expired and swept). The token is genuine (`HeldToken`), so it
+            // was issued: releasing it again changes nothing.
+            _ => Ok(()),
+        }
+    }
+
+    async fn status(&self, lock: LockName) -> Result<LockStatus, EngineError> {
+        let resp = self
+            .txn(Txn::new().and_then(self.seeing(&lock, None)))
+            .await?;
+        let seen = self.seen(&resp, false)?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let now = clock::now();
+        Ok(LockStatus {
+            lease: seen
+                .owner
+                .map(|h| h.lease(&lock))
+                .filter(|l| l.is_live(now)),
+            // Every token issued so far is at most this (the store's
+            // revision counts every write, not only grants).
+            last_token: epoch_base(seen.epoch.unwrap_or(0).max(self.inner.epoch))
+                | u64::try_from(revision).unwrap_or(0),
+            waiting: seen.waiters,
+        })
+    }
+
+    /// The locks `allow` admits that are held or waited for, in name
+    /// order, at most `limit`, each with its status (for the status page:
+    /// one range read of the keys, then one status read per lock shown).
+    async fn list(
+        &self,
+        limit: usize,
+        allow: LockFilter,
+    ) -> Result<Vec<(LockName, LockStatus)>, EngineError> {
+        let prefix = self.key("locks/");
+        let resp = self
+            .txn(Txn::new().and_then(vec![TxnOp::get(
+                prefix.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(LIST_KEYS_READ),
+                ),
+            )]))
+            .await?;
+        let mut locks = Vec::new();
+        for op in resp.op_responses() {
+            let TxnOpResponse::Get(g) = op else { continue };
+            for kv in g.kvs() {
+                let Ok(key) = std::str::from_utf8(kv.key()) else {
+                    continue;
+                };
+                // `locks/<lock>/owner`, `.../expiry`, `.../wait/<id>`: a
+                // lock name has no `/`, so the first segment is the lock.
+                if let Some(name) = key
+                    .strip_prefix(prefix.as_str())
+                    .and_then(|rest| rest.split_once('/'))
+                    .and_then(|(name, _)| LockName::new(name).ok())
+                    .filter(|name| (allow.0)(name))
+                {
+                    locks.push(name);
+                }
+            }
+        }
+        locks.sort();
+        locks.dedup();
+        locks.truncate(limit);
+        let mut listed = Vec::with_capacity(locks.len());
+        for lock in locks {
+            let status = self.status(lock.clone()).await?;
+            if status.lease.is_some() || status.waiting > 0 {
+                listed.push((lock, status));
+            }
+        }
+        Ok(listed)
     }
 }
 

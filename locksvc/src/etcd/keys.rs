@@ -1,7 +1,7 @@
 //! The layout of the lease rules in etcd: the keys under the prefix and
 //! what their values hold (see the table in the parent module).
 
-use crate::engine::EngineError;
+use crate::leases::EngineError;
 use etcd_client::{Compare, CompareOp, KeyValue, TxnOpResponse, TxnResponse};
 use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
 use serde::{Deserialize, Serialize};

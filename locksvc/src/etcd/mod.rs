@@ -53,7 +53,7 @@
 
 use crate::clock;
 use crate::config::EtcdConfig;
-use crate::engine::{EngineError, LockStatus};
+use crate::leases::{EngineError, LockStatus};
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use etcd_client::{

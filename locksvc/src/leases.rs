@@ -1,0 +1,89 @@
+//! What the API asks of a lease backend, once: the [`LeaseStore`] trait both
+//! the SQLite engine and the etcd backend implement, with the answers and
+//! refusals they share. `backend::Leases` picks one of them at start.
+
+use crate::proof::HeldToken;
+use fencegate_core::line::{LineFull, Party};
+use fencegate_core::{KeyDigest, Lease, LockName};
+use std::future::Future;
+use std::time::Duration;
+
+/// Why the engine refused a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("lock is held by {} until {}", holder.owner, holder.expires_at.as_millis())]
+    Held { holder: Lease },
+    #[error("the lease with this token is not live")]
+    NotHolder { current: Option<Lease> },
+    /// The lock's line is full, or the caller's party holds its share of
+    /// it (`fencegate_core::line::admit`).
+    #[error("too many clients are already waiting for this lock")]
+    TooManyWaiters(LineFull),
+    /// The lock is free but others wait in line for it, and the acquire
+    /// could not wait (or its wait ended first). Only the etcd backend
+    /// answers this: there the first waiter takes a freed lock in its own
+    /// transaction, a moment later; on SQLite it takes it in the same batch.
+    #[error("the lock is free, but {waiting} acquires wait in line for it")]
+    InLine { waiting: usize },
+    #[error("the lease database could not commit: {0}")]
+    Storage(String),
+    #[error("the lease service is shutting down")]
+    Stopped,
+}
+
+/// An acquire, as the API hands it to a backend.
+#[derive(Debug)]
+pub struct Acquire {
+    pub lock: LockName,
+    pub owner: String,
+    /// Digest of the client's idempotency key, if it sent one.
+    pub key: Option<KeyDigest>,
+    pub ttl: Duration,
+    /// How long it may wait in line (zero: not at all).
+    pub wait: Duration,
+    /// Who asked, for its share of the line if it waits.
+    pub party: Party,
+}
+
+/// A lease backend: the five requests of the lease API, answered by the
+/// same rules and with the same errors on SQLite and on etcd.
+pub trait LeaseStore {
+    fn acquire(&self, a: Acquire) -> impl Future<Output = Result<Lease, EngineError>> + Send;
+    fn renew(
+        &self,
+        held: HeldToken,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease, EngineError>> + Send;
+    fn release(&self, held: HeldToken) -> impl Future<Output = Result<(), EngineError>> + Send;
+    fn status(
+        &self,
+        lock: LockName,
+    ) -> impl Future<Output = Result<LockStatus, EngineError>> + Send;
+    /// The locks held or waited for that `allow` admits, in name order, at
+    /// most `limit`.
+    fn list(
+        &self,
+        limit: usize,
+        allow: LockFilter,
+    ) -> impl Future<Output = Result<Vec<(LockName, LockStatus)>, EngineError>> + Send;
+}
+
+/// Which locks a list may name (the caller's API key's).
+pub struct LockFilter(pub Box<dyn Fn(&LockName) -> bool + Send>);
+
+impl std::fmt::Debug for LockFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LockFilter")
+    }
+}
+
+/// What a status request returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockStatus {
+    /// The live lease, if any.
+    pub lease: Option<Lease>,
+    /// The last token issued by this service (for any lock).
+    pub last_token: u64,
+    /// Acquires waiting in line for this lock.
+    pub waiting: usize,
+}
