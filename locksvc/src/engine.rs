@@ -24,7 +24,7 @@ use crate::leases::{Acquire, EngineError, LeaseStore, LockFilter, LockStatus};
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use crate::store::{Durability, LeaseRow, Store};
-use fencegate_core::line::{LineFull, Lines, Party, Served, Waiter};
+use fencegate_core::line::{LineFull, Lines, Served, Waiter};
 use fencegate_core::{AcquireStep, Grant, KeyDigest, Lease, LockName, LockTable, Timestamp};
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -42,14 +42,7 @@ type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 #[derive(Debug)]
 pub enum Command {
     Acquire {
-        lock: LockName,
-        owner: String,
-        /// Digest of the client's idempotency key, if it sent one.
-        key: Option<KeyDigest>,
-        ttl: Duration,
-        wait: Duration,
-        /// Who asked, for its share of the line if it waits.
-        party: Party,
+        acquire: Acquire,
         reply: Reply<Lease>,
     },
     Renew {
@@ -290,25 +283,9 @@ impl EngineHandle {
 }
 
 impl LeaseStore for EngineHandle {
-    async fn acquire(&self, a: Acquire) -> Result<Lease, EngineError> {
-        let Acquire {
-            lock,
-            owner,
-            key,
-            ttl,
-            wait,
-            party,
-        } = a;
-        self.call(wait, |reply| Command::Acquire {
-            lock,
-            owner,
-            key,
-            ttl,
-            wait,
-            party,
-            reply,
-        })
-        .await
+    async fn acquire(&self, acquire: Acquire) -> Result<Lease, EngineError> {
+        self.call(acquire.wait, |reply| Command::Acquire { acquire, reply })
+            .await
     }
 
     async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
@@ -487,12 +464,15 @@ impl EngineState {
         }
         match cmd {
             Command::Acquire {
-                lock,
-                owner,
-                key,
-                ttl,
-                wait,
-                party,
+                acquire:
+                    Acquire {
+                        lock,
+                        owner,
+                        key,
+                        ttl,
+                        wait,
+                        party,
+                    },
                 reply,
             } => {
                 // Someone already in line goes first: a newcomer must queue
@@ -679,6 +659,7 @@ impl EngineState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fencegate_core::line::Party;
 
     type LeaseReply = oneshot::Receiver<Result<Lease, EngineError>>;
 
@@ -714,12 +695,14 @@ mod tests {
     fn acquire_as(party: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> (Command, LeaseReply) {
         let (reply, rx) = oneshot::channel();
         let cmd = Command::Acquire {
-            lock: LockName::new("l").expect("lock name"),
-            owner: owner.to_owned(),
-            key: None,
-            ttl: Duration::from_millis(ttl_ms),
-            wait: Duration::from_millis(wait_ms),
-            party: Party::new(party),
+            acquire: Acquire {
+                lock: LockName::new("l").expect("lock name"),
+                owner: owner.to_owned(),
+                key: None,
+                ttl: Duration::from_millis(ttl_ms),
+                wait: Duration::from_millis(wait_ms),
+                party: Party::new(party),
+            },
             reply,
         };
         (cmd, rx)

@@ -107,15 +107,9 @@ impl Gate {
                 }
                 Ok(a)
             }
-            Err(FenceError::Stale { token, max }) => Err(self.refuse(
-                op,
-                scope,
-                Refusal::Stale {
-                    token,
-                    max,
-                    detail: format!(" for lock {}", scope.lock),
-                },
-            )),
+            Err(FenceError::Stale { token, max }) => {
+                Err(self.refuse(op, scope, Refusal::below_max(token, max, scope)))
+            }
             Err(FenceError::Storage(e)) => {
                 self.count(op, scope, Outcome::Unavailable);
                 let held_back = self

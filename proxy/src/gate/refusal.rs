@@ -39,6 +39,15 @@ pub enum Refusal<'a> {
 }
 
 impl Refusal<'_> {
+    /// `token` below `max`, the max of `scope`'s lock.
+    pub fn below_max(token: u64, max: u64, scope: &Scope) -> Refusal<'static> {
+        Refusal::Stale {
+            token,
+            max,
+            detail: format!(" for lock {}", scope.lock),
+        }
+    }
+
     /// What it is counted as.
     fn outcome(&self) -> Outcome {
         match self {
@@ -99,15 +108,7 @@ impl Gate {
         let token = token.number();
         let max = self.fences.max(scope.fence());
         if token < max {
-            return Err(self.refuse(
-                op,
-                scope,
-                Refusal::Stale {
-                    token,
-                    max,
-                    detail: format!(" for lock {}", scope.lock),
-                },
-            ));
+            return Err(self.refuse(op, scope, Refusal::below_max(token, max, scope)));
         }
         Ok(())
     }

@@ -92,16 +92,20 @@ impl Gate {
         self.backend.writes(self.dialect_of(bucket))
     }
 
-    /// Probes `bucket` now (or returns the earlier report: shared, since
-    /// every write asks).
-    pub async fn probe_bucket(&self, bucket: &str) -> Result<Arc<ProbeReport>, ProbeError> {
-        if let Some(r) = self
-            .probes
+    /// The report of `bucket`'s probe, if it was probed.
+    fn probed(&self, bucket: &str) -> Option<Arc<ProbeReport>> {
+        self.probes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(bucket)
-        {
-            return Ok(r.clone());
+            .cloned()
+    }
+
+    /// Probes `bucket` now (or returns the earlier report: shared, since
+    /// every write asks).
+    pub async fn probe_bucket(&self, bucket: &str) -> Result<Arc<ProbeReport>, ProbeError> {
+        if let Some(r) = self.probed(bucket) {
+            return Ok(r);
         }
         // Boxed: the probe's SDK calls would otherwise sit inline in every
         // write's future (see `Call`).
@@ -112,13 +116,8 @@ impl Gate {
     /// on it meanwhile.
     pub(super) async fn probe_now(&self, bucket: &str) -> Result<Arc<ProbeReport>, ProbeError> {
         let _one_at_a_time = self.probing.lock().await;
-        if let Some(r) = self
-            .probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(bucket)
-        {
-            return Ok(r.clone());
+        if let Some(r) = self.probed(bucket) {
+            return Ok(r);
         }
         let report = Arc::new(probe(&self.backend.client, bucket, self.backend_timeout).await?);
         if report.safe() {
