@@ -183,10 +183,7 @@ fn remove_database(db: &Path) {
 #[test]
 fn a_lease_database_deleted_while_running_stops_grants_and_is_never_recreated_alone() {
     let dir = tempdir();
-    let (db, log) = (
-        dir.path().join("locksvc.db"),
-        dir.path().join("locksvc.log"),
-    );
+    let (db, log) = locksvc_files(&dir);
     // A first start must say so.
     let (ok, out, err) = refused_start(locksvc(&db, &[], &dir.path().join("first.log")));
     let err = err + &std::fs::read_to_string(dir.path().join("first.log")).unwrap_or_default();
@@ -239,10 +236,7 @@ fn a_lease_database_deleted_while_running_stops_grants_and_is_never_recreated_al
 #[test]
 fn a_lease_database_replaced_while_running_is_not_mixed_with_the_old_state() {
     let dir = tempdir();
-    let (db, log) = (
-        dir.path().join("locksvc.db"),
-        dir.path().join("locksvc.log"),
-    );
+    let (db, log) = locksvc_files(&dir);
     let mut svc = start_locksvc_at(&db, &["--create-db"], &log);
     let api = Api::new(&svc.url);
     assert_eq!(token_of(&api.acquire("a", "A", 60_000).1), 1);
@@ -609,10 +603,7 @@ fn a_lease_that_runs_out_during_its_commit_is_not_answered_as_granted() {
 #[test]
 fn a_backup_copied_over_a_running_service_is_not_undone_by_its_stop() {
     let dir = tempdir();
-    let (db, log) = (
-        dir.path().join("locksvc.db"),
-        dir.path().join("locksvc.log"),
-    );
+    let (db, log) = locksvc_files(&dir);
     let mut svc = start_locksvc_at(&db, &["--create-db"], &log);
     assert_eq!(token_of(&Api::new(&svc.url).acquire("a", "A", 60_000).1), 1);
     svc.terminate();
@@ -644,4 +635,12 @@ fn a_backup_copied_over_a_running_service_is_not_undone_by_its_stop() {
         2,
         "the backup's counter, not the stopped service's"
     );
+}
+
+/// The lease database and the log of a lease service in `dir`.
+fn locksvc_files(dir: &tempfile::TempDir) -> (PathBuf, PathBuf) {
+    (
+        dir.path().join("locksvc.db"),
+        dir.path().join("locksvc.log"),
+    )
 }

@@ -56,12 +56,6 @@ impl VerifiedToken {
     }
 }
 
-impl std::fmt::Display for VerifiedToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.number.fmt(f)
-    }
-}
-
 /// A token read from a request, as far as the request itself proves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Presented {
