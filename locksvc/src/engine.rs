@@ -20,7 +20,7 @@
 //! number (design rule 7).
 
 use crate::clock;
-use crate::leases::{Acquire, EngineError, LeaseStore, LockFilter, LockStatus};
+use crate::leases::{Acquire, EngineError, LeaseStore, LockFilter, LockStatus, StorageError};
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use crate::store::{Durability, LeaseRow, Store};
@@ -98,15 +98,15 @@ impl Pending {
     /// (a stalled disk) is not answered as granted: its holder would start
     /// work under a lease already over. It is a storage error (retry).
     fn send(self, commit: &Result<(), String>, committed_at: Timestamp) {
-        let fail = |e: &String| EngineError::Storage(e.clone());
+        let fail = |e: &String| EngineError::from(StorageError::Commit(e.clone()));
         match self {
             Pending::Lease(tx, r) => {
                 let _ = tx.send(match (commit, r) {
                     (Ok(()), Ok(lease)) if lease.expires_at <= committed_at => {
-                        Err(EngineError::Storage(format!(
-                            "the lease on {} (token {}) ran out while the database committed it (the disk stalled); retry",
-                            lease.lock, lease.token
-                        )))
+                        Err(EngineError::from(StorageError::CommittedTooLate {
+                            lock: lease.lock,
+                            token: lease.token,
+                        }))
                     }
                     (Ok(()), r) => r,
                     (Err(e), _) => Err(fail(e)),
@@ -274,10 +274,7 @@ impl EngineHandle {
         self.tx.send(make(tx)).map_err(|_| EngineError::Stopped)?;
         match tokio::time::timeout(wait + self.storage_timeout, rx).await {
             Ok(answer) => answer.map_err(|_| EngineError::Stopped)?,
-            Err(_) => Err(EngineError::Storage(format!(
-                "the lease database did not answer within storage_timeout ({:?}): is its disk stalled? The request may still be applied when the disk answers: retry (an acquire with the same idempotency key gets the same lease)",
-                self.storage_timeout
-            ))),
+            Err(_) => Err(StorageError::Stalled(self.storage_timeout).into()),
         }
     }
 }
@@ -813,14 +810,17 @@ mod tests {
         let (c, mut c_rx) = acquire("C", 1000, 0);
         st.step([b, c].into_iter(), T0);
         assert!(
-            matches!(answer(&mut b_rx), Err(EngineError::Storage(_))),
+            matches!(
+                answer(&mut b_rx),
+                Err(EngineError::Storage(StorageError::Commit(_)))
+            ),
             "B's grant was rolled back"
         );
         // C was refused in the same batch because of B's grant: that
         // refusal must not go out naming a lease that never existed.
         let c = answer(&mut c_rx);
         assert!(
-            matches!(c, Err(EngineError::Storage(_))),
+            matches!(c, Err(EngineError::Storage(StorageError::Commit(_)))),
             "C must get a storage error, not {c:?}"
         );
 

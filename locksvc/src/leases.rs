@@ -25,10 +25,56 @@ pub enum EngineError {
     /// transaction, a moment later; on SQLite it takes it in the same batch.
     #[error("the lock is free, but {waiting} acquires wait in line for it")]
     InLine { waiting: usize },
-    #[error("the lease database could not commit: {0}")]
-    Storage(String),
+    /// The backend could not answer from durable state (503: retry).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
     #[error("the lease service is shutting down")]
     Stopped,
+}
+
+/// Why a backend could not answer from its durable state. Every one is a
+/// 503 `StorageUnavailable` to the client (retry); they differ in what the
+/// service does about them and what the operator is told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StorageError {
+    /// SQLite could not commit the batch (every answer of the batch carries
+    /// it).
+    #[error("the lease database could not commit: {0}")]
+    Commit(String),
+    /// The engine did not answer within `storage_timeout`; the request may
+    /// still be applied when the disk answers.
+    #[error(
+        "the lease database did not answer within storage_timeout ({0:?}): is its disk stalled? The request may still be applied when the disk answers: retry (an acquire with the same idempotency key gets the same lease)"
+    )]
+    Stalled(Duration),
+    /// The grant committed, but only after the lease's own expiry: the
+    /// client would be told of a lease already over.
+    #[error(
+        "the lease on {lock} (token {token}) ran out while the database committed it (the disk stalled); retry"
+    )]
+    CommittedTooLate { lock: LockName, token: u64 },
+    /// No etcd member answered within `request_timeout`, or etcd refused
+    /// the request.
+    #[error("etcd: {0}")]
+    Etcd(String),
+    /// etcd no longer has the etcd lease a keep-alive named.
+    #[error("etcd no longer has the lease")]
+    EtcdLeaseGone,
+    /// Another change won each compare-and-set, or a key this request had
+    /// written was gone at the next step: nothing was decided.
+    #[error("{0}; retry")]
+    Contended(&'static str),
+    /// What etcd holds is not what this replica can grant from: another
+    /// epoch, a revision that went back or past the epoch bits, a record
+    /// another program wrote. The message says what the operator must do.
+    #[error("{0}")]
+    Untrusted(String),
+    /// A record could not be encoded for etcd.
+    #[error("cannot encode a record for etcd: {0}")]
+    Encode(String),
+    /// The operating system gave no randomness for a grant id.
+    #[error("no randomness for a grant id: {0}")]
+    NoRandomness(String),
 }
 
 /// An acquire, as the API hands it to a backend.

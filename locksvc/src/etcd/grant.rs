@@ -3,7 +3,7 @@
 //! of expired records.
 
 use super::*;
-use crate::leases::{Acquire, LeaseStore, LockFilter};
+use crate::leases::{Acquire, LeaseStore, LockFilter, StorageError};
 
 impl EtcdLeases {
     /// Reads what `acquire` decides on, in one consistent snapshot.
@@ -94,7 +94,7 @@ impl EtcdLeases {
             token: None,
             grant: grant_id()?,
         };
-        let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
+        let value = serde_json::to_vec(&record).map_err(|e| StorageError::Encode(e.to_string()))?;
         let prefix = self.wait_prefix(lock);
         let mut when = vec![
             Compare::create_revision(self.owner_key(lock), CompareOp::Equal, 0),
@@ -141,19 +141,19 @@ impl EtcdLeases {
                 return Ok(Ok(h.lease(lock)));
             }
             if let Some(e) = seen.epoch.filter(|e| *e != self.inner.epoch) {
-                return Err(EngineError::Storage(format!(
+                return Err(EngineError::from(StorageError::Untrusted(format!(
                     "the etcd cluster now runs epoch {e} and this replica epoch {}: restart it with etcd.epoch = {e}",
                     self.inner.epoch
-                )));
+                ))));
             }
             return Ok(Err(seen));
         }
         let revision = resp.header().map_or(0, |h| h.revision());
         let revision = u64::try_from(revision).unwrap_or(0);
         if revision == 0 || revision > REVISION_MASK {
-            return Err(EngineError::Storage(format!(
+            return Err(EngineError::from(StorageError::Untrusted(format!(
                 "etcd revision {revision} does not fit below the epoch bits; raise etcd.epoch"
-            )));
+            ))));
         }
         let token = epoch_base(self.inner.epoch) | revision;
         self.inner
@@ -256,7 +256,7 @@ impl EtcdLeases {
             token: Some(lease.token),
             grant: grant_id()?,
         };
-        let value = serde_json::to_vec(&record).map_err(|e| EngineError::Storage(e.to_string()))?;
+        let value = serde_json::to_vec(&record).map_err(|e| StorageError::Encode(e.to_string()))?;
         let resp = self
             .txn(
                 Txn::new()
@@ -422,9 +422,7 @@ impl LeaseStore for EtcdLeases {
                 .wait_in_line(lock, owner, key, ttl, deadline, party)
                 .await;
         }
-        Err(EngineError::Storage(
-            "too many conflicting changes to this lock in etcd; retry".into(),
-        ))
+        Err(StorageError::Contended("too many conflicting changes to this lock in etcd").into())
     }
 
     async fn renew(&self, held: HeldToken, ttl: Duration) -> Result<Lease, EngineError> {
@@ -458,9 +456,9 @@ impl LeaseStore for EtcdLeases {
             _ => None,
         };
         if resp.succeeded() {
-            let kv = get(1).ok_or_else(|| {
-                EngineError::Storage("the renewed lease's record vanished".into())
-            })?;
+            let kv = get(1).ok_or(StorageError::Contended(
+                "the renewed lease's record vanished",
+            ))?;
             self.inner.metrics.renewals.inc();
             return Ok(record_of(kv)?.lease(lock, token, expires));
         }
@@ -494,9 +492,7 @@ impl LeaseStore for EtcdLeases {
                 }
             }
         }
-        Err(EngineError::Storage(
-            "too many conflicting changes to this lock in etcd; retry".into(),
-        ))
+        Err(StorageError::Contended("too many conflicting changes to this lock in etcd").into())
     }
 
     /// Ends the lease `held` names, live or expired, as on SQLite
@@ -542,9 +538,7 @@ impl LeaseStore for EtcdLeases {
                     self.inner.metrics.releases.inc();
                     return Ok(());
                 }
-                Err(EngineError::Storage(
-                    "the lease changed while it was being released; retry".into(),
-                ))
+                Err(StorageError::Contended("the lease changed while it was being released").into())
             }
             // Another lease is live, or a newer one was granted.
             Some(h) if h.lease(lock).is_live(now) || h.lease(lock).token > token => {

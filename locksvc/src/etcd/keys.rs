@@ -1,7 +1,7 @@
 //! The layout of the lease rules in etcd: the keys under the prefix and
 //! what their values hold (see the table in the parent module).
 
-use crate::leases::EngineError;
+use crate::leases::{EngineError, StorageError};
 use etcd_client::{Compare, CompareOp, KeyValue, TxnOpResponse, TxnResponse};
 use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -62,8 +62,7 @@ pub(super) struct Record {
 /// same one. Compared together with the owner and the idempotency digest.
 pub(super) fn grant_id() -> Result<u64, EngineError> {
     let mut b = [0u8; 8];
-    getrandom::getrandom(&mut b)
-        .map_err(|e| EngineError::Storage(format!("no randomness for a grant id: {e}")))?;
+    getrandom::getrandom(&mut b).map_err(|e| StorageError::NoRandomness(e.to_string()))?;
     Ok(u64::from_le_bytes(b))
 }
 
@@ -122,10 +121,10 @@ pub(super) fn party_of(kv: &KeyValue) -> Option<String> {
 
 pub(super) fn record_of(kv: &KeyValue) -> Result<Record, EngineError> {
     serde_json::from_slice(kv.value()).map_err(|e| {
-        EngineError::Storage(format!(
+        EngineError::from(StorageError::Untrusted(format!(
             "etcd key {} does not hold a fencegate lease record ({e}); is another program writing under this prefix?",
             String::from_utf8_lossy(kv.key())
-        ))
+        )))
     })
 }
 

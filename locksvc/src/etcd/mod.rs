@@ -53,7 +53,7 @@
 
 use crate::clock;
 use crate::config::EtcdConfig;
-use crate::leases::{EngineError, LockStatus};
+use crate::leases::{EngineError, LockStatus, StorageError};
 use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use etcd_client::{
@@ -105,16 +105,17 @@ impl std::fmt::Debug for EtcdLeases {
     }
 }
 
-fn storage(e: etcd_client::Error) -> EngineError {
-    EngineError::Storage(format!("etcd: {e}"))
-}
-
 impl From<CallError> for EngineError {
     fn from(e: CallError) -> EngineError {
-        match e {
-            CallError::Unavailable(why) => EngineError::Storage(why),
-            CallError::Refused(e) => storage(e),
-        }
+        EngineError::Storage(match e {
+            // etcd answers a keep-alive of a lease it no longer has with no
+            // time left, which the client reports as this error.
+            CallError::Refused(etcd_client::Error::LeaseKeepAliveError(_)) => {
+                StorageError::EtcdLeaseGone
+            }
+            CallError::Unavailable(why) => StorageError::Etcd(why),
+            CallError::Refused(e) => StorageError::Etcd(format!("refused: {e}")),
+        })
     }
 }
 
@@ -186,7 +187,7 @@ impl EtcdLeases {
     /// [`Self::saw_revision`]).
     pub(super) fn refuse_if_rewound(&self) -> Result<(), EngineError> {
         match &*self.inner.rewound.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(why) => Err(EngineError::Storage(why.clone())),
+            Some(why) => Err(StorageError::Untrusted(why.clone()).into()),
             None => Ok(()),
         }
     }
@@ -211,7 +212,7 @@ impl EtcdLeases {
         );
         tracing::error!("{why}");
         *self.inner.rewound.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
-        Err(EngineError::Storage(why))
+        Err(StorageError::Untrusted(why).into())
     }
 }
 
@@ -239,5 +240,32 @@ impl EtcdLeases {
 
     pub(super) fn floor_key(&self) -> String {
         self.key("meta/floor")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_errors_keep_their_kind() {
+        // What etcd-client reports for a keep-alive of a lease etcd no
+        // longer has: the keeper of a place in line stops on it.
+        let gone = etcd_client::Error::LeaseKeepAliveError("lease not found".into());
+        assert_eq!(
+            EngineError::from(CallError::Refused(gone)),
+            EngineError::Storage(StorageError::EtcdLeaseGone)
+        );
+        // Any other failure is one the keeper retries.
+        let silent = CallError::Unavailable("no etcd member answered within 2s".into());
+        assert!(matches!(
+            EngineError::from(silent),
+            EngineError::Storage(StorageError::Etcd(why)) if why.contains("no etcd member")
+        ));
+        let refused = etcd_client::Error::InvalidArgs("bad".into());
+        assert!(matches!(
+            EngineError::from(CallError::Refused(refused)),
+            EngineError::Storage(StorageError::Etcd(why)) if why.starts_with("refused: ")
+        ));
     }
 }

@@ -32,7 +32,7 @@ impl EtcdLeases {
             .await
         {
             Ok(_) => Ok(true),
-            Err(EngineError::Storage(e)) if e.contains("lease not found") => Ok(false),
+            Err(EngineError::Storage(StorageError::EtcdLeaseGone)) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -55,7 +55,7 @@ impl EtcdLeases {
             owner: owner.clone(),
             party: party.as_str().to_owned(),
         })
-        .map_err(|e| EngineError::Storage(e.to_string()))?;
+        .map_err(|e| StorageError::Encode(e.to_string()))?;
         self.call(|mut c| {
             let (key, value) = (mine.clone(), value.clone());
             async move {
@@ -76,9 +76,9 @@ impl EtcdLeases {
             .kvs()
             .first()
             .map(KeyValue::create_revision)
-            .ok_or_else(|| {
-                EngineError::Storage("this acquire's place in line vanished; retry".into())
-            })?;
+            .ok_or(StorageError::Contended(
+                "this acquire's place in line vanished",
+            ))?;
         if let Err(full) = self.admit(&lock, rev, &party).await? {
             self.inner
                 .metrics
@@ -162,10 +162,10 @@ impl EtcdLeases {
         loop {
             let seen = self.see(lock, Some(mine)).await?;
             if !seen.mine_present {
-                return Err(EngineError::Storage(
-                    "this acquire lost its place in line (its etcd lease was not kept alive); retry"
-                        .into(),
-                ));
+                return Err(StorageError::Contended(
+                    "this acquire lost its place in line (its etcd lease was not kept alive)",
+                )
+                .into());
             }
             let now = clock::now();
             let first = seen.first_waiter == Some(rev);
