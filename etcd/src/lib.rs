@@ -61,6 +61,25 @@ impl std::fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
+impl CallError {
+    /// Whether etcd said that the etcd lease the call named is gone
+    /// (expired or revoked): a keep-alive answered with no time left, which
+    /// etcd-client reports as `LeaseKeepAliveError`, or a request naming
+    /// the lease refused with etcd's `ErrGRPCLeaseNotFound`. That error is
+    /// `NotFound` with the text `etcdserver: requested lease not found`;
+    /// etcd's own clients tell it from the other `NotFound`s (users, roles)
+    /// by that text, and so does this.
+    pub fn lease_gone(&self) -> bool {
+        match self {
+            CallError::Refused(etcd_client::Error::LeaseKeepAliveError(_)) => true,
+            CallError::Refused(etcd_client::Error::GRpcStatus(s)) => {
+                s.code() == tonic::Code::NotFound && s.message().ends_with("lease not found")
+            }
+            _ => false,
+        }
+    }
+}
+
 struct Member {
     endpoint: String,
     options: ConnectOptions,
@@ -297,6 +316,33 @@ mod tests {
 
     fn list(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_gone_lease_is_told_from_other_refusals() {
+        let status = |code, msg: &str| {
+            CallError::Refused(etcd_client::Error::GRpcStatus(tonic::Status::new(
+                code, msg,
+            )))
+        };
+        let keep_alive = etcd_client::Error::LeaseKeepAliveError("lease not found".into());
+        assert!(CallError::Refused(keep_alive).lease_gone());
+        assert!(
+            status(
+                tonic::Code::NotFound,
+                "etcdserver: requested lease not found"
+            )
+            .lease_gone()
+        );
+        assert!(!status(tonic::Code::NotFound, "etcdserver: user name not found").lease_gone());
+        assert!(
+            !status(
+                tonic::Code::PermissionDenied,
+                "etcdserver: requested lease not found"
+            )
+            .lease_gone()
+        );
+        assert!(!CallError::Unavailable("lease not found".into()).lease_gone());
     }
 
     #[test]

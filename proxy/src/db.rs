@@ -17,6 +17,7 @@
 //! watched before every write for being deleted, replaced or written by
 //! someone else (then every write fails, and the proxy is not ready).
 
+use crate::state_error::StateError;
 use crate::tokens::upload::{UploadBinding, UploadRecord};
 use fencegate_durable::{Claim, Opening, Watch};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -260,13 +261,13 @@ impl Db {
         })
     }
 
-    pub fn upload(&self, upload_id: &str) -> rusqlite::Result<Option<UploadBinding>> {
-        self.with(|c| {
+    pub fn upload(&self, upload_id: &str) -> Result<Option<UploadBinding>, StateError> {
+        let record = self.with(|c| {
             c.query_row(
                 "SELECT upload_id, bucket, key, scope, token, owner FROM uploads WHERE upload_id = ?1",
                 params![upload_id],
                 |r| {
-                    UploadBinding::from_record(UploadRecord {
+                    Ok(UploadRecord {
                         upload_id: r.get(0)?,
                         bucket: r.get(1)?,
                         key: r.get(2)?,
@@ -274,13 +275,11 @@ impl Db {
                         token: from_sql(r.get(4)?),
                         owner: r.get(5)?,
                     })
-                    .map_err(|e| {
-                        rusqlite::Error::FromSqlConversionFailure(5, rusqlite::types::Type::Text, e.into())
-                    })
                 },
             )
             .optional()
-        })
+        })?;
+        record.map(UploadBinding::from_record).transpose()
     }
 
     pub fn forget_upload(&self, upload_id: &str) -> rusqlite::Result<()> {
@@ -325,6 +324,31 @@ mod tests {
         );
         db.forget_upload("u1").expect("forget");
         assert_eq!(db.upload("u1").expect("read"), None);
+    }
+
+    #[test]
+    fn a_binding_in_no_form_the_proxy_writes_is_unreadable_not_absent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(&dir.path().join("p.db"), Opening::CreateIfMissing, 0).expect("open");
+        db.write(|c| {
+            c.execute(
+                "INSERT INTO uploads (upload_id, bucket, key, scope, token, owner) VALUES ('u1', 'b', 'k', 'b', 5, 'someone')",
+                [],
+            )
+        })
+        .expect("insert");
+        let got = db.upload("u1");
+        assert!(
+            matches!(&got, Err(StateError::Unreadable(why)) if why.contains("someone")),
+            "{got:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_database_call_that_panics_is_a_state_error() {
+        let got: Result<(), StateError> =
+            crate::state_error::blocking(|| panic!("the disk went away")).await;
+        assert!(matches!(got, Err(StateError::Task(_))), "{got:?}");
     }
 
     #[test]

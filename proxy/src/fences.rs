@@ -44,6 +44,7 @@
 
 use crate::cluster::{Admitted, Cluster, ClusterWrite};
 use crate::db::Db;
+use crate::state_error::StateError;
 use dashmap::DashMap;
 use fencegate_core::fence::{Verdict, decide};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,11 +114,11 @@ pub enum FenceError {
     #[error("token {token} is below the scope's max {max}")]
     Stale { token: u64, max: u64 },
     #[error("cannot persist the new max token: {0}")]
-    Storage(String),
+    Storage(#[from] StateError),
     /// This replica cannot admit now (its cluster standing ran out, or the
     /// raise could not complete in the cluster).
-    #[error("{0}")]
-    Unavailable(String),
+    #[error(transparent)]
+    Unavailable(#[from] crate::cluster::Unavailable),
 }
 
 /// Where maxes are kept.
@@ -306,7 +307,7 @@ impl Fences {
                         },
                     }),
                     Admitted::Stale { max } => Err(FenceError::Stale { token, max }),
-                    Admitted::Unavailable(why) => Err(FenceError::Unavailable(why)),
+                    Admitted::Unavailable(why) => Err(why.into()),
                 };
             }
         };
@@ -355,10 +356,7 @@ impl Fences {
                     waited = cut_at.elapsed();
                     let persisted = {
                         let (db, id) = (db.clone(), scope.to_owned());
-                        tokio::task::spawn_blocking(move || db.raise(&id, token))
-                            .await
-                            .map_err(|e| FenceError::Storage(e.to_string()))
-                            .and_then(|r| r.map_err(|e| FenceError::Storage(e.to_string())))
+                        crate::state_error::blocking(move || Ok(db.raise(&id, token)?)).await
                     };
                     if persisted.is_ok() {
                         fence.max.store(token, Ordering::Release);

@@ -67,6 +67,7 @@ pub mod scope;
 pub mod send_check;
 pub mod server;
 pub mod sigv4;
+pub mod state_error;
 pub mod tokens;
 pub mod trailer;
 pub mod write_headers;

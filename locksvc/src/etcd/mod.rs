@@ -108,11 +108,7 @@ impl std::fmt::Debug for EtcdLeases {
 impl From<CallError> for EngineError {
     fn from(e: CallError) -> EngineError {
         EngineError::Storage(match e {
-            // etcd answers a keep-alive of a lease it no longer has with no
-            // time left, which the client reports as this error.
-            CallError::Refused(etcd_client::Error::LeaseKeepAliveError(_)) => {
-                StorageError::EtcdLeaseGone
-            }
+            e if e.lease_gone() => StorageError::EtcdLeaseGone,
             CallError::Unavailable(why) => StorageError::Etcd(why),
             CallError::Refused(e) => StorageError::Etcd(format!("refused: {e}")),
         })

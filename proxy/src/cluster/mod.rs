@@ -29,6 +29,7 @@ pub mod config;
 
 pub use config::ClusterConfig;
 
+use crate::state_error::StateError;
 use crate::tokens::upload::{UploadBinding, UploadRecord};
 use dashmap::DashMap;
 use fencegate_core::replicas::{
@@ -60,17 +61,25 @@ const STATUS_REUSE: Duration = Duration::from_secs(1);
 /// Longest a status waits for etcd's view of the members.
 const STATUS_READ: Duration = Duration::from_millis(500);
 
-/// Why the cluster could not do what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
+/// Why this replica cannot admit a write now. Nothing was written; the
+/// client may retry (here or at another replica).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// This replica has no standing in the cluster (it has not joined, its
+    /// standing ran out, or it is draining): the state machine's reason.
     #[error("{0}")]
-    Unavailable(String),
-}
-
-impl From<CallError> for ClusterError {
-    fn from(e: CallError) -> ClusterError {
-        ClusterError::Unavailable(e.to_string())
-    }
+    NoStanding(String),
+    /// The raise of the lock's max did not complete in the cluster within
+    /// the patience of a write: `held` says which phase and who held it up.
+    #[error(
+        "the raise of lock {lock} to token {token} did not complete in the cluster within {patience:?}: {held}"
+    )]
+    RaiseIncomplete {
+        lock: String,
+        token: u64,
+        patience: Duration,
+        held: String,
+    },
 }
 
 /// What a write asked of the cluster came to.
@@ -86,7 +95,7 @@ pub enum Admitted {
     /// Below the lock's max.
     Stale { max: u64 },
     /// No standing, or the raise did not complete in time.
-    Unavailable(String),
+    Unavailable(Unavailable),
 }
 
 /// One try at admitting a write.
@@ -223,7 +232,7 @@ fn gets(r: &TxnOpResponse) -> &[fencegate_etcd::etcd_client::KeyValue] {
 /// an answer; anything else may or may not have been applied.
 fn failed(e: &CallError) -> Answer {
     match e {
-        CallError::Refused(err) if err.to_string().contains("lease not found") => Answer::LeaseGone,
+        e if e.lease_gone() => Answer::LeaseGone,
         other => Answer::Unknown(other.to_string()),
     }
 }
@@ -413,7 +422,9 @@ impl Cluster {
                         Step::In(id, cancel)
                     }
                     Admit::Stale { max } => Step::Out(Admitted::Stale { max }),
-                    Admit::Unavailable(why) => Step::Out(Admitted::Unavailable(why)),
+                    Admit::Unavailable(why) => {
+                        Step::Out(Admitted::Unavailable(Unavailable::NoStanding(why)))
+                    }
                     Admit::Wait => Step::Wait,
                 }
             });
@@ -448,9 +459,12 @@ impl Cluster {
                             .find(|r| r.lock == lock)
                             .map(|r| format!("{} ({:?})", r.phase, r.holdups))
                             .unwrap_or_default();
-                        return Admitted::Unavailable(format!(
-                            "the raise of lock {lock} to token {token} did not complete in the cluster within {patience:?}: {held}"
-                        ));
+                        return Admitted::Unavailable(Unavailable::RaiseIncomplete {
+                            lock: lock.to_owned(),
+                            token,
+                            patience,
+                            held,
+                        });
                     }
                 }
             }
@@ -631,7 +645,7 @@ impl Cluster {
         };
         let answer = answer.unwrap_or_else(|e| {
             if let CallError::Refused(err) = &e
-                && !err.to_string().contains("lease not found")
+                && !e.lease_gone()
             {
                 *self.inner.refused.lock().unwrap_or_else(|p| p.into_inner()) =
                     Some(err.to_string());
@@ -1051,10 +1065,10 @@ impl Cluster {
     }
 
     /// Records a new upload's binding in etcd (before its id is returned).
-    pub async fn bind_upload(&self, b: &UploadBinding) -> Result<(), ClusterError> {
+    pub async fn bind_upload(&self, b: &UploadBinding) -> Result<(), StateError> {
         let key = self.key(&format!("uploads/{}", b.upload_id()));
         let value = serde_json::to_string(&b.record())
-            .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+            .map_err(|e| StateError::Unreadable(format!("cannot encode the binding: {e}")))?;
         self.inner
             .etcd
             .call(|mut c| {
@@ -1068,7 +1082,7 @@ impl Cluster {
 
     /// An upload's binding: this replica's copy, or etcd's (a binding
     /// never changes, so a copy stays right).
-    pub async fn upload(&self, upload_id: &str) -> Result<Option<UploadBinding>, ClusterError> {
+    pub async fn upload(&self, upload_id: &str) -> Result<Option<UploadBinding>, StateError> {
         if let Some(b) = self.inner.uploads.get(upload_id) {
             return Ok(Some(b.clone()));
         }
@@ -1085,13 +1099,13 @@ impl Cluster {
             return Ok(None);
         };
         let record: UploadRecord = serde_json::from_slice(kv.value())
-            .map_err(|e| ClusterError::Unavailable(format!("unreadable upload binding: {e}")))?;
-        let b = UploadBinding::from_record(record).map_err(ClusterError::Unavailable)?;
+            .map_err(|e| StateError::Unreadable(format!("upload binding {upload_id}: {e}")))?;
+        let b = UploadBinding::from_record(record)?;
         self.keep_copy(&b);
         Ok(Some(b))
     }
 
-    pub async fn forget_upload(&self, upload_id: &str) -> Result<(), ClusterError> {
+    pub async fn forget_upload(&self, upload_id: &str) -> Result<(), StateError> {
         self.inner.uploads.remove(upload_id);
         let key = self.key(&format!("uploads/{upload_id}"));
         self.inner

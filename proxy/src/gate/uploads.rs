@@ -2,56 +2,46 @@
 //! with replicas, in etcd.
 
 use super::*;
+use crate::state_error::{StateError, blocking};
 
 impl Gate {
     /// Records the token a new upload was created with, durably (in etcd
     /// with replicas, so that any replica can continue it).
     pub async fn bind_upload(&self, b: UploadBinding) -> S3Result<()> {
-        if let Some(c) = self.fences.cluster() {
-            return c.bind_upload(&b).await.map_err(|e| {
-                errors::storage(format!(
-                    "cannot record the upload's token in the cluster: {e}"
-                ))
-            });
-        }
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.bind_upload(&b))
-            .await
-            .map_err(|e| errors::storage(e.to_string()))?
-            .map_err(|e| errors::storage(format!("cannot record the upload's token: {e}")))
+        let kept = match self.fences.cluster() {
+            Some(c) => c.bind_upload(&b).await,
+            None => {
+                let db = self.db.clone();
+                blocking(move || Ok(db.bind_upload(&b)?)).await
+            }
+        };
+        kept.map_err(|e| errors::storage(format!("cannot record the upload's token: {e}")))
     }
 
     /// The token an upload was created with.
     pub async fn upload(&self, upload_id: &str) -> S3Result<UploadBinding> {
-        let found = if let Some(c) = self.fences.cluster() {
-            c.upload(upload_id).await.map_err(|e| {
-                errors::storage(format!(
-                    "cannot read the upload's token from the cluster: {e}"
-                ))
-            })?
-        } else {
-            let db = self.db.clone();
-            let id = upload_id.to_owned();
-            tokio::task::spawn_blocking(move || db.upload(&id))
-                .await
-                .map_err(|e| errors::storage(e.to_string()))?
-                .map_err(|e| errors::storage(format!("cannot read the upload's token: {e}")))?
+        let found = match self.fences.cluster() {
+            Some(c) => c.upload(upload_id).await,
+            None => {
+                let (db, id) = (self.db.clone(), upload_id.to_owned());
+                blocking(move || db.upload(&id)).await
+            }
         };
-        found.ok_or_else(|| errors::unknown_upload(upload_id))
+        found
+            .map_err(|e| errors::storage(format!("cannot read the upload's token: {e}")))?
+            .ok_or_else(|| errors::unknown_upload(upload_id))
     }
 
     pub async fn forget_upload(&self, upload_id: &str) {
-        if let Some(c) = self.fences.cluster() {
-            if let Err(e) = c.forget_upload(upload_id).await {
-                tracing::warn!(upload_id, error = %e, "could not forget a finished upload's binding");
+        let forgotten: Result<(), StateError> = match self.fences.cluster() {
+            Some(c) => c.forget_upload(upload_id).await,
+            None => {
+                let (db, id) = (self.db.clone(), upload_id.to_owned());
+                blocking(move || Ok(db.forget_upload(&id)?)).await
             }
-            return;
-        }
-        let db = self.db.clone();
-        let id = upload_id.to_owned();
-        let r = tokio::task::spawn_blocking(move || db.forget_upload(&id)).await;
-        if !matches!(r, Ok(Ok(()))) {
-            tracing::warn!(upload_id, "could not forget a finished upload's binding");
+        };
+        if let Err(e) = forgotten {
+            tracing::warn!(upload_id, error = %e, "could not forget a finished upload's binding");
         }
     }
 }

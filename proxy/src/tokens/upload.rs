@@ -9,6 +9,7 @@
 //! binding.
 
 use super::VerifiedToken;
+use crate::state_error::StateError;
 use fencegate_core::credentials::{is_lease_access_key, parse_access_key};
 
 /// Who sent a request, as recorded on an upload: only they may continue,
@@ -121,12 +122,12 @@ impl UploadBinding {
     /// was verified when the upload was created. Only the database and the
     /// cluster's store call this, on what they read. Fails on an owner in
     /// no form the proxy writes.
-    pub fn from_record(r: UploadRecord) -> Result<UploadBinding, String> {
+    pub fn from_record(r: UploadRecord) -> Result<UploadBinding, StateError> {
         let owner = Identity::from_record(&r.owner).ok_or_else(|| {
-            format!(
+            StateError::Unreadable(format!(
                 "upload {} has an owner the proxy cannot read: {:?}",
                 r.upload_id, r.owner
-            )
+            ))
         })?;
         Ok(UploadBinding {
             upload_id: r.upload_id,
