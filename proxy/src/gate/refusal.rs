@@ -1,5 +1,5 @@
 //! Refusals of the fence: stale, cut, forged or unverifiable tokens,
-//! unscoped keys. Each is one [`Refusal`], from which come the S3 error the
+//! missing tokens, other clients' uploads, unscoped keys. Each is one [`Refusal`], from which come the S3 error the
 //! client gets (`errors`), the metric it is counted under
 //! (`metrics::Outcome`) and the fence event it is recorded as
 //! (`events::Kind`), so no site can pick them apart. Beside them: the
@@ -31,11 +31,14 @@ pub enum Refusal<'a> {
         bound: u64,
         sent: u64,
     },
-    /// A fenced write without a token.
-    Missing,
+    /// A fenced write without a token, in `scope`.
+    Missing { scope: &'a Scope },
     /// A request for an upload another client created (`by_token`: one
     /// created without credentials, which answers only to its token).
     NotOwner { upload_id: &'a str, by_token: bool },
+    /// A write to a key in no fence scope (so under no lock), where writes
+    /// outside the scopes are denied.
+    Unscoped(&'a crate::scope::Unscoped),
 }
 
 impl Refusal<'_> {
@@ -53,8 +56,9 @@ impl Refusal<'_> {
         match self {
             Refusal::Stale { .. } | Refusal::Cut { .. } => Outcome::Stale,
             Refusal::Token { .. } | Refusal::UploadToken { .. } => Outcome::InvalidToken,
-            Refusal::Missing => Outcome::Missing,
+            Refusal::Missing { .. } => Outcome::Missing,
             Refusal::NotOwner { .. } => Outcome::NotOwner,
+            Refusal::Unscoped(_) => Outcome::Unscoped,
         }
     }
 
@@ -67,12 +71,13 @@ impl Refusal<'_> {
             Refusal::Cut { token, by, .. } => Some((Kind::Cut, Some(token), Some(by))),
             Refusal::Token { presented, .. } => Some((Kind::Forged, presented, None)),
             Refusal::UploadToken { sent, .. } => Some((Kind::Forged, Some(sent), None)),
-            Refusal::Missing | Refusal::NotOwner { .. } => None,
+            Refusal::Unscoped(_) => Some((Kind::Unscoped, None, None)),
+            Refusal::Missing { .. } | Refusal::NotOwner { .. } => None,
         }
     }
 
-    /// The S3 error the client gets for `op` in `scope`.
-    fn error(&self, op: &str, scope: &Scope) -> S3Error {
+    /// The S3 error the client gets for `op`.
+    fn error(&self, op: &str) -> S3Error {
         match self {
             Refusal::Stale { token, max, detail } => errors::stale(*token, *max, detail),
             Refusal::Cut { token, by, lock } => errors::stale(
@@ -86,11 +91,12 @@ impl Refusal<'_> {
                 bound,
                 sent,
             } => errors::upload_token_mismatch(upload_id, *bound, *sent),
-            Refusal::Missing => errors::missing(op, &scope.id, scope.lock.as_str()),
+            Refusal::Missing { scope } => errors::missing(op, &scope.id, scope.lock.as_str()),
             Refusal::NotOwner {
                 upload_id,
                 by_token,
             } => errors::upload_not_yours(upload_id, *by_token),
+            Refusal::Unscoped(u) => errors::unscoped(&u.bucket, &u.key, &u.configured),
         }
     }
 }
@@ -113,13 +119,27 @@ impl Gate {
         Ok(())
     }
 
-    /// Refuses with `r`: counts it, records its fence event, and answers
-    /// its error (every refusal of the fence goes through here).
+    /// Refuses with `r` in `scope`: counts it, records its fence event,
+    /// and answers its error (every refusal of the fence goes through
+    /// here, or through [`Self::refuse_unscoped`]).
     pub fn refuse(&self, op: &'static str, scope: &Scope, r: Refusal<'_>) -> S3Error {
-        self.count(op, scope, r.outcome());
-        let e = r.error(op, scope);
+        self.refused(op, Some(scope), r)
+    }
+
+    /// Refuses a write to a key in no scope: counted under
+    /// [`UNKNOWN_LOCK`], since there is no lock to name.
+    pub(super) fn refuse_unscoped(&self, op: &'static str, u: &crate::scope::Unscoped) -> S3Error {
+        self.refused(op, None, Refusal::Unscoped(u))
+    }
+
+    fn refused(&self, op: &'static str, scope: Option<&Scope>, r: Refusal<'_>) -> S3Error {
+        match scope {
+            Some(scope) => self.count(op, scope, r.outcome()),
+            None => self.metrics.write(op, UNKNOWN_LOCK, r.outcome()),
+        }
+        let e = r.error(op);
         if let Some((kind, token, max)) = r.event() {
-            self.record(kind, op, Some(scope), token, max, &e);
+            self.record(kind, op, scope, token, max, &e);
         }
         e
     }
@@ -228,6 +248,11 @@ mod tests {
             lock: fencegate_core::LockName::new("l").expect("lock"),
         };
         let unsigned = Rejection::Unsigned;
+        let unscoped = crate::scope::Unscoped {
+            bucket: "other".into(),
+            key: "k".into(),
+            configured: vec!["b".into()],
+        };
         let cases = [
             (
                 Refusal::Stale {
@@ -269,7 +294,7 @@ mod tests {
                 Some(Code::InvalidToken),
             ),
             (
-                Refusal::Missing,
+                Refusal::Missing { scope: &scope },
                 Outcome::Missing,
                 None,
                 Some(Code::TokenRequired),
@@ -283,11 +308,17 @@ mod tests {
                 None,
                 None,
             ),
+            (
+                Refusal::Unscoped(&unscoped),
+                Outcome::Unscoped,
+                Some((Kind::Unscoped, None, None)),
+                Some(Code::ScopeUndefined),
+            ),
         ];
         for (r, outcome, event, code) in cases {
             assert_eq!(r.outcome(), outcome, "{r:?}");
             assert_eq!(r.event(), event, "{r:?}");
-            let e = r.error("PutObject", &scope);
+            let e = r.error("PutObject");
             assert_eq!(Code::of(&e), code, "{r:?}");
             if let Some(c) = code {
                 assert_eq!(e.status_code(), Some(c.status()), "{r:?}");

@@ -21,11 +21,8 @@ impl Gate {
     /// The scope fencing `bucket/key`.
     pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scope> {
         crate::events::note_target(bucket, key);
-        self.scopes.resolve(bucket, key).map_err(|u| {
-            self.metrics.write(op, UNKNOWN_LOCK, Outcome::Unscoped);
-            let e = errors::unscoped(&u.bucket, &u.key, &u.configured);
-            self.record(Kind::Unscoped, op, None, None, None, &e);
-            e
-        })
+        self.scopes
+            .resolve(bucket, key)
+            .map_err(|u| self.refuse_unscoped(op, &u))
     }
 }

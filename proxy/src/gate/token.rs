@@ -78,7 +78,7 @@ impl Gate {
     ) -> S3Result<VerifiedToken> {
         match self.token(op, req, scope).await? {
             Some(t) => Ok(t),
-            None => Err(self.refuse(op, scope, Refusal::Missing)),
+            None => Err(self.refuse(op, scope, Refusal::Missing { scope })),
         }
     }
 }
