@@ -42,51 +42,44 @@ impl Gate {
                 ));
             }
         };
-        let scope = self
-            .scopes
-            .for_lock(&lock)
+        let scoped = self
+            .scope_of_lock(OP, &lock)
             .ok_or_else(|| errors::unknown_lock(lock.as_str()))?;
-        let token = self
+        let tokened = self
             .required_token(
-                OP,
+                scoped,
                 RequestToken {
                     headers,
                     access_key: None,
                 },
-                &scope,
             )
             .await?;
         // A bucket-per-scope lock whose bucket the store does not have is
         // not fenced here.
-        let admission = self
-            .admit(OP, &scope.bucket.clone(), &scope, token)
-            .await
-            .map_err(|e| {
-                if e.code() == &s3s::S3ErrorCode::NoSuchBucket {
-                    errors::unknown_lock(lock.as_str())
-                } else {
-                    e
-                }
-            })?;
+        let admission = self.admit(&tokened).await.map_err(|e| {
+            if e.code() == &s3s::S3ErrorCode::NoSuchBucket {
+                errors::unknown_lock(lock.as_str())
+            } else {
+                e
+            }
+        })?;
         drop(admission);
-        self.count(OP, &scope, Outcome::Accepted);
+        let scope = tokened.scope();
+        self.count(OP, scope, Outcome::Accepted);
         Ok((
             scope.lock.to_string(),
-            token.number(),
+            tokened.token().number(),
             self.fences.max(scope.fence()),
         ))
     }
 
-    /// Admits `token` into `scope`'s epoch (see [`Fences::admit`]).
-    pub async fn admit(
-        &self,
-        op: &'static str,
-        bucket: &str,
-        scope: &Scope,
-        token: VerifiedToken,
-    ) -> S3Result<Admission> {
-        let token = token.number();
-        self.require_safe(bucket).await?;
+    /// Stage three: admits the token into its scope's epoch (see
+    /// [`Fences::admit`]), once the bucket's store is known to enforce the
+    /// conditions the writes need.
+    pub async fn admit(&self, tokened: &Tokened) -> S3Result<Admission> {
+        let (op, scope) = (tokened.op(), tokened.scope());
+        let token = tokened.token().number();
+        self.require_safe(tokened.scoped().bucket()).await?;
         match self.fences.admit(scope.fence(), token).await {
             Ok(a) => {
                 if a.raised {
@@ -131,17 +124,10 @@ impl Gate {
         }
     }
 
-    /// Every step up to forwarding a write to `bucket/key` with `token`.
-    pub async fn begin(
-        &self,
-        write: WriteOp,
-        bucket: &str,
-        key: &str,
-        scope: Scope,
-        token: VerifiedToken,
-    ) -> S3Result<Write> {
-        self.begin_with(write, bucket, key, scope, token, false)
-            .await
+    /// Stages three to five for an object write: admission, the key's
+    /// lock, its verified state; then the [`Write`] that alone can send it.
+    pub async fn begin(&self, write: WriteOp, tokened: Tokened) -> S3Result<Write> {
+        self.begin_with(write, tokened, false).await
     }
 
     /// [`Gate::begin`] for a PutObject whose body the `Write` can send
@@ -150,34 +136,25 @@ impl Gate {
     /// `If-None-Match: *`, so a new key costs one backend round trip; if
     /// the key exists after all, the store refuses and [`Write::put`] reads
     /// it and sends again.
-    pub async fn begin_put(
-        &self,
-        bucket: &str,
-        key: &str,
-        scope: Scope,
-        token: VerifiedToken,
-        resendable: bool,
-    ) -> S3Result<Write> {
+    pub async fn begin_put(&self, tokened: Tokened, resendable: bool) -> S3Result<Write> {
         let presume = resendable && self.backend.lean.is_some();
-        self.begin_with(WriteOp::Put, bucket, key, scope, token, presume)
-            .await
+        self.begin_with(WriteOp::Put, tokened, presume).await
     }
 
     pub(super) async fn begin_with(
         &self,
         write: WriteOp,
-        bucket: &str,
-        key: &str,
-        scope: Scope,
-        verified: VerifiedToken,
+        tokened: Tokened,
         presume_absent: bool,
     ) -> S3Result<Write> {
         let op = write.name();
-        let token = verified.number();
+        let token = tokened.token().number();
+        let (bucket, key) = (tokened.scoped().bucket(), tokened.scoped().key());
         // A many-key request (DeleteObjects) resolves every scope first,
         // then begins each key: its refusals must name the key begun.
         crate::events::note_target(bucket, key);
-        let admission = self.admit(op, bucket, &scope, verified).await?;
+        let admission = self.admit(&tokened).await?;
+        let scope = tokened.scope().clone();
         let cut = admission.cancel.clone();
         let guard = tokio::select! {
             g = self.keys.lock(bucket, key) => g,

@@ -34,6 +34,9 @@ mod token;
 mod uploads;
 pub mod write;
 
+pub use scope::Scoped;
+pub use token::Tokened;
+
 use crate::backend::Backend;
 use crate::body::{BodyWatch, Cancellable};
 use crate::config::ProxyConfig;

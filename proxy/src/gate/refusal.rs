@@ -102,37 +102,33 @@ impl Refusal<'_> {
 }
 
 impl Gate {
-    /// Refuses `token` if it is below the max of `scope` (a check before
+    /// Refuses the token if it is below its scope's max (a check before
     /// any key of a many-key request is touched; each key is then admitted
     /// on its own).
-    pub fn refuse_if_stale(
-        &self,
-        op: &'static str,
-        scope: &Scope,
-        token: VerifiedToken,
-    ) -> S3Result<()> {
-        let token = token.number();
+    pub fn refuse_if_stale(&self, tokened: &Tokened) -> S3Result<()> {
+        let (token, scope) = (tokened.token().number(), tokened.scope());
         let max = self.fences.max(scope.fence());
         if token < max {
-            return Err(self.refuse(op, scope, Refusal::below_max(token, max, scope)));
+            return Err(self.refuse(tokened.op(), scope, Refusal::below_max(token, max, scope)));
         }
         Ok(())
     }
 
     /// Refuses with `r` in `scope`: counts it, records its fence event,
-    /// and answers its error (every refusal of the fence goes through
-    /// here, or through [`Self::refuse_unscoped`]).
+    /// and answers its error.
     pub fn refuse(&self, op: &'static str, scope: &Scope, r: Refusal<'_>) -> S3Error {
         self.refused(op, Some(scope), r)
     }
 
-    /// Refuses a write to a key in no scope: counted under
-    /// [`UNKNOWN_LOCK`], since there is no lock to name.
-    pub(super) fn refuse_unscoped(&self, op: &'static str, u: &crate::scope::Unscoped) -> S3Error {
-        self.refused(op, None, Refusal::Unscoped(u))
-    }
-
-    fn refused(&self, op: &'static str, scope: Option<&Scope>, r: Refusal<'_>) -> S3Error {
+    /// Every refusal of the fence goes through here: `scope` is `None` only
+    /// for a key in no scope, counted under [`UNKNOWN_LOCK`] since there is
+    /// no lock to name.
+    pub(super) fn refused(
+        &self,
+        op: &'static str,
+        scope: Option<&Scope>,
+        r: Refusal<'_>,
+    ) -> S3Error {
         match scope {
             Some(scope) => self.count(op, scope, r.outcome()),
             None => self.metrics.write(op, UNKNOWN_LOCK, r.outcome()),

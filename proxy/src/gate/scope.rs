@@ -1,28 +1,93 @@
-//! Stage one of a fenced write: the fence scope a key is in.
+//! Stage one of a fenced write: the fence scope a key is in. Its output,
+//! [`Scoped`], is what stage two ([`super::token`]) takes.
 
+use super::refusal::Refusal;
 use super::*;
 
+/// A request's target and the scope that fences it: what stage one hands
+/// on. Made only here, by resolving a key (or a bucket) against the
+/// configured scopes.
+#[derive(Debug, Clone)]
+pub struct Scoped {
+    op: &'static str,
+    bucket: String,
+    /// Empty for a check of a whole bucket (DeleteObjects before its body
+    /// is read).
+    key: String,
+    scope: Scope,
+}
+
+impl Scoped {
+    /// The S3 operation name (metrics, events, errors).
+    pub fn op(&self) -> &'static str {
+        self.op
+    }
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// `scope`, for `op` on the whole of its bucket.
+    fn bucket_of(op: &'static str, scope: Scope) -> Scoped {
+        Scoped {
+            op,
+            bucket: scope.bucket.clone(),
+            key: String::new(),
+            scope,
+        }
+    }
+}
+
 impl Gate {
-    /// The configured scopes in `bucket` (none in bucket-per-scope mode).
-    pub fn scopes_in_bucket(&self, bucket: &str) -> Vec<Scope> {
+    /// The configured scopes in `bucket`, for `op` on the bucket (none in
+    /// bucket-per-scope mode).
+    pub fn scopes_in_bucket(&self, op: &'static str, bucket: &str) -> Vec<Scoped> {
         self.scopes
             .configured()
             .iter()
             .filter(|s| s.bucket == bucket)
-            .cloned()
+            .map(|s| Scoped::bucket_of(op, s.clone()))
             .collect()
     }
 
-    /// A scope in `bucket` fenced by `lock`, if there is one.
-    pub fn scope_in_bucket(&self, bucket: &str, lock: &fencegate_core::LockName) -> Option<Scope> {
-        self.scopes.in_bucket(bucket, lock)
+    /// The scope in `bucket` fenced by `lock`, if there is one.
+    pub fn scope_in_bucket(
+        &self,
+        op: &'static str,
+        bucket: &str,
+        lock: &fencegate_core::LockName,
+    ) -> Option<Scoped> {
+        self.scopes
+            .in_bucket(bucket, lock)
+            .map(|s| Scoped::bucket_of(op, s))
     }
 
-    /// The scope fencing `bucket/key`.
-    pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scope> {
+    /// The scope fencing `lock`'s writes, for `op` on its bucket (the
+    /// acquisition fence names a lock, not a key).
+    pub(super) fn scope_of_lock(
+        &self,
+        op: &'static str,
+        lock: &fencegate_core::LockName,
+    ) -> Option<Scoped> {
+        self.scopes.for_lock(lock).map(|s| Scoped::bucket_of(op, s))
+    }
+
+    /// The scope fencing `bucket/key`, or the refusal of a key in none.
+    pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scoped> {
         crate::events::note_target(bucket, key);
-        self.scopes
-            .resolve(bucket, key)
-            .map_err(|u| self.refuse_unscoped(op, &u))
+        match self.scopes.resolve(bucket, key) {
+            Ok(scope) => Ok(Scoped {
+                op,
+                bucket: bucket.to_owned(),
+                key: key.to_owned(),
+                scope,
+            }),
+            Err(u) => Err(self.refused(op, None, Refusal::Unscoped(&u))),
+        }
     }
 }

@@ -1,21 +1,55 @@
 //! Stage two: the token a request carries for its scope, as a
 //! [`VerifiedToken`] or a refusal (a plain number the proxy cannot vouch
-//! for is checked with the lease service).
+//! for is checked with the lease service). Its output, [`Tokened`], is
+//! what admission ([`super::admission`]) takes.
 
 use super::refusal::Refusal;
 use super::*;
 
+/// A scoped request with the token it goes on with: what stage two hands
+/// on. The token is a [`VerifiedToken`], so a `Tokened` cannot carry an
+/// unverified number.
+#[derive(Debug, Clone)]
+pub struct Tokened {
+    scoped: Scoped,
+    token: VerifiedToken,
+}
+
+impl Tokened {
+    /// `scoped` going on with the token its open upload was created with
+    /// (the binding was checked against the request first).
+    pub fn bound(scoped: Scoped, binding: &UploadBinding) -> Tokened {
+        Tokened {
+            scoped,
+            token: binding.token(),
+        }
+    }
+
+    pub fn scoped(&self) -> &Scoped {
+        &self.scoped
+    }
+    pub fn scope(&self) -> &Scope {
+        self.scoped.scope()
+    }
+    pub fn token(&self) -> VerifiedToken {
+        self.token
+    }
+    pub fn op(&self) -> &'static str {
+        self.scoped.op()
+    }
+}
+
 impl Gate {
-    /// The token a request carries for `scope`, or why it is refused. A
+    /// The token a request carries for its scope, or why it is refused. A
     /// plain token the proxy cannot vouch for is refused, unless the lease
     /// service (`locksvc_url`) confirms it issued it; below the scope's max
     /// it needs no confirmation, since admission answers it stale anyway.
     pub async fn token(
         &self,
-        op: &'static str,
+        scoped: &Scoped,
         req: RequestToken<'_>,
-        scope: &Scope,
     ) -> S3Result<Option<VerifiedToken>> {
+        let (op, scope) = (scoped.op(), scoped.scope());
         let refuse = |why: Rejection| {
             let presented = presented_number(&req);
             self.refuse(
@@ -69,16 +103,15 @@ impl Gate {
         }
     }
 
-    /// Like [`Gate::token`], but a missing token is an error (428).
-    pub async fn required_token(
-        &self,
-        op: &'static str,
-        req: RequestToken<'_>,
-        scope: &Scope,
-    ) -> S3Result<VerifiedToken> {
-        match self.token(op, req, scope).await? {
-            Some(t) => Ok(t),
-            None => Err(self.refuse(op, scope, Refusal::Missing { scope })),
+    /// Like [`Gate::token`], but a missing token is an error (428): a
+    /// write goes on only with one.
+    pub async fn required_token(&self, scoped: Scoped, req: RequestToken<'_>) -> S3Result<Tokened> {
+        match self.token(&scoped, req).await? {
+            Some(token) => Ok(Tokened { scoped, token }),
+            None => {
+                let scope = scoped.scope();
+                Err(self.refuse(scoped.op(), scope, Refusal::Missing { scope }))
+            }
         }
     }
 }

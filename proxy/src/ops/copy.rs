@@ -149,11 +149,9 @@ pub async fn copy_object(
         ));
     };
     crate::object_key::require(src_key)?;
-    let scope = gate.scope(op.name(), &bucket, &key)?;
-    let token = gate
-        .required_token(op.name(), RequestToken::of(&req), &scope)
-        .await?;
-    let w = gate.begin(op, &bucket, &key, scope, token).await?;
+    let scoped = gate.scope(op.name(), &bucket, &key)?;
+    let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
+    let w = gate.begin(op, tokened).await?;
 
     let mut source = format!("{}/{}", src_bucket, crate::sigv4::encode_key(src_key));
     if let Some(v) = src_version {

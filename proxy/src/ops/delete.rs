@@ -23,12 +23,9 @@ pub async fn delete_object(
     mut req: S3Request<DeleteObjectInput>,
 ) -> S3Result<S3Response<DeleteObjectOutput>> {
     let op = WriteOp::Delete;
-    let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-    let scope = gate.scope(op.name(), &bucket, &key)?;
-    let token = gate
-        .required_token(op.name(), RequestToken::of(&req), &scope)
-        .await?;
-    let w = gate.begin(op, &bucket, &key, scope, token).await?;
+    let scoped = gate.scope(op.name(), &req.input.bucket, &req.input.key)?;
+    let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
+    let w = gate.begin(op, tokened).await?;
     let version_id = req.input.version_id.take();
     let out = w
         .delete(gate, version_id, req.input.if_match.take())
@@ -44,30 +41,28 @@ pub async fn delete_object(
 /// the lock its token names.
 pub async fn may_delete_batch(gate: &Gate, bucket: &str, token: RequestToken<'_>) -> S3Result<()> {
     let op = WriteOp::DeleteMany.name();
-    if let Some(scope) = crate::tokens::named_lock(token.headers, token.access_key)
-        .and_then(|lock| gate.scope_in_bucket(bucket, &lock))
+    if let Some(scoped) = crate::tokens::named_lock(token.headers, token.access_key)
+        .and_then(|lock| gate.scope_in_bucket(op, bucket, &lock))
     {
-        let token = gate.required_token(op, token, &scope).await?;
-        return gate.refuse_if_stale(op, &scope, token);
+        return gate.refuse_if_stale(&gate.required_token(scoped, token).await?);
     }
     // A plain number names no lock: it proves its right if it passes the
     // fence of one of the bucket's scopes (the handler then decides each
     // key), and is refused as the first of them would refuse it.
-    let candidates = gate.scopes_in_bucket(bucket);
-    let Some(first) = candidates.first() else {
-        let scope = gate.scope(op, bucket, "")?;
-        let token = gate.required_token(op, token, &scope).await?;
-        return gate.refuse_if_stale(op, &scope, token);
-    };
+    let candidates = gate.scopes_in_bucket(op, bucket);
+    if candidates.is_empty() {
+        let scoped = gate.scope(op, bucket, "")?;
+        return gate.refuse_if_stale(&gate.required_token(scoped, token).await?);
+    }
     let mut refusal = None;
-    for scope in &candidates {
-        let checked = match gate.required_token(op, token, scope).await {
-            Ok(t) => gate.refuse_if_stale(op, scope, t),
+    for (i, scoped) in candidates.into_iter().enumerate() {
+        let checked = match gate.required_token(scoped, token).await {
+            Ok(t) => gate.refuse_if_stale(&t),
             Err(e) => Err(e),
         };
         match checked {
             Ok(()) => return Ok(()),
-            Err(e) if scope == first => refusal = Some(e),
+            Err(e) if i == 0 => refusal = Some(e),
             Err(_) => {}
         }
     }
@@ -99,18 +94,16 @@ pub async fn delete_objects(
     }
     let mut decided = Vec::with_capacity(objects.len());
     for obj in &objects {
-        let scope = gate.scope(op.name(), &bucket, &obj.key)?;
-        let token = gate
-            .required_token(op.name(), RequestToken::of(&req), &scope)
-            .await?;
-        gate.refuse_if_stale(op.name(), &scope, token)?;
-        decided.push((obj, scope, token));
+        let scoped = gate.scope(op.name(), &bucket, &obj.key)?;
+        let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
+        gate.refuse_if_stale(&tokened)?;
+        decided.push((obj, tokened));
     }
     let mut deleted = Vec::new();
     let mut errors = Vec::new();
-    for (obj, scope, token) in decided {
+    for (obj, tokened) in decided {
         let one = async {
-            let w = gate.begin(op, &bucket, &obj.key, scope, token).await?;
+            let w = gate.begin(op, tokened).await?;
             w.delete(gate, obj.version_id.clone(), None).await
         };
         match one.await {

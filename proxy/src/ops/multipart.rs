@@ -17,10 +17,9 @@
 
 use crate::errors;
 use crate::gate::refusal::Refusal;
-use crate::gate::{Gate, RequestToken, WriteOp};
+use crate::gate::{Gate, RequestToken, Tokened, WriteOp};
 use crate::metrics::Outcome;
 use crate::op::Op;
-use crate::scope::Scope;
 use crate::tokens::upload::{Identity, UploadBinding};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result};
@@ -30,15 +29,12 @@ pub async fn create(
     req: S3Request<CreateMultipartUploadInput>,
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
     const OP: &str = Op::CreateMultipartUpload.name();
-    let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-    let scope = gate.scope(OP, &bucket, &key)?;
-    let token = gate
-        .required_token(OP, RequestToken::of(&req), &scope)
-        .await?;
+    let scoped = gate.scope(OP, &req.input.bucket, &req.input.key)?;
+    let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
     let owner = Identity::signed_by(req.credentials.as_ref().map(|c| c.access_key.as_str()));
-    let admission = gate.admit(OP, &bucket, &scope, token).await?;
+    let admission = gate.admit(&tokened).await?;
     let resp = gate
-        .create_upload(&admission, req, token)
+        .create_upload(&admission, req, tokened.token())
         .await
         .map_err(errors::from_backend)?;
     let upload_id = resp
@@ -46,17 +42,18 @@ pub async fn create(
         .upload_id
         .clone()
         .ok_or_else(|| errors::retry("the backend returned no upload id"))?;
+    let (scoped, scope) = (tokened.scoped(), tokened.scope());
     gate.bind_upload(UploadBinding::new(
         upload_id,
-        bucket,
-        key,
+        scoped.bucket().to_owned(),
+        scoped.key().to_owned(),
         scope.id.clone(),
-        token,
+        tokened.token(),
         owner,
     ))
     .await?;
     drop(admission);
-    gate.count(OP, &scope, Outcome::Accepted);
+    gate.count(OP, scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -89,7 +86,7 @@ async fn bound<T: UploadRequest>(
     gate: &Gate,
     op: &'static str,
     req: &S3Request<T>,
-) -> S3Result<(UploadBinding, Scope)> {
+) -> S3Result<(UploadBinding, Tokened)> {
     let (upload_id, bucket, key) = req.input.upload();
     let call = UploadCall {
         upload_id,
@@ -117,19 +114,20 @@ impl UploadCall<'_> {
     /// client's, and its token is not below the lock's max. Answers what
     /// the Complete itself would be answered otherwise.
     pub async fn may_complete(&self, gate: &Gate) -> S3Result<()> {
-        let op = WriteOp::Complete.name();
-        let (binding, scope) = self.bound(gate, op).await?;
-        gate.refuse_if_stale(op, &scope, binding.token())
+        let (_, tokened) = self.bound(gate, WriteOp::Complete.name()).await?;
+        gate.refuse_if_stale(&tokened)
     }
 
-    /// The upload's binding and scope, checked against this request.
-    async fn bound(&self, gate: &Gate, op: &'static str) -> S3Result<(UploadBinding, Scope)> {
+    /// The upload's binding, checked against this request, and the request
+    /// scoped with the upload's token.
+    async fn bound(&self, gate: &Gate, op: &'static str) -> S3Result<(UploadBinding, Tokened)> {
         let (upload_id, bucket, key) = (self.upload_id, self.bucket, self.key);
         let binding = gate.upload(upload_id).await?;
         if binding.bucket() != bucket || binding.key() != key {
             return Err(errors::unknown_upload(upload_id));
         }
-        let scope = gate.scope(op, bucket, key)?;
+        let scoped = gate.scope(op, bucket, key)?;
+        let scope = scoped.scope();
         if scope.id != binding.scope() {
             // The scopes were reconfigured while the upload was open: its
             // token was issued for another lock, and must not enter this
@@ -141,13 +139,13 @@ impl UploadCall<'_> {
             ));
         }
         let bound = binding.token();
-        let sent = gate.token(op, self.token, &scope).await?;
+        let sent = gate.token(&scoped, self.token).await?;
         if let Some(sent) = sent
             && sent != bound
         {
             return Err(gate.refuse(
                 op,
-                &scope,
+                scope,
                 Refusal::UploadToken {
                     upload_id,
                     bound: bound.number(),
@@ -168,14 +166,15 @@ impl UploadCall<'_> {
         if !allowed {
             return Err(gate.refuse(
                 op,
-                &scope,
+                scope,
                 Refusal::NotOwner {
                     upload_id,
                     by_token: tokenless_owner,
                 },
             ));
         }
-        Ok((binding, scope))
+        let tokened = Tokened::bound(scoped, &binding);
+        Ok((binding, tokened))
     }
 }
 
@@ -184,18 +183,17 @@ pub async fn upload_part(
     req: S3Request<UploadPartInput>,
 ) -> S3Result<S3Response<UploadPartOutput>> {
     const OP: &str = Op::UploadPart.name();
-    let (binding, scope) = bound(gate, OP, &req).await?;
-    let admission = gate
-        .admit(OP, binding.bucket(), &scope, binding.token())
-        .await?;
+    let (_, tokened) = bound(gate, OP, &req).await?;
+    let admission = gate.admit(&tokened).await?;
     let result = gate.upload_part(&admission, req).await;
+    let scope = tokened.scope();
     if admission.cancel.is_cancelled() {
         return Err(gate
-            .cut(OP, &scope, binding.token().number(), admission)
+            .cut(OP, scope, tokened.token().number(), admission)
             .await);
     }
     let resp = result.map_err(errors::from_backend)?;
-    gate.count(OP, &scope, Outcome::Accepted);
+    gate.count(OP, scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -207,7 +205,7 @@ pub async fn upload_part_copy(
     if let CopySource::Bucket { key, .. } = &req.input.copy_source {
         crate::object_key::require(key)?;
     }
-    let (binding, scope) = bound(gate, OP, &req).await?;
+    let (_, tokened) = bound(gate, OP, &req).await?;
     let input = &req.input;
     let conditions = crate::ops::copy::SourceConditions {
         if_match: input.copy_source_if_match.clone(),
@@ -218,18 +216,17 @@ pub async fn upload_part_copy(
     crate::ops::copy::checked_source(gate, &input.copy_source, &conditions).await?;
     // Hold the scope's epoch with the upload's token while the part is
     // copied, so a newer holder waits for it and it cannot start after one.
-    let admission = gate
-        .admit(OP, binding.bucket(), &scope, binding.token())
-        .await?;
+    let admission = gate.admit(&tokened).await?;
     let result = gate.upload_part_copy(&admission, req).await;
+    let scope = tokened.scope();
     if admission.cancel.is_cancelled() {
         return Err(gate
-            .cut(OP, &scope, binding.token().number(), admission)
+            .cut(OP, scope, tokened.token().number(), admission)
             .await);
     }
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
-    gate.count(OP, &scope, Outcome::Accepted);
+    gate.count(OP, scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -238,10 +235,8 @@ pub async fn complete(
     req: S3Request<CompleteMultipartUploadInput>,
 ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
     let op = WriteOp::Complete;
-    let (binding, scope) = bound(gate, op.name(), &req).await?;
-    let w = gate
-        .begin(op, binding.bucket(), binding.key(), scope, binding.token())
-        .await?;
+    let (binding, tokened) = bound(gate, op.name(), &req).await?;
+    let w = gate.begin(op, tokened).await?;
     let out = w.complete(gate, req).await;
     if out.is_ok() {
         gate.forget_upload(binding.upload_id()).await;
@@ -254,12 +249,12 @@ pub async fn abort(
     req: S3Request<AbortMultipartUploadInput>,
 ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
     const OP: &str = Op::AbortMultipartUpload.name();
-    let (binding, scope) = bound(gate, OP, &req).await?;
+    let (binding, tokened) = bound(gate, OP, &req).await?;
     let resp = gate
         .abort_upload(&binding, req)
         .await
         .map_err(errors::from_backend)?;
     gate.forget_upload(binding.upload_id()).await;
-    gate.count(OP, &scope, Outcome::Accepted);
+    gate.count(OP, tokened.scope(), Outcome::Accepted);
     Ok(resp)
 }

@@ -11,12 +11,8 @@ pub async fn put_object(
     gate: &Gate,
     req: S3Request<PutObjectInput>,
 ) -> S3Result<S3Response<PutObjectOutput>> {
-    let op = WriteOp::Put;
-    let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-    let scope = gate.scope(op.name(), &bucket, &key)?;
-    let token = gate
-        .required_token(op.name(), RequestToken::of(&req), &scope)
-        .await?;
+    let scoped = gate.scope(WriteOp::Put.name(), &req.input.bucket, &req.input.key)?;
+    let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
     // A small body the lean path sends as is may be held in memory, so
     // that a key the proxy knows nothing of can be written without reading
     // it first (one round trip for a new key): only with room in the body
@@ -31,8 +27,6 @@ pub async fn put_object(
             .try_hold(usize::try_from(len).unwrap_or(usize::MAX))
     })
     .flatten();
-    let w = gate
-        .begin_put(&bucket, &key, scope, token, held.is_some())
-        .await?;
+    let w = gate.begin_put(tokened, held.is_some()).await?;
     w.put(gate, req, held).await
 }
