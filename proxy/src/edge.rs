@@ -4,8 +4,8 @@
 //! check; on a small PUT that is a sixth of the proxy's CPU
 //! (BENCHMARKS.md). The common case needs little of it: one operation,
 //! header-signed, with a body sent as is. This module recognises exactly
-//! that case, checks it, and hands the same typed request to the same
-//! handler (`ops::put::put_object`) that s3s would have called.
+//! that case, checks it, and hands it, as the proxy's own
+//! [`PutRequest`], to the handler the s3s door leads to (`ops::put::put`).
 //!
 //! **Invariant: the edge only ever accepts a request s3s would accept**,
 //! and admits nothing the access rules would refuse. Everything it does
@@ -25,7 +25,7 @@
 //!   constant time; then the query allowlist and the key rule, as
 //!   [`crate::access::Access`] applies them;
 //! - and only then: the lean forwarder can send it as it came
-//!   (`lean::eligible_headers`), else s3s and the SDK path.
+//!   (`request::AsIs::check`), else s3s and the SDK path.
 //!
 //! `tests/edge_vs_s3s.rs` checks the invariant against s3s itself, request by
 //! request, over valid and tampered signatures, paths and headers.
@@ -33,14 +33,15 @@
 use crate::access::ClientAuth;
 use crate::gate::Gate;
 use crate::host::VirtualHosts;
+use crate::request::{AsIs, PutRequest, Route};
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use s3s::auth::{Credentials, S3Auth, SecretKey};
-use s3s::dto::{ETagCondition, PutObjectInput, PutObjectOutput, StreamingBlob};
+use s3s::dto::{ETagCondition, PutObjectOutput, StreamingBlob};
 use s3s::host::S3Host;
 use s3s::path::S3Path;
-use s3s::{Body, S3Error, S3Request};
+use s3s::{Body, S3Error};
 use sha2::{Digest, Sha256};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -101,9 +102,10 @@ impl Edge {
         let Some(verified) = self.verify(&req, crate::clock::now()).await else {
             return Err(req);
         };
-        if !gate.lean_forwards(req.headers()) {
+        let length = i64::try_from(verified.content_length).ok();
+        let Some(as_is) = AsIs::check(gate.has_lean_forwarder(), length, req.headers()) else {
             return Err(req);
-        }
+        };
         if let Err(e) = gate
             .write_headers()
             .check(crate::op::Op::PutObject, req.headers())
@@ -111,14 +113,13 @@ impl Edge {
             return Ok(error_response(e));
         }
         gate.metrics().edge_puts.inc();
-        let s3_req = verified.into_request(req);
-        if let Some(c) = &s3_req.credentials {
-            crate::events::note_client(&c.access_key);
-        }
-        Ok(match crate::ops::put::put_object(gate, s3_req).await {
-            Ok(resp) => ok_response(resp.output, resp.headers),
-            Err(e) => error_response(e),
-        })
+        crate::events::note_client(&verified.credentials.access_key);
+        Ok(
+            match crate::ops::put::put(gate, verified.into_request(req, as_is)).await {
+                Ok(resp) => ok_response(resp.output, resp.headers),
+                Err(e) => error_response(e),
+            },
+        )
     }
 
     /// The request's fields, if it is one the edge recognises and its
@@ -308,32 +309,21 @@ impl Verified {
         }
     }
 
-    /// The typed request the handler takes, as s3s would have built it for
-    /// the lean path (which reads the object's headers from `headers`).
-    fn into_request(self, req: Request<Body>) -> S3Request<PutObjectInput> {
+    /// The proxy's request, for the lean route `as_is` (which forwards the
+    /// object's headers from `headers`).
+    fn into_request(self, req: Request<Body>, as_is: AsIs) -> PutRequest {
         let (parts, body) = req.into_parts();
         let body = self.body(body);
-        let input = PutObjectInput {
+        PutRequest {
             bucket: self.bucket,
             key: self.key,
             content_length: i64::try_from(self.content_length).ok(),
             if_match: self.if_match,
             if_none_match: self.if_none_match,
-            body: Some(StreamingBlob::from(body)),
-            ..PutObjectInput::default()
-        };
-        let mut extensions = parts.extensions;
-        extensions.insert(crate::lean::FromEdge);
-        S3Request {
-            input,
-            method: parts.method,
-            uri: parts.uri,
             headers: parts.headers,
-            extensions,
-            credentials: Some(self.credentials),
-            region: s3s::region::Region::new(self.region.into()).ok(),
-            service: Some("s3".into()),
-            trailing_headers: None,
+            access_key: Some(self.credentials.access_key),
+            body: Some(StreamingBlob::from(body)),
+            route: Route::Lean(as_is),
         }
     }
 }

@@ -30,8 +30,8 @@ use http_body_util::combinators::BoxBody;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use s3s::dto::{ETag, ETagCondition, PutObjectInput, PutObjectOutput, StreamingBlob};
-use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use s3s::dto::{ETag, ETagCondition, PutObjectOutput, StreamingBlob};
+use s3s::{S3Error, S3ErrorCode, S3Response, S3Result};
 use std::time::Duration;
 
 /// Longest a connection to the store may take to open.
@@ -94,12 +94,6 @@ fn body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     None
 }
 
-/// Marks a request built by the edge (`crate::edge`): its typed input
-/// holds only what the lean path reads, so it must never be sent by the SDK
-/// path.
-#[derive(Debug, Clone, Copy)]
-pub struct FromEdge;
-
 /// A keep-alive pool of backend connections.
 fn pool(connector: Connector) -> Pool {
     Client::builder(TokioExecutor::new())
@@ -151,18 +145,12 @@ fn describes_object(name: &str) -> bool {
     )
 }
 
-/// Whether the lean path forwards `req` exactly: its body is sent as is
-/// (not `aws-chunked`, no trailer), with a known length, and every header
-/// it would forward is plain text (the signer needs it as a string).
-pub fn eligible(req: &S3Request<PutObjectInput>) -> bool {
-    req.input.content_length.is_some() && eligible_headers(&req.headers)
-}
-
-/// [`eligible`], on the request's headers.
+/// Whether the lean path can forward a PutObject with these headers
+/// exactly (with a known length: `request::AsIs` checks both): its body is
+/// sent as is (not `aws-chunked`, no trailer), and every header it would
+/// forward is plain text (the signer needs it as a string).
 ///
-/// One pass over the headers (it runs on every PutObject): no streaming
-/// payload hash, nothing `aws-chunked`, no trailer, and every header it
-/// forwards is text.
+/// One pass over the headers (it runs on every PutObject).
 pub fn eligible_headers(h: &HeaderMap) -> bool {
     h.iter().all(|(name, v)| match name.as_str() {
         "x-amz-content-sha256" => !v.as_bytes().starts_with(b"STREAMING-"),
@@ -271,14 +259,21 @@ impl Lean {
             .build()
     }
 
-    /// The parts of a PutObject that do not change between two sends of
-    /// it: the object's URI, the client's object headers, the token.
-    pub fn prepare(&self, req: &S3Request<PutObjectInput>, token: u64) -> S3Result<LeanPut> {
+    /// The parts of a PutObject to `bucket/key` that do not change between
+    /// two sends of it: the object's URI, the client's object headers (from
+    /// `client`), the length, the token.
+    pub fn prepare(
+        &self,
+        (bucket, key): (&str, &str),
+        client: &HeaderMap,
+        length: u64,
+        token: u64,
+    ) -> S3Result<LeanPut> {
         let uri = self
-            .object_uri(&req.input.bucket, &req.input.key)
+            .object_uri(bucket, key)
             .map_err(|e| s3s::s3_error!(InvalidArgument, "cannot address the key: {e}"))?;
-        let mut headers = HeaderMap::with_capacity(req.headers.len() + 4);
-        for (name, value) in req.headers.iter().filter(|(n, _)| forwarded(n)) {
+        let mut headers = HeaderMap::with_capacity(client.len() + 4);
+        for (name, value) in client.iter().filter(|(n, _)| forwarded(n)) {
             headers.append(name.clone(), value.clone());
         }
         let meta = format!("x-amz-meta-{TOKEN_METADATA_KEY}");
@@ -286,12 +281,11 @@ impl Lean {
             HeaderName::from_bytes(meta.as_bytes()).map_err(internal)?,
             HeaderValue::from(token),
         );
-        let length = req.input.content_length.unwrap_or(0);
         headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
         // The body's SHA-256 the client signed (checked as the body streams,
         // by the edge or by s3s): signed again for the store, which then
         // checks it too. `sign` ignores anything that is not a SHA-256.
-        if let Some(sha256) = req.headers.get("x-amz-content-sha256") {
+        if let Some(sha256) = client.get("x-amz-content-sha256") {
             headers.insert("x-amz-content-sha256", sha256.clone());
         }
         Ok(LeanPut { uri, headers })
@@ -457,7 +451,7 @@ fn internal(e: impl std::fmt::Display) -> S3Error {
 mod tests {
     use super::*;
 
-    fn put(headers: &[(&str, &str)], length: Option<i64>) -> S3Request<PutObjectInput> {
+    fn eligible(headers: &[(&str, &str)]) -> bool {
         let mut map = HeaderMap::new();
         for (k, v) in headers {
             map.append(
@@ -465,42 +459,20 @@ mod tests {
                 HeaderValue::from_str(v).expect("value"),
             );
         }
-        S3Request {
-            input: PutObjectInput {
-                content_length: length,
-                ..Default::default()
-            },
-            method: Method::PUT,
-            uri: Uri::from_static("/b/k"),
-            headers: map,
-            extensions: Default::default(),
-            credentials: None,
-            region: None,
-            service: None,
-            trailing_headers: None,
-        }
+        eligible_headers(&map)
     }
 
     #[test]
     fn only_bodies_sent_as_is_take_the_lean_path() {
-        assert!(eligible(&put(&[("content-type", "text/plain")], Some(3))));
-        assert!(eligible(&put(
-            &[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")],
-            Some(3)
-        )));
-        assert!(!eligible(&put(&[], None)), "unknown length");
-        assert!(!eligible(&put(
-            &[("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER")],
-            Some(3)
-        )));
-        assert!(!eligible(&put(
-            &[("content-encoding", "aws-chunked")],
-            Some(3)
-        )));
-        assert!(!eligible(&put(
-            &[("x-amz-trailer", "x-amz-checksum-crc32")],
-            Some(3)
-        )));
+        assert!(eligible(&[("content-type", "text/plain")]));
+        assert!(eligible(&[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")]));
+        assert!(!eligible(&[(
+            "x-amz-content-sha256",
+            "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+        )]));
+        assert!(!eligible(&[("content-encoding", "gzip, aws-chunked")]));
+        assert!(!eligible(&[("x-amz-trailer", "x-amz-checksum-crc32")]));
+        assert!(!eligible(&[("x-amz-decoded-content-length", "3")]));
     }
 
     #[test]

@@ -63,6 +63,7 @@ pub mod ops;
 pub mod page;
 pub mod probe;
 pub mod query;
+pub mod request;
 pub mod scope;
 pub mod send_check;
 pub mod server;

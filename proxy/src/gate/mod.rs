@@ -490,10 +490,10 @@ impl Gate {
         &self.body_budget
     }
 
-    /// Whether a PutObject with these headers would be sent by the lean
-    /// forwarder (as it came), not through the SDK.
-    pub fn lean_forwards(&self, headers: &http::HeaderMap) -> bool {
-        self.backend.lean.is_some() && crate::lean::eligible_headers(headers)
+    /// Whether the backend has a lean forwarder (`crate::lean`), which
+    /// sends a PutObject as it came.
+    pub fn has_lean_forwarder(&self) -> bool {
+        self.backend.lean.is_some()
     }
 
     /// Records a clean end of this run if no write is left that the store

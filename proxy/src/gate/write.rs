@@ -18,6 +18,7 @@
 use super::{Gate, Sent, Write};
 use crate::fences::Admission;
 use crate::keys::Known;
+use crate::request::{PutRequest, Route};
 use crate::tokens::VerifiedToken;
 use crate::tokens::upload::UploadBinding;
 use s3s::dto::*;
@@ -61,57 +62,54 @@ impl Write {
     pub async fn put(
         mut self,
         gate: &Gate,
-        mut req: S3Request<PutObjectInput>,
+        mut req: PutRequest,
         held: Option<crate::early::Held>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let token = self.token;
-        crate::trailer::hoist_query_checksums(&req.uri, &mut req.headers);
-        let verdict = crate::trailer::check(
-            &mut req.input.body,
-            &req.headers,
-            req.trailing_headers.as_ref(),
-            req.credentials.is_none(),
-        );
-        let input = &mut req.input;
-        (input.if_match, input.if_none_match) = conditions(
-            &self.known,
-            input.if_match.take(),
-            input.if_none_match.take(),
-        )?;
-        tag(&mut input.metadata, token);
-        input.content_encoding = strip_aws_chunked(input.content_encoding.take());
-        let watch = gate.watch_body(&mut input.body, &self.admission.cancel);
-        if let Err(e) =
-            crate::trailer::settle_empty(&mut req.input.body, &req.headers, &verdict).await
-        {
+        let trailing = match &req.route {
+            Route::Sdk(rest) => rest.trailing_headers.as_ref(),
+            Route::Lean(_) => None,
+        };
+        let anonymous = req.anonymous();
+        let verdict = crate::trailer::check(&mut req.body, &req.headers, trailing, anonymous);
+        let conds = conditions(&self.known, req.if_match.take(), req.if_none_match.take())?;
+        let watch = gate.watch_body(&mut req.body, &self.admission.cancel);
+        if let Err(e) = crate::trailer::settle_empty(&mut req.body, &req.headers, &verdict).await {
             let e = crate::body::unless_stalled(watch.as_ref(), e);
             return gate
                 .finish(self, Sent::Answered(Err(e)), put_holds(token))
                 .await;
         }
-        let Some(lean) = gate
-            .backend
-            .lean
-            .clone()
-            .filter(|_| crate::lean::eligible(&req))
-        else {
-            if req.extensions.get::<crate::lean::FromEdge>().is_some() {
-                // Its typed input holds only what the lean path reads.
+        let lean = match (req.route, gate.backend.lean.clone()) {
+            (Route::Lean(_), Some(lean)) => lean,
+            (Route::Sdk(mut rest), _) => {
+                let input = &mut rest.input;
+                (input.if_match, input.if_none_match) = conds;
+                input.body = req.body;
+                tag(&mut input.metadata, token);
+                input.content_encoding = strip_aws_chunked(input.content_encoding.take());
+                let forward = s3s_aws::Proxy::from(self.client.clone());
+                let call = async move { forward.put_object(*rest).await };
+                let sent = bad_digest(gate.call_write(Box::pin(call), watch).await, &verdict);
+                return gate.finish(self, sent, put_holds(token)).await;
+            }
+            (Route::Lean(_), None) => {
                 return Err(s3s::s3_error!(
                     InternalError,
-                    "a PutObject taken by the edge cannot go through the SDK"
+                    "a PutObject routed to the lean forwarder, which this backend does not have"
                 ));
             }
-            let forward = s3s_aws::Proxy::from(self.client.clone());
-            let call = async move { forward.put_object(req).await };
-            let sent = bad_digest(gate.call_write(Box::pin(call), watch).await, &verdict);
-            return gate.finish(self, sent, put_holds(token)).await;
         };
         gate.metrics.lean_forwards.inc();
-        let put = lean.prepare(&req, token)?;
-        let conds = (req.input.if_match.take(), req.input.if_none_match.take());
+        let length = req.content_length.and_then(|l| u64::try_from(l).ok());
+        let put = lean.prepare(
+            (&req.bucket, &req.key),
+            &req.headers,
+            length.unwrap_or(0),
+            token,
+        )?;
         let dialect = self.dialect;
-        let body = req.input.body.take();
+        let body = req.body;
         let (true, Some(held)) = (self.presumed, held) else {
             let body = crate::lean::body_of(body);
             let call = async move { lean.send(put, conds, dialect, body).await };
