@@ -11,19 +11,21 @@
 //! (The token is checked before the probe so that a request without a
 //! valid token never makes the proxy probe a bucket.)
 //!
-//! After these, the operation forwards a conditional request built from the
-//! known state, and on the store's condition failure calls
-//! [`Gate::redecide`], which re-reads the key and answers stale or retry.
-//! A write the store does not answer in time is answered 503 but keeps its
-//! admission and key until it can no longer commit ([`linger`]).
+//! After these, the [`Write`] forwards a conditional request built from the
+//! known state, and on the store's condition failure re-reads the key and
+//! answers stale or retry. A write the store does not answer in time is
+//! answered 503 but keeps its admission and key until it can no longer
+//! commit (`write::linger`).
 //!
-//! One file per step, in the order above: [`scope`] (the key's fence
-//! scope), [`token`] (the request's [`VerifiedToken`]), [`store`] (the
-//! probe: what the store enforces), [`admission`] (the epoch, the key, the
-//! known state, and a write's end), [`write`] (the only sender of writes);
-//! beside them [`refusal`] (stale and forged tokens, recorded as fence
-//! events), [`uploads`] (multipart bindings) and [`status`]. This file
-//! holds the state they share and the one timeout policy of backend calls.
+//! One file per step, in the order above, each taking the one before's
+//! output: [`scope`] (the key's fence scope: [`Scoped`]), [`token`] (the
+//! request's [`VerifiedToken`]: [`Tokened`]), [`store`] (the probe: what
+//! the store enforces), [`admission`] (the epoch, the key, the known state:
+//! a [`Write`]), [`write`] (the only sender of writes, its timeout policy
+//! and its end); beside them [`refusal`] (stale, cut and forged tokens,
+//! recorded as fence events), [`uploads`] (multipart bindings) and
+//! [`status`]. This file holds the state they share and the answer timeout
+//! of the calls that change no object.
 
 mod admission;
 pub mod refusal;
@@ -54,7 +56,6 @@ use crate::tokens::upload::UploadBinding;
 use crate::tokens::{Presented, Rejection, TokenPolicy, VerifiedToken};
 use fencegate_core::TokenKeys;
 use http::HeaderMap;
-use s3s::dto::StreamingBlob;
 use s3s::{S3Error, S3Result};
 use std::collections::HashMap;
 use std::future::Future;
@@ -239,51 +240,6 @@ impl Drop for Inflight {
 /// whole when the request starts.
 type Call<'a, T> = std::pin::Pin<Box<dyn Future<Output = S3Result<T>> + Send + 'a>>;
 
-/// A write's backend call, which can outlive the request.
-type Pending<T> = Call<'static, T>;
-
-/// What a write's backend call came to within the answer timeout.
-enum Sent<T> {
-    Answered(S3Result<T>),
-    /// No answer in time: the request is still out, and the store may
-    /// still commit it.
-    Unanswered(Pending<T>),
-}
-
-/// Keeps a write that timed out from letting go of its admission and key
-/// while the store may still commit it; runs on its own task, after the
-/// client got its 503.
-///
-/// It lets go when the store answers, or else once the request's backend
-/// connection is closed (dropping the call closes it) and `decision` has
-/// passed: a store that has not committed a request by then, with its
-/// client gone, is assumed never to. The connection is closed as soon as a
-/// raise wants in (the epoch is cut), or after waiting `decision` for an
-/// answer, so a raise waits at most about `decision` for a write that
-/// timed out, and about twice that in all.
-async fn linger<T>(
-    mut pending: Pending<T>,
-    hold: (Admission, KeyGuard, Inflight),
-    decision: Duration,
-    metrics: Arc<Metrics>,
-) {
-    // Counted by the caller before this task was spawned, and not on
-    // drop: a linger cut short (the runtime stopping) leaves the count up,
-    // and the stop unclean.
-    let cut = hold.0.cancel.clone();
-    let answered = tokio::select! {
-        _ = &mut pending => true,
-        () = cut.cancelled() => false,
-        () = tokio::time::sleep(decision) => false,
-    };
-    if !answered {
-        drop(pending);
-        tokio::time::sleep(decision).await;
-    }
-    drop(hold);
-    metrics.lingering_writes.dec();
-}
-
 impl Gate {
     pub fn new(
         config: &ProxyConfig,
@@ -418,66 +374,6 @@ impl Gate {
             r = fut => r,
             () = deadline => Err(errors::backend_timeout(timeout, false)),
         }
-    }
-
-    /// Awaits an object write's backend call with the same answer timeout
-    /// as [`Gate::call`], counted from the body's last byte (a body cut for
-    /// a silent client answers 400 RequestTimeout). A call not answered in
-    /// time is handed back [`Sent::Unanswered`], still running: the store
-    /// may yet commit it, so [`Gate::finish`] keeps its admission and key
-    /// until it can no longer commit (see [`linger`]).
-    async fn call_write<T>(&self, mut fut: Pending<T>, watch: Option<BodyWatch>) -> Sent<T> {
-        if let Some(c) = self.fences.cluster()
-            && !c.admits()
-        {
-            // Checked again just before the request goes out (a held body
-            // is sent in one piece, after its chunks were checked).
-            return Sent::Answered(Err(errors::storage(format!(
-                "{}; nothing was sent to the store",
-                c.why_not()
-            ))));
-        }
-        let timeout = self.backend_timeout;
-        let sent = watch.as_ref().map(|w| w.sent.clone());
-        let deadline = async {
-            if let Some(sent) = sent {
-                sent.notified().await;
-            }
-            tokio::time::sleep(timeout).await;
-        };
-        tokio::select! {
-            r = &mut fut => Sent::Answered(
-                r.map_err(|e| crate::body::unless_stalled(watch.as_ref(), e)),
-            ),
-            () = deadline => Sent::Unanswered(fut),
-        }
-    }
-
-    /// Wraps a write's request body so that a newer epoch (`cancel`) or a
-    /// silent client cuts it; `None` for a request without a body.
-    fn watch_body(
-        &self,
-        body: &mut Option<StreamingBlob>,
-        cancel: &CancellationToken,
-    ) -> Option<BodyWatch> {
-        let watch = BodyWatch::new(self.client_idle);
-        *body = Some(Cancellable::wrap(
-            body.take()?,
-            cancel.clone(),
-            self.fences.standing_check(),
-            &watch,
-        ));
-        Some(watch)
-    }
-
-    /// [`Gate::call`] for a call whose body [`Gate::watch_body`] wrapped:
-    /// the answer timeout counts from the body's last byte, and a body cut
-    /// for a silent client answers 400 RequestTimeout.
-    async fn call_watched<T>(&self, fut: Call<'_, T>, watch: Option<BodyWatch>) -> S3Result<T> {
-        let sent = watch.as_ref().map(|w| w.sent.clone());
-        self.call(fut, sent)
-            .await
-            .map_err(|e| crate::body::unless_stalled(watch.as_ref(), e))
     }
 
     /// How long a client may take over a body the proxy waits for.

@@ -140,6 +140,60 @@ impl Gate {
         e
     }
 
+    /// The answer for a write cut by a newer epoch: let go of the epoch (the
+    /// raise is waiting for it), then ask the fence again, which waits for
+    /// the raise to finish and reports the exact new max.
+    ///
+    /// A cut write always learns it lost with the non-retryable 409
+    /// `FencingTokenStale`, whatever the write and however far it got: a
+    /// higher token exists for its lock, so no retry with its token can
+    /// succeed. The max reported is the token that cut it.
+    pub async fn cut(
+        &self,
+        op: &'static str,
+        scope: &Scope,
+        token: u64,
+        admission: Admission,
+    ) -> S3Error {
+        drop(admission);
+        // The answer is the raise's outcome, not its attempt: a raise the
+        // database refused admitted nobody, and this writer may still hold
+        // the lease.
+        if let Some(max) = self.fences.after_raise(scope.fence()).await
+            && max <= token
+        {
+            self.count(op, scope, Outcome::Unavailable);
+            return errors::storage(
+                "a newer token's raise of the fence could not be made durable (the proxy database failed); this request was cut in flight and nothing of it was committed: retry".to_owned(),
+            );
+        }
+        if let Some(c) = self.fences.cluster()
+            && !c.admits()
+            && self.fences.cut_by(scope.fence()) <= token
+        {
+            // Cut because this replica lost its standing, not by a newer
+            // token: the writer may still hold the lease.
+            self.count(op, scope, Outcome::Unavailable);
+            return errors::storage(format!(
+                "{}; this request was cut in flight and nothing of it was committed",
+                c.why_not()
+            ));
+        }
+        let by = self
+            .fences
+            .cut_by(scope.fence())
+            .max(token.saturating_add(1));
+        self.refuse(
+            op,
+            scope,
+            Refusal::Cut {
+                token,
+                by,
+                lock: scope.lock.as_str(),
+            },
+        )
+    }
+
     /// The object's rule, decided here only: a key whose stored token is
     /// above `token` was written by a newer holder (through another
     /// replica, or another proxy of the store), so the write is stale.

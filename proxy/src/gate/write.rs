@@ -5,19 +5,23 @@
 //! what the proxy verified the store holds. The `Write` sets the conditions
 //! itself from that state (`If-None-Match: *` or `If-Match: <etag>`, the
 //! client's own conditions checked first), tags the object with the token,
-//! applies the one timeout policy ([`Gate::call_write`]) and, when the store
-//! refuses a condition, re-decides ([`Gate::redecide`]). The ops never see
-//! the SDK or the forwarder, so an unconditional write cannot be written
-//! in them.
+//! applies the one timeout policy of writes (`call_write`), ends the write
+//! (`finish`: the outcome, what the store now holds, or [`linger`] while
+//! an unanswered write may still commit) and, when the store refuses a
+//! condition, re-decides (`redecide`). The ops never see the SDK or the
+//! forwarder, so an unconditional write cannot be written in them. A PUT
+//! reads, from the socket, `server`, `edge`, `ops/put`, then `gate/scope`,
+//! `gate/token`, `gate/admission` and this file, which hands it to `lean`.
 //!
 //! The other mutating calls (creating an upload, sending or copying a part,
 //! aborting) change no object and carry no condition; each needs a witness
 //! that the fence let it through: an [`Admission`] of the upload's scope,
 //! or for an abort the upload's verified binding.
 
-use super::{Gate, Sent, Write};
+use super::*;
 use crate::fences::Admission;
 use crate::keys::Known;
+use crate::metrics::Metrics;
 use crate::request::{PutRequest, Route};
 use crate::tokens::VerifiedToken;
 use crate::tokens::upload::UploadBinding;
@@ -480,6 +484,216 @@ async fn read_back(
             }))
         }
         _ => None,
+    }
+}
+
+/// A write's backend call, which can outlive the request.
+type Pending<T> = Call<'static, T>;
+
+/// What a write's backend call came to within the answer timeout.
+enum Sent<T> {
+    Answered(S3Result<T>),
+    /// No answer in time: the request is still out, and the store may
+    /// still commit it.
+    Unanswered(Pending<T>),
+}
+
+/// Keeps a write that timed out from letting go of its admission and key
+/// while the store may still commit it; runs on its own task, after the
+/// client got its 503.
+///
+/// It lets go when the store answers, or else once the request's backend
+/// connection is closed (dropping the call closes it) and `decision` has
+/// passed: a store that has not committed a request by then, with its
+/// client gone, is assumed never to. The connection is closed as soon as a
+/// raise wants in (the epoch is cut), or after waiting `decision` for an
+/// answer, so a raise waits at most about `decision` for a write that
+/// timed out, and about twice that in all.
+async fn linger<T>(
+    mut pending: Pending<T>,
+    hold: (Admission, KeyGuard, Inflight),
+    decision: Duration,
+    metrics: Arc<Metrics>,
+) {
+    // Counted by the caller before this task was spawned, and not on
+    // drop: a linger cut short (the runtime stopping) leaves the count up,
+    // and the stop unclean.
+    let cut = hold.0.cancel.clone();
+    let answered = tokio::select! {
+        _ = &mut pending => true,
+        () = cut.cancelled() => false,
+        () = tokio::time::sleep(decision) => false,
+    };
+    if !answered {
+        drop(pending);
+        tokio::time::sleep(decision).await;
+    }
+    drop(hold);
+    metrics.lingering_writes.dec();
+}
+
+impl Gate {
+    /// Awaits an object write's backend call with the same answer timeout
+    /// as [`Gate::call`], counted from the body's last byte (a body cut for
+    /// a silent client answers 400 RequestTimeout). A call not answered in
+    /// time is handed back [`Sent::Unanswered`], still running: the store
+    /// may yet commit it, so [`Gate::finish`] keeps its admission and key
+    /// until it can no longer commit (see [`linger`]).
+    async fn call_write<T>(&self, mut fut: Pending<T>, watch: Option<BodyWatch>) -> Sent<T> {
+        if let Some(c) = self.fences.cluster()
+            && !c.admits()
+        {
+            // Checked again just before the request goes out (a held body
+            // is sent in one piece, after its chunks were checked).
+            return Sent::Answered(Err(errors::storage(format!(
+                "{}; nothing was sent to the store",
+                c.why_not()
+            ))));
+        }
+        let timeout = self.backend_timeout;
+        let sent = watch.as_ref().map(|w| w.sent.clone());
+        let deadline = async {
+            if let Some(sent) = sent {
+                sent.notified().await;
+            }
+            tokio::time::sleep(timeout).await;
+        };
+        tokio::select! {
+            r = &mut fut => Sent::Answered(
+                r.map_err(|e| crate::body::unless_stalled(watch.as_ref(), e)),
+            ),
+            () = deadline => Sent::Unanswered(fut),
+        }
+    }
+
+    /// Wraps a write's request body so that a newer epoch (`cancel`) or a
+    /// silent client cuts it; `None` for a request without a body.
+    fn watch_body(
+        &self,
+        body: &mut Option<StreamingBlob>,
+        cancel: &CancellationToken,
+    ) -> Option<BodyWatch> {
+        let watch = BodyWatch::new(self.client_idle);
+        *body = Some(Cancellable::wrap(
+            body.take()?,
+            cancel.clone(),
+            self.fences.standing_check(),
+            &watch,
+        ));
+        Some(watch)
+    }
+
+    /// [`Gate::call`] for a call whose body [`Gate::watch_body`] wrapped:
+    /// the answer timeout counts from the body's last byte, and a body cut
+    /// for a silent client answers 400 RequestTimeout.
+    async fn call_watched<T>(&self, fut: Call<'_, T>, watch: Option<BodyWatch>) -> S3Result<T> {
+        let sent = watch.as_ref().map(|w| w.sent.clone());
+        self.call(fut, sent)
+            .await
+            .map_err(|e| crate::body::unless_stalled(watch.as_ref(), e))
+    }
+
+    /// Ends a write: records the outcome and what the store now holds.
+    ///
+    /// A write the store did not answer in time is not over: it may still
+    /// commit. It keeps its admission (so no raise is admitted over it) and
+    /// its key (so no write of this proxy decides on a state it may still
+    /// change) in [`linger`], and the client gets a retryable 503.
+    async fn finish<T: 'static>(
+        &self,
+        w: Write,
+        sent: Sent<T>,
+        now_holds: impl FnOnce(&T) -> Option<Known>,
+    ) -> S3Result<T> {
+        self.metrics
+            .backend_seconds
+            .get_or_create(&crate::metrics::OpLabels { op: w.op.name() })
+            .observe(w.started.elapsed().as_secs_f64());
+        let result = match sent {
+            Sent::Answered(r) => r,
+            Sent::Unanswered(pending) => {
+                w.key.forget();
+                self.count(w.op.name(), &w.scope, Outcome::Timeout);
+                tracing::warn!(
+                    op = w.op.name(),
+                    bucket = w.key.bucket(),
+                    key = w.key.key(),
+                    token = w.token,
+                    "the backend did not answer a write in time; holding its key and epoch until it can no longer commit"
+                );
+                let hold = (w.admission, w.key, w.inflight);
+                // Before the 503 goes out: a stop must see it (`end_run`).
+                self.metrics.lingering_writes.inc();
+                tokio::spawn(linger(
+                    pending,
+                    hold,
+                    self.store_decision,
+                    self.metrics.clone(),
+                ));
+                return Err(errors::backend_timeout(self.backend_timeout, true));
+            }
+        };
+        match result {
+            Ok(out) => {
+                match now_holds(&out) {
+                    Some(k) => w.key.remember(k),
+                    None => w.key.forget(),
+                }
+                self.count(w.op.name(), &w.scope, Outcome::Accepted);
+                Ok(out)
+            }
+            Err(e) => {
+                // Whatever happened, the proxy no longer knows the key.
+                w.key.forget();
+                if w.admission.cancel.is_cancelled()
+                    || self.fences.cluster().is_some_and(|c| !c.admits())
+                {
+                    let Write {
+                        op,
+                        scope,
+                        token,
+                        admission,
+                        key,
+                        ..
+                    } = w;
+                    drop(key);
+                    return Err(self.cut(op.name(), &scope, token, admission).await);
+                }
+                if errors::is_condition_failure(&e) {
+                    self.count(w.op.name(), &w.scope, Outcome::Conflict);
+                    let (bucket, key) = (w.key.bucket().to_owned(), w.key.key().to_owned());
+                    return Err(self
+                        .redecide(w.op.name(), &bucket, &key, &w.scope, w.token)
+                        .await);
+                }
+                self.count(w.op.name(), &w.scope, Outcome::BackendError);
+                Err(errors::from_backend(e))
+            }
+        }
+    }
+
+    /// Re-reads a key after the store refused a condition and decides
+    /// again: stale if a higher token is stored now, retry otherwise.
+    async fn redecide(
+        &self,
+        op: &'static str,
+        bucket: &str,
+        key: &str,
+        scope: &Scope,
+        token: u64,
+    ) -> S3Error {
+        match self
+            .call(Box::pin(self.backend.head(bucket, key)), None)
+            .await
+        {
+            Ok(k) => match self.refuse_if_overwritten(op, scope, token, bucket, key, &k) {
+                Err(stale) => stale,
+                Ok(()) => errors::retry(format!(
+                    "s3://{bucket}/{key} changed in the store while this write was decided; retry"
+                )),
+            },
+            Err(e) => e,
+        }
     }
 }
 
