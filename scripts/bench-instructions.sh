@@ -17,6 +17,8 @@
 # where on the host it runs the SHA-NI code, a few microseconds. "Without
 # SHA-256" is the comparable number.
 #
+# KEEP=DIR keeps each binary's callgrind profile in DIR.
+#
 # Installs valgrind (Debian) if it is missing; builds the release bench.
 set -euo pipefail
 [ -n "${TRACE:-}" ] && set -x
@@ -81,6 +83,8 @@ EOF
     wait "$bench" 2>/dev/null || true
     pkill -f "callgrind.*$work.*proxy" 2>/dev/null || true
     out=$(ls -t "$work"/out.* | head -1)
+    # KEEP=DIR keeps each binary's profile there, for callgrind_annotate.
+    [ -z "${KEEP:-}" ] || cp "$out" "$KEEP/$(basename "$bin").callgrind"
     total=$(callgrind_annotate --auto=no "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !n++ {gsub(",", "", $1); print $1}')
     sha=$(callgrind_annotate --inclusive=yes --auto=no "$out" 2>/dev/null |
         awk '/sha2::sha256::compress256 \[/ && !n++ {gsub(",", "", $1); print $1}')

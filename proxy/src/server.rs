@@ -76,7 +76,10 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                     if let Err(refused) = this.browser_rules(endpoint, &req) {
                         return Ok(*refused);
                     }
-                    return Ok(this.ops(endpoint, req.method(), req.headers()).await);
+                    // Boxed: the pages' futures (the acquisition fence, the
+                    // status) are twice a PutObject's, and held inline
+                    // they would be every request's size, copied whole.
+                    return Ok(Box::pin(this.ops(endpoint, req.method(), req.headers())).await);
                 }
                 // An anonymous request's only credential is where it comes
                 // from: a web page's (DNS rebinding) names the page's host.
