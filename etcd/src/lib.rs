@@ -64,14 +64,18 @@ impl std::error::Error for CallError {}
 impl CallError {
     /// Whether etcd said that the etcd lease the call named is gone
     /// (expired or revoked): a keep-alive answered with no time left, which
-    /// etcd-client reports as `LeaseKeepAliveError`, or a request naming
-    /// the lease refused with etcd's `ErrGRPCLeaseNotFound`. That error is
-    /// `NotFound` with the text `etcdserver: requested lease not found`;
-    /// etcd's own clients tell it from the other `NotFound`s (users, roles)
-    /// by that text, and so does this.
+    /// etcd-client reports as `LeaseKeepAliveError("lease not found")` (its
+    /// other `LeaseKeepAliveError`, a failed send on a new stream, is not
+    /// this), or a request naming the lease refused with etcd's
+    /// `ErrGRPCLeaseNotFound`. That error is `NotFound` with the text
+    /// `etcdserver: requested lease not found`; etcd's own clients tell it
+    /// from the other `NotFound`s (users, roles) by that text, and so does
+    /// this.
     pub fn lease_gone(&self) -> bool {
         match self {
-            CallError::Refused(etcd_client::Error::LeaseKeepAliveError(_)) => true,
+            CallError::Refused(etcd_client::Error::LeaseKeepAliveError(m)) => {
+                m.ends_with("lease not found")
+            }
             CallError::Refused(etcd_client::Error::GRpcStatus(s)) => {
                 s.code() == tonic::Code::NotFound && s.message().ends_with("lease not found")
             }
@@ -343,6 +347,8 @@ mod tests {
             .lease_gone()
         );
         assert!(!CallError::Unavailable("lease not found".into()).lease_gone());
+        let failed_send = etcd_client::Error::LeaseKeepAliveError("channel closed".into());
+        assert!(!CallError::Refused(failed_send).lease_gone());
     }
 
     #[test]

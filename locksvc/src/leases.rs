@@ -57,8 +57,9 @@ pub enum StorageError {
     /// the request.
     #[error("etcd: {0}")]
     Etcd(String),
-    /// etcd no longer has the etcd lease a keep-alive named.
-    #[error("etcd no longer has the lease")]
+    /// etcd no longer has the etcd lease a request named: the one that
+    /// keeps a waiter's place in line (not the client's lock lease).
+    #[error("etcd no longer has the etcd lease that kept this acquire's place in line; retry")]
     EtcdLeaseGone,
     /// Another change won each compare-and-set, or a key this request had
     /// written was gone at the next step: nothing was decided.

@@ -10,7 +10,8 @@
 //! conditions, hop-by-hop headers, and any client `x-amz-meta-fencing-token`.
 //! The `Write` adds the conditions and the token.
 //!
-//! Only requests it reproduces exactly take this path ([`eligible`]): a body
+//! Only requests it reproduces exactly take this path
+//! (`request::AsIs::check`, with [`eligible_headers`]): a body
 //! of known length sent as is. An `aws-chunked` body (s3s decoded it, and
 //! its trailing checksum would need re-encoding) goes through the SDK.
 

@@ -7,11 +7,13 @@
 //! Nothing after the door reads s3s's typed input, except the SDK route,
 //! which needs it whole and keeps it boxed.
 //!
-//! The route is decided here, once: the lean forwarder sends a request as
-//! it came, so it may take only a request whose body is sent as is, with a
-//! known length and text headers. [`Route::Lean`] holds an [`AsIs`], which
-//! only [`AsIs::check`] makes, so no other code can send an `aws-chunked`
-//! body, or one of unknown length, by the lean route.
+//! The route is decided once, at the door: the lean forwarder sends a
+//! request as it came, so it may take only a request whose body is sent as
+//! is, with a known length and text headers. [`Route::Lean`] holds an
+//! [`AsIs`], which only [`AsIs::check`] makes, from a length and headers;
+//! both doors check the very headers and length they put in the request
+//! (`PutRequest::from_s3s`, `edge::Verified::into_request`), and nothing
+//! after the door changes them.
 //!
 //! [`Write`]: crate::gate::Write
 
@@ -77,13 +79,21 @@ impl PutRequest {
         let content_length = input.content_length;
         let (if_match, if_none_match) = (input.if_match.take(), input.if_none_match.take());
         let body = input.body.take();
-        let (bucket, key) = (input.bucket.clone(), input.key.clone());
         let access_key = req.credentials.as_ref().map(|c| c.access_key.clone());
         // The SDK route sends the typed input only, never these.
         let headers = std::mem::take(&mut req.headers);
-        let route = match AsIs::check(forwarder, content_length, &headers) {
-            Some(as_is) => Route::Lean(as_is),
-            None => Route::Sdk(Box::new(req)),
+        let (bucket, key, route) = match AsIs::check(forwarder, content_length, &headers) {
+            // The typed input is dropped: its names move over.
+            Some(as_is) => (
+                std::mem::take(&mut req.input.bucket),
+                std::mem::take(&mut req.input.key),
+                Route::Lean(as_is),
+            ),
+            None => (
+                req.input.bucket.clone(),
+                req.input.key.clone(),
+                Route::Sdk(Box::new(req)),
+            ),
         };
         PutRequest {
             bucket,

@@ -26,6 +26,9 @@ pub enum StateError {
     /// JSON, or an owner it cannot read).
     #[error("an unreadable record: {0}")]
     Unreadable(String),
+    /// A record could not be encoded to be kept.
+    #[error("cannot encode a record: {0}")]
+    Encode(String),
 }
 
 /// Runs `f`, a blocking call on the proxy's database, off the serving

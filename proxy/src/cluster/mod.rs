@@ -1068,7 +1068,7 @@ impl Cluster {
     pub async fn bind_upload(&self, b: &UploadBinding) -> Result<(), StateError> {
         let key = self.key(&format!("uploads/{}", b.upload_id()));
         let value = serde_json::to_string(&b.record())
-            .map_err(|e| StateError::Unreadable(format!("cannot encode the binding: {e}")))?;
+            .map_err(|e| StateError::Encode(format!("upload binding {}: {e}", b.upload_id())))?;
         self.inner
             .etcd
             .call(|mut c| {

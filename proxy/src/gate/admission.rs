@@ -149,12 +149,12 @@ impl Gate {
     ) -> S3Result<Write> {
         let op = write.name();
         let token = tokened.token().number();
-        let (bucket, key) = (tokened.scoped().bucket(), tokened.scoped().key());
         // A many-key request (DeleteObjects) resolves every scope first,
         // then begins each key: its refusals must name the key begun.
-        crate::events::note_target(bucket, key);
+        crate::events::note_target(tokened.scoped().bucket(), tokened.scoped().key());
         let admission = self.admit(&tokened).await?;
-        let scope = tokened.scope().clone();
+        let (bucket, key, scope) = tokened.into_scoped().into_parts();
+        let (bucket, key) = (bucket.as_str(), key.as_str());
         let cut = admission.cancel.clone();
         let guard = tokio::select! {
             g = self.keys.lock(bucket, key) => g,

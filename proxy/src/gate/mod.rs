@@ -22,8 +22,8 @@
 //! request's [`VerifiedToken`]: [`Tokened`]), [`store`] (the probe: what
 //! the store enforces), [`admission`] (the epoch, the key, the known state:
 //! a [`Write`]), [`write`] (the only sender of writes, its timeout policy
-//! and its end); beside them [`refusal`] (stale, cut and forged tokens,
-//! recorded as fence events), [`uploads`] (multipart bindings) and
+//! and its end); beside them [`refusal`] (every refusal of the fence: stale,
+//! cut, forged and missing tokens, other clients' uploads, unscoped keys), [`uploads`] (multipart bindings) and
 //! [`status`]. This file holds the state they share and the answer timeout
 //! of the calls that change no object.
 

@@ -32,6 +32,12 @@ impl Scoped {
         &self.scope
     }
 
+    /// The bucket, the key and the scope, for the stage that takes them
+    /// over.
+    pub(super) fn into_parts(self) -> (String, String, Scope) {
+        (self.bucket, self.key, self.scope)
+    }
+
     /// `scope`, for `op` on the whole of its bucket.
     fn bucket_of(op: &'static str, scope: Scope) -> Scoped {
         Scoped {

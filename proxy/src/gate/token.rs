@@ -37,6 +37,10 @@ impl Tokened {
     pub fn op(&self) -> &'static str {
         self.scoped.op()
     }
+    /// What it was scoped as, once its token has been admitted.
+    pub(super) fn into_scoped(self) -> Scoped {
+        self.scoped
+    }
 }
 
 impl Gate {

@@ -10,8 +10,9 @@
 //! an unanswered write may still commit) and, when the store refuses a
 //! condition, re-decides (`redecide`). The ops never see the SDK or the
 //! forwarder, so an unconditional write cannot be written in them. A PUT
-//! reads, from the socket, `server`, `edge`, `ops/put`, then `gate/scope`,
-//! `gate/token`, `gate/admission` and this file, which hands it to `lean`.
+//! reads, from the socket, `server`, `edge` (which makes its
+//! `request::PutRequest`), `ops/put`, then `gate/scope`, `gate/token`,
+//! `gate/admission` and this file, which hands it to `lean`.
 //!
 //! The other mutating calls (creating an upload, sending or copying a part,
 //! aborting) change no object and carry no condition; each needs a witness
