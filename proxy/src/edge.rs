@@ -231,12 +231,17 @@ impl Edge {
             Payload::Unsigned => "UNSIGNED-PAYLOAD",
             Payload::Sha256(hash) => hash,
         });
-        let string_to_sign = format!(
-            "AWS4-HMAC-SHA256\n{stamp}\n{}/{}/s3/aws4_request\n{}",
+        let string_to_sign = [
+            "AWS4-HMAC-SHA256\n",
+            stamp,
+            "\n",
             auth.date,
+            "/",
             auth.region,
-            crate::sigv4::hex(&Sha256::digest(canonical.as_bytes()))
-        );
+            "/s3/aws4_request\n",
+            &crate::sigv4::hex(&Sha256::digest(canonical.as_bytes())),
+        ]
+        .concat();
         let signing = signing_key(&secret, auth.date, auth.region);
         let mut mac = HmacSha256::new_from_slice(&signing).ok()?;
         mac.update(string_to_sign.as_bytes());
@@ -441,16 +446,19 @@ fn parse_amz_date(stamp: &str) -> Option<SystemTime> {
     if two(9) > 23 || two(11) > 59 || two(13) > 59 {
         return None;
     }
-    let rfc3339 = format!(
-        "{}-{}-{}T{}:{}:{}Z",
-        &stamp[..4],
-        &stamp[4..6],
-        &stamp[6..8],
-        &stamp[9..11],
-        &stamp[11..13],
-        &stamp[13..15]
-    );
-    humantime::parse_rfc3339(&rfc3339).ok()
+    // `YYYY-MM-DDTHH:MM:SSZ`, on the stack.
+    let mut rfc3339 = *b"0000-00-00T00:00:00Z";
+    for (to, from) in [
+        (0, 0..4),
+        (5, 4..6),
+        (8, 6..8),
+        (11, 9..11),
+        (14, 11..13),
+        (17, 13..15),
+    ] {
+        rfc3339[to..to + from.len()].copy_from_slice(&b[from]);
+    }
+    humantime::parse_rfc3339(std::str::from_utf8(&rfc3339).ok()?).ok()
 }
 
 /// A header value trimmed, with inner runs of whitespace made one space

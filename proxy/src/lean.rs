@@ -21,7 +21,7 @@ use crate::config::BackendConfig;
 use crate::dialect::Dialect;
 use crate::errors;
 use crate::send_check::{Check, CheckedConnector};
-use crate::tokens::TOKEN_METADATA_KEY;
+use crate::tokens::{TOKEN_METADATA_HEADER, TOKEN_METADATA_KEY};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
@@ -277,17 +277,13 @@ impl Lean {
         for (name, value) in client.iter().filter(|(n, _)| forwarded(n)) {
             headers.append(name.clone(), value.clone());
         }
-        let meta = format!("x-amz-meta-{TOKEN_METADATA_KEY}");
-        headers.insert(
-            HeaderName::from_bytes(meta.as_bytes()).map_err(internal)?,
-            HeaderValue::from(token),
-        );
+        headers.insert(TOKEN_METADATA_HEADER, HeaderValue::from(token));
         headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
         // The body's SHA-256 the client signed (checked as the body streams,
         // by the edge or by s3s): signed again for the store, which then
         // checks it too. `sign` ignores anything that is not a SHA-256.
-        if let Some(sha256) = client.get("x-amz-content-sha256") {
-            headers.insert("x-amz-content-sha256", sha256.clone());
+        if let Some(sha256) = client.get(&sign::X_AMZ_CONTENT_SHA256) {
+            headers.insert(sign::X_AMZ_CONTENT_SHA256, sha256.clone());
         }
         Ok(LeanPut { uri, headers })
     }

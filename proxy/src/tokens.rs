@@ -24,6 +24,9 @@ use http::HeaderMap;
 /// The object metadata key holding the writer's token
 /// (`x-amz-meta-fencing-token` on the wire).
 pub const TOKEN_METADATA_KEY: &str = "fencing-token";
+/// [`TOKEN_METADATA_KEY`] as the header a PutObject sends it in.
+pub const TOKEN_METADATA_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-amz-meta-fencing-token");
 
 /// The request header carrying the token.
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
@@ -248,6 +251,14 @@ impl TokenPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_header_is_the_token_metadata_key() {
+        assert_eq!(
+            TOKEN_METADATA_HEADER.as_str(),
+            format!("x-amz-meta-{TOKEN_METADATA_KEY}")
+        );
+    }
 
     fn lock() -> LockName {
         LockName::new("bkt").expect("lock")

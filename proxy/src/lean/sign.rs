@@ -13,7 +13,7 @@
 //! CPU (BENCHMARKS.md, "Where the time goes").
 
 use crate::sigv4::{hex, hmac, is_sha256_hex};
-use http::{HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use sha2::{Digest, Sha256};
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -22,6 +22,10 @@ use std::time::SystemTime;
 const SERVICE: &str = "s3";
 /// The payload hash sent and signed: the body is not hashed.
 pub const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
+/// The headers the signer adds (a name given as text would be copied into
+/// a new allocation on every insert).
+const X_AMZ_DATE: HeaderName = HeaderName::from_static("x-amz-date");
+pub const X_AMZ_CONTENT_SHA256: HeaderName = HeaderName::from_static("x-amz-content-sha256");
 
 /// A backend key pair and region, with the current day's signing key.
 pub struct Signer {
@@ -72,16 +76,16 @@ impl Signer {
     ) -> Result<(), SignError> {
         let stamp = amz_date(now);
         let date = &stamp[..8];
-        headers.insert("x-amz-date", header_value(&stamp));
+        headers.insert(X_AMZ_DATE, header_value(&stamp));
         // A SHA-256 of the body the caller put there (checked against the
         // body before its last byte goes out) is signed, so the store
         // checks it too; otherwise the payload is unsigned.
-        let payload = match headers.get("x-amz-content-sha256") {
+        let payload = match headers.get(&X_AMZ_CONTENT_SHA256) {
             Some(v) if is_sha256_hex(v.as_bytes()) => v.clone(),
             _ => HeaderValue::from_static(UNSIGNED_PAYLOAD),
         };
-        headers.insert("x-amz-content-sha256", payload.clone());
-        let payload = payload.to_str().unwrap_or(UNSIGNED_PAYLOAD).to_owned();
+        headers.insert(X_AMZ_CONTENT_SHA256, payload.clone());
+        let payload = payload.to_str().unwrap_or(UNSIGNED_PAYLOAD);
         headers.remove(http::header::AUTHORIZATION);
 
         // Canonical headers: lower-case names (HeaderMap's already are),
@@ -112,19 +116,32 @@ impl Signer {
         let signed_headers = names.join(";");
         canonical.push_str(&signed_headers);
         canonical.push('\n');
-        canonical.push_str(&payload);
+        canonical.push_str(payload);
 
-        let scope = format!("{date}/{}/{SERVICE}/aws4_request", self.region);
-        let string_to_sign = format!(
-            "AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{}",
-            hex(&Sha256::digest(canonical.as_bytes()))
-        );
+        // Built by pieces, not `format!`: this runs on every PutObject.
+        let scope = [date, "/", &self.region, "/", SERVICE, "/aws4_request"].concat();
+        let string_to_sign = [
+            "AWS4-HMAC-SHA256\n",
+            &stamp,
+            "\n",
+            &scope,
+            "\n",
+            &hex(&Sha256::digest(canonical.as_bytes())),
+        ]
+        .concat();
         let key = self.signing_key(date);
         let signature = hex(&hmac(&key, string_to_sign.as_bytes()));
-        let authorization = format!(
-            "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={signature}",
-            self.access_key
-        );
+        let authorization = [
+            "AWS4-HMAC-SHA256 Credential=",
+            &self.access_key,
+            "/",
+            &scope,
+            ", SignedHeaders=",
+            &signed_headers,
+            ", Signature=",
+            &signature,
+        ]
+        .concat();
         headers.insert(http::header::AUTHORIZATION, header_value(&authorization));
         Ok(())
     }
@@ -163,11 +180,9 @@ fn push_trimmed(out: &mut String, text: &str) {
 /// `now` as SigV4's `YYYYMMDDTHHMMSSZ`.
 fn amz_date(now: SystemTime) -> String {
     // `2026-12-03T10:26:18Z` without its separators.
-    humantime::format_rfc3339_seconds(now)
-        .to_string()
-        .chars()
-        .filter(|c| !matches!(c, '-' | ':'))
-        .collect()
+    let mut stamp = humantime::format_rfc3339_seconds(now).to_string();
+    stamp.retain(|c| !matches!(c, '-' | ':'));
+    stamp
 }
 
 fn header_value(text: &str) -> HeaderValue {
