@@ -32,6 +32,7 @@
 
 use crate::access::ClientAuth;
 use crate::gate::Gate;
+use crate::header_names as names;
 use crate::host::VirtualHosts;
 use crate::request::{AsIs, PutRequest, Route};
 use bytes::Bytes;
@@ -140,10 +141,10 @@ impl Edge {
         };
         let h = req.headers();
         for refused in [
-            "x-amz-copy-source",
-            "x-amz-trailer",
-            "x-amz-decoded-content-length",
-            http::header::TRANSFER_ENCODING.as_str(),
+            names::X_AMZ_COPY_SOURCE,
+            names::X_AMZ_TRAILER,
+            names::X_AMZ_DECODED_CONTENT_LENGTH,
+            http::header::TRANSFER_ENCODING,
         ] {
             if h.contains_key(refused) {
                 return None;
@@ -156,21 +157,21 @@ impl Edge {
         }) {
             return None;
         }
-        let content_length: u64 = unique(h, "content-length")?.parse().ok()?;
+        let content_length: u64 = unique(h, http::header::CONTENT_LENGTH)?.parse().ok()?;
         // s3s reads it as an i64.
         i64::try_from(content_length).ok()?;
         if !plain_object_headers(h) {
             return None;
         }
-        let payload = match unique(h, "x-amz-content-sha256")? {
+        let payload = match unique(h, names::X_AMZ_CONTENT_SHA256)? {
             "UNSIGNED-PAYLOAD" => Payload::Unsigned,
             hash if crate::sigv4::is_sha256_hex(hash.as_bytes()) => {
                 Payload::Sha256(hash.to_owned())
             }
             _ => return None,
         };
-        let auth = Authorization::parse(unique(h, "authorization")?)?;
-        let stamp = unique(h, "x-amz-date")?;
+        let auth = Authorization::parse(unique(h, http::header::AUTHORIZATION)?)?;
+        let stamp = unique(h, names::X_AMZ_DATE)?;
         let at = parse_amz_date(stamp)?;
         if &stamp[..8] != auth.date {
             return None;
@@ -183,7 +184,7 @@ impl Edge {
         // The path, parsed as s3s parses it.
         let raw_path = req.uri().path();
         let decoded = urlencoding::decode(raw_path).ok()?;
-        let host = unique(h, "host")?;
+        let host = unique(h, http::header::HOST)?;
         let validation = const { s3s::validation::AwsNameValidation::new() };
         let path = if host.parse::<std::net::SocketAddr>().is_ok()
             || host.parse::<std::net::IpAddr>().is_ok()
@@ -423,7 +424,7 @@ fn plain_object_headers(h: &HeaderMap) -> bool {
 
 /// The one value of header `name`, as text; `None` if it is missing,
 /// repeated or not text.
-fn unique<'h>(h: &'h HeaderMap, name: &str) -> Option<&'h str> {
+fn unique(h: &HeaderMap, name: http::HeaderName) -> Option<&str> {
     let mut values = h.get_all(name).iter();
     match (values.next(), values.next()) {
         (Some(v), None) => v.to_str().ok(),

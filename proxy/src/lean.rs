@@ -20,8 +20,9 @@ mod sign;
 use crate::config::BackendConfig;
 use crate::dialect::Dialect;
 use crate::errors;
+use crate::header_names::{X_AMZ_CONTENT_SHA256, X_AMZ_META_FENCING_TOKEN};
 use crate::send_check::{Check, CheckedConnector};
-use crate::tokens::{TOKEN_METADATA_HEADER, TOKEN_METADATA_KEY};
+use crate::tokens::TOKEN_METADATA_KEY;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
@@ -277,13 +278,13 @@ impl Lean {
         for (name, value) in client.iter().filter(|(n, _)| forwarded(n)) {
             headers.append(name.clone(), value.clone());
         }
-        headers.insert(TOKEN_METADATA_HEADER, HeaderValue::from(token));
+        headers.insert(X_AMZ_META_FENCING_TOKEN, HeaderValue::from(token));
         headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
         // The body's SHA-256 the client signed (checked as the body streams,
         // by the edge or by s3s): signed again for the store, which then
         // checks it too. `sign` ignores anything that is not a SHA-256.
-        if let Some(sha256) = client.get(&sign::X_AMZ_CONTENT_SHA256) {
-            headers.insert(sign::X_AMZ_CONTENT_SHA256, sha256.clone());
+        if let Some(sha256) = client.get(X_AMZ_CONTENT_SHA256) {
+            headers.insert(X_AMZ_CONTENT_SHA256, sha256.clone());
         }
         Ok(LeanPut { uri, headers })
     }
@@ -338,29 +339,7 @@ impl Lean {
         if !parts.status.is_success() {
             return Err(store_error(parts.status, body).await);
         }
-        let header = |name: &str| {
-            parts
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let output = PutObjectOutput {
-            e_tag: parts
-                .headers
-                .get(http::header::ETAG)
-                .and_then(|v| ETag::parse_http_header(v.as_bytes()).ok()),
-            version_id: header("x-amz-version-id"),
-            checksum_crc32: header("x-amz-checksum-crc32"),
-            checksum_crc32c: header("x-amz-checksum-crc32c"),
-            checksum_crc64nvme: header("x-amz-checksum-crc64nvme"),
-            checksum_sha1: header("x-amz-checksum-sha1"),
-            checksum_sha256: header("x-amz-checksum-sha256"),
-            server_side_encryption: header("x-amz-server-side-encryption").map(Into::into),
-            ssekms_key_id: header("x-amz-server-side-encryption-aws-kms-key-id"),
-            expiration: header("x-amz-expiration"),
-            ..Default::default()
-        };
+        let output = put_output(&parts.headers);
         // Drain what is left so the connection goes back to the pool.
         let _ = body.collect().await;
         Ok(S3Response::new(output))
@@ -382,6 +361,42 @@ impl Lean {
             .sign(&method, &path, headers, crate::clock::now())
             .map_err(internal)
     }
+}
+
+/// What the client is told of a PutObject the store answered with
+/// `headers`: one pass over them (a lookup per field would hash and parse
+/// ten names), each field from its header's first value, as a lookup by
+/// name reads it.
+fn put_output(headers: &HeaderMap) -> PutObjectOutput {
+    let mut output = PutObjectOutput::default();
+    // (A name's values come one after the other.)
+    let mut last = None;
+    for (name, value) in headers {
+        if last.replace(name) == Some(name) {
+            continue;
+        }
+        if *name == http::header::ETAG {
+            output.e_tag = ETag::parse_http_header(value.as_bytes()).ok();
+            continue;
+        }
+        let field = match name.as_str() {
+            "x-amz-version-id" => &mut output.version_id,
+            "x-amz-checksum-crc32" => &mut output.checksum_crc32,
+            "x-amz-checksum-crc32c" => &mut output.checksum_crc32c,
+            "x-amz-checksum-crc64nvme" => &mut output.checksum_crc64nvme,
+            "x-amz-checksum-sha1" => &mut output.checksum_sha1,
+            "x-amz-checksum-sha256" => &mut output.checksum_sha256,
+            "x-amz-server-side-encryption-aws-kms-key-id" => &mut output.ssekms_key_id,
+            "x-amz-expiration" => &mut output.expiration,
+            "x-amz-server-side-encryption" => {
+                output.server_side_encryption = value.to_str().ok().map(|v| v.to_owned().into());
+                continue;
+            }
+            _ => continue,
+        };
+        *field = value.to_str().ok().map(str::to_owned);
+    }
+    output
 }
 
 /// A condition as AWS writes it (the dialect may respell it).
@@ -470,6 +485,30 @@ mod tests {
         assert!(!eligible(&[("content-encoding", "gzip, aws-chunked")]));
         assert!(!eligible(&[("x-amz-trailer", "x-amz-checksum-crc32")]));
         assert!(!eligible(&[("x-amz-decoded-content-length", "3")]));
+    }
+
+    #[test]
+    fn the_answer_is_read_from_the_first_value_of_each_header() {
+        let mut h = HeaderMap::new();
+        h.append(http::header::ETAG, HeaderValue::from_static("\"abc\""));
+        h.append(http::header::ETAG, HeaderValue::from_static("\"def\""));
+        h.append("x-amz-version-id", HeaderValue::from_static("v1"));
+        h.append("x-amz-version-id", HeaderValue::from_static("v2"));
+        h.append("x-amz-checksum-crc32", HeaderValue::from_static("AAAAAA=="));
+        h.append(
+            "x-amz-server-side-encryption",
+            HeaderValue::from_static("AES256"),
+        );
+        h.append("x-amz-request-id", HeaderValue::from_static("r"));
+        let out = put_output(&h);
+        assert_eq!(out.e_tag.as_ref().map(ETag::value), Some("abc"));
+        assert_eq!(out.version_id.as_deref(), Some("v1"));
+        assert_eq!(out.checksum_crc32.as_deref(), Some("AAAAAA=="));
+        assert_eq!(
+            out.server_side_encryption.as_ref().map(|s| s.as_str()),
+            Some("AES256")
+        );
+        assert_eq!(out.checksum_sha256, None);
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub mod errors;
 pub mod events;
 pub mod fences;
 pub mod gate;
+pub mod header_names;
 pub mod host;
 pub mod issuer;
 pub mod keys;

@@ -24,9 +24,6 @@ use http::HeaderMap;
 /// The object metadata key holding the writer's token
 /// (`x-amz-meta-fencing-token` on the wire).
 pub const TOKEN_METADATA_KEY: &str = "fencing-token";
-/// [`TOKEN_METADATA_KEY`] as the header a PutObject sends it in.
-pub const TOKEN_METADATA_HEADER: http::HeaderName =
-    http::HeaderName::from_static("x-amz-meta-fencing-token");
 
 /// The request header carrying the token.
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
@@ -38,7 +35,10 @@ pub fn named_lock(headers: &HeaderMap, access_key: Option<&str>) -> Option<LockN
     if let Some(Ok(bound)) = access_key.map(fencegate_core::credentials::parse_access_key) {
         return Some(bound.lock);
     }
-    let text = headers.get(FENCING_TOKEN_HEADER)?.to_str().ok()?;
+    let text = headers
+        .get(crate::header_names::FENCING_TOKEN)?
+        .to_str()
+        .ok()?;
     match FencingToken::parse(text.trim()).ok()? {
         FencingToken::Signed(s) => Some(s.lock),
         FencingToken::Plain(_) => None,
@@ -157,7 +157,7 @@ impl TokenPolicy {
         headers: &HeaderMap,
         lock: &LockName,
     ) -> Result<Option<Presented>, Rejection> {
-        let mut values = headers.get_all(FENCING_TOKEN_HEADER).iter();
+        let mut values = headers.get_all(crate::header_names::FENCING_TOKEN).iter();
         let Some(value) = values.next() else {
             return Ok(None);
         };
@@ -251,14 +251,6 @@ impl TokenPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_token_header_is_the_token_metadata_key() {
-        assert_eq!(
-            TOKEN_METADATA_HEADER.as_str(),
-            format!("x-amz-meta-{TOKEN_METADATA_KEY}")
-        );
-    }
 
     fn lock() -> LockName {
         LockName::new("bkt").expect("lock")

@@ -32,6 +32,7 @@
 //! for the end. Otherwise a sender that stops at the length would deliver
 //! the first bytes of a longer body, and the store commit that prefix.
 
+use crate::header_names as names;
 use bytes::Bytes;
 use futures::Stream;
 use http::HeaderMap;
@@ -45,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 /// The checksums a trailer can carry, as `x-amz-trailer` names them.
-const NAMES: [&str; 5] = [
+pub const NAMES: [&str; 5] = [
     "x-amz-checksum-crc32",
     "x-amz-checksum-crc32c",
     "x-amz-checksum-sha1",
@@ -190,8 +191,8 @@ impl Digests {
             return None;
         }
         let mut wanted = Vec::new();
-        for (index, name) in NAMES.iter().enumerate() {
-            for v in headers.get_all(*name) {
+        for (index, name) in names::X_AMZ_CHECKSUMS.iter().enumerate() {
+            for v in headers.get_all(name) {
                 wanted.push(Wanted::Header {
                     index,
                     value: String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
@@ -199,7 +200,7 @@ impl Digests {
             }
         }
         let announced = headers
-            .get("x-amz-trailer")
+            .get(names::X_AMZ_TRAILER)
             .map(|a| String::from_utf8_lossy(a.as_bytes()).to_ascii_lowercase());
         if let Some((trailing, announced)) = trailing.zip(announced)
             && let Some(index) = NAMES
@@ -211,13 +212,13 @@ impl Digests {
                 trailing: trailing.clone(),
             });
         }
-        if let Some(v) = headers.get("content-md5") {
+        if let Some(v) = headers.get(names::CONTENT_MD5) {
             wanted.push(Wanted::Md5(
                 String::from_utf8_lossy(v.as_bytes()).trim().to_owned(),
             ));
         }
         if anonymous
-            && let Some(v) = headers.get("x-amz-content-sha256")
+            && let Some(v) = headers.get(names::X_AMZ_CONTENT_SHA256)
             && crate::sigv4::is_sha256_hex(v.as_bytes())
         {
             wanted.push(Wanted::PayloadSha256(
@@ -389,7 +390,7 @@ where
 /// Whether s3s decoded the request's body from `aws-chunked`.
 fn chunked(headers: &HeaderMap) -> bool {
     headers
-        .get("x-amz-content-sha256")
+        .get(names::X_AMZ_CONTENT_SHA256)
         .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"))
         || headers
             .get_all(http::header::CONTENT_ENCODING)

@@ -12,8 +12,9 @@
 //! which it replaces on this path because it costs a sixth of the forward's
 //! CPU (BENCHMARKS.md, "Where the time goes").
 
+use crate::header_names::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
 use crate::sigv4::{hex, hmac, is_sha256_hex};
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderMap, HeaderValue, Method};
 use sha2::{Digest, Sha256};
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -22,10 +23,6 @@ use std::time::SystemTime;
 const SERVICE: &str = "s3";
 /// The payload hash sent and signed: the body is not hashed.
 pub const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
-/// The headers the signer adds (a name given as text would be copied into
-/// a new allocation on every insert).
-const X_AMZ_DATE: HeaderName = HeaderName::from_static("x-amz-date");
-pub const X_AMZ_CONTENT_SHA256: HeaderName = HeaderName::from_static("x-amz-content-sha256");
 
 /// A backend key pair and region, with the current day's signing key.
 pub struct Signer {
@@ -80,7 +77,7 @@ impl Signer {
         // A SHA-256 of the body the caller put there (checked against the
         // body before its last byte goes out) is signed, so the store
         // checks it too; otherwise the payload is unsigned.
-        let payload = match headers.get(&X_AMZ_CONTENT_SHA256) {
+        let payload = match headers.get(X_AMZ_CONTENT_SHA256) {
             Some(v) if is_sha256_hex(v.as_bytes()) => v.clone(),
             _ => HeaderValue::from_static(UNSIGNED_PAYLOAD),
         };
