@@ -561,7 +561,7 @@ pub struct Front {
 }
 
 /// Serves `front` on `listener` until `shutdown`, then stops accepting and
-/// waits (up to [`DRAIN_TIMEOUT`]) for in-flight requests.
+/// waits (up to [`crate::config::DRAIN_TIMEOUT`]) for in-flight requests.
 pub async fn serve(
     listener: TcpListener,
     front: Front,

@@ -2,7 +2,7 @@
 //!
 //! The proxy refuses PutObjectAcl, PutObjectRetention, PutObjectLegalHold,
 //! PutObjectTagging and every bucket configuration write (501, see
-//! [`crate::ops::classify`]). A write can carry headers that make the
+//! [`crate::op::Op`]). A write can carry headers that make the
 //! same changes: `x-amz-acl` on a PutObject sets the ACL PutObjectAcl
 //! would. One policy covers both: a header that changes what a refused
 //! operation would change is refused the same way (501 NotImplemented,

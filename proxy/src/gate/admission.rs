@@ -4,6 +4,7 @@
 //! acquisition fence, which is an admission without a write.
 
 use super::refusal::Refusal;
+use super::token::Tokened;
 use super::*;
 
 impl Gate {

@@ -18,26 +18,25 @@
 //! commit (`write::linger`).
 //!
 //! One file per step, in the order above, each taking the one before's
-//! output: [`scope`] (the key's fence scope: [`Scoped`]), [`token`] (the
-//! request's [`VerifiedToken`]: [`Tokened`]), [`store`] (the probe: what
-//! the store enforces), [`admission`] (the epoch, the key, the known state:
-//! a [`Write`]), [`write`] (the only sender of writes, its timeout policy
-//! and its end); beside them [`refusal`] (every refusal of the fence: stale,
-//! cut, forged and missing tokens, other clients' uploads, unscoped keys), [`uploads`] (multipart bindings) and
+//! output: [`scope`] (the key's fence scope: [`scope::Scoped`]), [`token`]
+//! (the request's [`VerifiedToken`]: [`token::Tokened`]), [`store`] (the
+//! probe: what the store enforces), [`admission`] (the epoch, the key, the
+//! known state: a [`Write`]), [`write`] (the only sender of writes, its
+//! timeout policy and its end); beside them [`refusal`] (every refusal of
+//! the fence: stale, cut, forged and missing tokens, other clients'
+//! uploads, unscoped keys), [`uploads`] (multipart bindings) and
 //! [`status`]. This file holds the state they share and the answer timeout
-//! of the calls that change no object.
+//! of the calls that change no object. It imports none of them: a stage
+//! imports the stages before it and this file, never one after it.
 
 mod admission;
 pub mod refusal;
-mod scope;
+pub mod scope;
 mod status;
 mod store;
-mod token;
+pub mod token;
 mod uploads;
 pub mod write;
-
-pub use scope::Scoped;
-pub use token::Tokened;
 
 use crate::backend::Backend;
 use crate::body::{BodyWatch, Cancellable};

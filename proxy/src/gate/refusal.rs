@@ -102,18 +102,6 @@ impl Refusal<'_> {
 }
 
 impl Gate {
-    /// Refuses the token if it is below its scope's max (a check before
-    /// any key of a many-key request is touched; each key is then admitted
-    /// on its own).
-    pub fn refuse_if_stale(&self, tokened: &Tokened) -> S3Result<()> {
-        let (token, scope) = (tokened.token().number(), tokened.scope());
-        let max = self.fences.max(scope.fence());
-        if token < max {
-            return Err(self.refuse(tokened.op(), scope, Refusal::below_max(token, max, scope)));
-        }
-        Ok(())
-    }
-
     /// Refuses with `r` in `scope`: counts it, records its fence event,
     /// and answers its error.
     pub fn refuse(&self, op: &'static str, scope: &Scope, r: Refusal<'_>) -> S3Error {

@@ -4,6 +4,7 @@
 //! what admission ([`super::admission`]) takes.
 
 use super::refusal::Refusal;
+use super::scope::Scoped;
 use super::*;
 
 /// A scoped request with the token it goes on with: what stage two hands
@@ -105,6 +106,18 @@ impl Gate {
                 "cannot check plain token {token} with the lease service ({e}); retry, or send the signed fencing_token"
             ))),
         }
+    }
+
+    /// Refuses the token if it is below its scope's max (a check before
+    /// any key of a many-key request is touched; each key is then admitted
+    /// on its own).
+    pub fn refuse_if_stale(&self, tokened: &Tokened) -> S3Result<()> {
+        let (token, scope) = (tokened.token().number(), tokened.scope());
+        let max = self.fences.max(scope.fence());
+        if token < max {
+            return Err(self.refuse(tokened.op(), scope, Refusal::below_max(token, max, scope)));
+        }
+        Ok(())
     }
 
     /// Like [`Gate::token`], but a missing token is an error (428): a

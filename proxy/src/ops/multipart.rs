@@ -17,7 +17,8 @@
 
 use crate::errors;
 use crate::gate::refusal::Refusal;
-use crate::gate::{Gate, RequestToken, Tokened, WriteOp};
+use crate::gate::token::Tokened;
+use crate::gate::{Gate, RequestToken, WriteOp};
 use crate::metrics::Outcome;
 use crate::op::Op;
 use crate::tokens::upload::{Identity, UploadBinding};
