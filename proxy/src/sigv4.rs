@@ -16,12 +16,12 @@ type HmacSha256 = Hmac<Sha256>;
 /// writes the digits straight into a buffer of the final size.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
+    let mut out = Vec::with_capacity(bytes.len() * 2);
     for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+        out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]]);
     }
-    out
+    // Hex digits are ASCII.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Whether `v` is `len` lower-case hex digits.

@@ -160,6 +160,12 @@ impl Signer {
 /// `text` with leading and trailing spaces removed and inner runs of
 /// spaces collapsed to one, as SigV4 canonicalises header values.
 fn push_trimmed(out: &mut String, text: &str) {
+    // Most values have no space to remove: copied whole.
+    let b = text.as_bytes();
+    if b.first() != Some(&b' ') && b.last() != Some(&b' ') && !b.windows(2).any(|w| w == b"  ") {
+        out.push_str(text);
+        return;
+    }
     let mut space = false;
     for c in text.trim_matches(' ').chars() {
         if c == ' ' {
@@ -192,6 +198,24 @@ fn header_value(text: &str) -> HeaderValue {
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn values_are_trimmed_and_their_runs_of_spaces_made_one() {
+        for (v, want) in [
+            ("", ""),
+            ("a", "a"),
+            ("a b", "a b"),
+            (" a", "a"),
+            ("a ", "a"),
+            ("a   b  c", "a b c"),
+            ("a\tb", "a\tb"),
+            ("   ", ""),
+        ] {
+            let mut got = String::new();
+            push_trimmed(&mut got, v);
+            assert_eq!(got, want, "{v:?}");
+        }
+    }
 
     #[test]
     fn hex_writes_what_the_hex_crate_writes() {
