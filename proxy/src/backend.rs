@@ -200,13 +200,20 @@ impl Backend {
         self.forward.upload_part(req).await
     }
 
-    /// Aborts the upload of `_bound`, the binding verified for this
-    /// request's client (an abort changes no object).
+    /// Aborts the upload of `bound`, the binding verified for this
+    /// request's client (an abort changes no object); a request for another
+    /// upload than the binding's is refused.
     pub async fn abort_upload(
         &self,
-        _bound: &UploadBinding,
+        bound: &UploadBinding,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let i = &req.input;
+        if (i.upload_id.as_str(), i.bucket.as_str(), i.key.as_str())
+            != (bound.upload_id(), bound.bucket(), bound.key())
+        {
+            return Err(crate::errors::unknown_upload(&i.upload_id));
+        }
         self.forward.abort_multipart_upload(req).await
     }
 

@@ -97,3 +97,38 @@ impl Gate {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::upload::UploadRecord;
+
+    #[test]
+    fn an_upload_token_goes_on_only_in_its_own_bucket_key_and_scope() {
+        let scope = |id: &str| Scope {
+            id: id.into(),
+            bucket: "b".into(),
+            prefix: String::new(),
+            lock: fencegate_core::LockName::new("l").expect("lock"),
+        };
+        let scoped = |key: &str, id: &str| Scoped {
+            op: "UploadPart",
+            bucket: "b".into(),
+            key: key.into(),
+            scope: scope(id),
+        };
+        let binding = UploadBinding::from_record(UploadRecord {
+            upload_id: "u".into(),
+            bucket: "b".into(),
+            key: "k".into(),
+            scope: "b".into(),
+            token: 7,
+            owner: "key:c".into(),
+        })
+        .expect("binding");
+        let t = super::super::token::Tokened::bound(scoped("k", "b"), &binding).expect("same");
+        assert_eq!(t.token().number(), 7);
+        assert!(super::super::token::Tokened::bound(scoped("other", "b"), &binding).is_none());
+        assert!(super::super::token::Tokened::bound(scoped("k", "b/p"), &binding).is_none());
+    }
+}

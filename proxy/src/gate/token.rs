@@ -17,13 +17,17 @@ pub struct Tokened {
 }
 
 impl Tokened {
-    /// `scoped` going on with the token its open upload was created with
-    /// (the binding was checked against the request first).
-    pub fn bound(scoped: Scoped, binding: &UploadBinding) -> Tokened {
-        Tokened {
-            scoped,
+    /// `scoped` going on with the token its open upload was created with;
+    /// `None` unless the binding is of the same bucket, key and scope (a
+    /// token bound in one scope never enters another).
+    pub fn bound(scoped: Scoped, binding: &UploadBinding) -> Option<Tokened> {
+        (scoped.bucket() == binding.bucket()
+            && scoped.key() == binding.key()
+            && scoped.scope().id == binding.scope())
+        .then(|| Tokened {
             token: binding.token(),
-        }
+            scoped,
+        })
     }
 
     pub fn scoped(&self) -> &Scoped {

@@ -174,7 +174,10 @@ impl UploadCall<'_> {
                 },
             ));
         }
-        let tokened = Tokened::bound(scoped, &binding);
+        // Checked above, so that its refusal comes first; `bound` holds
+        // the rule as well.
+        let tokened =
+            Tokened::bound(scoped, &binding).ok_or_else(|| errors::unknown_upload(upload_id))?;
         Ok((binding, tokened))
     }
 }
