@@ -926,13 +926,13 @@ type Attempt = (String, u64, String, Option<u16>);
 
 /// An s3s-fs store with [`BUCKET`] behind a holding relay
 /// ([`support::relay::holding_relay`]: the request whose bytes contain
-/// `marker` is held for `hold`; `closed` is set when the proxy closes a
-/// connection that carried it), and a proxy config that reaches the store
+/// `marker` is held for `hold`; `held` says when it reached the relay and
+/// when the proxy closed a connection that carried it), and a proxy config that reaches the store
 /// through the relay with `backend_options`; the directory is the proxy's.
 async fn held_store(
     marker: &'static str,
     hold: Duration,
-    closed: Arc<std::sync::atomic::AtomicBool>,
+    held: Arc<support::relay::Held>,
     backend_options: &str,
 ) -> (Backend, tempfile::TempDir, String) {
     let backend = Backend::start(BackendKind::S3Fs).await;
@@ -941,7 +941,7 @@ async fn held_store(
         backend.endpoint.trim_start_matches("http://").to_owned(),
         marker,
         hold,
-        closed,
+        held,
     )
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1039,11 +1039,11 @@ async fn an_empty_write_the_store_holds_times_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land() {
     const HOLD: Duration = Duration::from_secs(3);
-    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let held = Arc::new(support::relay::Held::default());
     let (backend, dir, toml) = held_store(
         "PUT /bkt/late-new-key",
         HOLD,
-        closed.clone(),
+        held.clone(),
         "timeout_secs = 1\nstore_decision_secs = 5",
     )
     .await;
@@ -1098,7 +1098,7 @@ async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land()
         "the held request landed (before the raise, as the store decided)"
     );
     assert!(
-        closed.load(Ordering::Acquire),
+        held.closed(),
         "the proxy closed the timed-out write's connection (when the raise cut it)"
     );
     assert!(
@@ -1135,11 +1135,11 @@ async fn a_write_that_timed_out_holds_back_a_raise_until_it_can_no_longer_land()
 async fn a_write_in_flight_when_the_proxy_died_holds_back_a_raise_after_its_restart() {
     const HOLD: Duration = Duration::from_secs(4);
     const DECISION: Duration = Duration::from_secs(5);
-    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let held = Arc::new(support::relay::Held::default());
     let (backend, dir, toml) = held_store(
         "PUT /bkt/in-flight",
         HOLD,
-        closed.clone(),
+        held.clone(),
         &format!(
             "timeout_secs = 30\nstore_decision_secs = {}",
             DECISION.as_secs()
@@ -1166,7 +1166,11 @@ async fn a_write_in_flight_when_the_proxy_died_holds_back_a_raise_after_its_rest
         }
     });
     let deadline = Instant::now() + Duration::from_secs(10);
-    while proxy.metric("fencegate_proxy_inflight_writes", &[]).await != Some(1.0) {
+    // In flight means past admission and held by the store: the proxy counts
+    // a write from its admission, before its bytes leave.
+    while !(held.reached()
+        && proxy.metric("fencegate_proxy_inflight_writes", &[]).await == Some(1.0))
+    {
         assert!(Instant::now() < deadline, "the write never went out");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1184,7 +1188,7 @@ async fn a_write_in_flight_when_the_proxy_died_holds_back_a_raise_after_its_rest
     assert_eq!(raise, Some(200), "the raise is admitted in the end");
     tokio::time::sleep_until((started + HOLD + Duration::from_secs(2)).into()).await;
     assert!(
-        closed.load(Ordering::Acquire),
+        held.closed(),
         "the dead proxy's connection to the store closed"
     );
     assert_eq!(

@@ -117,7 +117,7 @@ async fn replicas_on_a_holding_store(marker: &'static str, hold: Duration) -> En
         backend.endpoint.trim_start_matches("http://").to_owned(),
         marker,
         hold,
-        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        std::sync::Arc::default(),
     )
     .await;
     harness.first_proxy_via(&relay).start_on(backend).await

@@ -14,7 +14,6 @@ mod support;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use support::harness::{Env, Harness};
 use support::s3::*;
@@ -281,7 +280,7 @@ async fn a_delayed_write_over_identical_bytes_lands_through_the_other_replica(ki
         backend.endpoint.trim_start_matches("http://").to_owned(),
         "alice, late",
         HOLD,
-        Arc::new(AtomicBool::new(false)),
+        Arc::default(),
     )
     .await;
     let r = replicas_via(harness, backend, Some(&relay)).await;
@@ -339,7 +338,7 @@ async fn with_shared_fences_the_delayed_write_is_decided_before_the_newer_holder
         backend.endpoint.trim_start_matches("http://").to_owned(),
         "alice, late",
         HOLD,
-        Arc::new(AtomicBool::new(false)),
+        Arc::default(),
     )
     .await;
     let r = replicas_via(harness, backend, Some(&relay)).await;

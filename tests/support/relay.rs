@@ -5,17 +5,36 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+/// What a [`holding_relay`] has seen of the request it holds.
+#[derive(Default)]
+pub struct Held {
+    /// The marker reached the relay: the store side holds the request.
+    pub reached: AtomicBool,
+    /// The client closed a connection that carried the marker.
+    pub closed: AtomicBool,
+}
+
+impl Held {
+    pub fn reached(&self) -> bool {
+        self.reached.load(Ordering::Acquire)
+    }
+
+    pub fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
 /// A TCP relay in front of a store that holds back the request whose bytes
-/// (head or body) contain `marker` for `hold` before passing them on, as a store does that
-/// has received a request and not yet committed it. The store still gets
-/// (and commits) the request if the client closes its connection meanwhile;
-/// `closed` is set when the client closed a connection that carried the
-/// marker.
+/// (head or body) contain `marker` for `hold` before passing them on, as a
+/// store does that has received a request and not yet committed it. The
+/// store still gets (and commits) the request if the client closes its
+/// connection meanwhile; `held` says when the marker arrived and when the
+/// client closed a connection that carried it.
 pub async fn holding_relay(
     target: String,
     marker: &'static str,
     hold: Duration,
-    closed: Arc<AtomicBool>,
+    held: Arc<Held>,
 ) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -25,7 +44,7 @@ pub async fn holding_relay(
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let target = target.clone();
-            let closed = closed.clone();
+            let held = held.clone();
             tokio::spawn(async move {
                 let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
                     return;
@@ -54,6 +73,7 @@ pub async fn holding_relay(
                             Ok(n) => {
                                 if String::from_utf8_lossy(&buf[..n]).contains(marker) {
                                     let _ = seen_tx.send(true);
+                                    held.reached.store(true, Ordering::Release);
                                 }
                                 if to_store.send(buf[..n].to_vec()).is_err() {
                                     return;
@@ -62,7 +82,7 @@ pub async fn holding_relay(
                         }
                     }
                     if *seen_tx.borrow() {
-                        closed.store(true, Ordering::Release);
+                        held.closed.store(true, Ordering::Release);
                     }
                 });
                 // Store → client: answers pass through; the store's side is
