@@ -84,7 +84,7 @@ EOF
     pkill -f "callgrind.*$work.*proxy" 2>/dev/null || true
     out=$(ls -t "$work"/out.* | head -1)
     # KEEP=DIR keeps each binary's profile there, for callgrind_annotate.
-    [ -z "${KEEP:-}" ] || cp "$out" "$KEEP/$(basename "$bin").callgrind"
+    [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP" && cp "$out" "$KEEP/$(basename "$bin").callgrind"; }
     total=$(callgrind_annotate --auto=no "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !n++ {gsub(",", "", $1); print $1}')
     sha=$(callgrind_annotate --inclusive=yes --auto=no "$out" 2>/dev/null |
         awk '/sha2::sha256::compress256 \[/ && !n++ {gsub(",", "", $1); print $1}')
