@@ -1322,6 +1322,99 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
     );
 }
 
+/// A large upload is read ahead of a slow store (the proxy holds frames
+/// its client sent that the store has not taken). Its client sends it
+/// whole; a raise while the store is still taking it cuts it before its
+/// last frame reaches the store: the raise is answered, the stale upload
+/// is refused, and the stale object never appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    // 2.5 MB/s into the store: 8 MiB takes it over 3 s.
+    let relay = support::relay::throttled_relay(
+        backend.endpoint.trim_start_matches("http://").to_owned(),
+        256 * 1024,
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, "timeout_secs = 30");
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let http = http();
+    assert_eq!(
+        put(&http, &proxy.url, "warm", &signed(BUCKET, 1), "w").await,
+        Some(200)
+    );
+    let lean_before = proxy
+        .metric("fencegate_proxy_lean_forwards_total", &[])
+        .await
+        .unwrap_or(0.0);
+
+    let addr = proxy.url.trim_start_matches("http://").to_owned();
+    let mut stale = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let total = 8 * 1024 * 1024;
+    let head = format!(
+        "PUT /{BUCKET}/read-ahead HTTP/1.1\r\nHost: {addr}\r\nFencing-Token: {}\r\nContent-Length: {total}\r\n\r\n",
+        signed(BUCKET, 1)
+    );
+    stale.write_all(head.as_bytes()).await.expect("head");
+    let (mut answer, mut body) = stale.into_split();
+    let sending = tokio::spawn(async move {
+        body.write_all(&vec![b'1'; total])
+            .await
+            .expect("the whole body");
+        body
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.metric("fencegate_proxy_inflight_writes", &[]).await != Some(1.0) {
+        assert!(Instant::now() < deadline, "the upload never went out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The client has sent it all; the store has taken a second's worth.
+    let _body = tokio::time::timeout(Duration::from_secs(10), sending)
+        .await
+        .expect("the client could send its whole body")
+        .expect("joined");
+    assert_eq!(
+        proxy
+            .metric("fencegate_proxy_lean_forwards_total", &[])
+            .await,
+        Some(lean_before + 1.0),
+        "the upload took the lean route, where bodies are read ahead"
+    );
+
+    assert_eq!(
+        put(&http, &proxy.url, "other", &signed(BUCKET, 2), "new holder").await,
+        Some(200),
+        "the raise is admitted"
+    );
+    let mut text = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), answer.read(&mut text))
+        .await
+        .expect("the stale upload gets an answer, not a hang")
+        .expect("readable");
+    let text = String::from_utf8_lossy(&text[..n]).to_string();
+    assert!(
+        text.starts_with("HTTP/1.1 409") && text.contains("<Code>FencingTokenStale</Code>"),
+        "the stale upload was not answered stale: {text}"
+    );
+    // Whatever the relay still held reaches the store, then the end of a
+    // body short of its length.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        stored(&backend, BUCKET, "read-ahead").await,
+        None,
+        "the stale object never appears"
+    );
+    assert_eq!(
+        stored(&backend, BUCKET, "other").await,
+        Some((b"new holder".to_vec(), Some(2)))
+    );
+}
+
 /// A DELETE the store holds past the timeout keeps its key until the store
 /// answers: the next write of the key decides on what the store holds after
 /// the delete, not before (s3s-fs ignores DELETE If-Match, so a write

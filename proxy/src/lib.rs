@@ -64,6 +64,7 @@ pub mod ops;
 pub mod page;
 pub mod probe;
 pub mod query;
+pub mod read_ahead;
 pub mod request;
 pub mod scope;
 pub mod send_check;

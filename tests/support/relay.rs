@@ -104,6 +104,42 @@ pub async fn holding_relay(
     format!("http://{addr}")
 }
 
+/// A TCP relay whose store-bound direction carries at most `per_tick`
+/// bytes every 100 ms: a store slow to take a body, so that the proxy holds
+/// what its client sent. Answers pass freely. When the proxy closes its
+/// side, the store gets what was relayed and then the end of the stream.
+pub async fn throttled_relay(target: String, per_tick: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; per_tick];
+                    while let Ok(n) = cr.read(&mut buf).await {
+                        if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    let _ = sw.shutdown().await;
+                });
+                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
 /// A TCP relay that records the request line of every request it passes
 /// (`"PUT /bkt/key"`), in order. It reads request heads only where a new
 /// request can start, so it serves clients that send one request at a time

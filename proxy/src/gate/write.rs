@@ -76,6 +76,15 @@ impl Write {
             Route::Lean(_) => None,
         };
         let anonymous = req.anonymous();
+        // Upstream of the trailer's check and the cut, which the store's
+        // side polls: a raise still stops the body before its end.
+        if matches!(req.route, Route::Lean(_))
+            && req
+                .content_length
+                .is_some_and(|l| l.unsigned_abs() >= crate::read_ahead::MIN_LEN)
+        {
+            req.body = req.body.take().map(crate::read_ahead::read_ahead);
+        }
         let verdict = crate::trailer::check(&mut req.body, &req.headers, trailing, anonymous);
         let conds = conditions(&self.known, req.if_match.take(), req.if_none_match.take())?;
         let watch = gate.watch_body(&mut req.body, &self.admission.cancel);

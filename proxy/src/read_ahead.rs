@@ -1,0 +1,160 @@
+//! Read-ahead for a large upload's body: a task on the same serving thread
+//! reads the client's body a few frames ahead of the store's side, so that
+//! reading from the client goes on while a write to the store waits for
+//! room in its socket, as a plain forwarder's event loop does.
+//!
+//! Without it the two alternate: hyper's server reads the next frame only
+//! once its client has taken the last one, and the client takes it only
+//! once the store's socket took the one before (BENCHMARKS.md, large
+//! PUTs).
+//!
+//! It must sit upstream of everything that can end a write early (the cut
+//! of `body::Cancellable`, the trailer's check): those are polled by the
+//! store's side, so a raise still stops the body before its last frame
+//! reaches the store, however far ahead the client has been read.
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use s3s::StdError;
+use s3s::dto::StreamingBlob;
+use s3s::stream::{ByteStream, RemainingLength};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::sync::mpsc;
+
+/// Frames held ahead of the store's side (each at most hyper's read
+/// buffer, about 400 KiB).
+const FRAMES: usize = 4;
+
+/// A body at least this long is read ahead; a shorter one is sent in a
+/// frame or two, and the task would cost more than it saves.
+pub const MIN_LEN: u64 = 1024 * 1024;
+
+/// `body`, read ahead by a task of the current runtime. The task ends
+/// when the body does, fails, or is no longer wanted (the returned body
+/// was dropped), and drops the client's body then.
+pub fn read_ahead(mut body: StreamingBlob) -> StreamingBlob {
+    let remaining = body.remaining_length().exact();
+    let (ahead, rx) = mpsc::channel(FRAMES);
+    tokio::spawn(async move {
+        loop {
+            let frame = tokio::select! {
+                frame = body.next() => frame,
+                () = ahead.closed() => return,
+            };
+            let Some(frame) = frame else { return };
+            let failed = frame.is_err();
+            if ahead.send(frame).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    StreamingBlob::new(Ahead { rx, remaining })
+}
+
+/// The store's side of a read-ahead body.
+struct Ahead {
+    rx: mpsc::Receiver<Result<Bytes, StdError>>,
+    remaining: Option<usize>,
+}
+
+impl Stream for Ahead {
+    type Item = Result<Bytes, StdError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = self.rx.poll_recv(cx);
+        if let (Poll::Ready(Some(Ok(frame))), Some(r)) = (&polled, self.remaining.as_mut()) {
+            *r = r.saturating_sub(frame.len());
+        }
+        polled
+    }
+}
+
+impl ByteStream for Ahead {
+    fn remaining_length(&self) -> RemainingLength {
+        self.remaining
+            .map_or_else(RemainingLength::unknown, RemainingLength::new_exact)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blob(frames: Vec<Result<&'static [u8], &'static str>>) -> StreamingBlob {
+        let len = frames.iter().flatten().map(|f| f.len()).sum();
+        let stream = futures::stream::iter(frames.into_iter().map(|f| {
+            f.map(Bytes::from_static)
+                .map_err(|e| -> StdError { e.into() })
+        }));
+        StreamingBlob::new(Exact { stream, len })
+    }
+
+    struct Exact<S> {
+        stream: S,
+        len: usize,
+    }
+
+    impl<S: Stream<Item = Result<Bytes, StdError>> + Unpin> Stream for Exact<S> {
+        type Item = Result<Bytes, StdError>;
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            Pin::new(&mut self.stream).poll_next(cx)
+        }
+    }
+
+    impl<S: Stream<Item = Result<Bytes, StdError>> + Unpin> ByteStream for Exact<S> {
+        fn remaining_length(&self) -> RemainingLength {
+            RemainingLength::new_exact(self.len)
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_pass_in_order_with_the_length_left() {
+        let mut body = read_ahead(blob(vec![Ok(b"ab"), Ok(b"cde"), Ok(b"f")]));
+        assert_eq!(body.remaining_length().exact(), Some(6));
+        let mut seen = Vec::new();
+        while let Some(frame) = body.next().await {
+            seen.push(frame.expect("frame"));
+            seen.push(Bytes::from(
+                body.remaining_length().exact().expect("exact").to_string(),
+            ));
+        }
+        assert_eq!(
+            seen,
+            ["ab", "4", "cde", "1", "f", "0"].map(|s| Bytes::from_static(s.as_bytes()))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_error_ends_the_body_after_the_frames_before_it() {
+        let mut body = read_ahead(blob(vec![Ok(b"ab"), Err("client went away"), Ok(b"x")]));
+        assert_eq!(body.next().await.expect("a frame").expect("ok"), "ab");
+        let e = body.next().await.expect("a frame").expect_err("the error");
+        assert_eq!(e.to_string(), "client went away");
+        assert!(body.next().await.is_none(), "nothing after the error");
+    }
+
+    #[tokio::test]
+    async fn dropping_the_body_lets_go_of_a_silent_client() {
+        let (tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, StdError>>(1);
+        let dropped = std::sync::Arc::new(());
+        let held = dropped.clone();
+        let silent = rx.map(move |f| {
+            let _ = &held;
+            f
+        });
+        let body = read_ahead(StreamingBlob::new(Exact {
+            stream: silent,
+            len: 10,
+        }));
+        drop(body);
+        for _ in 0..100 {
+            if std::sync::Arc::strong_count(&dropped) == 1 {
+                drop(tx);
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the task still holds the client's body");
+    }
+}
