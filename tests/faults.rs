@@ -1322,24 +1322,23 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
     );
 }
 
-/// A large upload is read ahead of a slow store (the proxy holds frames
-/// its client sent that the store has not taken). Its client sends it
-/// whole; a raise while the store is still taking it cuts it before its
-/// last frame reaches the store: the raise is answered, the stale upload
-/// is refused, and the stale object never appears.
+/// A large upload is read ahead of a slow store: its client sends fast,
+/// the store takes 2.5 MB/s, so the proxy holds frames the store has not
+/// taken. A raise while the store is still taking it cuts it before its
+/// end: the raise is answered, the stale upload is refused, and the stale
+/// object never appears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
-    // 2.5 MB/s into the store: 8 MiB takes it over 3 s.
-    let relay = support::relay::throttled_relay(
+    let (relay, passed) = support::relay::throttled_relay(
         backend.endpoint.trim_start_matches("http://").to_owned(),
         256 * 1024,
     )
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, "timeout_secs = 30");
+    let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, "timeout_secs = 60");
     let proxy = Proxy::start(&toml, dir.path()).await;
     let http = http();
     assert_eq!(
@@ -1351,11 +1350,13 @@ async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
         .await
         .unwrap_or(0.0);
 
+    // 32 MiB: at 2.5 MB/s the store needs 13 s for it, far more than the
+    // socket buffers and the read-ahead between them hold.
+    let total: u64 = 32 * 1024 * 1024;
     let addr = proxy.url.trim_start_matches("http://").to_owned();
     let mut stale = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
-    let total = 8 * 1024 * 1024;
     let head = format!(
         "PUT /{BUCKET}/read-ahead HTTP/1.1\r\nHost: {addr}\r\nFencing-Token: {}\r\nContent-Length: {total}\r\n\r\n",
         signed(BUCKET, 1)
@@ -1363,21 +1364,21 @@ async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
     stale.write_all(head.as_bytes()).await.expect("head");
     let (mut answer, mut body) = stale.into_split();
     let sending = tokio::spawn(async move {
-        body.write_all(&vec![b'1'; total])
-            .await
-            .expect("the whole body");
-        body
+        let chunk = vec![b'1'; 1024 * 1024];
+        for _ in 0..total / chunk.len() as u64 {
+            if body.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
     });
     let deadline = Instant::now() + Duration::from_secs(10);
-    while proxy.metric("fencegate_proxy_inflight_writes", &[]).await != Some(1.0) {
-        assert!(Instant::now() < deadline, "the upload never went out");
+    while passed.load(Ordering::Acquire) < 2 * 1024 * 1024 {
+        assert!(
+            Instant::now() < deadline,
+            "the upload never reached the store"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The client has sent it all; the store has taken a second's worth.
-    let _body = tokio::time::timeout(Duration::from_secs(10), sending)
-        .await
-        .expect("the client could send its whole body")
-        .expect("joined");
     assert_eq!(
         proxy
             .metric("fencegate_proxy_lean_forwards_total", &[])
@@ -1391,8 +1392,13 @@ async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
         Some(200),
         "the raise is admitted"
     );
+    let at_raise = passed.load(Ordering::Acquire);
+    assert!(
+        at_raise < total,
+        "the store had the whole stale body before the raise ({at_raise} bytes)"
+    );
     let mut text = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(10), answer.read(&mut text))
+    let n = tokio::time::timeout(Duration::from_secs(20), answer.read(&mut text))
         .await
         .expect("the stale upload gets an answer, not a hang")
         .expect("readable");
@@ -1401,9 +1407,14 @@ async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
         text.starts_with("HTTP/1.1 409") && text.contains("<Code>FencingTokenStale</Code>"),
         "the stale upload was not answered stale: {text}"
     );
-    // Whatever the relay still held reaches the store, then the end of a
-    // body short of its length.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    sending.abort();
+    // What the relay still held reaches the store, then the end of a body
+    // short of its length.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        passed.load(Ordering::Acquire) < total,
+        "the whole stale body reached the store"
+    );
     assert_eq!(
         stored(&backend, BUCKET, "read-ahead").await,
         None,

@@ -1,5 +1,5 @@
 //! Read-ahead for a large upload's body: a task on the same serving thread
-//! reads the client's body a few frames ahead of the store's side, so that
+//! reads the client's body a frame or two ahead of the store's side, so that
 //! reading from the client goes on while a write to the store waits for
 //! room in its socket, as a plain forwarder's event loop does.
 //!
@@ -10,8 +10,13 @@
 //!
 //! It must sit upstream of everything that can end a write early (the cut
 //! of `body::Cancellable`, the trailer's check): those are polled by the
-//! store's side, so a raise still stops the body before its last frame
-//! reaches the store, however far ahead the client has been read.
+//! store's side, so however far ahead the client has been read, a raise
+//! still stops a body whose last frame the store's side has not taken, as
+//! without read-ahead. (Once it has taken it, the write is all sent, and a
+//! raise waits for the store's answer instead.)
+//!
+//! The task starts when the store's side first asks for the body, so a
+//! write refused before it is sent reads nothing of it.
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -22,49 +27,89 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 
-/// Frames held ahead of the store's side (each at most hyper's read
-/// buffer, about 400 KiB).
-const FRAMES: usize = 4;
+/// Frames held ahead of the store's side: one in the channel and one
+/// waiting to go in, each at most hyper's read buffer (about 400 KiB), so
+/// an upload holds at most about 800 KiB more than without read-ahead.
+const FRAMES: usize = 1;
 
 /// A body at least this long is read ahead; a shorter one is sent in a
 /// frame or two, and the task would cost more than it saves.
 pub const MIN_LEN: u64 = 1024 * 1024;
 
-/// `body`, read ahead by a task of the current runtime. The task ends
-/// when the body does, fails, or is no longer wanted (the returned body
-/// was dropped), and drops the client's body then.
-pub fn read_ahead(mut body: StreamingBlob) -> StreamingBlob {
+/// `body`, read ahead by a task of the current runtime once the store's
+/// side first asks for it (so a write refused before it is sent reads
+/// nothing, and a client that sent `Expect: 100-continue` is not asked for
+/// its body). The task ends when the body does, fails, or is no longer
+/// wanted (the returned body was dropped), and drops the client's body
+/// then.
+pub fn read_ahead(body: StreamingBlob) -> StreamingBlob {
     let remaining = body.remaining_length().exact();
-    let (ahead, rx) = mpsc::channel(FRAMES);
-    tokio::spawn(async move {
-        loop {
-            let frame = tokio::select! {
-                frame = body.next() => frame,
-                () = ahead.closed() => return,
-            };
-            let Some(frame) = frame else { return };
-            let failed = frame.is_err();
-            if ahead.send(frame).await.is_err() || failed {
-                return;
-            }
+    StreamingBlob::new(Ahead {
+        state: State::Idle(Some(body)),
+        remaining,
+    })
+}
+
+/// Reads `body` into `ahead` until it ends, fails, or `ahead` is closed.
+async fn pump(mut body: StreamingBlob, ahead: mpsc::Sender<Result<Bytes, StdError>>) {
+    loop {
+        let frame = tokio::select! {
+            frame = body.next() => frame,
+            () = ahead.closed() => return,
+        };
+        let Some(frame) = frame else { return };
+        let failed = frame.is_err();
+        if ahead.send(frame).await.is_err() || failed {
+            return;
         }
-    });
-    StreamingBlob::new(Ahead { rx, remaining })
+    }
 }
 
 /// The store's side of a read-ahead body.
 struct Ahead {
-    rx: mpsc::Receiver<Result<Bytes, StdError>>,
+    state: State,
     remaining: Option<usize>,
 }
+
+enum State {
+    /// Not asked for yet: the client's body, untouched.
+    Idle(Option<StreamingBlob>),
+    /// The task reads it.
+    Reading(mpsc::Receiver<Result<Bytes, StdError>>),
+    /// It failed: nothing follows its error.
+    Failed,
+}
+
+/// The task ended before the body did (it panicked): the body is short.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body's read-ahead ended {0} bytes before its end")]
+struct EndedEarly(usize);
 
 impl Stream for Ahead {
     type Item = Result<Bytes, StdError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let polled = self.rx.poll_recv(cx);
-        if let (Poll::Ready(Some(Ok(frame))), Some(r)) = (&polled, self.remaining.as_mut()) {
-            *r = r.saturating_sub(frame.len());
+        if let State::Idle(body) = &mut self.state {
+            let Some(body) = body.take() else {
+                return Poll::Ready(None);
+            };
+            let (ahead, rx) = mpsc::channel(FRAMES);
+            tokio::spawn(pump(body, ahead));
+            self.state = State::Reading(rx);
+        }
+        let State::Reading(rx) = &mut self.state else {
+            return Poll::Ready(None);
+        };
+        let polled = rx.poll_recv(cx);
+        match (&polled, self.remaining.as_mut()) {
+            (Poll::Ready(Some(Ok(frame))), Some(r)) => *r = r.saturating_sub(frame.len()),
+            (Poll::Ready(None), Some(r)) if *r > 0 => {
+                let short = *r;
+                *r = 0;
+                return Poll::Ready(Some(Err(Box::new(EndedEarly(short)))));
+            }
+            (Poll::Ready(Some(Err(_))), _) => self.state = State::Failed,
+            _ => {}
         }
         polled
     }
@@ -135,6 +180,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn nothing_is_read_before_the_store_asks() {
+        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, StdError>>(8);
+        let polled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = polled.clone();
+        let client = rx.inspect(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        tx.try_send(Ok(Bytes::from_static(b"abc"))).expect("queued");
+        let mut body = read_ahead(StreamingBlob::new(Exact {
+            stream: client,
+            len: 3,
+        }));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(polled.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(body.next().await.expect("a frame").expect("ok"), "abc");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_ends_short_fails() {
+        let mut body = read_ahead(StreamingBlob::new(Exact {
+            stream: futures::stream::iter([Ok(Bytes::from_static(b"ab"))]),
+            len: 5,
+        }));
+        assert_eq!(body.next().await.expect("a frame").expect("ok"), "ab");
+        let e = body.next().await.expect("an error").expect_err("short");
+        assert!(e.to_string().contains("3 bytes before its end"), "{e}");
+        assert!(body.next().await.is_none());
+    }
+
+    #[tokio::test]
     async fn dropping_the_body_lets_go_of_a_silent_client() {
         let (tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, StdError>>(1);
         let dropped = std::sync::Arc::new(());
@@ -143,10 +220,17 @@ mod tests {
             let _ = &held;
             f
         });
-        let body = read_ahead(StreamingBlob::new(Exact {
+        let mut body = read_ahead(StreamingBlob::new(Exact {
             stream: silent,
             len: 10,
         }));
+        // Asked once, so the task runs and waits on the silent client.
+        assert!(futures::poll!(body.next()).is_pending());
+        assert_eq!(
+            std::sync::Arc::strong_count(&dropped),
+            2,
+            "the task holds it"
+        );
         drop(body);
         for _ in 0..100 {
             if std::sync::Arc::strong_count(&dropped) == 1 {

@@ -2,7 +2,7 @@
 //! a test's hands.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// What a [`holding_relay`] has seen of the request it holds.
@@ -108,15 +108,19 @@ pub async fn holding_relay(
 /// bytes every 100 ms: a store slow to take a body, so that the proxy holds
 /// what its client sent. Answers pass freely. When the proxy closes its
 /// side, the store gets what was relayed and then the end of the stream.
-pub async fn throttled_relay(target: String, per_tick: usize) -> String {
+/// The count is of the bytes passed on to the store so far.
+pub async fn throttled_relay(target: String, per_tick: usize) -> (String, Arc<AtomicU64>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let passed = Arc::new(AtomicU64::new(0));
+    let count = passed.clone();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let target = target.clone();
+            let count = count.clone();
             tokio::spawn(async move {
                 let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
                     return;
@@ -129,6 +133,7 @@ pub async fn throttled_relay(target: String, per_tick: usize) -> String {
                         if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
                             break;
                         }
+                        count.fetch_add(n as u64, Ordering::AcqRel);
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     let _ = sw.shutdown().await;
@@ -137,7 +142,7 @@ pub async fn throttled_relay(target: String, per_tick: usize) -> String {
             });
         }
     });
-    format!("http://{addr}")
+    (format!("http://{addr}"), passed)
 }
 
 /// A TCP relay that records the request line of every request it passes

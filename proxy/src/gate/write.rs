@@ -81,7 +81,7 @@ impl Write {
         if matches!(req.route, Route::Lean(_))
             && req
                 .content_length
-                .is_some_and(|l| l.unsigned_abs() >= crate::read_ahead::MIN_LEN)
+                .is_some_and(|l| u64::try_from(l).is_ok_and(|l| l >= crate::read_ahead::MIN_LEN))
         {
             req.body = req.body.take().map(crate::read_ahead::read_ahead);
         }
