@@ -24,8 +24,9 @@ use s3s::StdError;
 use s3s::dto::StreamingBlob;
 use s3s::stream::{ByteStream, RemainingLength};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 /// Frames held ahead of the store's side: one in the channel and one
 /// waiting to go in, each at most hyper's read buffer (about 400 KiB), so
@@ -36,22 +37,59 @@ const FRAMES: usize = 1;
 /// frame or two, and the task would cost more than it saves.
 pub const MIN_LEN: u64 = 1024 * 1024;
 
+/// Uploads read ahead at once, per proxy: at most about 50 MiB held
+/// ahead in all. An upload past them streams as it would without.
+const AT_ONCE: usize = 64;
+
+/// The proxy's read-ahead slots.
+#[derive(Debug, Clone)]
+pub struct ReadAheads {
+    slots: Arc<Semaphore>,
+}
+
+impl Default for ReadAheads {
+    fn default() -> ReadAheads {
+        ReadAheads {
+            slots: Arc::new(Semaphore::new(AT_ONCE)),
+        }
+    }
+}
+
+impl ReadAheads {
+    /// `body` of `length` bytes, read ahead when it is long enough and a
+    /// slot is free; else `body` itself.
+    pub fn wrap(&self, body: StreamingBlob, length: Option<i64>) -> StreamingBlob {
+        let long = length.is_some_and(|l| u64::try_from(l).is_ok_and(|l| l >= MIN_LEN));
+        if !long {
+            return body;
+        }
+        match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => read_ahead(body, slot),
+            Err(_) => body,
+        }
+    }
+}
+
 /// `body`, read ahead by a task of the current runtime once the store's
 /// side first asks for it (so a write refused before it is sent reads
 /// nothing, and a client that sent `Expect: 100-continue` is not asked for
 /// its body). The task ends when the body does, fails, or is no longer
 /// wanted (the returned body was dropped), and drops the client's body
-/// then.
-pub fn read_ahead(body: StreamingBlob) -> StreamingBlob {
+/// and its `slot` then.
+fn read_ahead(body: StreamingBlob, slot: OwnedSemaphorePermit) -> StreamingBlob {
     let remaining = body.remaining_length().exact();
     StreamingBlob::new(Ahead {
-        state: State::Idle(Some(body)),
+        state: State::Idle(Some((body, slot))),
         remaining,
     })
 }
 
 /// Reads `body` into `ahead` until it ends, fails, or `ahead` is closed.
-async fn pump(mut body: StreamingBlob, ahead: mpsc::Sender<Result<Bytes, StdError>>) {
+async fn pump(
+    mut body: StreamingBlob,
+    ahead: mpsc::Sender<Result<Bytes, StdError>>,
+    _slot: OwnedSemaphorePermit,
+) {
     loop {
         let frame = tokio::select! {
             frame = body.next() => frame,
@@ -72,8 +110,8 @@ struct Ahead {
 }
 
 enum State {
-    /// Not asked for yet: the client's body, untouched.
-    Idle(Option<StreamingBlob>),
+    /// Not asked for yet: the client's body, untouched, and its slot.
+    Idle(Option<(StreamingBlob, OwnedSemaphorePermit)>),
     /// The task reads it.
     Reading(mpsc::Receiver<Result<Bytes, StdError>>),
     /// It failed: nothing follows its error.
@@ -90,11 +128,11 @@ impl Stream for Ahead {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if let State::Idle(body) = &mut self.state {
-            let Some(body) = body.take() else {
+            let Some((body, slot)) = body.take() else {
                 return Poll::Ready(None);
             };
             let (ahead, rx) = mpsc::channel(FRAMES);
-            tokio::spawn(pump(body, ahead));
+            tokio::spawn(pump(body, ahead, slot));
             self.state = State::Reading(rx);
         }
         let State::Reading(rx) = &mut self.state else {
@@ -125,6 +163,14 @@ impl ByteStream for Ahead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `body` read ahead, with a slot of its own.
+    fn read_ahead(body: StreamingBlob) -> StreamingBlob {
+        let slot = Arc::new(Semaphore::new(1))
+            .try_acquire_owned()
+            .expect("a slot");
+        super::read_ahead(body, slot)
+    }
 
     fn blob(frames: Vec<Result<&'static [u8], &'static str>>) -> StreamingBlob {
         let len = frames.iter().flatten().map(|f| f.len()).sum();
@@ -197,6 +243,25 @@ mod tests {
         }
         assert_eq!(polled.load(std::sync::atomic::Ordering::SeqCst), 0);
         assert_eq!(body.next().await.expect("a frame").expect("ok"), "abc");
+    }
+
+    #[tokio::test]
+    async fn only_long_bodies_are_read_ahead_and_only_while_a_slot_is_free() {
+        let aheads = ReadAheads::default();
+        let short = aheads.wrap(blob(vec![Ok(b"ab")]), Some(2));
+        assert_eq!(aheads.slots.available_permits(), AT_ONCE, "{short:?}");
+        let held: Vec<_> = (0..AT_ONCE)
+            .map(|_| aheads.wrap(blob(vec![Ok(b"ab")]), Some(2 << 20)))
+            .collect();
+        assert_eq!(aheads.slots.available_permits(), 0);
+        let past = aheads.wrap(blob(vec![Ok(b"ab")]), Some(2 << 20));
+        assert_eq!(aheads.slots.available_permits(), 0, "{past:?}");
+        drop(held);
+        assert_eq!(
+            aheads.slots.available_permits(),
+            AT_ONCE,
+            "a slot is freed with its body"
+        );
     }
 
     #[tokio::test]

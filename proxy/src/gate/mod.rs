@@ -107,6 +107,8 @@ pub struct Gate {
     probing: tokio::sync::Mutex<()>,
     /// Bytes of whole-read request bodies held at once (see `early`).
     body_budget: crate::early::BodyBudget,
+    /// Large uploads read ahead of the store at once (see `read_ahead`).
+    read_aheads: crate::read_ahead::ReadAheads,
 }
 
 /// Where a request's token can come from: its headers, and the access key
@@ -351,6 +353,7 @@ impl Gate {
                 config.max_buffered_body_bytes,
                 config.max_xml_body_bytes,
             ),
+            read_aheads: crate::read_ahead::ReadAheads::default(),
         })
     }
 

@@ -78,12 +78,9 @@ impl Write {
         let anonymous = req.anonymous();
         // Upstream of the trailer's check and the cut, which the store's
         // side polls: a raise still stops the body before its end.
-        if matches!(req.route, Route::Lean(_))
-            && req
-                .content_length
-                .is_some_and(|l| u64::try_from(l).is_ok_and(|l| l >= crate::read_ahead::MIN_LEN))
-        {
-            req.body = req.body.take().map(crate::read_ahead::read_ahead);
+        if matches!(req.route, Route::Lean(_)) {
+            let length = req.content_length;
+            req.body = req.body.take().map(|b| gate.read_aheads.wrap(b, length));
         }
         let verdict = crate::trailer::check(&mut req.body, &req.headers, trailing, anonymous);
         let conds = conditions(&self.known, req.if_match.take(), req.if_none_match.take())?;
