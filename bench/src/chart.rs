@@ -14,6 +14,7 @@ use std::path::Path;
 fn color(kind: Kind) -> RGBColor {
     match kind {
         Kind::Direct => RGBColor(40, 40, 40),
+        Kind::DirectFenced => RGBColor(130, 130, 130),
         Kind::Nginx => RGBColor(0, 140, 60),
         Kind::Fencegate => RGBColor(210, 40, 40),
         Kind::Baseline => RGBColor(150, 150, 210),
@@ -25,7 +26,8 @@ struct Panel {
     title: &'static str,
     y_desc: &'static str,
     log_y: bool,
-    /// Direct has no proxy: its own CPU is the store's, not comparable.
+    /// Direct (plain or fenced) has no proxy: its own CPU is the store's,
+    /// not comparable.
     proxies_only: bool,
     value: fn(&crate::small::VariantLevel) -> f64,
 }
@@ -55,7 +57,7 @@ const PANELS: [Panel; 3] = [
 ];
 
 fn shown(panel: &Panel, kind: Kind) -> bool {
-    !(panel.proxies_only && kind == Kind::Direct)
+    !(panel.proxies_only && matches!(kind, Kind::Direct | Kind::DirectFenced))
 }
 
 /// An axis label with as many decimals as the value needs.

@@ -233,6 +233,38 @@ fn targets(r: &Results) -> Vec<Target> {
                 measured: format!("{:.4} vs {:.4}", p.ratio_ops, n.ratio_ops),
                 met: Some(p.ratio_ops >= n.ratio_ops - 0.03),
             });
+            // Not targets: how much of the gap to nginx is the store's
+            // work for the fence (a conditional, tagged write), which any
+            // fencing proxy asks of it and nginx's plain requests do not.
+            if let Some(f) = l.get(Kind::DirectFenced) {
+                t.push(Target {
+                    target: format!(
+                        "small c={}: the fenced request's cost at the store (direct+fence vs direct)",
+                        l.concurrency
+                    ),
+                    measured: format!(
+                        "ratio {:.4}, p50 {:+.3} ms, store CPU {:+.1} us/PUT",
+                        f.ratio_ops,
+                        f.p50_overhead_ms,
+                        f.store_cpu_us_per_put - d.store_cpu_us_per_put
+                    ),
+                    met: None,
+                });
+                t.push(Target {
+                    target: format!(
+                        "small c={}: the proxy over direct+fence, nginx over direct",
+                        l.concurrency
+                    ),
+                    measured: format!(
+                        "ratio {:.4} vs {:.4}, p50 {:+.3} vs {:+.3} ms",
+                        util::ratio(p.series.median_ops_per_sec, f.series.median_ops_per_sec),
+                        n.ratio_ops,
+                        p.p50_overhead_ms - f.p50_overhead_ms,
+                        n.p50_overhead_ms
+                    ),
+                    met: None,
+                });
+            }
             if l.concurrency == 1 {
                 t.push(Target {
                     target: "small c=1: p50 overhead <= nginx's + 0.1 ms".into(),

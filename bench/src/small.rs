@@ -1,8 +1,10 @@
 //! `small`: 4 KiB PUTs to the same backend, in interleaved rounds, by up to
-//! four ways: direct to the store, through nginx (a plain reverse proxy, the
-//! cost anchor), through the fencegate proxy under test, and optionally
-//! through a second fencegate binary (the baseline, e.g. an older commit),
-//! so before and after are measured in the same minutes.
+//! five ways: direct to the store, direct with the request the proxy makes
+//! of it (conditional and tagged: what the fence costs the store), through
+//! nginx (a plain reverse proxy, the cost anchor), through the fencegate
+//! proxy under test, and optionally through a second fencegate binary (the
+//! baseline, e.g. an older commit), so before and after are measured in
+//! the same minutes.
 //!
 //! Every variant uses the same SDK client configuration; direct and nginx
 //! sign with the backend's key (nginx passes the request on untouched), the
@@ -15,7 +17,9 @@ use crate::util::{Cpu, Series, SeriesSummary, ratio, timed_round};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -43,6 +47,11 @@ pub struct SmallOpts {
 pub enum Kind {
     /// Straight to the store.
     Direct,
+    /// Straight to the store, as the proxy writes: `If-Match` with the
+    /// key's last ETag (`If-None-Match: *` for its first write) and the
+    /// token in `x-amz-meta-fencing-token`. What this costs over `Direct`
+    /// is the store's work for the fence, not any proxy's.
+    DirectFenced,
     /// Through nginx, a plain reverse proxy.
     Nginx,
     /// Through the fencegate proxy under test (`--fencegate`).
@@ -55,6 +64,7 @@ impl Kind {
     fn key_prefix(self) -> &'static str {
         match self {
             Kind::Direct => "small-direct",
+            Kind::DirectFenced => "small-direct-fenced",
             Kind::Nginx => "small-nginx",
             Kind::Fencegate => "small-proxy",
             Kind::Baseline => "small-baseline",
@@ -132,7 +142,12 @@ struct Running {
     info: VariantInfo,
     client: aws_sdk_s3::Client,
     server: Server,
+    /// Each key's last ETag, for a variant that writes conditionally.
+    etags: Option<Etags>,
 }
+
+/// The last ETag the store gave each key (`DirectFenced`).
+type Etags = Arc<Mutex<HashMap<String, String>>>;
 
 #[derive(Debug)]
 enum Server {
@@ -154,20 +169,21 @@ impl Running {
 }
 
 async fn round(
-    client: &aws_sdk_s3::Client,
-    kind: Kind,
+    v: &Running,
     concurrency: usize,
     dur: Duration,
     body: &Bytes,
     tok: &http::HeaderValue,
     keys_per_worker: usize,
 ) -> crate::util::RoundResult {
-    let client = client.clone();
+    let client = v.client.clone();
+    let etags = v.etags.clone();
     let body = body.clone();
     let tok = tok.clone();
-    let prefix = kind.key_prefix();
+    let prefix = v.info.kind.key_prefix();
     timed_round(concurrency, dur, move |w, i| {
         let client = client.clone();
+        let etags = etags.clone();
         let body = body.clone();
         let tok = tok.clone();
         async move {
@@ -175,19 +191,37 @@ async fn round(
                 "{prefix}/c{concurrency}/w{w}/k{}",
                 i as usize % keys_per_worker
             );
+            let mut put = client
+                .put_object()
+                .bucket(BUCKET)
+                .key(&key)
+                .body(ByteStream::from(body));
+            if let Some(etags) = &etags {
+                let last = etags
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&key)
+                    .cloned();
+                put = match last {
+                    Some(etag) => put.if_match(etag),
+                    None => put.if_none_match("*"),
+                }
+                .metadata("fencing-token", tok.to_str()?);
+            }
             // The same request every way, Fencing-Token included (the
             // backend ignores the header, nginx passes it on).
-            fenced!(
-                client
-                    .put_object()
-                    .bucket(BUCKET)
-                    .key(key)
-                    .body(ByteStream::from(body)),
-                tok
-            )
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("{:?}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+            let out = fenced!(put, tok).send().await.map_err(|e| {
+                anyhow::anyhow!("{:?}", aws_sdk_s3::error::DisplayErrorContext(e))
+            })?;
+            if let Some(etags) = &etags {
+                let etag = out
+                    .e_tag()
+                    .ok_or_else(|| anyhow::anyhow!("the store gave {key} no ETag"))?;
+                etags
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, etag.to_owned());
+            }
             Ok(())
         }
     })
@@ -205,7 +239,19 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
         },
         client: backend.direct(),
         server: Server::Store,
+        etags: None,
     }];
+    variants.push(Running {
+        info: VariantInfo {
+            kind: Kind::DirectFenced,
+            label: "direct+fence".into(),
+            binary: None,
+            server_cpu_of: "the store, as for direct".into(),
+        },
+        client: backend.direct(),
+        server: Server::Store,
+        etags: Some(Etags::default()),
+    });
     let nginx_unavailable =
         match crate::nginx::anchor("small", opts.nginx.as_deref(), &backend.endpoint, &ctx.tmp)
             .await?
@@ -227,6 +273,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
                     },
                     client: sdk_client(&n.url, BACKEND_KEY),
                     server: Server::Nginx(n),
+                    etags: None,
                 });
                 None
             }
@@ -242,6 +289,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
         },
         client: proxy.client(),
         server: Server::Proxy(proxy),
+        etags: None,
     });
     if let Some((bin, label)) = &opts.baseline {
         let proxy = ProxyProc::start(bin, &backend, &ctx.tmp).await?;
@@ -255,6 +303,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
             },
             client: proxy.client(),
             server: Server::Proxy(proxy),
+            etags: None,
         });
     }
 
@@ -276,8 +325,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
         // first write of each key costs a proxy a HEAD).
         for v in &variants {
             let r = round(
-                &v.client,
-                v.info.kind,
+                v,
                 c,
                 opts.warmup,
                 &body,
@@ -306,8 +354,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
                 let pids = v.pids();
                 let before = Cpu::read_pids(&pids);
                 let res = round(
-                    &v.client,
-                    v.info.kind,
+                    v,
                     c,
                     opts.round,
                     &body,
@@ -338,7 +385,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
                     .collect(),
                 p50_overhead_ms: s.latency.p50_ms - d.latency.p50_ms,
                 p99_overhead_ms: s.latency.p99_ms - d.latency.p99_ms,
-                server_cpu_us_per_put: if v.info.kind == Kind::Direct {
+                server_cpu_us_per_put: if matches!(v.info.kind, Kind::Direct | Kind::DirectFenced) {
                     per.backend
                 } else {
                     per.proxy
