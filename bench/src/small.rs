@@ -210,9 +210,10 @@ async fn round(
             }
             // The same request every way, Fencing-Token included (the
             // backend ignores the header, nginx passes it on).
-            let out = fenced!(put, tok).send().await.map_err(|e| {
-                anyhow::anyhow!("{:?}", aws_sdk_s3::error::DisplayErrorContext(e))
-            })?;
+            let out = fenced!(put, tok)
+                .send()
+                .await
+                .map_err(|e| anyhow::anyhow!("{:?}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
             if let Some(etags) = &etags {
                 let etag = out
                     .e_tag()
@@ -324,15 +325,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
         // Warm-up: connections, the proxies' fence raise, key creation (the
         // first write of each key costs a proxy a HEAD).
         for v in &variants {
-            let r = round(
-                v,
-                c,
-                opts.warmup,
-                &body,
-                &tok,
-                opts.keys_per_worker,
-            )
-            .await;
+            let r = round(v, c, opts.warmup, &body, &tok, opts.keys_per_worker).await;
             if r.errors > 0 {
                 anyhow::bail!(
                     "small warm-up {} c={c}: {} errors, first: {}",
@@ -353,15 +346,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
                 let v = &variants[i];
                 let pids = v.pids();
                 let before = Cpu::read_pids(&pids);
-                let res = round(
-                    v,
-                    c,
-                    opts.round,
-                    &body,
-                    &tok,
-                    opts.keys_per_worker,
-                )
-                .await;
+                let res = round(v, c, opts.round, &body, &tok, opts.keys_per_worker).await;
                 let after = Cpu::read_pids(&pids);
                 series[i].add(res);
                 cpu[i].add_delta(before, after);

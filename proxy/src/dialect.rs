@@ -27,10 +27,10 @@ impl Spelling {
         if etag.trim() == "*" {
             return "*".to_owned();
         }
-        let bare = strip_quotes(etag);
+        let bare = bare(etag);
         match self {
-            Spelling::Quoted => format!("\"{bare}\""),
-            Spelling::Bare => bare,
+            Spelling::Quoted => ["\"", bare, "\""].concat(),
+            Spelling::Bare => bare.to_owned(),
         }
     }
 
@@ -143,10 +143,12 @@ impl Dialect {
 
 /// ETags travel quoted; the proxy keeps the bare value.
 pub fn strip_quotes(s: &str) -> String {
-    s.trim()
-        .trim_start_matches("W/")
-        .trim_matches('"')
-        .to_owned()
+    bare(s).to_owned()
+}
+
+/// `s` without its quotes (and weak mark).
+fn bare(s: &str) -> &str {
+    s.trim().trim_start_matches("W/").trim_matches('"')
 }
 
 #[cfg(test)]

@@ -35,8 +35,9 @@ use crate::gate::Gate;
 use crate::header_names as names;
 use crate::host::VirtualHosts;
 use crate::request::{AsIs, PutRequest, Route};
+use crate::sigv4::{Hex64, Sink};
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
+use hmac::Mac;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use s3s::auth::{Credentials, S3Auth, SecretKey};
 use s3s::dto::{ETagCondition, PutObjectOutput, StreamingBlob};
@@ -48,8 +49,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// How far `x-amz-date` may be from the proxy's clock (s3s's default,
 /// which the proxy keeps).
@@ -85,7 +84,7 @@ pub struct Verified {
 enum Payload {
     Unsigned,
     /// The body's SHA-256, lower-case hex.
-    Sha256(String),
+    Sha256(Hex64),
 }
 
 impl Edge {
@@ -165,10 +164,7 @@ impl Edge {
         }
         let payload = match unique(h, names::X_AMZ_CONTENT_SHA256)? {
             "UNSIGNED-PAYLOAD" => Payload::Unsigned,
-            hash if crate::sigv4::is_sha256_hex(hash.as_bytes()) => {
-                Payload::Sha256(hash.to_owned())
-            }
-            _ => return None,
+            hash => Payload::Sha256(Hex64::parse(hash.as_bytes())?),
         };
         let auth = Authorization::parse(unique(h, http::header::AUTHORIZATION)?)?;
         let stamp = unique(h, names::X_AMZ_DATE)?;
@@ -209,30 +205,33 @@ impl Edge {
 
         // The signature, over the canonical request s3s builds.
         let secret = self.auth.get_secret_key(auth.access_key).await.ok()?;
-        let mut canonical = String::with_capacity(512);
-        canonical.push_str("PUT\n");
+        // Written straight into its hash, and the string to sign into
+        // its HMAC: no text is built.
+        let mut canonical = Sha256::new();
+        canonical.put("PUT\n");
         crate::sigv4::uri_encode(&mut canonical, &decoded);
-        canonical.push('\n');
-        canonical.push_str(query);
-        canonical.push('\n');
+        canonical.put("\n");
+        canonical.put(query);
+        canonical.put("\n");
         for name in auth.signed_headers.split(';') {
             let mut values = h.get_all(name).iter();
             let (Some(value), None) = (values.next(), values.next()) else {
                 return None;
             };
-            canonical.push_str(name);
-            canonical.push(':');
-            push_normalized(&mut canonical, value.to_str().ok()?);
-            canonical.push('\n');
+            canonical.put(name);
+            canonical.put(":");
+            put_normalized(&mut canonical, value.to_str().ok()?);
+            canonical.put("\n");
         }
-        canonical.push('\n');
-        canonical.push_str(auth.signed_headers);
-        canonical.push('\n');
-        canonical.push_str(match &payload {
+        canonical.put("\n");
+        canonical.put(auth.signed_headers);
+        canonical.put("\n");
+        canonical.put(match &payload {
             Payload::Unsigned => "UNSIGNED-PAYLOAD",
-            Payload::Sha256(hash) => hash,
+            Payload::Sha256(hash) => hash.as_str(),
         });
-        let string_to_sign = [
+        let mut mac = crate::sigv4::hmac_of(&signing_key(&secret, auth.date, auth.region));
+        for piece in [
             "AWS4-HMAC-SHA256\n",
             stamp,
             "\n",
@@ -240,13 +239,13 @@ impl Edge {
             "/",
             auth.region,
             "/s3/aws4_request\n",
-            &crate::sigv4::hex(&Sha256::digest(canonical.as_bytes())),
-        ]
-        .concat();
-        let signing = signing_key(&secret, auth.date, auth.region);
-        let mut mac = HmacSha256::new_from_slice(&signing).ok()?;
-        mac.update(string_to_sign.as_bytes());
-        mac.verify_slice(&hex::decode(auth.signature).ok()?).ok()?;
+            Hex64::of(&canonical.finalize()).as_str(),
+        ] {
+            mac.put(piece);
+        }
+        let mut signature = [0u8; 32];
+        hex::decode_to_slice(auth.signature, &mut signature).ok()?;
+        mac.verify_slice(&signature).ok()?;
 
         // The access rules s3s would apply next (`access::Access`).
         crate::query::require_known(crate::op::Op::PutObject, req.uri()).ok()?;
@@ -310,7 +309,7 @@ impl Verified {
         match &self.payload {
             Payload::Unsigned => body,
             Payload::Sha256(hash) => {
-                Body::http_body_unsync(Checked::new(body, self.content_length, hash.clone()))
+                Body::http_body_unsync(Checked::new(body, self.content_length, *hash))
             }
         }
     }
@@ -464,7 +463,7 @@ fn parse_amz_date(stamp: &str) -> Option<SystemTime> {
 
 /// A header value trimmed, with inner runs of whitespace made one space
 /// (as s3s canonicalises it: any Unicode whitespace).
-fn push_normalized(out: &mut String, value: &str) {
+fn put_normalized(out: &mut impl Sink, value: &str) {
     // Most values are already so (ASCII, no whitespace at either end or
     // in a run, no whitespace but spaces): copied whole.
     let space = |c: u8| matches!(c, b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r');
@@ -477,14 +476,14 @@ fn push_normalized(out: &mut String, value: &str) {
         })
         && !after_space | value.is_empty();
     if plain {
-        out.push_str(value);
+        out.put(value);
         return;
     }
     for (i, word) in value.split_whitespace().enumerate() {
         if i > 0 {
-            out.push(' ');
+            out.put(" ");
         }
-        out.push_str(word);
+        out.put(word);
     }
 }
 
@@ -528,7 +527,7 @@ fn signing_key(secret: &SecretKey, date: &str, region: &str) -> [u8; 32] {
 struct Checked {
     inner: Body,
     expected_len: u64,
-    expected_hash: String,
+    expected_hash: Hex64,
     len: u64,
     hash: Sha256,
     /// Set once the whole declared length arrived and matched its hash.
@@ -536,7 +535,7 @@ struct Checked {
 }
 
 impl Checked {
-    fn new(inner: Body, expected_len: u64, expected_hash: String) -> Checked {
+    fn new(inner: Body, expected_len: u64, expected_hash: Hex64) -> Checked {
         Checked {
             inner,
             expected_len,
@@ -549,7 +548,7 @@ impl Checked {
 
     /// Whether what arrived so far is the whole body it was signed as.
     fn complete(&mut self) -> Result<(), s3s::StdError> {
-        let hash = crate::sigv4::hex(&std::mem::take(&mut self.hash).finalize());
+        let hash = Hex64::of(&std::mem::take(&mut self.hash).finalize());
         if hash != self.expected_hash {
             return Err(
                 "the body's SHA-256 is not the x-amz-content-sha256 it was signed with".into(),
@@ -680,7 +679,7 @@ mod tests {
             "AWS4-HMAC-SHA256 Credential=x/y",
         ] {
             let mut got = String::new();
-            push_normalized(&mut got, v);
+            put_normalized(&mut got, v);
             let want = v.split_whitespace().collect::<Vec<_>>().join(" ");
             assert_eq!(got, want, "{v:?}");
         }
@@ -696,7 +695,7 @@ mod tests {
         let body = Body::http_body_unsync(http_body_util::StreamBody::new(futures::stream::iter(
             frames,
         )));
-        Checked::new(body, declared_len, hex::encode(Sha256::digest(signed)))
+        Checked::new(body, declared_len, Hex64::of(&Sha256::digest(signed)))
     }
 
     /// Frame by frame, as a sender that stops at `Content-Length` reads it.

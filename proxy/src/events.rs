@@ -477,12 +477,12 @@ mod tests {
     use super::*;
 
     fn scope() -> crate::scope::Scope {
-        crate::scope::Scope {
+        crate::scope::Scope::new(crate::scope::ScopeDef {
             id: "b/p".into(),
             bucket: "b".into(),
             prefix: "p".into(),
             lock: fencegate_core::LockName::new("db").expect("lock"),
-        }
+        })
     }
 
     fn stale(events: &FenceEvents, token: u64) {

@@ -67,6 +67,8 @@ pub struct Lean {
     authority: http::uri::Authority,
     base_path: String,
     path_style: bool,
+    /// `host` of every request to a path-style store: its authority.
+    host: HeaderValue,
     signer: sign::Signer,
 }
 
@@ -197,6 +199,7 @@ impl Lean {
             CONNECT_TIMEOUT,
         );
         let client = pool(connector.clone());
+        let host = HeaderValue::from_str(authority.as_str())?;
         for (what, text) in [
             ("access key", &config.access_key),
             ("region", &config.region),
@@ -215,6 +218,7 @@ impl Lean {
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
             path_style: config.path_style,
+            host,
             signer: sign::Signer::new(&config.access_key, &config.secret_key, &config.region),
         })
     }
@@ -240,25 +244,29 @@ impl Lean {
         })
     }
 
-    /// The URI of `bucket/key` on the store.
+    /// The URI of `bucket/key` on the store, its path written once.
     fn object_uri(&self, bucket: &str, key: &str) -> Result<Uri, http::Error> {
-        let key = crate::sigv4::encode_key(key);
-        let (authority, path) = if self.path_style {
-            (
-                self.authority.to_string(),
-                format!("{}/{bucket}/{key}", self.base_path),
-            )
+        let mut path = String::with_capacity(self.base_path.len() + bucket.len() + key.len() + 16);
+        path.push_str(&self.base_path);
+        let authority = if self.path_style {
+            path.push('/');
+            path.push_str(bucket);
+            // Shared, not copied.
+            self.authority.clone()
         } else {
-            (
-                format!("{bucket}.{}", self.authority),
-                format!("{}/{key}", self.base_path),
-            )
+            http::uri::Authority::from_maybe_shared(bytes::Bytes::from(
+                [bucket, ".", self.authority.as_str()].concat(),
+            ))?
         };
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(authority)
-            .path_and_query(path)
-            .build()
+        path.push('/');
+        crate::sigv4::uri_encode(&mut path, key);
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(authority);
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_maybe_shared(
+            bytes::Bytes::from(path),
+        )?);
+        Ok(Uri::from_parts(parts)?)
     }
 
     /// The parts of a PutObject to `bucket/key` that do not change between
@@ -301,26 +309,25 @@ impl Lean {
         let LeanPut { uri, mut headers } = put;
         if let Some(v) = if_match
             .as_ref()
-            .and_then(|c| dialect.if_match(crate::op::Op::PutObject, &condition(c)))
+            .and_then(|c| dialect.if_match(crate::op::Op::PutObject, etag_text(c)))
         {
-            headers.insert(
-                http::header::IF_MATCH,
-                HeaderValue::from_str(&v).map_err(internal)?,
-            );
+            headers.insert(http::header::IF_MATCH, owned_value(v)?);
         }
         if let Some(c) = &if_none_match {
-            headers.insert(
-                http::header::IF_NONE_MATCH,
-                HeaderValue::from_str(&condition(c)).map_err(internal)?,
-            );
+            let v = match c {
+                ETagCondition::Any => HeaderValue::from_static("*"),
+                ETagCondition::ETag(e) => owned_value(["\"", e.value(), "\""].concat())?,
+            };
+            headers.insert(http::header::IF_NONE_MATCH, v);
         }
-        let mut request = Request::builder()
-            .method(Method::PUT)
-            .uri(uri)
-            .body(body)
+        headers.insert(http::header::HOST, self.host(&uri)?);
+        self.signer
+            .sign(&Method::PUT, uri.path(), &mut headers, crate::clock::now())
             .map_err(internal)?;
+        let mut request = Request::new(body);
+        *request.method_mut() = Method::PUT;
+        *request.uri_mut() = uri;
         *request.headers_mut() = headers;
-        self.sign(&mut request)?;
         let response = self
             .pool()
             .request(request)
@@ -345,22 +352,22 @@ impl Lean {
         Ok(S3Response::new(output))
     }
 
-    /// Signs `request` (SigV4, unsigned payload) with the backend's key.
-    fn sign(&self, request: &mut Request<Body>) -> S3Result<()> {
-        let host = request
-            .uri()
+    /// The `host` header of a request to `uri`: the store's own, kept,
+    /// for a path-style store.
+    fn host(&self, uri: &Uri) -> S3Result<HeaderValue> {
+        if self.path_style {
+            return Ok(self.host.clone());
+        }
+        let authority = uri
             .authority()
-            .map(|a| HeaderValue::from_str(a.as_str()))
-            .transpose()
-            .map_err(internal)?
             .ok_or_else(|| internal("the store's URI has no host"))?;
-        let (method, path) = (request.method().clone(), request.uri().path().to_owned());
-        let headers = request.headers_mut();
-        headers.insert(http::header::HOST, host);
-        self.signer
-            .sign(&method, &path, headers, crate::clock::now())
-            .map_err(internal)
+        HeaderValue::from_str(authority.as_str()).map_err(internal)
     }
+}
+
+/// A header value of text made here, without copying it.
+fn owned_value(text: String) -> S3Result<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).map_err(internal)
 }
 
 /// What the client is told of a PutObject the store answered with
@@ -399,11 +406,11 @@ fn put_output(headers: &HeaderMap) -> PutObjectOutput {
     output
 }
 
-/// A condition as AWS writes it (the dialect may respell it).
-fn condition(c: &ETagCondition) -> String {
+/// A condition's ETag as the dialect respells it (quoted or not), or `*`.
+fn etag_text(c: &ETagCondition) -> &str {
     match c {
-        ETagCondition::Any => "*".to_owned(),
-        ETagCondition::ETag(e) => format!("\"{}\"", e.value()),
+        ETagCondition::Any => "*",
+        ETagCondition::ETag(e) => e.value(),
     }
 }
 

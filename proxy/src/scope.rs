@@ -2,16 +2,69 @@
 
 use crate::config::{ProxyConfig, UnscopedPolicy};
 use fencegate_core::LockName;
+use std::cell::RefCell;
+use std::sync::Arc;
 
-/// A bucket, or a key prefix within one, fenced by one lock.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Scope {
+/// A bucket, or a key prefix within one, fenced by one lock. Shared: each
+/// request's copy is a reference, not four strings.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Scope(Arc<ScopeDef>);
+
+/// What a [`Scope`] is.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ScopeDef {
     /// Stable identifier, the key of max_token in the database:
     /// `bucket` or `bucket/prefix`.
     pub id: String,
     pub bucket: String,
     pub prefix: String,
     pub lock: LockName,
+}
+
+impl Scope {
+    pub fn new(def: ScopeDef) -> Scope {
+        Scope(Arc::new(def))
+    }
+
+    /// The scope of the whole of `bucket`, fenced by the lock of its name
+    /// (where one can be so named). Kept per thread for the buckets it
+    /// last wrote to, so a write to one costs no memory.
+    fn of_bucket(bucket: &str) -> Option<Scope> {
+        const KEPT: usize = 16;
+        thread_local! {
+            static BUCKETS: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
+        }
+        BUCKETS.with_borrow_mut(|kept| {
+            if let Some(s) = kept.iter().find(|s| s.bucket == bucket) {
+                return Some(s.clone());
+            }
+            let lock = LockName::new(bucket).ok()?;
+            let scope = Scope::new(ScopeDef {
+                id: bucket.to_owned(),
+                bucket: bucket.to_owned(),
+                prefix: String::new(),
+                lock,
+            });
+            if kept.len() >= KEPT {
+                kept.remove(0);
+            }
+            kept.push(scope.clone());
+            Some(scope)
+        })
+    }
+}
+
+impl std::ops::Deref for Scope {
+    type Target = ScopeDef;
+    fn deref(&self) -> &ScopeDef {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 /// Resolves keys to scopes.
@@ -37,12 +90,12 @@ impl ScopeMap {
             .scopes
             .iter()
             .map(|s| {
-                Ok(Scope {
+                Ok(Scope::new(ScopeDef {
                     id: scope_id(&s.bucket, &s.prefix),
                     bucket: s.bucket.clone(),
                     prefix: s.prefix.clone(),
                     lock: LockName::new(&s.lock)?,
-                })
+                }))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         scopes.sort_by_key(|s| std::cmp::Reverse(s.prefix.len()));
@@ -63,14 +116,13 @@ impl ScopeMap {
         {
             return Ok(s.clone());
         }
-        match (self.unscoped, LockName::new(bucket)) {
-            (UnscopedPolicy::BucketLock, Ok(lock)) => Ok(Scope {
-                id: bucket.to_owned(),
-                bucket: bucket.to_owned(),
-                prefix: String::new(),
-                lock,
-            }),
-            _ => Err(Unscoped {
+        let bucket_scope = match self.unscoped {
+            UnscopedPolicy::BucketLock => Scope::of_bucket(bucket),
+            _ => None,
+        };
+        match bucket_scope {
+            Some(scope) => Ok(scope),
+            None => Err(Unscoped {
                 bucket: bucket.to_owned(),
                 key: key.to_owned(),
                 configured: self.scopes.iter().map(|s| s.id.clone()).collect(),

@@ -273,16 +273,16 @@ proptest! {
                 } else {
                     format!("{}/{}", want.bucket, want.prefix)
                 };
-                prop_assert_eq!(got.id, id);
+                prop_assert_eq!(&got.id, &id);
             }
             (got, Some(want)) => prop_assert!(false, "expected {:?}, got {:?}", want, got),
             (got, None) => {
                 let fallback = scopes.is_empty() || unscoped == UnscopedPolicy::BucketLock;
                 match (got, LockName::new(&bucket)) {
                     (Ok(s), Ok(lock)) if fallback => {
-                        prop_assert_eq!(s.lock, lock);
+                        prop_assert_eq!(&s.lock, &lock);
                         prop_assert_eq!(&s.id, &bucket);
-                        prop_assert_eq!(s.prefix, "");
+                        prop_assert_eq!(s.prefix.as_str(), "");
                     }
                     (Err(u), lock) => {
                         prop_assert!(!fallback || lock.is_err(), "refused although the bucket lock applies");

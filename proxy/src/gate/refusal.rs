@@ -279,12 +279,12 @@ mod tests {
 
     #[test]
     fn each_refusal_is_counted_recorded_and_answered_as_one() {
-        let scope = Scope {
+        let scope = Scope::new(crate::scope::ScopeDef {
             id: "b".into(),
             bucket: "b".into(),
             prefix: String::new(),
             lock: fencegate_core::LockName::new("l").expect("lock"),
-        };
+        });
         let unsigned = Rejection::Unsigned;
         let unscoped = crate::scope::Unscoped {
             bucket: "other".into(),

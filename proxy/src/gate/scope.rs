@@ -105,11 +105,13 @@ mod tests {
 
     #[test]
     fn an_upload_token_goes_on_only_in_its_own_bucket_key_and_scope() {
-        let scope = |id: &str| Scope {
-            id: id.into(),
-            bucket: "b".into(),
-            prefix: String::new(),
-            lock: fencegate_core::LockName::new("l").expect("lock"),
+        let scope = |id: &str| {
+            Scope::new(crate::scope::ScopeDef {
+                id: id.into(),
+                bucket: "b".into(),
+                prefix: String::new(),
+                lock: fencegate_core::LockName::new("l").expect("lock"),
+            })
         };
         let scoped = |key: &str, id: &str| Scoped {
             op: "UploadPart",

@@ -13,9 +13,11 @@
 //! CPU (BENCHMARKS.md, "Where the time goes").
 
 use crate::header_names::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
-use crate::sigv4::{hex, hmac, is_sha256_hex};
+use crate::sigv4::{Hex64, Sink, hmac_of, is_sha256_hex};
+use hmac::Mac;
 use http::{HeaderMap, HeaderValue, Method};
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
@@ -64,6 +66,10 @@ impl Signer {
     /// (percent-encoded once, no query) at `now`. The payload is the
     /// `x-amz-content-sha256` SHA-256 already in `headers`, if any, else
     /// unsigned.
+    ///
+    /// The canonical request and the string to sign are written straight
+    /// into their SHA-256 and HMAC, not built as text: the only memory it
+    /// takes is the two header values it adds.
     pub fn sign(
         &self,
         method: &Method,
@@ -71,9 +77,9 @@ impl Signer {
         headers: &mut HeaderMap,
         now: SystemTime,
     ) -> Result<(), SignError> {
-        let stamp = amz_date(now);
-        let date = &stamp[..8];
-        headers.insert(X_AMZ_DATE, header_value(&stamp));
+        let stamp = AmzDate::of(now);
+        let (stamp, date) = (stamp.as_str(), stamp.date());
+        headers.insert(X_AMZ_DATE, header_value(stamp.as_bytes().to_vec()));
         // A SHA-256 of the body the caller put there (checked against the
         // body before its last byte goes out) is signed, so the store
         // checks it too; otherwise the payload is unsigned.
@@ -88,59 +94,63 @@ impl Signer {
         // Canonical headers: lower-case names (HeaderMap's already are),
         // sorted, values trimmed with inner runs of spaces collapsed, the
         // values of a repeated header joined by commas.
-        let mut names: Vec<&str> = headers.keys().map(http::HeaderName::as_str).collect();
+        let mut names: SmallVec<[&str; 24]> =
+            headers.keys().map(http::HeaderName::as_str).collect();
         names.sort_unstable();
-        let mut canonical = String::with_capacity(512);
-        canonical.push_str(method.as_str());
-        canonical.push('\n');
-        canonical.push_str(path);
-        canonical.push_str("\n\n");
+        let mut canonical = Sha256::new();
+        for piece in [method.as_str(), "\n", path, "\n\n"] {
+            canonical.put(piece);
+        }
         for name in &names {
-            canonical.push_str(name);
-            canonical.push(':');
+            canonical.put(name);
+            canonical.put(":");
             for (i, value) in headers.get_all(*name).iter().enumerate() {
                 let text = value
                     .to_str()
                     .map_err(|_| SignError::NotText((*name).to_owned()))?;
                 if i > 0 {
-                    canonical.push(',');
+                    canonical.put(",");
                 }
-                push_trimmed(&mut canonical, text);
+                put_trimmed(&mut canonical, text);
             }
-            canonical.push('\n');
+            canonical.put("\n");
         }
-        canonical.push('\n');
-        let signed_headers = names.join(";");
-        canonical.push_str(&signed_headers);
-        canonical.push('\n');
-        canonical.push_str(payload);
+        canonical.put("\n");
+        put_signed_headers(&mut canonical, &names);
+        canonical.put("\n");
+        canonical.put(payload);
 
-        // Built by pieces, not `format!`: this runs on every PutObject.
-        let scope = [date, "/", &self.region, "/", SERVICE, "/aws4_request"].concat();
-        let string_to_sign = [
-            "AWS4-HMAC-SHA256\n",
-            &stamp,
-            "\n",
-            &scope,
-            "\n",
-            &hex(&Sha256::digest(canonical.as_bytes())),
-        ]
-        .concat();
-        let key = self.signing_key(date);
-        let signature = hex(&hmac(&key, string_to_sign.as_bytes()));
-        let authorization = [
-            "AWS4-HMAC-SHA256 Credential=",
-            &self.access_key,
-            "/",
-            &scope,
-            ", SignedHeaders=",
-            &signed_headers,
-            ", Signature=",
-            &signature,
-        ]
-        .concat();
-        headers.insert(http::header::AUTHORIZATION, header_value(&authorization));
+        let mut mac = hmac_of(&self.signing_key(date));
+        for piece in ["AWS4-HMAC-SHA256\n", stamp, "\n"] {
+            mac.put(piece);
+        }
+        self.put_scope(&mut mac, date);
+        mac.put("\n");
+        mac.put(Hex64::of(&canonical.finalize()).as_str());
+        let signature = Hex64::of(&mac.finalize().into_bytes());
+
+        let mut authorization = String::with_capacity(256);
+        authorization.put("AWS4-HMAC-SHA256 Credential=");
+        authorization.put(&self.access_key);
+        authorization.put("/");
+        self.put_scope(&mut authorization, date);
+        authorization.put(", SignedHeaders=");
+        put_signed_headers(&mut authorization, &names);
+        authorization.put(", Signature=");
+        authorization.put(signature.as_str());
+        drop(names);
+        headers.insert(
+            http::header::AUTHORIZATION,
+            header_value(authorization.into_bytes()),
+        );
         Ok(())
+    }
+
+    /// The credential scope, `date/region/s3/aws4_request`.
+    fn put_scope(&self, out: &mut impl Sink, date: &str) {
+        for piece in [date, "/", &self.region, "/", SERVICE, "/aws4_request"] {
+            out.put(piece);
+        }
     }
 
     /// The signing key for `date`, derived once per day.
@@ -157,41 +167,74 @@ impl Signer {
     }
 }
 
+/// The signed headers' names, `;`-separated.
+fn put_signed_headers(out: &mut impl Sink, names: &[&str]) {
+    for (i, name) in names.iter().enumerate() {
+        if i > 0 {
+            out.put(";");
+        }
+        out.put(name);
+    }
+}
+
 /// `text` with leading and trailing spaces removed and inner runs of
 /// spaces collapsed to one, as SigV4 canonicalises header values.
-fn push_trimmed(out: &mut String, text: &str) {
-    // Most values have no space to remove: copied whole.
+fn put_trimmed(out: &mut impl Sink, text: &str) {
+    // Most values have no space to remove: written whole.
     let b = text.as_bytes();
     if b.first() != Some(&b' ') && b.last() != Some(&b' ') && !b.windows(2).any(|w| w == b"  ") {
-        out.push_str(text);
+        out.put(text);
         return;
     }
-    let mut space = false;
-    for c in text.trim_matches(' ').chars() {
-        if c == ' ' {
-            space = true;
-            continue;
+    for (i, word) in text.split(' ').filter(|w| !w.is_empty()).enumerate() {
+        if i > 0 {
+            out.put(" ");
         }
-        if space {
-            out.push(' ');
-            space = false;
-        }
-        out.push(c);
+        out.put(word);
     }
 }
 
-/// `now` as SigV4's `YYYYMMDDTHHMMSSZ`.
-fn amz_date(now: SystemTime) -> String {
-    // `2026-12-03T10:26:18Z` without its separators.
-    let mut stamp = humantime::format_rfc3339_seconds(now).to_string();
-    stamp.retain(|c| !matches!(c, '-' | ':'));
-    stamp
+/// `now` as SigV4's `YYYYMMDDTHHMMSSZ`, on the stack.
+struct AmzDate([u8; 16]);
+
+impl AmzDate {
+    fn of(now: SystemTime) -> AmzDate {
+        use std::io::Write;
+        // `2026-12-03T10:26:18Z`, then without its separators.
+        let mut rfc3339 = [0u8; 20];
+        let written = write!(
+            &mut rfc3339[..],
+            "{}",
+            humantime::format_rfc3339_seconds(now)
+        );
+        let mut out = [b'0'; 16];
+        if written.is_ok() {
+            for (o, c) in out
+                .iter_mut()
+                .zip(rfc3339.iter().filter(|c| !matches!(c, b'-' | b':')))
+            {
+                *o = *c;
+            }
+        }
+        AmzDate(out)
+    }
+
+    fn as_str(&self) -> &str {
+        // Digits, `T` and `Z`.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    /// `YYYYMMDD`.
+    fn date(&self) -> &str {
+        &self.as_str()[..8]
+    }
 }
 
-fn header_value(text: &str) -> HeaderValue {
+fn header_value(text: Vec<u8>) -> HeaderValue {
     // Made here of ASCII alone (the access key and region are checked as
     // header text when the signer is built).
-    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text))
+        .unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 #[cfg(test)]
@@ -212,17 +255,9 @@ mod tests {
             ("   ", ""),
         ] {
             let mut got = String::new();
-            push_trimmed(&mut got, v);
+            put_trimmed(&mut got, v);
             assert_eq!(got, want, "{v:?}");
         }
-    }
-
-    #[test]
-    fn hex_writes_what_the_hex_crate_writes() {
-        let all: Vec<u8> = (0..=255).collect();
-        assert_eq!(super::hex(&all), hex::encode(&all));
-        assert_eq!(super::hex(&[]), "");
-        assert_eq!(super::hex(&[0x0f, 0xa0]), "0fa0");
     }
 
     /// The same request signed by `aws-sigv4` (the SDK's signer), with the
@@ -367,13 +402,15 @@ mod tests {
     #[test]
     fn dates_are_sigv4s() {
         let now = UNIX_EPOCH + Duration::from_secs(1_780_000_000);
-        assert_eq!(amz_date(now), "20260528T202640Z");
+        let stamp = AmzDate::of(now);
+        assert_eq!(stamp.as_str(), "20260528T202640Z");
+        assert_eq!(stamp.date(), "20260528");
     }
 
     #[test]
     fn values_are_trimmed_and_runs_of_spaces_collapsed() {
         let mut out = String::new();
-        push_trimmed(&mut out, "  a   b c  ");
+        put_trimmed(&mut out, "  a   b c  ");
         assert_eq!(out, "a b c");
     }
 }
