@@ -135,29 +135,55 @@ tokio::task_local! {
 }
 
 /// Runs `fut` (one request) with an [`Attempt`] that starts with its
-/// remote address.
+/// remote address. The attempt's texts go back to this thread's spares
+/// when the request ends, so the next request's notes take no memory.
 pub async fn attempt<F: std::future::Future>(remote: Option<SocketAddr>, fut: F) -> F::Output {
-    ATTEMPT
-        .scope(
-            RefCell::new(Attempt {
-                remote,
-                ..Attempt::default()
-            }),
-            fut,
-        )
-        .await
+    let mut scoped = std::pin::pin!(ATTEMPT.scope(
+        RefCell::new(Attempt {
+            remote,
+            ..Attempt::default()
+        }),
+        fut,
+    ));
+    let out = scoped.as_mut().await;
+    if let Some(a) = scoped.as_mut().take_value() {
+        let a = a.into_inner();
+        SPARE_TEXTS.with_borrow_mut(|spares| {
+            for text in [a.bucket, a.key, a.client].into_iter().flatten() {
+                if spares.len() < SPARES && text.capacity() <= SPARE_CAPACITY {
+                    spares.push(text);
+                }
+            }
+        });
+    }
+    out
+}
+
+/// Texts kept per serving thread for the next requests' notes, and the
+/// largest kept (a key may be long; most are not).
+const SPARES: usize = 8;
+const SPARE_CAPACITY: usize = 1024;
+
+thread_local! {
+    static SPARE_TEXTS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `slot` set to `text`, in a spare string if it has none.
+fn note(slot: &mut Option<String>, text: &str) {
+    if slot.as_deref() == Some(text) {
+        return;
+    }
+    let out = slot.get_or_insert_with(|| SPARE_TEXTS.with_borrow_mut(Vec::pop).unwrap_or_default());
+    out.clear();
+    out.push_str(text);
 }
 
 /// Records what the request writes (outside a request: nothing).
 pub fn note_target(bucket: &str, key: &str) {
     let _ = ATTEMPT.try_with(|a| {
         let mut a = a.borrow_mut();
-        if a.bucket.as_deref() != Some(bucket) {
-            a.bucket = Some(bucket.to_owned());
-        }
-        if a.key.as_deref() != Some(key) {
-            a.key = Some(key.to_owned());
-        }
+        note(&mut a.bucket, bucket);
+        note(&mut a.key, key);
     });
 }
 
@@ -165,13 +191,13 @@ pub fn note_target(bucket: &str, key: &str) {
 /// lease-bound one as its lock and token (see the module docs).
 pub fn note_client(access_key: &str) {
     use fencegate_core::credentials::{is_lease_access_key, parse_access_key};
-    let client = if is_lease_access_key(access_key) {
-        match parse_access_key(access_key) {
-            Ok(k) => format!("lease-bound:{}:{}", k.lock, k.token),
-            Err(_) => "lease-bound:(unreadable)".to_owned(),
-        }
-    } else {
-        access_key.to_owned()
+    if !is_lease_access_key(access_key) {
+        let _ = ATTEMPT.try_with(|a| note(&mut a.borrow_mut().client, access_key));
+        return;
+    }
+    let client = match parse_access_key(access_key) {
+        Ok(k) => format!("lease-bound:{}:{}", k.lock, k.token),
+        Err(_) => "lease-bound:(unreadable)".to_owned(),
     };
     let _ = ATTEMPT.try_with(|a| a.borrow_mut().client = Some(client));
 }

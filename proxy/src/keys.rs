@@ -18,6 +18,8 @@
 mod cache;
 
 use cache::ScanResistantCache;
+use std::borrow::Borrow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
@@ -39,7 +41,23 @@ impl Known {
     }
 }
 
-type KeyId = (String, String);
+/// A key's identity, `bucket/key` in one shared string (a bucket's name
+/// has no `/`): the lock map and the cache share one copy, and a write to
+/// a key the cache knows takes that copy instead of making its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct KeyId(Arc<str>);
+
+impl Borrow<str> for KeyId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl KeyId {
+    fn split(&self) -> (&str, &str) {
+        self.0.split_once('/').unwrap_or((&self.0, ""))
+    }
+}
 
 /// Per-key locks plus the bounded cache of [`Known`] states.
 #[derive(Debug, Clone)]
@@ -68,11 +86,27 @@ impl Keys {
 
     /// Waits for exclusive use of `bucket/key`.
     pub async fn lock(&self, bucket: &str, key: &str) -> KeyGuard {
-        let id = (bucket.to_owned(), key.to_owned());
-        let lock = {
+        thread_local! {
+            static JOINED: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        let (id, lock) = JOINED.with_borrow_mut(|joined| {
+            joined.clear();
+            joined.extend([bucket, "/", key]);
             let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            locks.entry(id.clone()).or_default().clone()
-        };
+            if let Some((id, lock)) = locks.get_key_value(joined.as_str()) {
+                return (id.clone(), lock.clone());
+            }
+            let id = self
+                .cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .key(joined.as_str())
+                .cloned()
+                .unwrap_or_else(|| KeyId(Arc::from(joined.as_str())));
+            let lock = Arc::<AsyncMutex<()>>::default();
+            locks.insert(id.clone(), lock.clone());
+            (id, lock)
+        });
         let guard = lock.clone().lock_owned().await;
         KeyGuard {
             id,
@@ -96,7 +130,13 @@ impl Keys {
     /// most `limit` of them in name order, and how many there are.
     pub fn busy(&self, limit: usize) -> (Vec<(String, String)>, usize) {
         let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        let mut keys: Vec<(String, String)> = locks.keys().cloned().collect();
+        let mut keys: Vec<(String, String)> = locks
+            .keys()
+            .map(|id| {
+                let (bucket, key) = id.split();
+                (bucket.to_owned(), key.to_owned())
+            })
+            .collect();
         drop(locks);
         let total = keys.len();
         keys.sort();
@@ -107,11 +147,11 @@ impl Keys {
 
 impl KeyGuard {
     pub fn bucket(&self) -> &str {
-        &self.id.0
+        self.id.split().0
     }
 
     pub fn key(&self) -> &str {
-        &self.id.1
+        self.id.split().1
     }
 
     /// What the proxy last knew of this key, if it remembers.
@@ -154,7 +194,7 @@ mod tests {
         let keys = Keys::new(10);
         let g = keys.lock("b", "k").await;
         let k2 = keys.clone();
-        let waiter = tokio::spawn(async move { k2.lock("b", "k").await.id.1.clone() });
+        let waiter = tokio::spawn(async move { k2.lock("b", "k").await.key().to_owned() });
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(!waiter.is_finished());
         let other = keys.lock("b", "other").await;

@@ -71,7 +71,9 @@ impl hyper::service::Service<Request<Incoming>> for Router {
             remote,
             Box::pin(async move {
                 let started = Instant::now();
-                let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+                // For the log line (the URI is shared, not copied).
+                let (method, uri) = (req.method().clone(), req.uri().clone());
+                let path = uri.path();
                 if let Some(endpoint) = this.endpoint(&req) {
                     if let Err(refused) = this.browser_rules(endpoint, &req) {
                         return Ok(*refused);

@@ -33,6 +33,7 @@
 //! (entries) plus the ghost (two `u64` per remembered hash).
 
 use hashbrown::HashTable;
+use std::borrow::Borrow;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, RandomState};
 
@@ -120,11 +121,26 @@ impl<K: Hash + Eq, V> ScanResistantCache<K, V> {
         self.main_len + self.window_len
     }
 
-    fn find(&self, key: &K, hash: u64) -> Option<usize> {
+    fn find<Q: Eq + ?Sized>(&self, key: &Q, hash: u64) -> Option<usize>
+    where
+        K: Borrow<Q>,
+    {
         let slots = &self.slots;
         self.index
-            .find(hash, |&i| slots[i].as_ref().is_some_and(|e| e.key == *key))
+            .find(hash, |&i| {
+                slots[i].as_ref().is_some_and(|e| e.key.borrow() == key)
+            })
             .copied()
+    }
+
+    /// The key held equal to `key`, if any (not counted as an access): a
+    /// caller that shares keys takes the cache's copy.
+    pub(crate) fn key<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<&K>
+    where
+        K: Borrow<Q>,
+    {
+        let slot = self.find(key, self.hasher.hash_one(key))?;
+        Some(&self.entry(slot).key)
     }
 
     fn entry(&self, slot: usize) -> &Entry<K, V> {
@@ -142,7 +158,10 @@ impl<K: Hash + Eq, V> ScanResistantCache<K, V> {
     }
 
     /// The value of `key`, counting the access (a hit).
-    pub(crate) fn get(&mut self, key: &K) -> Option<&V> {
+    pub(crate) fn get<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         let hash = self.hasher.hash_one(key);
         let slot = self.find(key, hash)?;
         self.touch(slot);
@@ -232,7 +251,10 @@ impl<K: Hash + Eq, V> ScanResistantCache<K, V> {
     }
 
     /// Removes `key`.
-    pub(crate) fn remove(&mut self, key: &K) {
+    pub(crate) fn remove<Q: Hash + Eq + ?Sized>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+    {
         let hash = self.hasher.hash_one(key);
         if let Some(slot) = self.find(key, hash) {
             // Its queue position goes stale with the slot's generation.
