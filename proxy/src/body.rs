@@ -71,27 +71,32 @@ pub fn unless_stalled(watch: Option<&BodyWatch>, e: s3s::S3Error) -> s3s::S3Erro
     }
 }
 
-/// A body that ends with [`Cut`] once `cancel` fires, and signals `sent`
-/// when its last byte has been handed to the backend connection.
-#[allow(
-    missing_debug_implementations,
-    reason = "holds a boxed future and a stream"
-)]
-pub struct Cancellable {
-    inner: StreamingBlob,
-    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
-    /// With replicas: the replica's standing, checked before every chunk
-    /// (a replica resumed after a pause may poll the body before its own
-    /// standing check has run and cut it).
-    standing: Option<crate::cluster::Cluster>,
-    remaining: Option<usize>,
-    watch: BodyWatch,
-    idle: Pin<Box<Sleep>>,
-    /// Since when the proxy has been waiting for the client (from the first
-    /// `Pending` after a chunk): the idle clock runs only then, so a backend
-    /// slow to take the bytes is not blamed on the client. The timer is
-    /// re-armed lazily, when it fires, not on every chunk.
-    waiting_since: Option<Instant>,
+pin_project_lite::pin_project! {
+    /// A body that ends with [`Cut`] once `cancel` fires, and signals `sent`
+    /// when its last byte has been handed to the backend connection. Its
+    /// two timers live in it, so the body takes one allocation (its box).
+    #[allow(
+        missing_debug_implementations,
+        reason = "holds a future and a stream"
+    )]
+    pub struct Cancellable {
+        inner: StreamingBlob,
+        #[pin]
+        cancelled: WaitForCancellationFutureOwned,
+        // With replicas: the replica's standing, checked before every
+        // chunk (a replica resumed after a pause may poll the body before
+        // its own standing check has run and cut it).
+        standing: Option<crate::cluster::Cluster>,
+        remaining: Option<usize>,
+        watch: BodyWatch,
+        #[pin]
+        idle: Sleep,
+        // Since when the proxy has been waiting for the client (from the
+        // first `Pending` after a chunk): the idle clock runs only then, so
+        // a backend slow to take the bytes is not blamed on the client. The
+        // timer is re-armed lazily, when it fires, not on every chunk.
+        waiting_since: Option<Instant>,
+    }
 }
 
 impl Cancellable {
@@ -111,10 +116,10 @@ impl Cancellable {
         }
         StreamingBlob::new(Cancellable {
             inner,
-            cancelled: Box::pin(cancel.cancelled_owned()),
+            cancelled: cancel.cancelled_owned(),
             standing,
             remaining,
-            idle: Box::pin(tokio::time::sleep(watch.idle)),
+            idle: tokio::time::sleep(watch.idle),
             waiting_since: None,
             watch: watch.clone(),
         })
@@ -124,40 +129,41 @@ impl Cancellable {
 impl Stream for Cancellable {
     type Item = Result<Bytes, StdError>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut this = self.project();
         // Checked before every chunk, and woken by the cancellation itself
         // while the client is silent (a paused writer sends nothing).
-        if self.cancelled.as_mut().poll(cx).is_ready()
-            || self.standing.as_ref().is_some_and(|c| !c.admits())
+        if this.cancelled.as_mut().poll(cx).is_ready()
+            || this.standing.as_ref().is_some_and(|c| !c.admits())
         {
             return Poll::Ready(Some(Err(Box::new(Cut))));
         }
-        let polled = Pin::new(&mut self.inner).poll_next(cx);
+        let polled = Pin::new(&mut *this.inner).poll_next(cx);
         match &polled {
             Poll::Ready(Some(Ok(chunk))) => {
-                self.waiting_since = None;
-                if let Some(r) = self.remaining.as_mut() {
+                *this.waiting_since = None;
+                if let Some(r) = this.remaining.as_mut() {
                     *r = r.saturating_sub(chunk.len());
                     // A client of a known length may stop polling after the
                     // last byte without asking for the end of the stream.
                     if *r == 0 {
-                        self.watch.sent.notify_one();
+                        this.watch.sent.notify_one();
                     }
                 }
             }
-            Poll::Ready(None) => self.watch.sent.notify_one(),
+            Poll::Ready(None) => this.watch.sent.notify_one(),
             Poll::Pending => {
-                let since = *self.waiting_since.get_or_insert_with(Instant::now);
-                if self.idle.as_mut().poll(cx).is_ready() {
+                let since = *this.waiting_since.get_or_insert_with(Instant::now);
+                if this.idle.as_mut().poll(cx).is_ready() {
                     // The timer may be from an earlier wait: judge this one.
-                    let deadline = since + self.watch.idle;
+                    let deadline = since + this.watch.idle;
                     if Instant::now() >= deadline {
-                        self.watch.stalled.store(true, Ordering::Release);
-                        return Poll::Ready(Some(Err(Box::new(Idle(self.watch.idle)))));
+                        this.watch.stalled.store(true, Ordering::Release);
+                        return Poll::Ready(Some(Err(Box::new(Idle(this.watch.idle)))));
                     }
-                    self.idle.as_mut().reset(deadline);
+                    this.idle.as_mut().reset(deadline);
                     // Registers the wake-up at the new deadline.
-                    let _ = self.idle.as_mut().poll(cx);
+                    let _ = this.idle.as_mut().poll(cx);
                 }
             }
             Poll::Ready(Some(Err(_))) => {}

@@ -129,7 +129,21 @@ impl Signer {
         mac.put(Hex64::of(&canonical.finalize()).as_str());
         let signature = Hex64::of(&mac.finalize().into_bytes());
 
-        let mut authorization = String::with_capacity(256);
+        // Of its exact length: the header value then takes the text as it
+        // is, with no second allocation.
+        let names_len: usize = names
+            .iter()
+            .map(|n| n.len() + 1)
+            .sum::<usize>()
+            .saturating_sub(1);
+        let scope_len = date.len() + self.region.len() + SERVICE.len() + "///aws4_request".len();
+        let mut authorization = String::with_capacity(
+            "AWS4-HMAC-SHA256 Credential=/, SignedHeaders=, Signature=".len()
+                + self.access_key.len()
+                + scope_len
+                + names_len
+                + 64,
+        );
         authorization.put("AWS4-HMAC-SHA256 Credential=");
         authorization.put(&self.access_key);
         authorization.put("/");
@@ -139,6 +153,7 @@ impl Signer {
         authorization.put(", Signature=");
         authorization.put(signature.as_str());
         drop(names);
+        debug_assert_eq!(authorization.len(), authorization.capacity());
         headers.insert(
             http::header::AUTHORIZATION,
             header_value(authorization.into_bytes()),
