@@ -951,47 +951,42 @@ async fn held_store(
 
 /// A TCP relay that can hold back the backend's answers.
 async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
+    use support::relay::{Sides, connect, relay};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((client, _)) = listener.accept().await else {
+    relay(target, move |client, target| {
+        let delay_ms = delay_ms.clone();
+        async move {
+            let Some(Sides {
+                client_read: mut cr,
+                client_write: mut cw,
+                store_read: mut sr,
+                store_write: mut sw,
+            }) = connect(client, &target).await
+            else {
                 return;
             };
-            let target = target.clone();
-            let delay_ms = delay_ms.clone();
-            tokio::spawn(async move {
-                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
-                    return;
-                };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let up = tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                    let _ = sw.shutdown().await;
-                });
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match sr.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    let d = delay_ms.load(Ordering::Acquire);
-                    if d > 0 {
-                        tokio::time::sleep(Duration::from_millis(d)).await;
-                    }
-                    if cw.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-                up.abort();
+            let up = tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                let _ = sw.shutdown().await;
             });
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match sr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let d = delay_ms.load(Ordering::Acquire);
+                if d > 0 {
+                    tokio::time::sleep(Duration::from_millis(d)).await;
+                }
+                if cw.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            up.abort();
         }
-    });
-    format!("http://{addr}")
+    })
+    .await
 }
 
 /// An empty body is never asked for by the sender (it has nothing to

@@ -1,9 +1,54 @@
 //! TCP relays between a proxy and its store, to put the store's timing in
 //! a test's hands.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+/// Serves a TCP relay on 127.0.0.1 in front of `target`: each connection
+/// accepted is handed to `serve`, with the target, on a task of its own.
+/// The relay's URL.
+pub async fn relay<F, Fut>(target: String, serve: F) -> String
+where
+    F: Fn(TcpStream, String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(serve(client, target.clone()));
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// The two sides of a relayed connection, each split: the client's (the
+/// proxy's) and the store's.
+pub struct Sides {
+    pub client_read: OwnedReadHalf,
+    pub client_write: OwnedWriteHalf,
+    pub store_read: OwnedReadHalf,
+    pub store_write: OwnedWriteHalf,
+}
+
+/// Connects `client` to the store at `target`; None if it is not there.
+pub async fn connect(client: TcpStream, target: &str) -> Option<Sides> {
+    let store = TcpStream::connect(target).await.ok()?;
+    let (client_read, client_write) = client.into_split();
+    let (store_read, store_write) = store.into_split();
+    Some(Sides {
+        client_read,
+        client_write,
+        store_read,
+        store_write,
+    })
+}
 
 /// What a [`holding_relay`] has seen of the request it holds.
 #[derive(Default)]
@@ -37,71 +82,68 @@ pub async fn holding_relay(
     held: Arc<Held>,
 ) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let target = target.clone();
-            let held = held.clone();
+    relay(target, move |client, target| {
+        let held = held.clone();
+        async move {
+            let Some(Sides {
+                client_read: mut cr,
+                client_write: mut cw,
+                store_read: mut sr,
+                store_write: mut sw,
+            }) = connect(client, &target).await
+            else {
+                return;
+            };
+            let (seen_tx, seen_rx) = tokio::sync::watch::channel(false);
+            // Client → store: every byte is delivered, after the hold when
+            // the marker passes, even once the client is gone.
+            let (to_store, mut queue) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
             tokio::spawn(async move {
-                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
-                    return;
-                };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let (seen_tx, seen_rx) = tokio::sync::watch::channel(false);
-                // Client → store: every byte is delivered, after the hold
-                // when the marker passes, even once the client is gone.
-                let (to_store, mut queue) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-                tokio::spawn(async move {
-                    while let Some(chunk) = queue.recv().await {
-                        if String::from_utf8_lossy(&chunk).contains(marker) {
-                            tokio::time::sleep(hold).await;
-                        }
-                        if sw.write_all(&chunk).await.is_err() {
-                            return;
-                        }
+                while let Some(chunk) = queue.recv().await {
+                    if String::from_utf8_lossy(&chunk).contains(marker) {
+                        tokio::time::sleep(hold).await;
                     }
-                });
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        match cr.read(&mut buf).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                if String::from_utf8_lossy(&buf[..n]).contains(marker) {
-                                    let _ = seen_tx.send(true);
-                                    held.reached.store(true, Ordering::Release);
-                                }
-                                if to_store.send(buf[..n].to_vec()).is_err() {
-                                    return;
-                                }
+                    if sw.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match cr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if String::from_utf8_lossy(&buf[..n]).contains(marker) {
+                                let _ = seen_tx.send(true);
+                                held.reached.store(true, Ordering::Release);
+                            }
+                            if to_store.send(buf[..n].to_vec()).is_err() {
+                                return;
                             }
                         }
                     }
-                    if *seen_tx.borrow() {
-                        held.closed.store(true, Ordering::Release);
-                    }
-                });
-                // Store → client: answers pass through; the store's side is
-                // read to the end even when the client is gone.
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut client_gone = false;
-                while let Ok(n) = sr.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    if !client_gone && cw.write_all(&buf[..n]).await.is_err() {
-                        client_gone = true;
-                    }
                 }
-                drop(seen_rx);
+                if *seen_tx.borrow() {
+                    held.closed.store(true, Ordering::Release);
+                }
             });
+            // Store → client: answers pass through; the store's side is
+            // read to the end even when the client is gone.
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut client_gone = false;
+            while let Ok(n) = sr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                if !client_gone && cw.write_all(&buf[..n]).await.is_err() {
+                    client_gone = true;
+                }
+            }
+            drop(seen_rx);
         }
-    });
-    format!("http://{addr}")
+    })
+    .await
 }
 
 /// A TCP relay whose store-bound direction carries at most `per_tick`
@@ -111,38 +153,36 @@ pub async fn holding_relay(
 /// The count is of the bytes passed on to the store so far.
 pub async fn throttled_relay(target: String, per_tick: usize) -> (String, Arc<AtomicU64>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let passed = Arc::new(AtomicU64::new(0));
     let count = passed.clone();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let target = target.clone();
-            let count = count.clone();
+    let url = relay(target, move |client, target| {
+        let count = count.clone();
+        async move {
+            let Some(Sides {
+                client_read: mut cr,
+                client_write: mut cw,
+                store_read: mut sr,
+                store_write: mut sw,
+            }) = connect(client, &target).await
+            else {
+                return;
+            };
             tokio::spawn(async move {
-                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
-                    return;
-                };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; per_tick];
-                    while let Ok(n) = cr.read(&mut buf).await {
-                        if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                        count.fetch_add(n as u64, Ordering::AcqRel);
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                let mut buf = vec![0u8; per_tick];
+                while let Ok(n) = cr.read(&mut buf).await {
+                    if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                        break;
                     }
-                    let _ = sw.shutdown().await;
-                });
-                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    count.fetch_add(n as u64, Ordering::AcqRel);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let _ = sw.shutdown().await;
             });
+            let _ = tokio::io::copy(&mut sr, &mut cw).await;
         }
-    });
-    (format!("http://{addr}"), passed)
+    })
+    .await;
+    (url, passed)
 }
 
 /// A TCP relay that records the request line of every request it passes
@@ -165,75 +205,73 @@ async fn recording(
 ) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let log = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let target = target.clone();
-            let log = log.clone();
+    let url = relay(target, move |client, target| {
+        let log = log.clone();
+        async move {
+            let Some(Sides {
+                client_read: mut cr,
+                client_write: mut cw,
+                store_read: mut sr,
+                store_write: mut sw,
+            }) = connect(client, &target).await
+            else {
+                return;
+            };
             tokio::spawn(async move {
-                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
-                    return;
+                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+            });
+            let mut buf = vec![0u8; 64 * 1024];
+            // Bytes of the current request's body still to pass.
+            let mut body_left = 0usize;
+            let mut head = Vec::new();
+            loop {
+                let n = match cr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
                 };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
-                });
-                let mut buf = vec![0u8; 64 * 1024];
-                // Bytes of the current request's body still to pass.
-                let mut body_left = 0usize;
-                let mut head = Vec::new();
-                loop {
-                    let n = match cr.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    let mut chunk = &buf[..n];
-                    while !chunk.is_empty() {
-                        if body_left > 0 {
-                            let k = body_left.min(chunk.len());
-                            body_left -= k;
-                            chunk = &chunk[k..];
-                            continue;
-                        }
-                        head.push(chunk[0]);
-                        chunk = &chunk[1..];
-                        if head.ends_with(b"\r\n\r\n") {
-                            let text = String::from_utf8_lossy(&head).to_string();
-                            let line = text.lines().next().unwrap_or("");
-                            let mut parts = line.split(' ');
-                            let method = parts.next().unwrap_or("");
-                            let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
-                            log.lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(if whole_heads {
-                                    text.clone()
-                                } else {
-                                    format!("{method} {path}")
-                                });
-                            body_left = text
-                                .lines()
-                                .find_map(|l| {
-                                    let (k, v) = l.split_once(':')?;
-                                    k.eq_ignore_ascii_case("content-length")
-                                        .then(|| v.trim().parse().ok())?
-                                })
-                                .unwrap_or(0);
-                            head.clear();
-                        }
+                let mut chunk = &buf[..n];
+                while !chunk.is_empty() {
+                    if body_left > 0 {
+                        let k = body_left.min(chunk.len());
+                        body_left -= k;
+                        chunk = &chunk[k..];
+                        continue;
                     }
-                    if sw.write_all(&buf[..n]).await.is_err() {
-                        break;
+                    head.push(chunk[0]);
+                    chunk = &chunk[1..];
+                    if head.ends_with(b"\r\n\r\n") {
+                        let text = String::from_utf8_lossy(&head).to_string();
+                        let line = text.lines().next().unwrap_or("");
+                        let mut parts = line.split(' ');
+                        let method = parts.next().unwrap_or("");
+                        let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
+                        log.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(if whole_heads {
+                                text.clone()
+                            } else {
+                                format!("{method} {path}")
+                            });
+                        body_left = text
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse().ok())?
+                            })
+                            .unwrap_or(0);
+                        head.clear();
                     }
                 }
-            });
+                if sw.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
         }
-    });
-    (format!("http://{addr}"), seen)
+    })
+    .await;
+    (url, seen)
 }
 
 /// A TCP link between a proxy and etcd that a test can slow down and cut:
@@ -258,95 +296,90 @@ struct LinkState {
 impl Link {
     pub async fn start(target: String) -> Link {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let state = Arc::new(LinkState::default());
         let st = state.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let (target, st) = (target.clone(), st.clone());
-                tokio::spawn(async move {
-                    let epoch = st.epoch.load(Ordering::Acquire);
-                    let ended = {
-                        let st = st.clone();
-                        move || st.epoch.load(Ordering::Acquire) != epoch
-                    };
-                    if st.cut.load(Ordering::Acquire) {
-                        // A black hole: held open, never served.
-                        while !ended() {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        return;
+        let endpoint = relay(target, move |client, target| {
+            let st = st.clone();
+            async move {
+                let epoch = st.epoch.load(Ordering::Acquire);
+                let ended = {
+                    let st = st.clone();
+                    move || st.epoch.load(Ordering::Acquire) != epoch
+                };
+                if st.cut.load(Ordering::Acquire) {
+                    // A black hole: held open, never served.
+                    while !ended() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
-                        return;
-                    };
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let up = {
-                        let ended = ended.clone();
-                        async move {
-                            let mut buf = vec![0u8; 64 * 1024];
-                            while let Ok(n) = cr.read(&mut buf).await {
-                                if n == 0 || ended() || sw.write_all(&buf[..n]).await.is_err() {
-                                    return;
-                                }
+                    return;
+                }
+                let Some(Sides {
+                    client_read: mut cr,
+                    client_write: mut cw,
+                    store_read: mut sr,
+                    store_write: mut sw,
+                }) = connect(client, &target).await
+                else {
+                    return;
+                };
+                let up = {
+                    let ended = ended.clone();
+                    async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = cr.read(&mut buf).await {
+                            if n == 0 || ended() || sw.write_all(&buf[..n]).await.is_err() {
+                                return;
                             }
                         }
-                    };
-                    // Answers wait out the delay in order, on their own task.
-                    let (tx, mut rx) =
-                        tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
-                    let writer = {
-                        let ended = ended.clone();
-                        async move {
-                            while let Some((due, bytes)) = rx.recv().await {
-                                tokio::time::sleep_until(due).await;
-                                if ended() || cw.write_all(&bytes).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    };
-                    let down = {
-                        let (ended, st) = (ended.clone(), st.clone());
-                        async move {
-                            let mut buf = vec![0u8; 64 * 1024];
-                            while let Ok(n) = sr.read(&mut buf).await {
-                                if n == 0 || ended() {
-                                    return;
-                                }
-                                let delay = st.delay_ms.load(Ordering::Acquire);
-                                let due =
-                                    tokio::time::Instant::now() + Duration::from_millis(delay);
-                                if tx.send((due, buf[..n].to_vec())).is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    };
-                    let watch_end = async move {
-                        while !ended() {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                    };
-                    // Whichever ends first ends the connection (both sockets
-                    // drop with this task).
-                    tokio::select! {
-                        () = up => {}
-                        () = down => {}
-                        () = writer => {}
-                        () = watch_end => {}
                     }
-                });
+                };
+                // Answers wait out the delay in order, on their own task.
+                let (tx, mut rx) =
+                    tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                let writer = {
+                    let ended = ended.clone();
+                    async move {
+                        while let Some((due, bytes)) = rx.recv().await {
+                            tokio::time::sleep_until(due).await;
+                            if ended() || cw.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                };
+                let down = {
+                    let (ended, st) = (ended.clone(), st.clone());
+                    async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = sr.read(&mut buf).await {
+                            if n == 0 || ended() {
+                                return;
+                            }
+                            let delay = st.delay_ms.load(Ordering::Acquire);
+                            let due = tokio::time::Instant::now() + Duration::from_millis(delay);
+                            if tx.send((due, buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                };
+                let watch_end = async move {
+                    while !ended() {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                };
+                // Whichever ends first ends the connection (both sockets
+                // drop with this task).
+                tokio::select! {
+                    () = up => {}
+                    () = down => {}
+                    () = writer => {}
+                    () = watch_end => {}
+                }
             }
-        });
-        Link {
-            endpoint: format!("http://{addr}"),
-            state,
-        }
+        })
+        .await;
+        Link { endpoint, state }
     }
 
     /// Every answer from now on arrives this much later.
