@@ -951,18 +951,12 @@ async fn held_store(
 
 /// A TCP relay that can hold back the backend's answers.
 async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
-    use support::relay::{Sides, connect, relay};
+    use support::relay::{connect, relay};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     relay(target, move |client, target| {
         let delay_ms = delay_ms.clone();
         async move {
-            let Some(Sides {
-                client_read: mut cr,
-                client_write: mut cw,
-                store_read: mut sr,
-                store_write: mut sw,
-            }) = connect(client, &target).await
-            else {
+            let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
                 return;
             };
             let up = tokio::spawn(async move {

@@ -28,26 +28,16 @@ where
     format!("http://{addr}")
 }
 
-/// The two sides of a relayed connection, each split: the client's (the
-/// proxy's) and the store's.
-pub struct Sides {
-    pub client_read: OwnedReadHalf,
-    pub client_write: OwnedWriteHalf,
-    pub store_read: OwnedReadHalf,
-    pub store_write: OwnedWriteHalf,
-}
+/// A relayed connection's two sides, each split: the client's (the
+/// proxy's) read and write halves, then the store's.
+pub type Sides = (OwnedReadHalf, OwnedWriteHalf, OwnedReadHalf, OwnedWriteHalf);
 
 /// Connects `client` to the store at `target`; None if it is not there.
 pub async fn connect(client: TcpStream, target: &str) -> Option<Sides> {
     let store = TcpStream::connect(target).await.ok()?;
     let (client_read, client_write) = client.into_split();
     let (store_read, store_write) = store.into_split();
-    Some(Sides {
-        client_read,
-        client_write,
-        store_read,
-        store_write,
-    })
+    Some((client_read, client_write, store_read, store_write))
 }
 
 /// What a [`holding_relay`] has seen of the request it holds.
@@ -85,13 +75,7 @@ pub async fn holding_relay(
     relay(target, move |client, target| {
         let held = held.clone();
         async move {
-            let Some(Sides {
-                client_read: mut cr,
-                client_write: mut cw,
-                store_read: mut sr,
-                store_write: mut sw,
-            }) = connect(client, &target).await
-            else {
+            let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
                 return;
             };
             let (seen_tx, seen_rx) = tokio::sync::watch::channel(false);
@@ -158,13 +142,7 @@ pub async fn throttled_relay(target: String, per_tick: usize) -> (String, Arc<At
     let url = relay(target, move |client, target| {
         let count = count.clone();
         async move {
-            let Some(Sides {
-                client_read: mut cr,
-                client_write: mut cw,
-                store_read: mut sr,
-                store_write: mut sw,
-            }) = connect(client, &target).await
-            else {
+            let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
                 return;
             };
             tokio::spawn(async move {
@@ -209,13 +187,7 @@ async fn recording(
     let url = relay(target, move |client, target| {
         let log = log.clone();
         async move {
-            let Some(Sides {
-                client_read: mut cr,
-                client_write: mut cw,
-                store_read: mut sr,
-                store_write: mut sw,
-            }) = connect(client, &target).await
-            else {
+            let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
                 return;
             };
             tokio::spawn(async move {
@@ -313,13 +285,7 @@ impl Link {
                     }
                     return;
                 }
-                let Some(Sides {
-                    client_read: mut cr,
-                    client_write: mut cw,
-                    store_read: mut sr,
-                    store_write: mut sw,
-                }) = connect(client, &target).await
-                else {
+                let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
                     return;
                 };
                 let up = {
