@@ -41,6 +41,10 @@ pub struct SmallOpts {
     pub baseline: Option<(PathBuf, String)>,
 }
 
+/// The token number every variant's PUTs carry (and `DirectFenced` tags
+/// its objects with, as the proxy does).
+const TOKEN: u64 = 1;
+
 /// The ways a PUT can reach the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -206,7 +210,7 @@ async fn round(
                     Some(etag) => put.if_match(etag),
                     None => put.if_none_match("*"),
                 }
-                .metadata("fencing-token", tok.to_str()?);
+                .metadata("fencing-token", TOKEN.to_string());
             }
             // The same request every way, Fencing-Token included (the
             // backend ignores the header, nginx passes it on).
@@ -314,7 +318,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
     } else {
         6usize.div_ceil(k) * k
     });
-    let tok = token(1)?;
+    let tok = token(TOKEN)?;
     let mut payload = vec![0u8; opts.object_bytes];
     crate::util::Rng::new(42).fill(&mut payload);
     let body = Bytes::from(payload);

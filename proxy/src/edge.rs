@@ -239,7 +239,7 @@ impl Edge {
             "/",
             auth.region,
             "/s3/aws4_request\n",
-            Hex64::of(&canonical.finalize()).as_str(),
+            Hex64::of(&canonical.finalize().into()).as_str(),
         ] {
             mac.put(piece);
         }
@@ -548,7 +548,7 @@ impl Checked {
 
     /// Whether what arrived so far is the whole body it was signed as.
     fn complete(&mut self) -> Result<(), s3s::StdError> {
-        let hash = Hex64::of(&std::mem::take(&mut self.hash).finalize());
+        let hash = Hex64::of(&std::mem::take(&mut self.hash).finalize().into());
         if hash != self.expected_hash {
             return Err(
                 "the body's SHA-256 is not the x-amz-content-sha256 it was signed with".into(),
@@ -695,7 +695,11 @@ mod tests {
         let body = Body::http_body_unsync(http_body_util::StreamBody::new(futures::stream::iter(
             frames,
         )));
-        Checked::new(body, declared_len, Hex64::of(&Sha256::digest(signed)))
+        Checked::new(
+            body,
+            declared_len,
+            Hex64::of(&Sha256::digest(signed).into()),
+        )
     }
 
     /// Frame by frame, as a sender that stops at `Content-Length` reads it.

@@ -89,6 +89,9 @@ impl Keys {
         thread_local! {
             static JOINED: RefCell<String> = const { RefCell::new(String::new()) };
         }
+        // A bucket's name has no `/` (s3s and the edge check it), so the
+        // joined text names one key.
+        debug_assert!(!bucket.contains('/'), "bucket {bucket:?} has a slash");
         let (id, lock) = JOINED.with_borrow_mut(|joined| {
             joined.clear();
             joined.extend([bucket, "/", key]);

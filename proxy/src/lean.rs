@@ -309,7 +309,7 @@ impl Lean {
         let LeanPut { uri, mut headers } = put;
         if let Some(v) = if_match
             .as_ref()
-            .and_then(|c| dialect.if_match(crate::op::Op::PutObject, etag_text(c)))
+            .and_then(|c| dialect.if_match(crate::op::Op::PutObject, &condition(c)))
         {
             headers.insert(http::header::IF_MATCH, owned_value(v)?);
         }
@@ -406,11 +406,12 @@ fn put_output(headers: &HeaderMap) -> PutObjectOutput {
     output
 }
 
-/// A condition's ETag as the dialect respells it (quoted or not), or `*`.
-fn etag_text(c: &ETagCondition) -> &str {
+/// A condition as AWS writes it (the dialect may respell it): quoted, so
+/// the value itself is never read as `*`, a weak mark or spaces.
+fn condition(c: &ETagCondition) -> String {
     match c {
-        ETagCondition::Any => "*",
-        ETagCondition::ETag(e) => e.value(),
+        ETagCondition::Any => "*".to_owned(),
+        ETagCondition::ETag(e) => ["\"", e.value(), "\""].concat(),
     }
 }
 
@@ -469,6 +470,20 @@ fn internal(e: impl std::fmt::Display) -> S3Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_etag_is_matched_as_a_value_never_as_a_wildcard() {
+        let if_match =
+            |c: ETagCondition| Dialect::AWS.if_match(crate::op::Op::PutObject, &condition(&c));
+        let etag = |v: &str| ETagCondition::ETag(ETag::Strong(v.into()));
+        assert_eq!(if_match(etag("abc")).as_deref(), Some("\"abc\""));
+        // A store's odd ETags stay values: `*` is not "any object", a
+        // leading `W/` or a space is part of the value.
+        assert_eq!(if_match(etag("*")).as_deref(), Some("\"*\""));
+        assert_eq!(if_match(etag("W/abc")).as_deref(), Some("\"W/abc\""));
+        assert_eq!(if_match(etag(" abc ")).as_deref(), Some("\" abc \""));
+        assert_eq!(if_match(ETagCondition::Any).as_deref(), Some("*"));
+    }
 
     fn eligible(headers: &[(&str, &str)]) -> bool {
         let mut map = HeaderMap::new();

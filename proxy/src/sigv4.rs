@@ -24,7 +24,7 @@ pub struct Hex64([u8; 64]);
 
 impl Hex64 {
     /// The hex of `digest`.
-    pub fn of(digest: &[u8]) -> Hex64 {
+    pub fn of(digest: &[u8; 32]) -> Hex64 {
         let mut out = [b'0'; 64];
         for (pair, b) in out.chunks_exact_mut(2).zip(digest) {
             pair.copy_from_slice(&hex_pair(*b));
@@ -170,9 +170,9 @@ mod tests {
 
     #[test]
     fn hex_forms() {
-        let digest: Vec<u8> = (0..32).map(|i| i * 8 + 3).collect();
-        assert_eq!(Hex64::of(&digest).as_str(), hex::encode(&digest));
-        let text = hex::encode(&digest);
+        let digest: [u8; 32] = std::array::from_fn(|i| u8::try_from(i * 8 + 3).unwrap_or(0));
+        assert_eq!(Hex64::of(&digest).as_str(), hex::encode(digest));
+        let text = hex::encode(digest);
         assert_eq!(Hex64::parse(text.as_bytes()), Some(Hex64::of(&digest)));
         assert_eq!(Hex64::parse(text.to_uppercase().as_bytes()), None);
         assert_eq!(Hex64::parse(&text.as_bytes()[1..]), None);

@@ -126,8 +126,8 @@ impl Signer {
         }
         self.put_scope(&mut mac, date);
         mac.put("\n");
-        mac.put(Hex64::of(&canonical.finalize()).as_str());
-        let signature = Hex64::of(&mac.finalize().into_bytes());
+        mac.put(Hex64::of(&canonical.finalize().into()).as_str());
+        let signature = Hex64::of(&mac.finalize().into_bytes().into());
 
         // Of its exact length: the header value then takes the text as it
         // is, with no second allocation.
