@@ -34,6 +34,7 @@ use crate::access::ClientAuth;
 use crate::gate::Gate;
 use crate::header_names as names;
 use crate::host::VirtualHosts;
+use crate::recent::Recent;
 use crate::request::{AsIs, PutRequest, Route};
 use crate::sigv4::{Hex64, Sink};
 use bytes::Bytes;
@@ -493,27 +494,18 @@ fn put_normalized(out: &mut impl Sink, value: &str) {
 fn signing_key(secret: &SecretKey, date: &str, region: &str) -> [u8; 32] {
     type Entry = (String, String, String, [u8; 32]);
     thread_local! {
-        static KEYS: std::cell::RefCell<Vec<Entry>> = const { std::cell::RefCell::new(Vec::new()) };
+        static KEYS: std::cell::RefCell<Recent<Entry>> = const { std::cell::RefCell::new(Recent::new(8)) };
     }
+    let secret = secret.expose();
     KEYS.with_borrow_mut(|keys| {
-        let secret_text = secret.expose();
-        if let Some((_, _, _, k)) = keys
-            .iter()
-            .find(|(s, d, r, _)| s == secret_text && d == date && r == region)
-        {
-            return *k;
-        }
-        let key = crate::sigv4::signing_key(secret_text, date, region);
-        if keys.len() >= 8 {
-            keys.remove(0);
-        }
-        keys.push((
-            secret_text.to_owned(),
-            date.to_owned(),
-            region.to_owned(),
-            key,
-        ));
-        key
+        keys.get_or_insert_with(
+            |(s, d, r, _)| s == secret && d == date && r == region,
+            || {
+                let key = crate::sigv4::signing_key(secret, date, region);
+                (secret.to_owned(), date.to_owned(), region.to_owned(), key)
+            },
+        )
+        .3
     })
 }
 

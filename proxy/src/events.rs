@@ -523,6 +523,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_sees_only_its_own_notes_in_reused_texts() {
+        attempt(None, async {
+            note_target("bucket-one", "key-one");
+            note_client("AKIDONE");
+        })
+        .await;
+        assert_eq!(
+            SPARE_TEXTS.with_borrow(Vec::len),
+            3,
+            "the first request's texts are kept for reuse"
+        );
+        let second = attempt(None, async {
+            let before = current();
+            note_target("b2", "k2");
+            (before, current())
+        })
+        .await;
+        let (before, after) = second;
+        assert_eq!(
+            (before.bucket, before.key, before.client),
+            (None, None, None),
+            "nothing of the first request shows in the second"
+        );
+        assert_eq!(after.bucket.as_deref(), Some("b2"));
+        assert_eq!(after.key.as_deref(), Some("k2"));
+        assert_eq!(after.client, None);
+    }
+
+    #[tokio::test]
     async fn the_ring_keeps_the_newest_and_counts_all() {
         let events = FenceEvents::new(3);
         for t in 1..=10 {

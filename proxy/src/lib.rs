@@ -65,6 +65,7 @@ pub mod page;
 pub mod probe;
 pub mod query;
 pub mod read_ahead;
+pub mod recent;
 pub mod request;
 pub mod scope;
 pub mod send_check;

@@ -1,6 +1,7 @@
 //! Fence scopes: which lock fences a given bucket and key.
 
 use crate::config::{ProxyConfig, UnscopedPolicy};
+use crate::recent::Recent;
 use fencegate_core::LockName;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -30,26 +31,21 @@ impl Scope {
     /// (where one can be so named). Kept per thread for the buckets it
     /// last wrote to, so a write to one costs no memory.
     fn of_bucket(bucket: &str) -> Option<Scope> {
-        const KEPT: usize = 16;
         thread_local! {
-            static BUCKETS: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
+            static BUCKETS: RefCell<Recent<Scope>> = const { RefCell::new(Recent::new(16)) };
         }
         BUCKETS.with_borrow_mut(|kept| {
-            if let Some(s) = kept.iter().find(|s| s.bucket == bucket) {
-                return Some(s.clone());
-            }
-            let lock = LockName::new(bucket).ok()?;
-            let scope = Scope::new(ScopeDef {
-                id: bucket.to_owned(),
-                bucket: bucket.to_owned(),
-                prefix: String::new(),
-                lock,
-            });
-            if kept.len() >= KEPT {
-                kept.remove(0);
-            }
-            kept.push(scope.clone());
-            Some(scope)
+            kept.get_or_make(
+                |s| s.bucket == bucket,
+                || {
+                    Some(Scope::new(ScopeDef {
+                        id: bucket.to_owned(),
+                        bucket: bucket.to_owned(),
+                        prefix: String::new(),
+                        lock: LockName::new(bucket).ok()?,
+                    }))
+                },
+            )
         })
     }
 }
