@@ -44,8 +44,20 @@ fn replica_cmd_with(
     let endpoints: Vec<String> = cluster
         .members
         .iter()
-        .map(|m| format!("{:?}", m.client_url))
+        .map(|m| m.client_url.clone())
         .collect();
+    replica_cmd_on(dir, &endpoints, prefix, epoch, extra)
+}
+
+/// A replica that reaches etcd on `endpoints`, tried in this order.
+fn replica_cmd_on(
+    dir: &Path,
+    endpoints: &[String],
+    prefix: &str,
+    epoch: u16,
+    extra: &str,
+) -> Command {
+    let endpoints: Vec<String> = endpoints.iter().map(|e| format!("{e:?}")).collect();
     let path = dir.join(format!("locksvc-{epoch}.toml"));
     std::fs::write(
         &path,
@@ -292,6 +304,65 @@ fn a_paused_follower_costs_no_request() {
         "{} grants, {during} while a follower was paused",
         grants.len()
     );
+}
+
+/// A grant's first attempt reaches etcd only after its retry on another
+/// member was answered and the lease released, as from a member paused
+/// with the request in its socket (the paused-follower test above met
+/// this by chance). Applied then, it would create a lease nobody holds and
+/// keep the lock from the next owner for its TTL: the grant transaction
+/// holds only against the lock's last grant its replica had seen, so the
+/// late attempt fails.
+#[test]
+fn a_grant_that_reaches_etcd_after_its_retry_takes_nothing() {
+    let _one = one_at_a_time();
+    let dir = tempdir();
+    let cluster = EtcdCluster::start(3);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let target = cluster.members[0]
+        .client_url
+        .trim_start_matches("http://")
+        .to_owned();
+    let link = rt.block_on(support::relay::Link::start(target));
+    // The replica tries member 1 first, through the link; 2 s per call,
+    // so member 1's share is 666 ms.
+    let endpoints = [
+        link.endpoint.clone(),
+        cluster.members[1].client_url.clone(),
+        cluster.members[2].client_url.clone(),
+    ];
+    let r = Service::start(replica_cmd_on(dir.path(), &endpoints, "/ha/", 0, ""));
+    let api = Api::new(&r.url);
+    let (s, warm) = api.acquire("late", "warm", 10_000);
+    assert_eq!(s, 200, "{warm}");
+    assert_eq!(api.release("late", signed_of(&warm)).0, 200);
+
+    // The grant's first attempt reaches member 1 after 1.2 s; it was
+    // answered by member 2 at 666 ms and released at once.
+    link.delay_requests(Duration::from_millis(1_200));
+    let started = Instant::now();
+    let (s, first) = api.acquire("late", "first", 10_000);
+    assert_eq!(s, 200, "{first}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "the grant did not go through the slow member first ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(api.release("late", signed_of(&first)).0, 200);
+    // The late attempt lands at 1.2 s (and the client's cancel after it).
+    std::thread::sleep(Duration::from_millis(2_500));
+    link.delay_requests(Duration::ZERO);
+
+    let (s, status) = api.status("late");
+    assert_eq!(s, 200, "{status}");
+    assert_eq!(
+        status["held"], false,
+        "the released lock is held again: {status}"
+    );
+    let (s, next) = api.acquire("late", "next", 10_000);
+    assert_eq!(s, 200, "the next owner was refused: {next}");
+    assert!(token_of(&next) > token_of(&first));
+    drop(rt);
 }
 
 #[test]

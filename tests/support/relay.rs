@@ -246,11 +246,14 @@ async fn recording(
     (url, seen)
 }
 
-/// A TCP link between a proxy and etcd that a test can slow down and cut:
-/// answers (etcd → proxy) are delayed by [`Link::delay`], and
-/// [`Link::cut`] drops every open connection and black-holes new ones
-/// (accepted, never served) until [`Link::restore`]. A request sent just
-/// before a cut reaches etcd and is applied; its answer is lost.
+/// A TCP link between a service and etcd that a test can slow down and
+/// cut: answers (etcd → service) are delayed by [`Link::delay`], requests
+/// (service → etcd) by [`Link::delay_requests`], and [`Link::cut`] drops
+/// every open connection and black-holes new ones (accepted, never served)
+/// until [`Link::restore`]. A request sent just before a cut reaches etcd
+/// and is applied; its answer is lost. A delayed request reaches etcd
+/// late, whether or not its sender still waits for it, as it would from a
+/// member paused with the request in its socket.
 #[derive(Debug, Clone)]
 pub struct Link {
     pub endpoint: String,
@@ -259,15 +262,52 @@ pub struct Link {
 
 #[derive(Debug, Default)]
 struct LinkState {
-    delay_ms: std::sync::atomic::AtomicU64,
+    delay_ms: AtomicU64,
+    request_delay_ms: AtomicU64,
     cut: AtomicBool,
     /// Bumped by every cut and restore: a connection of an older one ends.
-    epoch: std::sync::atomic::AtomicU64,
+    epoch: AtomicU64,
+}
+
+/// Copies `from` to `to`, each read passed on `delay()` after it arrived,
+/// in order, until either side closes or `ended()`.
+async fn delayed_pipe(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    delay: impl Fn() -> u64,
+    ended: impl Fn() -> bool + Clone,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = {
+        let ended = ended.clone();
+        async move {
+            while let Some((due, bytes)) = rx.recv().await {
+                tokio::time::sleep_until(due).await;
+                if ended() || to.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0 || ended() {
+                return;
+            }
+            let due = tokio::time::Instant::now() + Duration::from_millis(delay());
+            if tx.send((due, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    };
+    // The writer drains what was read before the reader ended.
+    tokio::join!(reader, writer);
 }
 
 impl Link {
     pub async fn start(target: String) -> Link {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let state = Arc::new(LinkState::default());
         let st = state.clone();
         let endpoint = relay(target, move |client, target| {
@@ -285,49 +325,26 @@ impl Link {
                     }
                     return;
                 }
-                let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
+                let Some((cr, cw, sr, sw)) = connect(client, &target).await else {
                     return;
                 };
                 let up = {
-                    let ended = ended.clone();
-                    async move {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        while let Ok(n) = cr.read(&mut buf).await {
-                            if n == 0 || ended() || sw.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                };
-                // Answers wait out the delay in order, on their own task.
-                let (tx, mut rx) =
-                    tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
-                let writer = {
-                    let ended = ended.clone();
-                    async move {
-                        while let Some((due, bytes)) = rx.recv().await {
-                            tokio::time::sleep_until(due).await;
-                            if ended() || cw.write_all(&bytes).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
+                    let st = st.clone();
+                    delayed_pipe(
+                        cr,
+                        sw,
+                        move || st.request_delay_ms.load(Ordering::Acquire),
+                        ended.clone(),
+                    )
                 };
                 let down = {
-                    let (ended, st) = (ended.clone(), st.clone());
-                    async move {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        while let Ok(n) = sr.read(&mut buf).await {
-                            if n == 0 || ended() {
-                                return;
-                            }
-                            let delay = st.delay_ms.load(Ordering::Acquire);
-                            let due = tokio::time::Instant::now() + Duration::from_millis(delay);
-                            if tx.send((due, buf[..n].to_vec())).is_err() {
-                                return;
-                            }
-                        }
-                    }
+                    let st = st.clone();
+                    delayed_pipe(
+                        sr,
+                        cw,
+                        move || st.delay_ms.load(Ordering::Acquire),
+                        ended.clone(),
+                    )
                 };
                 let watch_end = async move {
                     while !ended() {
@@ -339,7 +356,6 @@ impl Link {
                 tokio::select! {
                     () = up => {}
                     () = down => {}
-                    () = writer => {}
                     () = watch_end => {}
                 }
             }
@@ -350,10 +366,14 @@ impl Link {
 
     /// Every answer from now on arrives this much later.
     pub fn delay(&self, d: Duration) {
-        self.state.delay_ms.store(
-            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
-            Ordering::Release,
-        );
+        self.state.delay_ms.store(millis(d), Ordering::Release);
+    }
+
+    /// Every request from now on reaches etcd this much later.
+    pub fn delay_requests(&self, d: Duration) {
+        self.state
+            .request_delay_ms
+            .store(millis(d), Ordering::Release);
     }
 
     /// Drops every connection; new ones are black-holed.
@@ -367,4 +387,8 @@ impl Link {
         self.state.cut.store(false, Ordering::Release);
         self.state.epoch.fetch_add(1, Ordering::AcqRel);
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -107,10 +107,28 @@ impl EtcdLeases {
         let mut then = vec![
             TxnOp::put(self.owner_key(lock), value, None),
             TxnOp::put(self.expiry_key(lock), expiry_value(expires), None),
+            TxnOp::put(self.granted_key(lock), record.grant.to_string(), None),
         ];
         match line {
             None => {
                 when.push(Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix());
+                // "No owner and nobody in line" holds again after every
+                // release. An attempt of this transaction that reaches a
+                // member late (after its retry elsewhere was answered and
+                // the lease released) must not grant again: it holds only
+                // if the lock was granted no later than the newest store
+                // revision this replica has seen, and a retry that granted
+                // it is later than that. (A waiter's grant needs no such
+                // bound: its own key, which the grant deletes, is in it.)
+                let seen = self
+                    .inner
+                    .highest_revision
+                    .load(std::sync::atomic::Ordering::Acquire);
+                when.push(Compare::mod_revision(
+                    self.granted_key(lock),
+                    CompareOp::Less,
+                    seen.saturating_add(1),
+                ));
             }
             Some((mine, rev)) => {
                 // Every waiter key is at least as new as mine, and mine is

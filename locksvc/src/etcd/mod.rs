@@ -13,6 +13,7 @@
 //! | `P/locks/<L>/owner`       | [`Record`]: owner, key digest, epoch         | none                     |
 //! | `P/expiry/<L>`            | the lease's expiry, Unix ms, 19 digits       | none                     |
 //! | `P/locks/<L>/wait/<id>`   | [`PlaceValue`]: the waiting owner, its party | the waiter's, kept alive |
+//! | `P/granted/<L>`           | the last grant's id (kept for good)          | none                     |
 //!
 //! **Tokens.** A grant is one transaction that creates `owner`; its token is
 //! `epoch << 47 | revision` of that transaction. etcd's revision is one
@@ -25,6 +26,17 @@
 //! transaction compares `P/meta/epoch` with the replica's own epoch, so a
 //! replica still configured with an older epoch cannot grant once any
 //! replica has started with a newer one.
+//!
+//! **A grant lands once.** A call that a member left unanswered is retried
+//! on the next (`fencegate_etcd::Etcd::call`), and the first attempt may
+//! still reach its member later, after the retry was answered and the
+//! lease released. A newcomer's grant compares "no owner, nobody in line",
+//! which holds again after every release, so it also compares
+//! `P/granted/<L>`, which every grant writes, with the newest revision its
+//! replica had seen when it sent the transaction: a late attempt finds the
+//! retry's grant newer and changes nothing. The key is never deleted (a
+//! deleted one would let a late attempt through): one small key per lock
+//! name ever granted.
 //!
 //! **Expiry** is the `P/expiry/<L>` key, read against the replica's wall
 //! clock, exact to the millisecond as on SQLite. It is a key of its own, as
@@ -224,6 +236,10 @@ impl EtcdLeases {
 
     pub(super) fn expiry_key(&self, lock: &LockName) -> String {
         self.key(&format!("expiry/{lock}"))
+    }
+
+    pub(super) fn granted_key(&self, lock: &LockName) -> String {
+        self.key(&format!("granted/{lock}"))
     }
 
     pub(super) fn wait_prefix(&self, lock: &LockName) -> String {
