@@ -313,33 +313,79 @@ fn a_paused_follower_costs_no_request() {
 /// keep the lock from the next owner for its TTL: the grant transaction
 /// holds only against the lock's last grant its replica had seen, so the
 /// late attempt fails.
+/// A replica whose first etcd member is reached through a [`Link`] that a
+/// test can slow down: with 2 s per call, that member's share is 666 ms,
+/// then the call is retried on the next member.
+///
+/// [`Link`]: support::relay::Link
+struct SlowFirstMember {
+    link: support::relay::Link,
+    api: Api,
+    _replica: Service,
+    _cluster: EtcdCluster,
+    _runtime: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+impl SlowFirstMember {
+    fn start() -> SlowFirstMember {
+        let dir = tempdir();
+        let cluster = EtcdCluster::start(3);
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let target = cluster.members[0]
+            .client_url
+            .trim_start_matches("http://")
+            .to_owned();
+        let link = runtime.block_on(support::relay::Link::start(target));
+        let endpoints = [
+            link.endpoint.clone(),
+            cluster.members[1].client_url.clone(),
+            cluster.members[2].client_url.clone(),
+        ];
+        let replica = Service::start(replica_cmd_on(dir.path(), &endpoints, "/ha/", 0, ""));
+        let api = Api::new(&replica.url);
+        // Connected to the first member, which answers first from now on.
+        let (s, warm) = api.acquire("warm", "warm", 10_000);
+        assert_eq!(s, 200, "{warm}");
+        assert_eq!(api.release("warm", signed_of(&warm)).0, 200);
+        SlowFirstMember {
+            link,
+            api,
+            _replica: replica,
+            _cluster: cluster,
+            _runtime: runtime,
+            _dir: dir,
+        }
+    }
+
+    /// Requests reach the first member 1.2 s late from now on: a call is
+    /// answered by the second member at 666 ms, and its first attempt
+    /// still lands at 1.2 s.
+    fn slow_down(&self) {
+        self.link.delay_requests(Duration::from_millis(1_200));
+    }
+
+    /// Waits until the late attempts (and the client's cancels after
+    /// them) have landed.
+    fn let_late_attempts_land(&self) {
+        std::thread::sleep(Duration::from_millis(2_500));
+        self.link.delay_requests(Duration::ZERO);
+    }
+}
+
+/// A grant's first attempt reaches etcd only after its retry on another
+/// member was answered and the lease released, as from a member paused
+/// with the request in its socket (the paused-follower test above met
+/// this by chance). Applied then, it would create a lease nobody holds and
+/// keep the lock from the next owner for its TTL: the grant transaction
+/// holds only against the lock's last grant its replica had seen, so the
+/// late attempt fails.
 #[test]
 fn a_grant_that_reaches_etcd_after_its_retry_takes_nothing() {
     let _one = one_at_a_time();
-    let dir = tempdir();
-    let cluster = EtcdCluster::start(3);
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let target = cluster.members[0]
-        .client_url
-        .trim_start_matches("http://")
-        .to_owned();
-    let link = rt.block_on(support::relay::Link::start(target));
-    // The replica tries member 1 first, through the link; 2 s per call,
-    // so member 1's share is 666 ms.
-    let endpoints = [
-        link.endpoint.clone(),
-        cluster.members[1].client_url.clone(),
-        cluster.members[2].client_url.clone(),
-    ];
-    let r = Service::start(replica_cmd_on(dir.path(), &endpoints, "/ha/", 0, ""));
-    let api = Api::new(&r.url);
-    let (s, warm) = api.acquire("late", "warm", 10_000);
-    assert_eq!(s, 200, "{warm}");
-    assert_eq!(api.release("late", signed_of(&warm)).0, 200);
-
-    // The grant's first attempt reaches member 1 after 1.2 s; it was
-    // answered by member 2 at 666 ms and released at once.
-    link.delay_requests(Duration::from_millis(1_200));
+    let env = SlowFirstMember::start();
+    let api = &env.api;
+    env.slow_down();
     let started = Instant::now();
     let (s, first) = api.acquire("late", "first", 10_000);
     assert_eq!(s, 200, "{first}");
@@ -349,9 +395,7 @@ fn a_grant_that_reaches_etcd_after_its_retry_takes_nothing() {
         started.elapsed()
     );
     assert_eq!(api.release("late", signed_of(&first)).0, 200);
-    // The late attempt lands at 1.2 s (and the client's cancel after it).
-    std::thread::sleep(Duration::from_millis(2_500));
-    link.delay_requests(Duration::ZERO);
+    env.let_late_attempts_land();
 
     let (s, status) = api.status("late");
     assert_eq!(s, 200, "{status}");
@@ -362,7 +406,43 @@ fn a_grant_that_reaches_etcd_after_its_retry_takes_nothing() {
     let (s, next) = api.acquire("late", "next", 10_000);
     assert_eq!(s, 200, "the next owner was refused: {next}");
     assert!(token_of(&next) > token_of(&first));
-    drop(rt);
+}
+
+/// A renewal's first attempt lands after a later renewal was answered: it
+/// must not take back the time the holder was told it has (else another
+/// owner is granted the lock while the holder still believes it holds
+/// it). A renewal to a shorter ttl still shortens the lease.
+#[test]
+fn a_renewal_that_reaches_etcd_late_takes_back_no_time() {
+    let _one = one_at_a_time();
+    let env = SlowFirstMember::start();
+    let api = &env.api;
+    let (s, lease) = api.acquire("renewed", "holder", 10_000);
+    assert_eq!(s, 200, "{lease}");
+    env.slow_down();
+    let (s, first) = api.renew("renewed", signed_of(&lease), 30_000);
+    assert_eq!(s, 200, "{first}");
+    let (s, second) = api.renew("renewed", signed_of(&lease), 60_000);
+    assert_eq!(s, 200, "{second}");
+    let promised = second["expires_at_ms"].as_u64().expect("expires_at_ms");
+    env.let_late_attempts_land();
+
+    let (s, status) = api.status("renewed");
+    assert_eq!(s, 200, "{status}");
+    assert_eq!(
+        status["expires_at_ms"].as_u64(),
+        Some(promised),
+        "the lease's expiry moved after the holder was told {promised}: {status}"
+    );
+    // Shortening is still the holder's to ask for.
+    let (s, shorter) = api.renew("renewed", signed_of(&lease), 5_000);
+    assert_eq!(s, 200, "{shorter}");
+    let (_, status) = api.status("renewed");
+    assert_eq!(
+        status["expires_at_ms"], shorter["expires_at_ms"],
+        "{status}"
+    );
+    assert!(shorter["expires_at_ms"].as_u64() < Some(promised));
 }
 
 #[test]

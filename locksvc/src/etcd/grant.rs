@@ -120,15 +120,7 @@ impl EtcdLeases {
                 // revision this replica has seen, and a retry that granted
                 // it is later than that. (A waiter's grant needs no such
                 // bound: its own key, which the grant deletes, is in it.)
-                let seen = self
-                    .inner
-                    .highest_revision
-                    .load(std::sync::atomic::Ordering::Acquire);
-                when.push(Compare::mod_revision(
-                    self.granted_key(lock),
-                    CompareOp::Less,
-                    seen.saturating_add(1),
-                ));
+                when.push(self.granted_at_most_seen(lock));
             }
             Some((mine, rev)) => {
                 // Every waiter key is at least as new as mine, and mine is
@@ -259,6 +251,21 @@ impl EtcdLeases {
         ]
     }
 
+    /// The condition that `lock` was last granted no later than the newest
+    /// store revision this replica has seen (see the module docs, "A grant
+    /// lands once").
+    pub(super) fn granted_at_most_seen(&self, lock: &LockName) -> Compare {
+        let seen = self
+            .inner
+            .highest_revision
+            .load(std::sync::atomic::Ordering::Acquire);
+        Compare::mod_revision(
+            self.granted_key(lock),
+            CompareOp::Less,
+            seen.saturating_add(1),
+        )
+    }
+
     /// The condition that `lock`'s lease has not expired at `now`.
     pub(super) fn live_at(&self, lock: &LockName, now: Timestamp) -> Compare {
         Compare::value(self.expiry_key(lock), CompareOp::Greater, expiry_value(now))
@@ -275,19 +282,25 @@ impl EtcdLeases {
             grant: grant_id()?,
         };
         let value = serde_json::to_vec(&record).map_err(|e| StorageError::Encode(e.to_string()))?;
+        // Absence holds again after a release: bounded as a newcomer's
+        // grant is (`try_grant`), so that a late attempt imports nothing.
         let resp = self
             .txn(
                 Txn::new()
-                    .when([Compare::create_revision(
-                        self.owner_key(&lease.lock),
-                        CompareOp::Equal,
-                        0,
-                    )])
+                    .when([
+                        Compare::create_revision(self.owner_key(&lease.lock), CompareOp::Equal, 0),
+                        self.granted_at_most_seen(&lease.lock),
+                    ])
                     .and_then([
                         TxnOp::put(self.owner_key(&lease.lock), value, None),
                         TxnOp::put(
                             self.expiry_key(&lease.lock),
                             expiry_value(lease.expires_at),
+                            None,
+                        ),
+                        TxnOp::put(
+                            self.granted_key(&lease.lock),
+                            record.grant.to_string(),
                             None,
                         ),
                     ]),
@@ -447,14 +460,26 @@ impl LeaseStore for EtcdLeases {
         let (lock, token) = (held.lock(), held.token());
         let now = clock::now();
         let expires = now.saturating_add(ttl);
-        // The usual case in one round trip.
+        // The usual case in one round trip. It only moves the expiry on:
+        // an attempt of an earlier renewal that reaches a member late
+        // (after its retry was answered, and after later renewals) must
+        // not take back time the holder was told it has. A renewal to an
+        // earlier expiry (a shorter ttl) takes `extend`, which compares
+        // revisions.
         let (resp, retried) = self
             .txn_tracked(
                 Txn::new()
                     .when(
                         [
                             self.granted(lock, token).as_slice(),
-                            &[self.live_at(lock, now)],
+                            &[
+                                self.live_at(lock, now),
+                                Compare::value(
+                                    self.expiry_key(lock),
+                                    CompareOp::Less,
+                                    expiry_value(expires),
+                                ),
+                            ],
                         ]
                         .concat(),
                     )
