@@ -155,6 +155,11 @@ ASOK="$DIR/run/\$name.asok"
 # sun_path is 108 bytes; skip admin sockets rather than fail on long DIRs.
 [ ${#DIR} -gt 80 ] && ASOK=""
 
+# mon data avail crit = -1: by default the mon exits when the filesystem
+# holding DIR has 1 % or less free (2.5 GB of a 252 GB disk), which a
+# machine whose disk is nearly full from builds meets (seen in CI: every RGW
+# test failed with "ceph-mon exited"); 0 still exits at 0 %. The mon's store
+# here is a few MB, and the OSD keeps its data in memory.
 write_conf() {
   cat >"$CONF" <<EOF
 [global]
@@ -201,8 +206,8 @@ mon warn on pool no redundancy = false
 mon max pg per osd = 1000
 paxos propose interval = 0.01
 paxos min wait = 0.01
-mon data avail warn = 2
-mon data avail crit = 1
+mon data avail warn = 0
+mon data avail crit = -1
 mon osd full ratio = .99
 mon osd nearfull ratio = .99
 mon osd backfillfull ratio = .99

@@ -116,9 +116,29 @@ fn start_rgw_cluster() -> RgwCluster {
         .arg(&dir)
         .arg(std::process::id().to_string())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("tests/support/ceph-rgw.sh starts");
+    // Its stderr is passed on, and its last lines kept: if the cluster
+    // does not start, they are the panic's message, which every RGW test
+    // of this binary then repeats (a CI log shows a failure's message
+    // before any other output).
+    let said: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>> =
+        std::sync::Arc::default();
+    let stderr = BufReader::new(child.stderr.take().expect("stderr piped"));
+    let stderr_done = {
+        let said = said.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                let mut said = said.lock().unwrap_or_else(|p| p.into_inner());
+                if said.len() == 80 {
+                    said.pop_front();
+                }
+                said.push_back(line);
+            }
+        })
+    };
     let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
     let endpoint = loop {
         match lines.next() {
@@ -127,10 +147,19 @@ fn start_rgw_cluster() -> RgwCluster {
                     break e.trim().to_owned();
                 }
             }
-            _ => panic!(
-                "Ceph RGW did not start (tests/support/ceph-rgw.sh: {:?}; its stderr is above)",
-                child.wait()
-            ),
+            _ => {
+                let status = child.wait();
+                // Its last lines, unless a daemon it left holds the pipe.
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while !stderr_done.is_finished() && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                let said = said.lock().unwrap_or_else(|p| p.into_inner());
+                panic!(
+                    "Ceph RGW did not start (tests/support/ceph-rgw.sh: {status:?}); the end of what it said:\n{}",
+                    Vec::from(said.clone()).join("\n")
+                )
+            }
         }
     };
     std::thread::spawn(move || for _ in lines {});

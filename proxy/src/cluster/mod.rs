@@ -163,12 +163,33 @@ impl From<Settings> for Published {
     }
 }
 
-/// A draining report as stored.
+/// A draining report: stored as its padded token, a space and its JSON,
+/// so that etcd compares reports by token (`Cluster::put_rising`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct DrainingRecord {
     token: u64,
     writes: u64,
     oldest_ms: u64,
+}
+
+impl DrainingRecord {
+    fn stored(&self) -> String {
+        format!(
+            "{} {}",
+            pad(self.token),
+            serde_json::to_string(self).unwrap_or_default()
+        )
+    }
+
+    /// A stored report, or one a replica of an earlier version stored
+    /// (its JSON alone).
+    fn parse(v: &[u8]) -> Option<DrainingRecord> {
+        let json = match v.iter().position(|b| *b == b' ') {
+            Some(i) if v[..i].iter().all(u8::is_ascii_digit) => &v[i + 1..],
+            _ => v,
+        };
+        serde_json::from_slice(json).ok()
+    }
 }
 
 /// This replica's handle on the cluster. Cheap to clone.
@@ -615,7 +636,7 @@ impl Cluster {
                 lease,
             } => {
                 let key = self.key(&format!("acks/{lock}/{member}"));
-                self.put_on(key, pad(token), lease).await
+                self.put_rising(key, pad(token), pad(token), lease).await
             }
             Request::Draining {
                 lock,
@@ -626,12 +647,12 @@ impl Cluster {
                 oldest_ms,
             } => {
                 let key = self.key(&format!("draining/{lock}/{member}"));
-                let value = serde_json::to_string(&DrainingRecord {
+                let value = DrainingRecord {
                     token,
                     writes,
                     oldest_ms,
-                })
-                .unwrap_or_default();
+                }
+                .stored();
                 tracing::info!(
                     lock = &*lock,
                     token,
@@ -639,7 +660,9 @@ impl Cluster {
                     oldest_ms,
                     "draining writes below a raise before acknowledging it"
                 );
-                self.put_on(key, value, lease).await
+                // A report for the same token may be sent again.
+                let bound = pad(token.saturating_add(1));
+                self.put_rising(key, value, bound, lease).await
             }
             Request::Members { lock } => self.members(&lock).await,
         };
@@ -655,18 +678,34 @@ impl Cluster {
         self.input(true, |m, now| m.handle_answer(id, answer, now));
     }
 
-    async fn put_on(&self, key: String, value: String, lease: i64) -> Result<Answer, CallError> {
-        self.inner
-            .etcd
-            .call(|mut c| {
-                let (key, value) = (key.clone(), value.clone());
-                async move {
-                    c.put(key, value, Some(PutOptions::new().with_lease(lease)))
-                        .await
-                }
-            })
-            .await
-            .map(|_| Answer::Done)
+    /// Puts `value` on `key`, under `lease`, if the key holds less than
+    /// `bound` (values start with a padded token, so bytes compare as
+    /// tokens) or nothing. A put retried on another member may still
+    /// reach the first later, after later puts: it then changes nothing,
+    /// so an ack or a draining report never goes back. The key goes only
+    /// with its lease, after which no put of it applies.
+    async fn put_rising(
+        &self,
+        key: String,
+        value: String,
+        bound: String,
+        lease: i64,
+    ) -> Result<Answer, CallError> {
+        let put = TxnOp::put(
+            key.clone(),
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let txn = Txn::new()
+            .when([Compare::value(key.clone(), CompareOp::Less, bound)])
+            .and_then([put.clone()])
+            // A value compare on a missing key fails: the first put.
+            .or_else([TxnOp::txn(
+                Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                    .and_then([put]),
+            )]);
+        self.txn(&txn).await.map(|_| Answer::Done)
     }
 
     /// The member record and the registration, in one transaction.
@@ -844,7 +883,7 @@ impl Cluster {
             .unwrap_or_default()
             .iter()
             .filter_map(|kv| {
-                let r: DrainingRecord = serde_json::from_slice(kv.value()).ok()?;
+                let r = DrainingRecord::parse(kv.value())?;
                 Some((name(kv, &draining), r.token))
             })
             .collect();
@@ -1170,5 +1209,40 @@ impl Cluster {
             o.extend(m);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(token: u64) -> String {
+        DrainingRecord {
+            token,
+            writes: 3,
+            oldest_ms: 12,
+        }
+        .stored()
+    }
+
+    /// etcd compares values as bytes: a stored report is below the bound
+    /// of a later token's report and of its own token's repeat, and not
+    /// below an earlier token's.
+    #[test]
+    fn stored_draining_reports_compare_as_their_tokens() {
+        assert!(report(9) < pad(10) && report(9) < pad(9 + 1));
+        assert!(report(10) >= pad(10) && report(10) < pad(11));
+        assert!(report(100) >= pad(10));
+        assert!(report(u64::MAX - 1) < pad(u64::MAX));
+    }
+
+    #[test]
+    fn draining_reports_read_back_in_both_forms() {
+        let r = DrainingRecord::parse(report(42).as_bytes()).expect("parses");
+        assert_eq!((r.token, r.writes, r.oldest_ms), (42, 3, 12));
+        // As a replica of an earlier version stored it.
+        let old = br#"{"token":7,"writes":1,"oldest_ms":5}"#;
+        assert_eq!(DrainingRecord::parse(old).map(|r| r.token), Some(7));
+        assert!(DrainingRecord::parse(b"0007 not json").is_none());
     }
 }
