@@ -548,6 +548,46 @@ async fn a_raise_whose_answer_was_lost_leaves_the_raiser_refusing_the_old_token(
     healed(&link, a).await;
 }
 
+/// An ack whose first attempt reaches etcd only after its retry on another
+/// member was answered and a later ack was written (as from a member
+/// paused with the request in its socket): it must not take the ack back,
+/// or a raiser that has not seen the later ack waits on this replica, or
+/// evicts it, for a raise it had already acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_that_reaches_etcd_late_does_not_take_the_ack_back() {
+    let env = replicas(BackendKind::S3Fs, 2)
+        .first_proxy_etcd_link_then_others()
+        .start()
+        .await;
+    let link = env.etcd_link.clone().expect("a link to etcd");
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
+    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
+    let me = status(a).await["incarnation"]
+        .as_str()
+        .expect("a's incarnation")
+        .to_owned();
+    // a's requests reach its first member 800 ms late: its ack of 2 is
+    // answered by the next member at a third of request_timeout (1 s).
+    link.delay_requests(Duration::from_millis(800));
+    assert_eq!(put(b, "two", 2, "t2").await.0, 200);
+    assert_eq!(put(b, "three", 3, "t3").await.0, 200);
+    let acked = || {
+        let etcd = env.etcd.as_ref().expect("etcd");
+        blocking(|| etcd.value(&format!("/fg-test/acks/{BUCKET}/{me}")))
+    };
+    assert_eq!(acked().as_deref(), Some("00000000000000000003"));
+    // The late first attempt of the ack of 2 has landed by now.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    link.delay_requests(Duration::ZERO);
+    assert_eq!(
+        acked().as_deref(),
+        Some("00000000000000000003"),
+        "a's ack went back"
+    );
+    assert_eq!(put(a, "stale", 2, "t2").await.0, 409);
+}
+
 /// Issue 21, schedule 2: a replica that lost its registration joins again
 /// and its reload of the fences is lost. It admits nothing on what its
 /// last incarnation knew: not between join and load, not after the load

@@ -270,6 +270,20 @@ impl EtcdCluster {
             .join(",")
     }
 
+    /// The value of `key`, read through the first member's JSON gateway.
+    pub fn value(&self, key: &str) -> Option<String> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let v: serde_json::Value = reqwest::blocking::Client::new()
+            .post(format!("{}/v3/kv/range", self.members[0].client_url))
+            .json(&serde_json::json!({ "key": b64.encode(key) }))
+            .send()
+            .and_then(|r| r.json())
+            .expect("etcd range");
+        let value = v["kvs"][0]["value"].as_str()?;
+        Some(String::from_utf8_lossy(&b64.decode(value).expect("base64")).into_owned())
+    }
+
     /// The index of the member that leads now, as the members not paused
     /// agree on it.
     pub fn leader(&self) -> Option<usize> {

@@ -33,6 +33,8 @@ pub struct Harness {
     proxies: usize,
     relay: Option<String>,
     etcd_link: bool,
+    /// The first proxy also lists the other members, after the link.
+    etcd_link_then_others: bool,
     anonymous: bool,
     shared: Option<bool>,
 }
@@ -64,6 +66,7 @@ impl Harness {
             proxies: 1,
             relay: None,
             etcd_link: false,
+            etcd_link_then_others: false,
             anonymous: true,
             shared: None,
         }
@@ -147,6 +150,16 @@ impl Harness {
     /// ([`Env::etcd_link`]).
     pub fn first_proxy_etcd_link(mut self) -> Harness {
         self.etcd_link = true;
+        self
+    }
+
+    /// As [`Harness::first_proxy_etcd_link`], and the first proxy also
+    /// lists the other members after the link: a call the linked member
+    /// leaves unanswered for its share of `request_timeout` is retried on
+    /// the next.
+    pub fn first_proxy_etcd_link_then_others(mut self) -> Harness {
+        self.etcd_link = true;
+        self.etcd_link_then_others = true;
         self
     }
 
@@ -234,10 +247,17 @@ impl Harness {
         for i in 0..self.proxies {
             let pdir: PathBuf = dir.path().join(format!("proxy{i}"));
             std::fs::create_dir_all(&pdir).expect("proxy dir");
-            let linked = etcd_link
-                .as_ref()
-                .filter(|_| i == 0)
-                .map(|l| l.endpoint.clone());
+            let linked = etcd_link.as_ref().filter(|_| i == 0).map(|l| {
+                let others = endpoints.as_deref().unwrap_or_default().split(',').skip(1);
+                if self.etcd_link_then_others {
+                    std::iter::once(l.endpoint.as_str())
+                        .chain(others)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                } else {
+                    l.endpoint.clone()
+                }
+            });
             let shared = self
                 .is_shared()
                 .then_some(linked.as_deref().or(endpoints.as_deref()))
