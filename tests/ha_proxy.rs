@@ -510,20 +510,25 @@ async fn healed(link: &support::relay::Link, a: &Proxy) {
     assert_eq!(put(a, "after-a-stale", 1, "t1").await.0, 409);
 }
 
+/// Two replicas started by `h`, the first with a link to etcd, each
+/// having admitted token 1: the environment and the link.
+async fn linked_and_warm(h: Harness) -> (Env, support::relay::Link) {
+    let env = h.start().await;
+    let link = env.etcd_link.clone().expect("a link to etcd");
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
+    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
+    (env, link)
+}
+
 /// Issue 21, schedule 1: a raise that etcd applied (the max and the
 /// raiser's own ack of it) and whose answer never came back. The other
 /// replica admits the new token on that ack, so the raiser must already
 /// refuse the old one: it does from before it sends the raise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_whose_answer_was_lost_leaves_the_raiser_refusing_the_old_token() {
-    let env = replicas(BackendKind::S3Fs, 2)
-        .first_proxy_etcd_link()
-        .start()
-        .await;
-    let link = env.etcd_link.clone().expect("a link to etcd");
+    let (env, link) = linked_and_warm(replicas(BackendKind::S3Fs, 2).first_proxy_etcd_link()).await;
     let (a, b) = (&env.proxies[0], &env.proxies[1]);
-    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
-    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
     // Answers take 800 ms from now on; the raise reaches etcd at once, and
     // the link is cut before its answer comes back.
     link.delay(Duration::from_millis(800));
@@ -555,14 +560,9 @@ async fn a_raise_whose_answer_was_lost_leaves_the_raiser_refusing_the_old_token(
 /// evicts it, for a raise it had already acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_that_reaches_etcd_late_does_not_take_the_ack_back() {
-    let env = replicas(BackendKind::S3Fs, 2)
-        .first_proxy_etcd_link_then_others()
-        .start()
-        .await;
-    let link = env.etcd_link.clone().expect("a link to etcd");
+    let (env, link) =
+        linked_and_warm(replicas(BackendKind::S3Fs, 2).first_proxy_etcd_link_then_others()).await;
     let (a, b) = (&env.proxies[0], &env.proxies[1]);
-    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
-    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
     let me = status(a).await["incarnation"]
         .as_str()
         .expect("a's incarnation")
@@ -594,18 +594,16 @@ async fn an_ack_that_reaches_etcd_late_does_not_take_the_ack_back() {
 /// failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejoin_whose_reload_fails_admits_nothing() {
-    let env = replicas(BackendKind::S3Fs, 2)
-        .cluster_options(
-            // Requests wait up to 2 s: answers over the slow link come.
-            "registration_ttl = \"6s\"\nack_timeout = \"2s\"\nrequest_timeout = \"2s\"\n",
-        )
-        .first_proxy_etcd_link()
-        .start()
-        .await;
-    let link = env.etcd_link.clone().expect("a link to etcd");
+    let (env, link) = linked_and_warm(
+        replicas(BackendKind::S3Fs, 2)
+            .cluster_options(
+                // Requests wait up to 2 s: answers over the slow link come.
+                "registration_ttl = \"6s\"\nack_timeout = \"2s\"\nrequest_timeout = \"2s\"\n",
+            )
+            .first_proxy_etcd_link(),
+    )
+    .await;
     let (a, b) = (&env.proxies[0], &env.proxies[1]);
-    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
-    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
     link.cut();
     let deadline = Instant::now() + Duration::from_secs(15);
     while status(a).await["admitting"] == true {
