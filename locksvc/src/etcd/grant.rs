@@ -460,12 +460,14 @@ impl LeaseStore for EtcdLeases {
         let (lock, token) = (held.lock(), held.token());
         let now = clock::now();
         let expires = now.saturating_add(ttl);
-        // The usual case in one round trip. It only moves the expiry on:
-        // an attempt of an earlier renewal that reaches a member late
+        // The usual case in one round trip. It never moves the expiry
+        // back: an attempt of an earlier renewal that reaches a member late
         // (after its retry was answered, and after later renewals) must
-        // not take back time the holder was told it has. A renewal to an
-        // earlier expiry (a shorter ttl) takes `extend`, which compares
-        // revisions.
+        // not take back time the holder was told it has. The stored expiry
+        // is at most the new one (below the next millisecond: etcd has no
+        // "less or equal"), so renewals in the same millisecond stay on
+        // this path. A renewal to an earlier expiry (a shorter ttl) takes
+        // `extend`, which compares revisions.
         let (resp, retried) = self
             .txn_tracked(
                 Txn::new()
@@ -477,7 +479,7 @@ impl LeaseStore for EtcdLeases {
                                 Compare::value(
                                     self.expiry_key(lock),
                                     CompareOp::Less,
-                                    expiry_value(expires),
+                                    expiry_value(expires.saturating_add(Duration::from_millis(1))),
                                 ),
                             ],
                         ]
