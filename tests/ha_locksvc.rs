@@ -733,6 +733,16 @@ fn migrate_moves_the_counter_and_the_live_leases_to_etcd() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    // The prefix already knows the lock "kept": granted and released
+    // there before, so its `granted/kept` key exists. The import is still
+    // a first grant of the lock, and must not be refused for it.
+    {
+        let before = Service::start(replica_cmd(dir.path(), &cluster, "/mig/", 0));
+        let api = Api::new(&before.url);
+        let (s, v) = api.acquire("kept", "earlier", 1000);
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(api.release("kept", signed_of(&v)).0, 200);
+    }
     let (ok, _, err) = migrate(0);
     assert!(!ok, "epoch 0 cannot clear SQLite's tokens");
     assert!(err.contains("at least 1"), "{err}");

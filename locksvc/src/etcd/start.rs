@@ -61,7 +61,17 @@ impl EtcdLeases {
             })
             .await
         {
-            Ok((resp, _)) => Ok(resp),
+            Ok((resp, _)) => {
+                // The newest revision seen bounds a newcomer's grant and
+                // an import ("A grant lands once"): from the start, not
+                // from the first answer after it, or an import into a
+                // prefix where the lock was once granted would be refused.
+                let revision = resp.header().map_or(0, |h| h.revision());
+                self.inner
+                    .highest_revision
+                    .fetch_max(revision, std::sync::atomic::Ordering::AcqRel);
+                Ok(resp)
+            }
             Err(CallError::Unavailable(why)) => Err(Startup::Unavailable(why)),
             Err(CallError::Refused(e)) => Err(Startup::Refused(anyhow::anyhow!(
                 "etcd refused this replica: {e} (check etcd.username / FENCEGATE_ETCD_PASSWORD and the user's permissions on the prefix)"
