@@ -51,6 +51,22 @@ impl Env {
         headers: &[(&str, String)],
         body: &[u8],
     ) -> (u16, String) {
+        let headers: Vec<(&str, Vec<u8>)> = headers
+            .iter()
+            .map(|(k, v)| (*k, v.as_bytes().to_vec()))
+            .collect();
+        self.raw_bytes(method, target, &headers, body).await
+    }
+
+    /// [`Env::raw`] with header values as bytes (any bytes: not UTF-8,
+    /// not ASCII).
+    async fn raw_bytes(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &[(&str, Vec<u8>)],
+        body: &[u8],
+    ) -> (u16, String) {
         let mut conn = tokio::net::TcpStream::connect(self.addr())
             .await
             .expect("connect");
@@ -58,19 +74,27 @@ impl Env {
         let host = headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("host"))
-            .map_or_else(|| self.addr(), |(_, v)| v.clone());
-        let mut head = format!(
-            "{method} {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
-            body.len()
+            .map_or_else(|| self.addr().into_bytes(), |(_, v)| v.clone());
+        let mut head = format!("{method} {target} HTTP/1.1\r\nHost: ").into_bytes();
+        head.extend_from_slice(&host);
+        head.extend_from_slice(
+            format!(
+                "\r\nConnection: close\r\nContent-Length: {}\r\n",
+                body.len()
+            )
+            .as_bytes(),
         );
         for (k, v) in headers
             .iter()
             .filter(|(k, _)| !k.eq_ignore_ascii_case("host"))
         {
-            head.push_str(&format!("{k}: {v}\r\n"));
+            head.extend_from_slice(k.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(v);
+            head.extend_from_slice(b"\r\n");
         }
-        head.push_str("\r\n");
-        conn.write_all(head.as_bytes()).await.expect("head");
+        head.extend_from_slice(b"\r\n");
+        conn.write_all(&head).await.expect("head");
         let _ = conn.write_all(body).await;
         let mut out = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut out)).await;
@@ -474,6 +498,101 @@ async fn web_pages_cannot_use_the_proxy_by_another_name() {
         .await;
     assert_eq!(code, 403, "{text}");
     assert!(text.contains("BrowserRequestRefused"), "{text}");
+}
+
+/// Issue 34: a request counts as signed only if s3s verifies a signature
+/// on it. An `Authorization` header s3s cannot read (not text, or two of
+/// them) made the proxy skip its Host rule while s3s served the request as
+/// anonymous: a page reached by DNS rebinding read objects and listings,
+/// and a DeleteObjects skipped the anonymous payload-hash check. Now such a
+/// request is a 400 that says what to fix, from any host, and changes
+/// nothing; a presigned query s3s reads as signed is verified, never served
+/// on its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_nobody_verified_never_counts_as_signed() {
+    use sha2::Digest as _;
+    let e = env_with(BackendKind::S3Fs, "").await;
+    e.put_signed("k", &signed(BUCKET, 1), "secret data")
+        .await
+        .expect("write");
+    e.put_signed("victim", &signed(BUCKET, 1), "keep me")
+        .await
+        .expect("write");
+    let attacker = ("Host", b"attacker.example".to_vec());
+    let unreadable: [Vec<(&str, Vec<u8>)>; 4] = [
+        vec![("Authorization", b"\xff".to_vec())],
+        vec![(
+            "Authorization",
+            b"AWS4-HMAC-SHA256 Credential=\xc3\xa9".to_vec(),
+        )],
+        vec![
+            ("Authorization", b"AWS4-HMAC-SHA256 a".to_vec()),
+            ("Authorization", b"AWS4-HMAC-SHA256 b".to_vec()),
+        ],
+        vec![("Authorization", b"\x80\x81".to_vec())],
+    ];
+    for auth in &unreadable {
+        for host in [Some(attacker.clone()), None] {
+            let mut headers = auth.clone();
+            headers.extend(host.clone());
+            for target in [format!("/{BUCKET}/k"), format!("/{BUCKET}?list-type=2")] {
+                let (code, text) = e.raw_bytes("GET", &target, &headers, b"").await;
+                assert_eq!(code, 400, "{target} {headers:?}: {text}");
+                assert!(
+                    text.contains("AuthorizationHeaderMalformed") && text.contains("Authorization"),
+                    "{text}"
+                );
+                assert!(!text.contains("secret data") && !text.contains("<Key>k</Key>"));
+            }
+        }
+    }
+    // A DeleteObjects whose payload hash is not its body's: refused whether
+    // its Authorization is unreadable, readable but no signature, or absent.
+    let xml = "<Delete><Object><Key>victim</Key></Object></Delete>";
+    let wrong = hex::encode(sha2::Sha256::digest(b"another body"));
+    for auth in [Some(b"\xff".to_vec()), Some(b"garbage".to_vec()), None] {
+        let mut headers = vec![
+            ("Fencing-Token", signed(BUCKET, 1).into_bytes()),
+            ("x-amz-content-sha256", wrong.clone().into_bytes()),
+        ];
+        headers.extend(auth.clone().map(|a| ("Authorization", a)));
+        let (code, text) = e
+            .raw_bytes(
+                "POST",
+                &format!("/{BUCKET}?delete"),
+                &headers,
+                xml.as_bytes(),
+            )
+            .await;
+        assert!(
+            (400..500).contains(&code),
+            "{auth:?}: a DeleteObjects with a wrong payload hash: {code} {text}"
+        );
+        assert_eq!(
+            stored(&e.backend, BUCKET, "victim").await,
+            Some((b"keep me".to_vec(), Some(1))),
+            "{auth:?}: {text}"
+        );
+    }
+    // A presigned query by any spelling s3s decodes is verified: a wrong
+    // signature serves nothing, from any host.
+    for target in [
+        format!("/{BUCKET}/k?X-Amz-Signatur%65=00"),
+        format!("/{BUCKET}/k?Signature=00&AWSAccessKeyId=x&Expires=9999999999"),
+    ] {
+        for host in [Some(attacker.clone()), None] {
+            let headers: Vec<_> = host.into_iter().collect();
+            let (code, text) = e.raw_bytes("GET", &target, &headers, b"").await;
+            assert!(
+                (400..500).contains(&code) && !text.contains("secret data"),
+                "{target}: {code} {text}"
+            );
+        }
+    }
+    // The refusals are the proxy's, not a broken proxy's: signed and
+    // anonymous reads by a known name are served.
+    let (code, text) = e.raw("GET", &format!("/{BUCKET}/k"), &[], b"").await;
+    assert_eq!(code, 200, "{text}");
 }
 
 /// Issue 24: every integrity value a write carries is checked by the

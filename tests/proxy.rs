@@ -110,6 +110,12 @@ fn crc32_b64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode((!crc).to_be_bytes())
 }
 
+/// SHA-256, as `x-amz-checksum-sha256` carries it: base64.
+fn sha256_b64(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(data))
+}
+
 /// A PutObject sent as botocore sends it by default: `aws-chunked`, chunks
 /// unsigned, a CRC-32 trailer (`checksum_of` is what the trailer claims to
 /// be the checksum of), signed with the proxy's client key.
@@ -121,6 +127,31 @@ async fn trailer_put(
     checksum_of: &[u8],
     declared: usize,
 ) -> (u16, String) {
+    let crc = crc32_b64(checksum_of);
+    let trailer = [("x-amz-checksum-crc32", crc.as_str())];
+    trailer_put_with(
+        e,
+        key,
+        token,
+        data,
+        &trailer,
+        "x-amz-checksum-crc32",
+        declared,
+    )
+    .await
+}
+
+/// [`trailer_put`] with the trailer's lines and the `x-amz-trailer` that
+/// announces them given.
+async fn trailer_put_with(
+    e: &Env,
+    key: &str,
+    token: &str,
+    data: &[u8],
+    trailer: &[(&str, &str)],
+    announced: &str,
+    declared: usize,
+) -> (u16, String) {
     // Chunks of at most 5 bytes, so a body can run past its declared length.
     let mut body = Vec::new();
     for chunk in data.chunks(5) {
@@ -128,13 +159,11 @@ async fn trailer_put(
         body.extend_from_slice(chunk);
         body.extend_from_slice(b"\r\n");
     }
-    body.extend_from_slice(
-        format!(
-            "0\r\nx-amz-checksum-crc32:{}\r\n\r\n",
-            crc32_b64(checksum_of)
-        )
-        .as_bytes(),
-    );
+    body.extend_from_slice(b"0\r\n");
+    for (name, value) in trailer {
+        body.extend_from_slice(format!("{name}:{value}\r\n").as_bytes());
+    }
+    body.extend_from_slice(b"\r\n");
     // `key` may carry a query (an UploadPart's).
     let url = format!("{}/{BUCKET}/{key}", e.proxy().url);
     let declared = declared.to_string();
@@ -144,7 +173,7 @@ async fn trailer_put(
         &[
             ("content-encoding", "aws-chunked"),
             ("x-amz-decoded-content-length", declared.as_str()),
-            ("x-amz-trailer", "x-amz-checksum-crc32"),
+            ("x-amz-trailer", announced),
         ],
         "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
     );
@@ -176,6 +205,73 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     let (status, text) = trailer_put(&e, "new", &token, b"hellO", b"hello", b"hellO".len()).await;
     assert_eq!(status, 400, "{text}");
     assert_eq!(stored(&e.backend, BUCKET, "new").await, None);
+
+    // Every value the trailer carries is checked, not the first one only:
+    // a right CRC-32 first and a wrong SHA-256 second, either order; a
+    // name the proxy cannot check; a value the trailer did not announce.
+    let (right, wrong) = (crc32_b64(b"hellO"), sha256_b64(b"hello"));
+    let both = "x-amz-checksum-crc32,x-amz-checksum-sha256";
+    for (trailer, announced) in [
+        (
+            vec![
+                ("x-amz-checksum-crc32", right.as_str()),
+                ("x-amz-checksum-sha256", wrong.as_str()),
+            ],
+            both,
+        ),
+        (
+            vec![
+                ("x-amz-checksum-sha256", wrong.as_str()),
+                ("x-amz-checksum-crc32", right.as_str()),
+            ],
+            "x-amz-checksum-sha256, x-amz-checksum-crc32",
+        ),
+        (
+            vec![
+                ("x-amz-checksum-crc32", right.as_str()),
+                ("x-amz-checksum-xxh3", "AAAA"),
+            ],
+            "x-amz-checksum-crc32,x-amz-checksum-xxh3",
+        ),
+        (
+            vec![
+                ("x-amz-checksum-crc32", right.as_str()),
+                ("x-amz-checksum-sha256", wrong.as_str()),
+            ],
+            "x-amz-checksum-crc32",
+        ),
+    ] {
+        for key in ["t", "two"] {
+            let (status, text) =
+                trailer_put_with(&e, key, &token, b"hellO", &trailer, announced, 5).await;
+            assert_eq!(status, 400, "{trailer:?} announced {announced}: {text}");
+        }
+        assert_eq!(
+            stored(&e.backend, BUCKET, "t").await,
+            Some((b"hello".to_vec(), Some(1))),
+            "the object is as it was after {trailer:?}"
+        );
+        assert_eq!(stored(&e.backend, BUCKET, "two").await, None);
+    }
+    let right_sha = sha256_b64(b"hellO");
+    let (status, text) = trailer_put_with(
+        &e,
+        "two",
+        &token,
+        b"hellO",
+        &[
+            ("x-amz-checksum-crc32", right.as_str()),
+            ("x-amz-checksum-sha256", right_sha.as_str()),
+        ],
+        both,
+        5,
+    )
+    .await;
+    assert_eq!(status, 200, "both values right: {text}");
+    assert_eq!(
+        stored(&e.backend, BUCKET, "two").await,
+        Some((b"hellO".to_vec(), Some(1)))
+    );
 
     // An empty body: a sender never reads a body of length 0, so its
     // trailer is checked before anything is sent.

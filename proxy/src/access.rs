@@ -167,6 +167,20 @@ impl S3Access for Access {
         if let s3s::path::S3Path::Object { key, .. } = cx.s3_path() {
             crate::object_key::require(key)?;
         }
+        // The router let the request past its Host rule on its reading of
+        // the credentials (`presented`); s3s has now verified them. A
+        // request the router read as signed is signed here, or nothing
+        // that rule skipped is served.
+        let presented = cx
+            .extensions_mut()
+            .get::<crate::presented::Presented>()
+            .copied();
+        if presented != Some(crate::presented::Presented::Anonymous) && cx.credentials().is_none() {
+            return Err(s3_error!(
+                AuthorizationHeaderMalformed,
+                "the request's credentials were not verified: send one SigV4 Authorization header (or a presigned URL), or none"
+            ));
+        }
         // Who is asking, for the fence event of any refusal that follows.
         if let Some(c) = cx.credentials() {
             crate::events::note_client(&c.access_key);

@@ -62,6 +62,7 @@ pub mod object_key;
 pub mod op;
 pub mod ops;
 pub mod page;
+pub mod presented;
 pub mod probe;
 pub mod query;
 pub mod read_ahead;

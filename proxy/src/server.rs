@@ -83,9 +83,23 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                     // they would be every request's size, copied whole.
                     return Ok(Box::pin(this.ops(endpoint, req.method(), req.headers())).await);
                 }
+                // Read once, as s3s reads it (`presented`): a credential
+                // that cannot be read is refused, never counted either way.
+                let presented = match crate::presented::Presented::of(&req) {
+                    Ok(p) => p,
+                    Err(why) => {
+                        return Ok(*crate::early::refuse(
+                            StatusCode::BAD_REQUEST,
+                            "AuthorizationHeaderMalformed",
+                            &why.to_string(),
+                        ));
+                    }
+                };
+                let mut req = req;
+                req.extensions_mut().insert(presented);
                 // An anonymous request's only credential is where it comes
                 // from: a web page's (DNS rebinding) names the page's host.
-                if is_anonymous(&req)
+                if presented.is_anonymous()
                     && let Err(r) =
                         fencegate_net::browser::check_host(req.headers(), req.uri(), &this.answered)
                 {
@@ -115,23 +129,25 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 let deadline = (body_read == crate::early::BodyRead::Whole)
                     .then(|| Box::pin(tokio::time::sleep(this.gate.client_idle())));
                 // A body read whole is checked against its integrity values
-                // here: s3s checks none of them on these bodies.
+                // here: s3s checks none of them on these bodies. Its payload
+                // hash too, signed or not: the check costs a few hundred
+                // bytes' SHA-256 and then rests on no claim about the
+                // request.
                 let whole = (body_read == crate::early::BodyRead::Whole).then(|| {
-                    let anonymous = is_anonymous(&req);
                     let complete = req
                         .uri()
                         .query()
                         .is_some_and(|q| q.split('&').any(|p| p.starts_with("uploadId=")));
-                    (req.headers().clone(), anonymous, complete)
+                    (req.headers().clone(), complete)
                 });
                 let mut whole_verdict = None;
                 let req = fencegate_net::track_request_body(req).map(|body| {
                     let mut body = DrainOnDrop::new(body, expects_continue, polled.clone());
                     body.deadline = deadline;
                     match whole {
-                        Some((headers, anonymous, complete)) => {
+                        Some((headers, complete)) => {
                             let (checked, verdict) =
-                                crate::trailer::check_whole(body, &headers, anonymous, complete);
+                                crate::trailer::check_whole(body, &headers, complete);
                             whole_verdict = Some(verdict);
                             s3s::Body::http_body_unsync(checked)
                         }
@@ -307,19 +323,6 @@ fn json(status: StatusCode, body: String) -> Response<Body> {
         http::HeaderValue::from_static("nosniff"),
     );
     r
-}
-
-/// Whether `req` is unsigned (no `Authorization`, no presigned query).
-/// As s3s decides it: by the `Authorization` header and the names of the
-/// query's parameters (not by what their values hold).
-fn is_anonymous<B>(req: &Request<B>) -> bool {
-    let signed_query = req.uri().query().is_some_and(|q| {
-        q.split('&').any(|p| {
-            let name = p.split_once('=').map_or(p, |(n, _)| n);
-            matches!(name, "X-Amz-Signature" | "Signature")
-        })
-    });
-    !req.headers().contains_key(http::header::AUTHORIZATION) && !signed_query
 }
 
 /// What a request to a host the proxy does not answer to is told.

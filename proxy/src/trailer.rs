@@ -171,6 +171,14 @@ enum Wanted {
     Md5(String),
     /// `x-amz-content-sha256` of an anonymous request, lower-case hex.
     PayloadSha256(String),
+    /// A trailing value `x-amz-trailer` announces that the proxy cannot
+    /// compute (an unknown `x-amz-checksum-*`, or any other name).
+    Uncheckable(String),
+    /// The trailer carries no `x-amz-checksum-*` but the announced ones.
+    OnlyAnnounced {
+        announced: Vec<String>,
+        trailing: TrailingHeaders,
+    },
 }
 
 impl Digests {
@@ -202,13 +210,28 @@ impl Digests {
         let announced = headers
             .get(names::X_AMZ_TRAILER)
             .map(|a| String::from_utf8_lossy(a.as_bytes()).to_ascii_lowercase());
-        if let Some((trailing, announced)) = trailing.zip(announced)
-            && let Some(index) = NAMES
-                .iter()
-                .position(|n| announced.split(',').any(|a| a.trim() == *n))
-        {
-            wanted.push(Wanted::Trailer {
-                index,
+        // Every name the trailer announces is checked, not the first
+        // only; a checksum the proxy cannot compute is refused, and so is
+        // one the trailer carries without announcing it.
+        if let Some((trailing, announced)) = trailing.zip(announced) {
+            let mut names: Vec<&str> = announced
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            for name in &names {
+                wanted.push(match NAMES.iter().position(|n| n == name) {
+                    Some(index) => Wanted::Trailer {
+                        index,
+                        trailing: trailing.clone(),
+                    },
+                    None => Wanted::Uncheckable((*name).to_owned()),
+                });
+            }
+            wanted.push(Wanted::OnlyAnnounced {
+                announced: names.iter().map(|n| (*n).to_owned()).collect(),
                 trailing: trailing.clone(),
             });
         }
@@ -241,6 +264,7 @@ impl Digests {
                 },
                 Wanted::Md5(_) => md5 = Some(s3s::crypto::Md5::new()),
                 Wanted::PayloadSha256(_) => hasher.sha256 = Some(s3s::crypto::Sha256::new()),
+                Wanted::Uncheckable(_) | Wanted::OnlyAnnounced { .. } => {}
             }
         }
         Some(Digests {
@@ -289,6 +313,29 @@ impl Digests {
                         return Err(format!("the body does not match its trailing {name}"));
                     }
                 }
+                Wanted::Uncheckable(name) => {
+                    return Err(format!(
+                        "x-amz-trailer announces {name:?}, which the proxy cannot check: send a trailing checksum among {}",
+                        NAMES.join(", ")
+                    ));
+                }
+                Wanted::OnlyAnnounced {
+                    announced,
+                    trailing,
+                } => {
+                    let extra = trailing
+                        .read(|h| {
+                            h.keys().map(|n| n.as_str().to_owned()).find(|n| {
+                                n.starts_with("x-amz-checksum-") && !announced.contains(n)
+                            })
+                        })
+                        .flatten();
+                    if let Some(name) = extra {
+                        return Err(format!(
+                            "the trailer carries {name}, which x-amz-trailer did not announce"
+                        ));
+                    }
+                }
                 Wanted::Md5(value) => {
                     if md5.as_deref() != Some(value.as_str()) {
                         return Err("the body does not match its Content-MD5".into());
@@ -322,18 +369,13 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// Wraps a body read whole; see [`WholeChecked`]. `anonymous`: the request
-/// is not signed (its payload hash is then checked here too). `complete`:
+/// Wraps a body read whole; see [`WholeChecked`]. Its payload hash is
+/// checked here whether or not the request is signed. `complete`:
 /// the body is a CompleteMultipartUpload's, whose `x-amz-checksum-*`
 /// headers are the whole object's (the store checks them), not the XML's.
-pub fn check_whole<B>(
-    inner: B,
-    headers: &HeaderMap,
-    anonymous: bool,
-    complete: bool,
-) -> (WholeChecked<B>, Verdict) {
+pub fn check_whole<B>(inner: B, headers: &HeaderMap, complete: bool) -> (WholeChecked<B>, Verdict) {
     let verdict = Verdict::default();
-    let mut digests = Digests::wanted(headers, None, anonymous);
+    let mut digests = Digests::wanted(headers, None, true);
     if complete && let Some(d) = digests.as_mut() {
         d.wanted
             .retain(|w| matches!(w, Wanted::Md5(_) | Wanted::PayloadSha256(_)));
