@@ -248,14 +248,24 @@ pub struct RestoreArgs {
     /// The backup to put in its place.
     #[arg(long)]
     pub from: PathBuf,
+    /// A backup older than the database's high-water mark (`DB.mark`) is
+    /// refused unless N is at least the mark's token; the restored
+    /// database then starts at N (the lease service's counter; every
+    /// lock's max on the proxy).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub token_floor: u64,
 }
 
 pub fn restore_db(args: &RestoreArgs) -> anyhow::Result<()> {
-    fencegate_durable::restore(&args.from, &args.db, || fencegate_durable::in_use(&args.db))?;
+    let (kind, level) = fencegate_durable::restore(&args.from, &args.db, args.token_floor, || {
+        fencegate_durable::in_use(&args.db)
+    })?;
     println!(
-        "restored {} from {}; start the service (without --create-db)",
+        "restored the {} {} from {} (highest token {}); start the service (without --create-db)",
+        kind.what(),
         args.db.display(),
-        args.from.display()
+        args.from.display(),
+        level.token
     );
     Ok(())
 }

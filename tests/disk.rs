@@ -149,11 +149,17 @@ fn refused_start(mut cmd: Command) -> (bool, String, String) {
 
 /// `fencegate restore-db --db DB --from BACKUP`, run to its end.
 fn restore_db(db: &Path, backup: &Path) -> std::process::Output {
+    restore_db_with(db, backup, &[])
+}
+
+/// [`restore_db`] with more arguments (`--token-floor N`).
+fn restore_db_with(db: &Path, backup: &Path, extra: &[&str]) -> std::process::Output {
     fencegate()
         .args(["restore-db", "--db"])
         .arg(db)
         .arg("--from")
         .arg(backup)
+        .args(extra)
         .output()
         .expect("restore-db")
 }
@@ -263,14 +269,24 @@ fn a_lease_database_replaced_while_running_is_not_mixed_with_the_old_state() {
     );
     svc.terminate();
 
-    // Stopped: the documented restore, then a start above what was issued.
+    // Stopped: the backup is older than what was issued (its counter 1,
+    // the mark 3), so the restore needs a floor at least the mark's.
     let out = restore_db(&db, &backup);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("last token 1") && err.contains("token 3") && err.contains("--token-floor 3"),
+        "{err}"
+    );
+    let out = restore_db_with(&db, &backup, &["--token-floor", "2"]);
+    assert!(!out.status.success(), "a floor below the mark");
+    let out = restore_db_with(&db, &backup, &["--token-floor", "3"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let svc = start_locksvc_at(&db, &["--token-floor", "3"], &log);
+    let svc = start_locksvc_at(&db, &[], &log);
     let api = Api::new(&svc.url);
     // The backup's state, not the running service's: b and c are not held.
     let (s, v) = api.acquire("b", "B2", 60_000);
@@ -620,8 +636,10 @@ fn a_backup_copied_over_a_running_service_is_not_undone_by_its_stop() {
         "the stopping service wrote into the copied file"
     );
     // The old log is left beside the file; the documented restore drops
-    // it (a plain start would replay it over the backup).
-    let out = restore_db(&db, &backup);
+    // it (a plain start would replay it over the backup), and lifts the
+    // backup's counter above the tokens issued since (issue 34: it was
+    // restored as 1, and 2 was issued twice).
+    let out = restore_db_with(&db, &backup, &["--token-floor", "3"]);
     assert!(
         out.status.success(),
         "{}",
@@ -632,9 +650,207 @@ fn a_backup_copied_over_a_running_service_is_not_undone_by_its_stop() {
     assert_eq!(s, 200, "the backup's state: b is free: {v}");
     assert_eq!(
         token_of(&v),
-        2,
-        "the backup's counter, not the stopped service's"
+        4,
+        "above every token issued, not the backup's 2"
     );
+}
+
+/// The lease service's write-ahead log with `n` grants in it: a start
+/// (checkpointed by its clean stop at token `before`), then `n` grants, and
+/// kill -9 (no checkpoint). Returns the last token issued.
+fn grants_left_in_the_log(db: &Path, log: &Path, before: u64, n: u64) -> u64 {
+    let mut svc = start_locksvc_at(db, &["--create-db"], log);
+    let api = Api::new(&svc.url);
+    for i in 0..before {
+        assert_eq!(
+            token_of(&api.acquire(&format!("a{i}"), "A", 60_000).1),
+            i + 1
+        );
+    }
+    svc.terminate();
+    let mut svc = start_locksvc_at(db, &[], log);
+    let api = Api::new(&svc.url);
+    for i in 0..n {
+        let v = api.acquire(&format!("b{i}"), "B", 60_000).1;
+        assert_eq!(token_of(&v), before + i + 1);
+    }
+    svc.kill9();
+    before + n
+}
+
+fn remove_log(db: &Path) {
+    for suffix in ["-wal", "-shm"] {
+        let mut p = db.as_os_str().to_owned();
+        p.push(suffix);
+        std::fs::remove_file(PathBuf::from(p)).expect("the log was there");
+    }
+}
+
+/// Issue 34: a `-wal` file lost while the lease service is stopped took
+/// its counter back from 20 to what the main file held, in silence, and
+/// the service issued those tokens again. Now a start refuses at ERROR,
+/// naming both numbers and the fix, and only a floor at least the last
+/// token issued lets it start.
+#[test]
+fn a_lost_write_ahead_log_never_issues_a_token_again() {
+    let dir = tempdir();
+    let (db, log) = locksvc_files(&dir);
+    let last = grants_left_in_the_log(&db, &log, 5, 15);
+    assert_eq!(last, 20);
+    remove_log(&db);
+
+    let start_log = dir.path().join("start.log");
+    let (ok, out, err) = refused_start(locksvc(&db, &[], &start_log));
+    let err = err + &std::fs::read_to_string(&start_log).unwrap_or_default();
+    assert!(!ok && !out.contains("listening on"), "{out}");
+    assert!(
+        err.contains("ERROR")
+            && err.contains("last token 5")
+            && err.contains("token 20")
+            && err.contains("-wal")
+            && err.contains("--token-floor 20"),
+        "{err}"
+    );
+    // --create-db is no way around it, nor is a floor below the mark.
+    for extra in [&["--create-db"][..], &["--token-floor", "19"]] {
+        let (ok, _, err) = refused_start(locksvc(&db, extra, &start_log));
+        let err = err + &std::fs::read_to_string(&start_log).unwrap_or_default();
+        assert!(!ok && err.contains("token 20"), "{extra:?}: {err}");
+    }
+    let svc = start_locksvc_at(&db, &["--token-floor", "20"], &log);
+    let api = Api::new(&svc.url);
+    assert_eq!(token_of(&api.acquire("c", "C", 60_000).1), 21);
+}
+
+/// Issue 34: the proxy's `-wal` lost while it is stopped took a lock's
+/// max from 2 back to 0, and a stale token was admitted to a new key. Now
+/// the start refuses; a floor at least the lost max starts it, and the
+/// stale token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_proxy_write_ahead_log_admits_no_stale_token() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = tempdir();
+    let toml = proxy_toml(&backend, dir.path(), BUCKET, "");
+    let put = |url: String, key: &'static str, token: u64| async move {
+        let r = reqwest::Client::new()
+            .put(format!("{url}/{BUCKET}/{key}"))
+            .header("Fencing-Token", signed(BUCKET, token))
+            .body("v")
+            .send()
+            .await
+            .expect("put");
+        let status = r.status().as_u16();
+        (status, r.text().await.unwrap_or_default())
+    };
+    let mut proxy = Proxy::start(&toml, dir.path()).await;
+    assert_eq!(put(proxy.url.clone(), "k1", 1).await.0, 200);
+    proxy.terminate();
+    let mut proxy = Proxy::start(&toml, dir.path()).await;
+    assert_eq!(put(proxy.url.clone(), "k2", 2).await.0, 200);
+    assert_eq!(put(proxy.url.clone(), "k3", 1).await.0, 409);
+    proxy.kill9();
+    let db = dir.path().join("proxy.db");
+    remove_log(&db);
+
+    let config = dir.path().join("restart.toml");
+    std::fs::write(&config, &toml).expect("config");
+    let cmd = |extra: &[&str]| {
+        let mut cmd = fencegate();
+        cmd.args(["proxy", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .arg("--config")
+            .arg(&config)
+            .env("FENCEGATE_LOG", "warn");
+        cmd
+    };
+    for extra in [&[][..], &["--create-db"], &["--token-floor", "1"]] {
+        let c = cmd(extra);
+        let (ok, out, err) = tokio::task::spawn_blocking(move || refused_start(c))
+            .await
+            .expect("joined");
+        assert!(!ok && !out.contains("listening on"), "{extra:?}: {out}");
+        assert!(
+            err.contains("ERROR")
+                && err.contains("highest max 2")
+                && err.contains("--token-floor 2"),
+            "{extra:?}: {err}"
+        );
+    }
+    let c = cmd(&["--token-floor", "2"]);
+    let svc = tokio::task::spawn_blocking(move || Service::start(c))
+        .await
+        .expect("started");
+    let (s, text) = put(svc.url.clone(), "new-key", 1).await;
+    assert_eq!(s, 409, "a stale token on a key never written: {text}");
+    assert_eq!(put(svc.url.clone(), "new-key", 2).await.0, 200);
+}
+
+/// Issue 34: `restore-db` took an empty file, an empty SQLite database and
+/// a proxy database as the lease service's, and the service then granted
+/// token 1. Every one is refused, naming the file, and leaves the database
+/// as it was; so is a start on any of them in place of the lease database.
+#[test]
+fn only_a_database_of_the_right_kind_is_put_in_place() {
+    let dir = tempdir();
+    let (db, log) = locksvc_files(&dir);
+    let mut svc = start_locksvc_at(&db, &["--create-db"], &log);
+    let api = Api::new(&svc.url);
+    for i in 0..3 {
+        token_of(&api.acquire(&format!("l{i}"), "A", 60_000).1);
+    }
+    svc.terminate();
+    let before = std::fs::read(&db).expect("db");
+
+    let empty_file = dir.path().join("empty-file.db");
+    std::fs::write(&empty_file, b"").expect("empty");
+    let empty_db = dir.path().join("empty.db");
+    rusqlite::Connection::open(&empty_db)
+        .expect("open")
+        .execute_batch("CREATE TABLE unrelated (x); DROP TABLE unrelated;")
+        .expect("empty db");
+    let proxy_db = dir.path().join("proxy.db");
+    rusqlite::Connection::open(&proxy_db)
+        .expect("open")
+        .execute_batch(
+            "CREATE TABLE fences (scope TEXT PRIMARY KEY, max_token INTEGER NOT NULL);
+             CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             INSERT INTO fences VALUES ('bkt', 99);",
+        )
+        .expect("proxy db");
+    let not_sqlite = dir.path().join("junk.db");
+    std::fs::write(
+        &not_sqlite,
+        b"this is not a database at all, not even close",
+    )
+    .expect("junk");
+    for (backup, says) in [
+        (&empty_file, "no fencegate tables"),
+        (&empty_db, "no fencegate tables"),
+        (&proxy_db, "proxy database"),
+        (&not_sqlite, "junk.db"),
+    ] {
+        let out = restore_db_with(&db, backup, &["--token-floor", "1000"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{backup:?}");
+        assert!(err.contains(says), "{backup:?}: {err}");
+        assert_eq!(std::fs::read(&db).expect("db"), before, "{backup:?}");
+        // In place by hand, a start refuses it too, naming file and fix.
+        let by_hand = dir.path().join("by-hand.db");
+        std::fs::copy(backup, &by_hand).expect("copy");
+        let start_log = dir.path().join("start.log");
+        let (ok, _, err) = refused_start(locksvc(&by_hand, &[], &start_log));
+        let err = err + &std::fs::read_to_string(&start_log).unwrap_or_default();
+        assert!(!ok, "{backup:?}");
+        assert!(
+            err.contains("by-hand.db")
+                && (err.contains("restore-db") || err.contains("--create-db")),
+            "{backup:?}: {err}"
+        );
+        let _ = std::fs::remove_file(&by_hand);
+    }
+    let svc = start_locksvc_at(&db, &[], &log);
+    assert_eq!(token_of(&Api::new(&svc.url).acquire("x", "X", 60_000).1), 4);
 }
 
 /// The lease database and the log of a lease service in `dir`.

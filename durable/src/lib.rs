@@ -22,6 +22,9 @@
 //! - **Repeated failures** are logged once a second with a count of the
 //!   rest ([`Throttle`]), not once per request.
 
+mod ledger;
+
+pub use ledger::{Kind, Level, Mark, guard, mark_path, read_mark, require_kind, unreadable};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -82,7 +85,11 @@ pub fn probe_writable(conn: &rusqlite::Connection, path: &Path, what: &str) -> a
             path.display()
         );
     }
-    anyhow::bail!("cannot write the {what} {}: {e}", path.display())
+    anyhow::bail!(
+        "cannot write the {what} {}: {e}. If the disk is fine and the file is damaged, stop the \
+         service and restore a backup with `fencegate restore-db --db PATH --from BACKUP`",
+        path.display()
+    )
 }
 
 /// Whether the filesystem holding `path` is mounted read-only.
@@ -178,6 +185,11 @@ impl Watch {
         self.wal = wal_id(&self.path);
     }
 
+    /// The watched file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Why the database was given up, if it was: its connection must then
     /// not be closed normally (a close checkpoints the WAL into whatever
     /// file now has the name).
@@ -245,19 +257,30 @@ pub fn in_use(path: &Path) -> bool {
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
 }
 
-/// Copies `backup` over the database at `db` while its service is stopped:
-/// checks the backup is a database SQLite can read whole, removes the old
-/// write-ahead log and shared memory (SQLite would otherwise replay the old
-/// database's log onto the restored one), and replaces the file atomically
-/// (copy to a temporary name, fsync, rename, fsync the directory). `running`
-/// says whether a service still has `db` open.
-pub fn restore(backup: &Path, db: &Path, running: impl Fn() -> bool) -> anyhow::Result<()> {
+/// Copies `backup` over the database at `db` while its service is stopped.
+///
+/// The backup must be a database SQLite reads whole, of the same kind as
+/// the database it replaces (by its tables, the replaced file's and the
+/// mark's), and at least at the high-water mark (`ledger`), unless `floor`
+/// is at least the mark's token: then the copy is lifted to `floor` before
+/// it is put in place. The old write-ahead log and shared memory are
+/// removed (SQLite would otherwise replay the old database's log onto the
+/// restored one), and the file is replaced atomically (copy to a temporary
+/// name, fsync, rename, fsync the directory). `running` says whether a
+/// service still has `db` open. Returns the restored database's kind and
+/// level.
+pub fn restore(
+    backup: &Path,
+    db: &Path,
+    floor: u64,
+    running: impl Fn() -> bool,
+) -> anyhow::Result<(Kind, ledger::Level)> {
     anyhow::ensure!(
         !running(),
         "a service still has {} open: stop it first (a running service would write its own state back over the restored file)",
         db.display()
     );
-    {
+    let (kind, level) = {
         let conn = rusqlite::Connection::open_with_flags(
             backup,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
@@ -276,6 +299,53 @@ pub fn restore(backup: &Path, db: &Path, running: impl Fn() -> bool) -> anyhow::
             "the backup {} is damaged: {check}",
             backup.display()
         );
+        let kind = match Kind::of(&conn) {
+            Ok(Some(kind)) => kind,
+            Ok(None) => anyhow::bail!(
+                "the backup {} holds no fencegate tables (an empty file or an empty database): \
+                 a service started on it would count tokens from 0 again; restore a backup of the \
+                 service's own database",
+                backup.display()
+            ),
+            Err(why) => anyhow::bail!(
+                "the backup {} is not a fencegate database: {why}",
+                backup.display()
+            ),
+        };
+        (kind, kind.level(&conn)?)
+    };
+    let replaced =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .ok()
+            .and_then(|c| Kind::of(&c).ok().flatten());
+    let marked = ledger::read_mark(&ledger::mark_path(db))?;
+    for (whose, other) in [
+        (db.display().to_string(), replaced),
+        (
+            ledger::mark_path(db).display().to_string(),
+            marked.map(|(k, _)| k),
+        ),
+    ] {
+        if let Some(other) = other.filter(|o| *o != kind) {
+            anyhow::bail!(
+                "the backup {} is a {}, but {whose} is a {}'s: restore each service's database from its own backups",
+                backup.display(),
+                kind.what(),
+                other.what()
+            );
+        }
+    }
+    let marked = marked.map(|(_, l)| l).unwrap_or_default();
+    let below = level.generation < marked.generation || level.token < marked.token;
+    if below && floor < marked.token {
+        anyhow::bail!(ledger::below_mark(
+            kind,
+            &format!("the backup {}", backup.display()),
+            &ledger::mark_path(db),
+            level,
+            marked,
+            "Restoring it"
+        ));
     }
     let dir = db
         .parent()
@@ -285,6 +355,12 @@ pub fn restore(backup: &Path, db: &Path, running: impl Fn() -> bool) -> anyhow::
     tmp.push(".restoring");
     let tmp = PathBuf::from(tmp);
     std::fs::copy(backup, &tmp)?;
+    if floor > 0 || below {
+        // Lifted in the copy, and the copy's own log folded in by the close.
+        let conn = rusqlite::Connection::open(&tmp)?;
+        kind.lift(&conn, floor, marked.generation)?;
+        conn.pragma_update(None, "journal_mode", "DELETE")?;
+    }
     std::fs::File::open(&tmp)?.sync_all()?;
     for suffix in ["-wal", "-shm", "-journal"] {
         let mut side = db.as_os_str().to_owned();
@@ -297,7 +373,17 @@ pub fn restore(backup: &Path, db: &Path, running: impl Fn() -> bool) -> anyhow::
     }
     std::fs::rename(&tmp, db)?;
     std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
+    // Not read back from `db`: an open would leave a log beside it.
+    let lifted = floor > 0 || below;
+    Ok((
+        kind,
+        ledger::Level {
+            generation: level
+                .generation
+                .max(if lifted { marked.generation } else { 0 }),
+            token: level.token.max(floor),
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -307,8 +393,13 @@ mod tests {
     fn db(path: &Path) -> rusqlite::Connection {
         let c = rusqlite::Connection::open(path).expect("open");
         c.pragma_update(None, "journal_mode", "WAL").expect("wal");
-        c.execute_batch("CREATE TABLE IF NOT EXISTS t (x)")
-            .expect("table");
+        c.execute_batch(
+            "CREATE TABLE IF NOT EXISTS t (x);
+             CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY, last_token INTEGER NOT NULL);
+             INSERT OR IGNORE INTO counter VALUES (1, 0);
+             CREATE TABLE IF NOT EXISTS leases (lock TEXT PRIMARY KEY);",
+        )
+        .expect("table");
         c
     }
 
@@ -369,7 +460,7 @@ mod tests {
         let claimed = claim(&live).expect("claim");
         assert!(in_use(&live));
         assert!(
-            restore(&backup, &live, || in_use(&live)).is_err(),
+            restore(&backup, &live, 0, || in_use(&live)).is_err(),
             "running"
         );
         drop(claimed);
@@ -379,7 +470,7 @@ mod tests {
         let mut wal = live.as_os_str().to_owned();
         wal.push("-wal");
         assert!(Path::new(&wal).exists());
-        restore(&backup, &live, || false).expect("restore");
+        restore(&backup, &live, 0, || false).expect("restore");
         assert!(!Path::new(&wal).exists(), "the old log is gone");
         let c = rusqlite::Connection::open(&live).expect("open");
         let x: String = c
@@ -388,7 +479,7 @@ mod tests {
         assert_eq!(x, "backup");
         assert!(std::fs::write(dir.path().join("junk.db"), b"junk").is_ok());
         assert!(
-            restore(&dir.path().join("junk.db"), &live, || false).is_err(),
+            restore(&dir.path().join("junk.db"), &live, 0, || false).is_err(),
             "not a database"
         );
     }

@@ -10,9 +10,11 @@
 //! ARCHITECTURE.md for why safety does not depend on it).
 //!
 //! The file itself is `fencegate_durable`'s to guard: created only when
-//! told (a new database can start above a floor), probed for a read-only
-//! disk before the service listens, and watched before every commit for
-//! being deleted, replaced or written by someone else.
+//! told (a new database can start above a floor), refused when it is not a
+//! lease database or is below its high-water mark (a lost `-wal`, an older
+//! copy), probed for a read-only disk before the service listens, and
+//! watched before every commit for being deleted, replaced or written by
+//! someone else. Each commit that issues a token raises the mark.
 
 use fencegate_core::{KeyDigest, Lease, LockName, Timestamp};
 use fencegate_durable::{Opening, Watch};
@@ -21,6 +23,7 @@ use std::path::Path;
 
 /// What the file is called in messages.
 const WHAT: &str = "lease database";
+const KIND: fencegate_durable::Kind = fencegate_durable::Kind::Lease;
 
 /// The lease service's SQLite file.
 #[derive(Debug)]
@@ -29,6 +32,8 @@ pub struct Store {
     /// log into whatever file now has the name.
     conn: Connection,
     watch: Watch,
+    /// The highest counter ever committed, kept beside the file.
+    mark: fencegate_durable::Mark,
     created: bool,
     /// Held while the service runs (`fencegate restore-db` checks it).
     _claim: fencegate_durable::Claim,
@@ -69,42 +74,55 @@ impl Store {
     pub fn open(path: &Path, opening: Opening, floor: u64) -> anyhow::Result<Store> {
         let created = fencegate_durable::prepare(path, opening, WHAT)?;
         let conn = Connection::open(path)
-            .map_err(|e| anyhow::anyhow!("cannot open lease database {}: {e}", path.display()))?;
+            .map_err(|e| anyhow::anyhow!(fencegate_durable::unreadable(KIND, path, &e)))?;
         fencegate_durable::probe_writable(&conn, path, WHAT)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS counter (
-                 id INTEGER PRIMARY KEY CHECK (id = 1),
-                 last_token INTEGER NOT NULL
-             );
-             INSERT OR IGNORE INTO counter (id, last_token) VALUES (1, 0);
-             CREATE TABLE IF NOT EXISTS leases (
-                 lock TEXT PRIMARY KEY,
-                 owner TEXT NOT NULL,
-                 token INTEGER NOT NULL,
-                 expires_at_ms INTEGER NOT NULL,
-                 idempotency_sha256 BLOB
-             );",
+        // A file of the other service, an empty one, or no database at
+        // all is refused before anything is written into it.
+        fencegate_durable::require_kind(
+            &conn,
+            path,
+            KIND,
+            created || opening == Opening::CreateIfMissing,
         )?;
-        // Databases written before idempotency keys existed lack the column;
-        // their leases have no key (nobody can re-acquire them while live).
-        let has_key_column: bool = conn
-            .prepare("SELECT 1 FROM pragma_table_info('leases') WHERE name = 'idempotency_sha256'")?
-            .exists([])?;
-        if !has_key_column {
-            conn.execute_batch("ALTER TABLE leases ADD COLUMN idempotency_sha256 BLOB")?;
-        }
-        if floor > 0 {
-            conn.execute(
-                "UPDATE counter SET last_token = MAX(last_token, ?1) WHERE id = 1",
-                params![to_sql(floor)],
+        let schema = || -> rusqlite::Result<()> {
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "FULL")?;
+            conn.execute_batch(
+                "CREATE TABLE IF NOT EXISTS counter (
+                     id INTEGER PRIMARY KEY CHECK (id = 1),
+                     last_token INTEGER NOT NULL
+                 );
+                 INSERT OR IGNORE INTO counter (id, last_token) VALUES (1, 0);
+                 CREATE TABLE IF NOT EXISTS leases (
+                     lock TEXT PRIMARY KEY,
+                     owner TEXT NOT NULL,
+                     token INTEGER NOT NULL,
+                     expires_at_ms INTEGER NOT NULL,
+                     idempotency_sha256 BLOB
+                 );",
             )?;
-        }
+            // Databases written before idempotency keys existed lack the
+            // column; their leases have no key (nobody can re-acquire them
+            // while live).
+            let has_key_column: bool = conn
+                .prepare(
+                    "SELECT 1 FROM pragma_table_info('leases') WHERE name = 'idempotency_sha256'",
+                )?
+                .exists([])?;
+            if !has_key_column {
+                conn.execute_batch("ALTER TABLE leases ADD COLUMN idempotency_sha256 BLOB")?;
+            }
+            Ok(())
+        };
+        schema().map_err(|e| anyhow::anyhow!(fencegate_durable::unreadable(KIND, path, &e)))?;
+        // The counter against its high-water mark (a lost -wal, an older
+        // copy), lifted to the floor.
+        let mark = fencegate_durable::guard(&conn, path, KIND, floor)?;
         let watch = Watch::new(path, WHAT)?;
         Ok(Store {
             conn,
             watch,
+            mark,
             created,
             _claim: fencegate_durable::claim(path)?,
         })
@@ -181,11 +199,22 @@ impl Store {
             Durability::Written => "NORMAL",
         };
         self.conn.pragma_update(None, "synchronous", sync)?;
-        let result = self.write(counter, rows);
-        if result.is_ok() {
-            self.watch.written();
-        }
-        result
+        self.write(counter, rows)?;
+        self.watch.written();
+        // Before any answer the commit allows goes out.
+        let level = fencegate_durable::Level {
+            generation: counter,
+            token: counter,
+        };
+        self.mark.record(level).map_err(|e| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                Some(format!(
+                    "cannot write the high-water mark {}: {e}",
+                    fencegate_durable::mark_path(self.watch.path()).display()
+                )),
+            )
+        })
     }
 
     fn write(&mut self, counter: u64, rows: &[LeaseRow]) -> rusqlite::Result<()> {

@@ -12,7 +12,9 @@
 //! next one must wait them out before it raises a fence (`fences`).
 //!
 //! The file is `fencegate_durable`'s to guard: created only when told (a
-//! new one can start every lock's max at a floor), probed for a read-only
+//! new one can start every lock's max at a floor), refused when it is not
+//! a proxy database or is below its high-water mark (a lost `-wal`, an
+//! older copy; every raise is counted and raises the mark), probed for a read-only
 //! disk before the proxy listens, claimed while the proxy runs, and
 //! watched before every write for being deleted, replaced or written by
 //! someone else (then every write fails, and the proxy is not ready).
@@ -26,6 +28,7 @@ use std::sync::{Arc, Mutex};
 
 /// What the file is called in messages.
 const WHAT: &str = "proxy database";
+const KIND: fencegate_durable::Kind = fencegate_durable::Kind::Proxy;
 
 /// Handle to the database; cheap to clone. Calls block: run them from
 /// `spawn_blocking` (they are rare: a new max, a new upload).
@@ -40,6 +43,8 @@ struct Inner {
     /// log into whatever file now has the name.
     conn: Connection,
     watch: Watch,
+    /// How far the raises went, kept beside the file.
+    mark: fencegate_durable::Mark,
     _claim: Claim,
     /// Why the last write failed, if it did (readiness).
     failed: Option<String>,
@@ -74,46 +79,56 @@ impl Db {
     pub fn open(path: &Path, opening: Opening, floor: u64) -> anyhow::Result<Db> {
         let created = fencegate_durable::prepare(path, opening, WHAT)?;
         let conn = Connection::open(path)
-            .map_err(|e| anyhow::anyhow!("cannot open proxy database {}: {e}", path.display()))?;
+            .map_err(|e| anyhow::anyhow!(fencegate_durable::unreadable(KIND, path, &e)))?;
         fencegate_durable::probe_writable(&conn, path, WHAT)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS fences (
-                 scope TEXT PRIMARY KEY,
-                 max_token INTEGER NOT NULL
-             );
-             CREATE TABLE IF NOT EXISTS runs (
-                 id INTEGER PRIMARY KEY CHECK (id = 1),
-                 clean INTEGER NOT NULL
-             );
-             CREATE TABLE IF NOT EXISTS meta (
-                 name TEXT PRIMARY KEY,
-                 value INTEGER NOT NULL
-             );
-             CREATE TABLE IF NOT EXISTS uploads (
-                 upload_id TEXT PRIMARY KEY,
-                 bucket TEXT NOT NULL,
-                 key TEXT NOT NULL,
-                 scope TEXT NOT NULL,
-                 token INTEGER NOT NULL
-             );",
+        // A file of the other service, an empty one, or no database at
+        // all is refused before anything is written into it.
+        fencegate_durable::require_kind(
+            &conn,
+            path,
+            KIND,
+            created || opening == Opening::CreateIfMissing,
         )?;
-        // Uploads bound before identities were recorded have owner '':
-        // only a request presenting the bound token may continue them.
-        let has_owner = conn
-            .prepare("SELECT 1 FROM pragma_table_info('uploads') WHERE name = 'owner'")?
-            .exists([])?;
-        if !has_owner {
-            conn.execute_batch("ALTER TABLE uploads ADD COLUMN owner TEXT NOT NULL DEFAULT ''")?;
-        }
-        if floor > 0 {
-            conn.execute(
-                "INSERT INTO meta (name, value) VALUES ('floor', ?1)
-                 ON CONFLICT (name) DO UPDATE SET value = MAX(value, ?1)",
-                params![to_sql(floor)],
+        let schema = || -> rusqlite::Result<()> {
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "FULL")?;
+            conn.execute_batch(
+                "CREATE TABLE IF NOT EXISTS fences (
+                     scope TEXT PRIMARY KEY,
+                     max_token INTEGER NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS runs (
+                     id INTEGER PRIMARY KEY CHECK (id = 1),
+                     clean INTEGER NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS meta (
+                     name TEXT PRIMARY KEY,
+                     value INTEGER NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS uploads (
+                     upload_id TEXT PRIMARY KEY,
+                     bucket TEXT NOT NULL,
+                     key TEXT NOT NULL,
+                     scope TEXT NOT NULL,
+                     token INTEGER NOT NULL
+                 );",
             )?;
-        }
+            // Uploads bound before identities were recorded have owner '':
+            // only a request presenting the bound token may continue them.
+            let has_owner = conn
+                .prepare("SELECT 1 FROM pragma_table_info('uploads') WHERE name = 'owner'")?
+                .exists([])?;
+            if !has_owner {
+                conn.execute_batch(
+                    "ALTER TABLE uploads ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+                )?;
+            }
+            Ok(())
+        };
+        schema().map_err(|e| anyhow::anyhow!(fencegate_durable::unreadable(KIND, path, &e)))?;
+        // The raises against the high-water mark (a lost -wal, an older
+        // copy), and every lock's max lifted to the floor.
+        let mark = fencegate_durable::guard(&conn, path, KIND, floor)?;
         if created {
             tracing::warn!(
                 db = %path.display(),
@@ -127,6 +142,7 @@ impl Db {
             inner: Arc::new(Mutex::new(Inner {
                 conn,
                 watch,
+                mark,
                 _claim: claim,
                 failed: None,
                 path: path.to_owned(),
@@ -238,15 +254,41 @@ impl Db {
         })
     }
 
-    /// Raises `scope`'s max to `token` (never lowers it), durably.
+    /// Raises `scope`'s max to `token` (never lowers it), durably, and
+    /// counts the raise; the high-water mark follows before it returns.
     pub fn raise(&self, scope: &str, token: u64) -> rusqlite::Result<()> {
-        self.write(|c| {
-            c.execute(
+        let generation = self.write(|c| {
+            let tx = c.unchecked_transaction()?;
+            tx.execute(
                 "INSERT INTO fences (scope, max_token) VALUES (?1, ?2)
                  ON CONFLICT(scope) DO UPDATE SET max_token = MAX(max_token, ?2)",
                 params![scope, to_sql(token)],
+            )?;
+            let generation: i64 = tx.query_row(
+                "INSERT INTO meta (name, value) VALUES ('generation', 1)
+                 ON CONFLICT (name) DO UPDATE SET value = value + 1
+                 RETURNING value",
+                [],
+                |r| r.get(0),
+            )?;
+            tx.commit()?;
+            Ok(from_sql(generation))
+        })?;
+        let mut inner = self.lock();
+        let level = fencegate_durable::Level {
+            generation,
+            token: token.max(inner.mark.level().token),
+        };
+        inner.mark.record(level).map_err(|e| {
+            let why = format!(
+                "cannot write the high-water mark {}: {e}",
+                fencegate_durable::mark_path(&inner.path).display()
+            );
+            inner.failed = Some(why.clone());
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                Some(why),
             )
-            .map(|_| ())
         })
     }
 
