@@ -553,6 +553,78 @@ async fn a_raise_whose_answer_was_lost_leaves_the_raiser_refusing_the_old_token(
     healed(&link, a).await;
 }
 
+/// Issue 34: a member record deleted by hand under the prefix while its
+/// replica runs. Raisers stopped waiting for that replica, which went on
+/// admitting its old max until its watch caught up (hundreds of stale
+/// commits under load). Now a raise still waits for it (its roster copy),
+/// so nothing it admits below the new token lands after the new token was
+/// admitted; and the replica, at its next renewal, stops and joins again
+/// as a new member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_record_deleted_by_hand_lets_no_stale_write_through() {
+    let (env, link) = linked_and_warm(replicas(BackendKind::S3Fs, 2).first_proxy_etcd_link()).await;
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    let me = status(a).await["incarnation"]
+        .as_str()
+        .expect("a's incarnation")
+        .to_owned();
+    let etcd = env.etcd.as_ref().expect("etcd");
+    // a hears etcd 700 ms late: its watch learns a raise late.
+    link.delay(Duration::from_millis(700));
+    blocking(|| etcd.delete(&format!("/fg-test/members/{me}")));
+    assert_eq!(put(b, "two", 2, "t2").await.0, 200, "a raise through b");
+    let (answered, landed) = zombie(&env, a, "after-raise", 1, Duration::from_millis(600)).await;
+    assert!(
+        answered.is_empty() && landed.is_empty(),
+        "token 1 admitted through a after token 2 was admitted on b: answered 200 {answered:?}, in the store {landed:?}"
+    );
+    link.delay(Duration::ZERO);
+    // It noticed, and joined again as a new member.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = status(a).await;
+        if s["incarnation"].as_str().is_some_and(|i| i != me) && s["admitting"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a never rejoined: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(put(a, "stale-after", 1, "t1").await.0, 409);
+    assert_eq!(past_refusals(a, "fresh", 2, "t2").await.0, 200);
+}
+
+/// Issue 34: a registration deleted by hand while its replica runs (its
+/// etcd lease stays alive, and it kept renewing it and admitting). Now it
+/// notices at its next renewal, stops admitting and joins again; a raise
+/// meanwhile revokes its lease and waits out its lock delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_deleted_by_hand_stops_its_replica_until_it_rejoins() {
+    let env = replicas(BackendKind::S3Fs, 2).start().await;
+    let (a, b) = (&env.proxies[0], &env.proxies[1]);
+    assert_eq!(put(a, "warm-a", 1, "x").await.0, 200);
+    assert_eq!(put(b, "warm-b", 1, "x").await.0, 200);
+    let me = status(a).await["incarnation"]
+        .as_str()
+        .expect("a's incarnation")
+        .to_owned();
+    let etcd = env.etcd.as_ref().expect("etcd");
+    blocking(|| etcd.delete(&format!("/fg-test/proxies/{me}")));
+    // Within a renewal (a third of the 3 s registration) it stops.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = status(a).await;
+        if s["incarnation"].as_str() != Some(me.as_str()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a kept its registration: {s}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(put(b, "two", 2, "t2").await.0, 200);
+    wait_admitting(a, Duration::from_secs(20)).await;
+    assert_eq!(put(a, "stale", 1, "t1").await.0, 409);
+    assert_eq!(put(a, "fresh", 2, "t2").await.0, 200);
+}
+
 /// An ack whose first attempt reaches etcd only after its retry on another
 /// member was answered and a later ack was written (as from a member
 /// paused with the request in its socket): it must not take the ack back,

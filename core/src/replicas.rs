@@ -181,6 +181,11 @@ pub struct Next {
     /// Members to evict (revoke their registration): no ack within
     /// `ack_timeout`.
     pub evict: Vec<String>,
+    /// Members seen without a registration for the first time: their
+    /// lease is revoked. A registration deleted by hand leaves its lease
+    /// alive, and a member renewing that lease would go on admitting; once
+    /// the lease is revoked its next renewal fails and it stops.
+    pub revoke: Vec<String>,
     /// Members whose lock delay has passed: their record may be removed.
     pub retire: Vec<String>,
     /// When to look again, if not admitted (the earliest deadline; a new
@@ -273,6 +278,9 @@ impl RaiseWait {
                 wake_at(evict_at.max(now));
                 self.holdups.insert(m.id.clone(), Holdup::Ack { evict_at });
                 continue;
+            }
+            if !self.gone.contains_key(&m.id) {
+                next.revoke.push(m.id.clone());
             }
             let since = *self.gone.entry(m.id.clone()).or_insert(now);
             let delay = self.timing.lock_delay_for(m.published.as_ref());
@@ -448,6 +456,14 @@ mod tests {
         }];
         let n = w.next(&gone, 1_000, false);
         assert_eq!(n.wake_at, Some(1_000 + ms(need)));
+    }
+
+    #[test]
+    fn a_member_seen_without_registration_has_its_lease_revoked_once() {
+        let mut w = RaiseWait::new(3, 100, "me-1", 0, timing());
+        let gone = [member("a-1", 5, false, 0)];
+        assert_eq!(w.next(&gone, 10, false).revoke, vec!["a-1".to_owned()]);
+        assert!(w.next(&gone, 20, false).revoke.is_empty(), "once a raise");
     }
 
     #[test]

@@ -136,6 +136,11 @@ struct Config {
     /// Negative control of the assumption: a replica's fully sent writes
     /// are decided long after `store_decision` when it is partitioned.
     late_while_partitioned: bool,
+    /// Negative control of issue 34: a renewal that does not read back the
+    /// member's record and registration, and raisers that see only members
+    /// with a record (main before it). Registry edits then let a member
+    /// nobody waits for admit.
+    blind_renewal: bool,
 }
 
 impl Config {
@@ -144,6 +149,7 @@ impl Config {
             variant,
             late_while_healthy: true,
             late_while_partitioned: false,
+            blind_renewal: false,
         }
     }
 }
@@ -181,6 +187,13 @@ struct Etcd {
     rate: f64,
     /// Member records read as unreadable ([`Variant::NoLockDelay`]).
     unreadable: bool,
+    /// The create revision of each registration, and the settings its
+    /// value repeats.
+    reg_info: HashMap<String, (i64, Published)>,
+    /// `roster/<id>`: each member record's copy.
+    roster: BTreeMap<String, MemberRec>,
+    /// [`Config::blind_renewal`].
+    blind_renewal: bool,
 }
 
 fn lock_ix(lock: &str) -> usize {
@@ -212,6 +225,8 @@ impl Etcd {
         if self.leases.remove(&lease).is_some() {
             self.rev += 1;
             self.regs.retain(|_, l| *l != lease);
+            let regs = &self.regs;
+            self.reg_info.retain(|id, _| regs.contains_key(id));
             self.acks.retain(|_, (l, _)| *l != lease);
             self.draining.retain(|_, (l, _)| *l != lease);
         }
@@ -251,25 +266,33 @@ impl Etcd {
                 self.rev += 1;
                 let rev = self.rev;
                 // A put keeps the key's create revision.
-                self.members
-                    .entry(id.clone())
-                    .or_insert(MemberRec {
-                        create_rev: rev,
-                        published: *published,
-                        lease: *lease,
-                    })
-                    .lease = *lease;
+                for map in [&mut self.members, &mut self.roster] {
+                    map.entry(id.clone())
+                        .or_insert(MemberRec {
+                            create_rev: rev,
+                            published: *published,
+                            lease: *lease,
+                        })
+                        .lease = *lease;
+                }
                 self.regs.insert(id.clone(), *lease);
+                self.reg_info.entry(id.clone()).or_insert((rev, *published));
                 Answer::Registered { rev }
             }
-            Request::KeepAlive { lease } => {
+            Request::KeepAlive { lease, member } => {
                 let ttl = self.ttl_real((TTL_MS / 1_000) as i64);
                 match self.leases.get_mut(lease) {
-                    Some(e) => {
-                        *e = now + ttl;
-                        Answer::Done
-                    }
-                    None => Answer::LeaseGone,
+                    Some(e) => *e = now + ttl,
+                    None => return Answer::LeaseGone,
+                }
+                // The read-back of the cluster's `keep_alive`.
+                let listed =
+                    self.members.contains_key(member) && self.regs.get(member) == Some(lease);
+                if listed || self.blind_renewal {
+                    Answer::Done
+                } else {
+                    self.drop_lease(*lease);
+                    Answer::LeaseGone
                 }
             }
             Request::Load => Answer::Loaded {
@@ -336,23 +359,60 @@ impl Etcd {
             }
             Request::Members { lock } => {
                 let i = lock_ix(lock);
-                Answer::Members(
-                    self.members
-                        .iter()
-                        .map(|(id, m)| MemberView {
-                            id: id.clone(),
-                            joined_rev: m.create_rev,
-                            registered: self.regs.contains_key(id),
-                            acked: self.acks.get(id).map_or(0, |a| a.1[i]),
-                            draining: self.draining.get(id).map_or(0, |a| a.1[i]),
-                            lease: self.regs.get(id).copied().unwrap_or(m.lease),
-                            published: (!self.unreadable).then_some(m.published),
-                        })
-                        .collect(),
-                )
+                let mut view: Vec<MemberView> = self
+                    .members
+                    .iter()
+                    .map(|(id, m)| MemberView {
+                        id: id.clone(),
+                        joined_rev: m.create_rev,
+                        registered: self.regs.contains_key(id),
+                        acked: self.acks.get(id).map_or(0, |a| a.1[i]),
+                        draining: self.draining.get(id).map_or(0, |a| a.1[i]),
+                        lease: self.regs.get(id).copied().unwrap_or(m.lease),
+                        published: (!self.unreadable).then_some(m.published),
+                    })
+                    .collect();
+                // A member whose record was deleted is still one: by its
+                // roster copy, or by its registration alone.
+                if !self.blind_renewal {
+                    let mut seen: std::collections::BTreeSet<String> =
+                        view.iter().map(|m| m.id.clone()).collect();
+                    for (id, m) in &self.roster {
+                        if seen.insert(id.clone()) {
+                            view.push(MemberView {
+                                id: id.clone(),
+                                joined_rev: m.create_rev,
+                                registered: self.regs.contains_key(id),
+                                acked: self.acks.get(id).map_or(0, |a| a.1[i]),
+                                draining: self.draining.get(id).map_or(0, |a| a.1[i]),
+                                lease: self.regs.get(id).copied().unwrap_or(m.lease),
+                                published: (!self.unreadable).then_some(m.published),
+                            });
+                        }
+                    }
+                    // In a fixed order: a seed replays.
+                    let mut regs: Vec<(&String, &i64)> = self.regs.iter().collect();
+                    regs.sort();
+                    for (id, lease) in regs {
+                        if seen.insert(id.clone()) {
+                            let (rev, published) = self.reg_info[id];
+                            view.push(MemberView {
+                                id: id.clone(),
+                                joined_rev: rev,
+                                registered: true,
+                                acked: self.acks.get(id).map_or(0, |a| a.1[i]),
+                                draining: self.draining.get(id).map_or(0, |a| a.1[i]),
+                                lease: *lease,
+                                published: (!self.unreadable).then_some(published),
+                            });
+                        }
+                    }
+                }
+                Answer::Members(view)
             }
             Request::Retire { member } => {
-                if self.members.remove(member).is_some() {
+                let record = self.members.remove(member).is_some();
+                if self.roster.remove(member).is_some() || record {
                     self.rev += 1;
                 }
                 Answer::Done
@@ -379,7 +439,7 @@ fn canonical(req: &Request) -> (u8, String, u64, i64) {
         Request::Revoke { lease } => (0, String::new(), 0, *lease),
         Request::Grant { .. } => (1, String::new(), 0, 0),
         Request::Register { id, .. } => (2, id.clone(), 0, 0),
-        Request::KeepAlive { lease } => (3, String::new(), 0, *lease),
+        Request::KeepAlive { lease, .. } => (3, String::new(), 0, *lease),
         Request::Load => (4, String::new(), 0, 0),
         Request::Watch { from_rev, .. } => (5, String::new(), 0, *from_rev),
         Request::Raise { lock, token, .. } => (6, lock.to_string(), *token, 0),
@@ -681,6 +741,8 @@ struct Stats {
     evictions: u64,
     late: u64,
     cut: u64,
+    /// Member records and registrations deleted by hand.
+    registry_edits: u64,
 }
 
 impl Sim {
@@ -711,6 +773,7 @@ impl Sim {
         let etcd = Etcd {
             rate: rng.gen_range(1.0 - DRIFT..=1.0 + DRIFT),
             unreadable: cfg.variant == Variant::NoLockDelay,
+            blind_renewal: cfg.blind_renewal,
             ..Etcd::default()
         };
         let mut sim = Sim {
@@ -1657,6 +1720,35 @@ impl Sim {
                 let d = self.rng.gen_range(10..1_000);
                 self.after(d, Ev::Restart { slot });
             }
+            80..=84 => {
+                // An operator deletes a member record or a registration by
+                // hand under the prefix; its lease stays alive.
+                let ids: Vec<String> = (0..self.slots.len())
+                    .filter(|s| !self.protected(*s))
+                    .filter_map(|s| self.slots[s].proc.as_ref())
+                    .filter_map(|p| p.replica.incarnation().map(str::to_owned))
+                    .collect();
+                if !ids.is_empty() {
+                    let id = ids[self.rng.gen_range(0..ids.len())].clone();
+                    let which = self.rng.gen_range(0..3);
+                    self.tr(|| {
+                        let key = ["member record", "roster copy", "registration"][which];
+                        format!("etcd: {key} of {id} deleted by hand")
+                    });
+                    let gone = match which {
+                        0 => self.etcd.members.remove(&id).is_some(),
+                        1 => self.etcd.roster.remove(&id).is_some(),
+                        _ => {
+                            self.etcd.reg_info.remove(&id);
+                            self.etcd.regs.remove(&id).is_some()
+                        }
+                    };
+                    if gone {
+                        self.etcd.rev += 1;
+                        self.stats.registry_edits += 1;
+                    }
+                }
+            }
             70..=84 => {
                 // etcd#15247: a lease revoked early.
                 let spared: Vec<i64> = (0..self.slots.len())
@@ -1748,6 +1840,7 @@ fn the_protocol_holds_on_every_schedule() {
         total.evictions += r.stats.evictions;
         total.late += r.stats.late;
         total.cut += r.stats.cut;
+        total.registry_edits += r.stats.registry_edits;
     }
     eprintln!("{} schedules: {total:?}", list.len());
     // The schedules did something: writes landed, fences went up, members
@@ -1759,7 +1852,8 @@ fn the_protocol_holds_on_every_schedule() {
                 && total.raises > 2 * n
                 && total.evictions > n
                 && total.late > n
-                && total.cut > 2 * n,
+                && total.cut > 2 * n
+                && total.registry_edits > n / 2,
             "{total:?}"
         );
     }
@@ -1810,6 +1904,20 @@ fn the_checker_catches_no_lock_delay() {
     caught(Config::of(Variant::NoLockDelay), 1_500);
 }
 
+/// Issue 34's negative control: without the read-back at renewal (and
+/// raisers that see only recorded members), a member record or
+/// registration deleted by hand lets its member admit stale writes.
+#[test]
+fn the_checker_catches_a_renewal_blind_to_registry_edits() {
+    caught(
+        Config {
+            blind_renewal: true,
+            ..Config::of(Variant::Correct)
+        },
+        3_000,
+    );
+}
+
 /// Negative control of the assumption: a store that decides a fully sent
 /// write after `store_decision`, while its replica is cut off from etcd (so
 /// raisers evict it or wait its registration out), lets a stale write land
@@ -1821,6 +1929,7 @@ fn a_store_later_than_store_decision_breaks_it() {
             variant: Variant::Correct,
             late_while_healthy: false,
             late_while_partitioned: true,
+            blind_renewal: false,
         },
         1_000,
     );

@@ -284,6 +284,20 @@ impl EtcdCluster {
         Some(String::from_utf8_lossy(&b64.decode(value).expect("base64")).into_owned())
     }
 
+    /// Deletes `key` (as an operator would with `etcdctl del`), through
+    /// the first member's JSON gateway.
+    pub fn delete(&self, key: &str) {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let v: serde_json::Value = reqwest::blocking::Client::new()
+            .post(format!("{}/v3/kv/deleterange", self.members[0].client_url))
+            .json(&serde_json::json!({ "key": b64.encode(key) }))
+            .send()
+            .and_then(|r| r.json())
+            .expect("etcd deleterange");
+        assert_eq!(v["deleted"].as_str(), Some("1"), "{key} was there: {v}");
+    }
+
     /// The index of the member that leads now, as the members not paused
     /// agree on it.
     pub fn leader(&self) -> Option<usize> {

@@ -77,8 +77,12 @@ pub enum Request {
         lease: i64,
         published: Published,
     },
-    /// Keep `lease` alive: [`Answer::Done`] or [`Answer::LeaseGone`].
-    KeepAlive { lease: i64 },
+    /// Keep `lease` alive: [`Answer::Done`] if the lease is alive and
+    /// `member`'s record and registration (on that lease) are both still
+    /// there, read after the renewal; else its lease is revoked and the
+    /// answer is [`Answer::LeaseGone`]. A member nobody waits for admits
+    /// nothing.
+    KeepAlive { lease: i64, member: String },
     /// Read every lock's max: [`Answer::Loaded`].
     Load,
     /// Open a watch of the maxes from `from_rev` for `incarnation`; the
@@ -761,9 +765,9 @@ impl Replica {
             && self.keepalive.is_none()
             && now >= self.next_renewal
         {
-            let lease = me.lease;
+            let (lease, member) = (me.lease, me.id.clone());
             let id = self.send(
-                Request::KeepAlive { lease },
+                Request::KeepAlive { lease, member },
                 Purpose::KeepAlive { sent: now },
             );
             self.keepalive = Some(id);
@@ -1360,6 +1364,12 @@ impl Replica {
                 });
                 self.send(Request::Revoke { lease: m.lease }, Purpose::Ignored);
             }
+        }
+        for m in view
+            .iter()
+            .filter(|m| next.revoke.contains(&m.id) && m.lease != 0)
+        {
+            self.send(Request::Revoke { lease: m.lease }, Purpose::Ignored);
         }
         for member in next.retire {
             self.events.push_back(Event::Retiring {

@@ -8,8 +8,12 @@
 //! - `P/members/<id>`: one per incarnation (`<replica>.<salt><n>`), with
 //!   the settings it waits by, written before it admits anything, never on a
 //!   lease; removed only by a raiser that waited out its lock delay;
+//! - `P/roster/<id>`: the same record again, written and removed with it:
+//!   one key deleted by hand never makes raisers forget a member;
 //! - `P/proxies/<id>`: its registration, on its etcd lease (TTL
-//!   `registration_ttl`), kept alive every third of it;
+//!   `registration_ttl`), kept alive every third of it; each renewal reads
+//!   back its record and registration, and a member missing either stops
+//!   admitting and joins again;
 //! - `P/fences/<lock>`: the lock's max token, 20 digits (compared as bytes);
 //! - `P/acks/<lock>/<id>`: the max of the lock this incarnation applied
 //!   (refuses below, and drained below), on its lease;
@@ -594,15 +598,11 @@ impl Cluster {
                 return;
             }
             Request::Retire { member } => {
-                let key = self.key(&format!("members/{member}"));
-                let _ = self
-                    .inner
-                    .etcd
-                    .call(|mut c| {
-                        let key = key.clone();
-                        async move { c.delete(key, None).await }
-                    })
-                    .await;
+                let txn = Txn::new().and_then([
+                    TxnOp::delete(self.key(&format!("members/{member}")), None),
+                    TxnOp::delete(self.key(&format!("roster/{member}")), None),
+                ]);
+                let _ = self.txn(&txn).await;
                 return;
             }
             Request::Grant { ttl_secs } => self
@@ -616,12 +616,7 @@ impl Cluster {
                 lease,
                 published,
             } => self.register(&member, lease, published).await,
-            Request::KeepAlive { lease } => self
-                .inner
-                .etcd
-                .call(|mut c| async move { c.lease_keep_alive(lease).await })
-                .await
-                .map(|_| Answer::Done),
+            Request::KeepAlive { lease, member } => self.keep_alive(lease, &member).await,
             Request::Load => self.load().await,
             Request::Raise {
                 lock,
@@ -708,6 +703,50 @@ impl Cluster {
         self.txn(&txn).await.map(|_| Answer::Done)
     }
 
+    /// Renews this incarnation's lease, then reads back its member record
+    /// and registration: a renewal counts only if both are still there.
+    /// Either deleted by hand (or a registry restored from an older etcd
+    /// snapshot) would leave a live lease under a member the raisers no
+    /// longer wait for; then the lease is revoked and the machine hears
+    /// `LeaseGone`: it stops admitting and joins again as a new member.
+    /// The read follows the renewal, so the standing the renewal's send
+    /// grants ends before a raiser that saw either key gone can admit.
+    async fn keep_alive(&self, lease: i64, me: &str) -> Result<Answer, CallError> {
+        self.inner
+            .etcd
+            .call(|mut c| async move { c.lease_keep_alive(lease).await })
+            .await?;
+        let (member, registration) = (
+            self.key(&format!("members/{me}")),
+            self.key(&format!("proxies/{me}")),
+        );
+        let txn = Txn::new().and_then([
+            TxnOp::get(member.clone(), Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(registration.clone(), None),
+        ]);
+        let resp = self.txn(&txn).await?;
+        let ops = resp.op_responses();
+        let member_there = ops.first().is_some_and(|r| !gets(r).is_empty());
+        let registration = ops
+            .get(1)
+            .and_then(|r| gets(r).iter().find(|kv| kv.lease() == lease));
+        if member_there && registration.is_some() {
+            return Ok(Answer::Done);
+        }
+        tracing::error!(
+            member = %me,
+            member_record = member_there,
+            registration = registration.is_some(),
+            "this replica's member record or registration is gone from etcd while it runs (deleted by hand, or etcd restored): it stops admitting and joins again"
+        );
+        let _ = self
+            .inner
+            .etcd
+            .call(|mut c| async move { c.lease_revoke(lease).await })
+            .await;
+        Ok(Answer::LeaseGone)
+    }
+
     /// The member record and the registration, in one transaction.
     async fn register(
         &self,
@@ -725,6 +764,7 @@ impl Cluster {
         let key = self.key(&format!("members/{member}"));
         let txn = Txn::new().and_then([
             TxnOp::put(key.clone(), record.clone(), None),
+            TxnOp::put(self.key(&format!("roster/{member}")), record.clone(), None),
             TxnOp::put(
                 self.key(&format!("proxies/{member}")),
                 record,
@@ -843,20 +883,19 @@ impl Cluster {
     /// Every member, with its registration, its ack and draining report for
     /// `lock`, in one read.
     async fn members(&self, lock: &str) -> Result<Answer, CallError> {
-        let (members, proxies, acks, draining) = (
+        let (members, proxies, acks, draining, roster) = (
             self.key("members/"),
             self.key("proxies/"),
             self.key(&format!("acks/{lock}/")),
             self.key(&format!("draining/{lock}/")),
+            self.key("roster/"),
         );
         let txn = Txn::new().and_then([
             TxnOp::get(members.clone(), Some(GetOptions::new().with_prefix())),
-            TxnOp::get(
-                proxies.clone(),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            ),
+            TxnOp::get(proxies.clone(), Some(GetOptions::new().with_prefix())),
             TxnOp::get(acks.clone(), Some(GetOptions::new().with_prefix())),
             TxnOp::get(draining.clone(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(roster.clone(), Some(GetOptions::new().with_prefix())),
         ]);
         let resp = self.txn(&txn).await?;
         let ops = resp.op_responses();
@@ -887,25 +926,40 @@ impl Cluster {
                 Some((name(kv, &draining), r.token))
             })
             .collect();
-        let view = ops
+        let view_of = |id: String, kv: &fencegate_etcd::etcd_client::KeyValue| {
+            let record = serde_json::from_slice::<MemberRecord>(kv.value()).ok();
+            MemberView {
+                registered: registered.contains(&id),
+                acked: acked.get(&id).copied().unwrap_or(0),
+                draining: drains.get(&id).copied().unwrap_or(0),
+                joined_rev: kv.create_revision(),
+                lease: record.as_ref().map_or(0, |r| r.lease),
+                published: record.and_then(|r| r.settings).map(Published::from),
+                id,
+            }
+        };
+        let mut view: Vec<MemberView> = ops
             .first()
             .map(gets)
             .unwrap_or_default()
             .iter()
-            .map(|kv| {
-                let id = name(kv, &members);
-                let record = serde_json::from_slice::<MemberRecord>(kv.value()).ok();
-                MemberView {
-                    registered: registered.contains(&id),
-                    acked: acked.get(&id).copied().unwrap_or(0),
-                    draining: drains.get(&id).copied().unwrap_or(0),
-                    joined_rev: kv.create_revision(),
-                    lease: record.as_ref().map_or(0, |r| r.lease),
-                    published: record.and_then(|r| r.settings).map(Published::from),
-                    id,
-                }
-            })
+            .map(|kv| view_of(name(kv, &members), kv))
             .collect();
+        // A member whose record was deleted by hand is still one: by its
+        // roster copy (written with the record, in the same transaction,
+        // and removed with it), or by its registration alone. It is waited
+        // for as any member (its ack, or its eviction and lock delay),
+        // never skipped.
+        let mut seen: std::collections::BTreeSet<String> =
+            view.iter().map(|m| m.id.clone()).collect();
+        for (kvs, prefix) in [(ops.get(4), &roster), (ops.get(1), &proxies)] {
+            for kv in kvs.map(gets).unwrap_or_default() {
+                let id = name(kv, prefix);
+                if seen.insert(id.clone()) {
+                    view.push(view_of(id, kv));
+                }
+            }
+        }
         Ok(Answer::Members(view))
     }
 
