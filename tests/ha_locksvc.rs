@@ -68,16 +68,10 @@ fn replica_cmd_on(
     )
     .expect("config");
     let mut cmd = fencegate();
-    cmd.args([
-        "locksvc",
-        "--create-db",
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-    ])
-    .arg(path)
-    .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
-    .env("FENCEGATE_LOG", "warn");
+    cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--config"])
+        .arg(path)
+        .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
+        .env("FENCEGATE_LOG", "warn");
     cmd
 }
 
@@ -965,16 +959,10 @@ fn a_replica_reaches_etcd_over_tls_with_a_client_certificate() {
         let path = dir.path().join(format!("tls-{with_cert}.toml"));
         std::fs::write(&path, text).expect("config");
         let mut cmd = fencegate();
-        cmd.args([
-            "locksvc",
-            "--create-db",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(path)
-        .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
-        .env("FENCEGATE_LOG", "warn");
+        cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--config"])
+            .arg(path)
+            .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
+            .env("FENCEGATE_LOG", "warn");
         cmd
     };
     let r = Service::start(config(true));

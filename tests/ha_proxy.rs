@@ -625,6 +625,37 @@ async fn a_registration_deleted_by_hand_stops_its_replica_until_it_rejoins() {
     assert_eq!(put(a, "fresh", 2, "t2").await.0, 200);
 }
 
+/// Issue 34: the fences in etcd went back (a key deleted by hand here; an
+/// etcd restored from an older snapshot does the same to every key), and
+/// replicas started on it admitted stale tokens. `--token-floor` was
+/// ignored with `[cluster]`; now it sets the cluster's floor in etcd,
+/// which every replica reads at its load: a token below it is stale on
+/// every lock, on every replica, the ones started without the flag too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_floor_given_to_one_replica_fences_every_replica() {
+    let mut env = replicas(BackendKind::S3Fs, 2).start().await;
+    assert_eq!(put(&env.proxies[0], "k", 5, "t5").await.0, 200);
+    for p in &mut env.proxies {
+        p.terminate();
+    }
+    let etcd = env.etcd.as_ref().expect("etcd");
+    blocking(|| etcd.delete(&format!("/fg-test/fences/{BUCKET}")));
+    // The operator restarts one replica with a floor, the other plainly.
+    let config = env.proxies[0].config.clone();
+    let mut cmd = proxy_cmd(&config);
+    cmd.args(["--token-floor", "5"]);
+    let floored = blocking(|| support::Service::start(cmd));
+    env.proxies[1].restart().await;
+    for url in [floored.url.as_str(), env.proxies[1].url.as_str()] {
+        let (s, code) = put_at(url, "new-key", 4, "stale").await;
+        assert_eq!((s, code.as_str()), (409, "FencingTokenStale"), "{url}");
+    }
+    assert_eq!(stored(&env.backend, BUCKET, "new-key").await, None);
+    assert_eq!(put_at(&floored.url, "new-key", 5, "t5").await.0, 200);
+    let s = status(&env.proxies[1]).await;
+    assert_eq!(s["floor"], 5, "{s}");
+}
+
 /// An ack whose first attempt reaches etcd only after its retry on another
 /// member was answered and a later ack was written (as from a member
 /// paused with the request in its socket): it must not take the ack back,

@@ -435,6 +435,19 @@ impl LocksvcConfig {
     /// Every problem with this configuration, in one list.
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
+        // Flags of the SQLite backend, refused on etcd rather than ignored.
+        if self.etcd.is_some() {
+            if self.token_floor > 0 {
+                p.push(
+                    "--token-floor does not apply to the lease service on etcd (its tokens are the epoch and etcd's revision): after etcd lost data, raise etcd.epoch (FENCEGATE_ETCD_EPOCH) instead".to_owned(),
+                );
+            }
+            if self.create_db {
+                p.push(
+                    "--create-db does not apply to the lease service on etcd (it keeps no database file): drop the flag".to_owned(),
+                );
+            }
+        }
         if self.signing_keys.is_empty() {
             p.push(format!(
                 "signing_keys is empty: set at least one key of 16+ bytes (or {ENV_SIGNING_KEYS})"
@@ -569,6 +582,29 @@ mod tests {
         );
         assert!(p.iter().any(|s| s.contains("max_body_bytes")), "{p:?}");
         assert!(p.iter().any(|s| s.contains("default_ttl")), "{p:?}");
+    }
+
+    #[test]
+    fn flags_of_the_database_are_refused_on_etcd_not_ignored() {
+        let mut c: LocksvcConfig = toml::from_str(
+            r#"
+            [etcd]
+            endpoints = ["http://127.0.0.1:2379"]
+            "#,
+        )
+        .expect("parses");
+        assert!(
+            !c.problems().iter().any(|s| s.contains("--token-floor")),
+            "none given"
+        );
+        (c.token_floor, c.create_db) = (7, true);
+        let p = c.problems();
+        assert!(
+            p.iter()
+                .any(|s| s.contains("--token-floor") && s.contains("etcd.epoch")),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|s| s.contains("--create-db")), "{p:?}");
     }
 
     #[test]

@@ -120,7 +120,11 @@ impl Proxy {
             .cluster
             .as_ref()
             .map(|c| {
-                cluster::Cluster::new(c, Duration::from_secs(config.backend.store_decision_secs))
+                cluster::Cluster::new(
+                    c,
+                    Duration::from_secs(config.backend.store_decision_secs),
+                    config.token_floor,
+                )
             })
             .transpose()?;
         let gate = Arc::new(gate::Gate::new(&config, db, cluster)?);

@@ -143,12 +143,15 @@ impl Drop for Service {
 /// [`etcd`]), a key prefix of its own on the shared cluster.
 pub fn locksvc_cmd(dir: &Path, extra_env: &[(&str, &str)]) -> Command {
     let mut cmd = fencegate();
-    cmd.args(["locksvc", "--create-db", "--listen", "127.0.0.1:0", "--db"])
+    cmd.args(["locksvc", "--listen", "127.0.0.1:0", "--db"])
         .arg(dir.join("locksvc.db"))
         .env("FENCEGATE_SIGNING_KEYS", SIGNING_KEY)
         .env("FENCEGATE_LOG", "warn");
     if etcd::lease_backend() == etcd::LeaseBackend::Etcd {
         cmd.envs(etcd::shared_env(dir));
+    } else {
+        // On etcd the flag is refused: there is no database file.
+        cmd.arg("--create-db");
     }
     for (k, v) in extra_env {
         cmd.env(k, v);

@@ -233,6 +233,15 @@ struct Inner {
     metrics: std::sync::OnceLock<Arc<crate::metrics::Metrics>>,
     /// The members part of the last status, and when it was read.
     status_members: tokio::sync::Mutex<Option<(Instant, serde_json::Value)>>,
+    /// The cluster's floor (`P/floor`): every lock's least max. Set by
+    /// `--token-floor` at a replica's start, read at every load.
+    floor: AtomicU64,
+    /// The floor this replica was started with, put at its first load.
+    start_floor: u64,
+    /// The newest etcd revision any answer carried.
+    seen_rev: std::sync::atomic::AtomicI64,
+    /// Why etcd's state is older than this replica saw it, if it is.
+    went_back: Mutex<Option<String>>,
 }
 
 fn pad(token: u64) -> String {
@@ -264,7 +273,11 @@ fn failed(e: &CallError) -> Answer {
 
 impl Cluster {
     /// A handle on the cluster of `config`, not joined yet.
-    pub fn new(config: &ClusterConfig, store_decision: Duration) -> anyhow::Result<Cluster> {
+    pub fn new(
+        config: &ClusterConfig,
+        store_decision: Duration,
+        floor: u64,
+    ) -> anyhow::Result<Cluster> {
         let timing = config.timing(store_decision).checked()?;
         let mut salt = [0u8; 4];
         getrandom::getrandom(&mut salt)
@@ -291,6 +304,10 @@ impl Cluster {
                 uploads: DashMap::new(),
                 metrics: std::sync::OnceLock::new(),
                 status_members: tokio::sync::Mutex::new(None),
+                floor: AtomicU64::new(floor),
+                start_floor: floor,
+                seen_rev: std::sync::atomic::AtomicI64::new(0),
+                went_back: Mutex::new(None),
             }),
         })
     }
@@ -425,6 +442,13 @@ impl Cluster {
     /// Admits a write of `token` to `lock`, raising the lock's max in the
     /// cluster first if it must.
     pub async fn admit(&self, lock: &str, token: u64) -> Admitted {
+        // Below the cluster's floor: stale on every lock, known or not.
+        let floor = self.inner.floor.load(Ordering::Acquire);
+        if token < floor {
+            return Admitted::Stale {
+                max: floor.max(self.driven().machine.max(lock)),
+            };
+        }
         let mut changed = self.inner.changed.subscribe();
         let since = tokio::time::Instant::now();
         let mut raised = false;
@@ -496,9 +520,48 @@ impl Cluster {
         }
     }
 
-    /// The max of `lock` here.
+    /// The max of `lock` here (at least the cluster's floor).
     pub fn max(&self, lock: &str) -> u64 {
-        self.driven().machine.max(lock)
+        self.driven()
+            .machine
+            .max(lock)
+            .max(self.inner.floor.load(Ordering::Acquire))
+    }
+
+    /// Why etcd's state went back, if this replica saw it do so.
+    pub fn went_back(&self) -> Option<String> {
+        self.inner
+            .went_back
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Notes the revision of an answer: one below a revision seen before
+    /// means etcd's data went back (restored from an older snapshot, or
+    /// a member that lost its disk answering alone). This replica's own
+    /// maxes never go back with it, but a replica that starts on it, or
+    /// one that rejoins, reads the older maxes: the operator must set a
+    /// floor (`--token-floor` on one replica's start).
+    fn saw_revision(&self, rev: i64) {
+        let seen = self.inner.seen_rev.fetch_max(rev, Ordering::AcqRel);
+        if rev >= seen || rev <= 0 {
+            return;
+        }
+        let mut went = self
+            .inner
+            .went_back
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if went.is_none() {
+            let why = format!(
+                "etcd's revision went back from {seen} to {rev}: its data was restored from an older snapshot (or a member lost its disk). \
+                 Maxes in it may be below tokens already admitted: restart one replica with --token-floor N, \
+                 N at least the highest token ever admitted (README, \"A lost database\")"
+            );
+            tracing::error!(target: "fencegate::cluster", "{why}");
+            *went = Some(why);
+        }
     }
 
     /// Whether `lock` has a fence here.
@@ -576,6 +639,9 @@ impl Cluster {
                 async move { c.txn(txn).await }
             })
             .await?;
+        if let Some(h) = resp.header() {
+            self.saw_revision(h.revision());
+        }
         Ok(resp)
     }
 
@@ -784,20 +850,44 @@ impl Cluster {
         Ok(Answer::Registered { rev })
     }
 
-    /// Every lock's max, with the revision read.
+    /// Every lock's max, with the revision read; and the cluster's floor,
+    /// raised first to the one this replica was started with.
     async fn load(&self) -> Result<Answer, CallError> {
+        let floor_key = self.key("floor");
+        if self.inner.start_floor > 0 {
+            let floor = pad(self.inner.start_floor);
+            let put = TxnOp::put(floor_key.clone(), floor.clone(), None);
+            let txn = Txn::new()
+                .when([Compare::value(floor_key.clone(), CompareOp::Less, floor)])
+                .and_then([put.clone()])
+                .or_else([TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::create_revision(
+                            floor_key.clone(),
+                            CompareOp::Equal,
+                            0,
+                        )])
+                        .and_then([put]),
+                )]);
+            self.txn(&txn).await?;
+        }
         let prefix = self.key("fences/");
-        let (resp, _) = self
-            .inner
-            .etcd
-            .call(|mut c| {
-                let prefix = prefix.clone();
-                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await?;
+        let txn = Txn::new().and_then([
+            TxnOp::get(prefix.clone(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(floor_key, None),
+        ]);
+        let resp = self.txn(&txn).await?;
+        let ops = resp.op_responses();
+        if let Some(kv) = ops.get(1).map(gets).and_then(|kvs| kvs.first()) {
+            self.inner
+                .floor
+                .fetch_max(parse_token(kv.value()), Ordering::AcqRel);
+        }
         let rev = resp.header().map_or(0, |h| h.revision());
-        let fences = resp
-            .kvs()
+        let fences = ops
+            .first()
+            .map(gets)
+            .unwrap_or_default()
             .iter()
             .map(|kv| {
                 (
@@ -1257,6 +1347,8 @@ impl Cluster {
             "evictions": evictions,
             "raises_in_etcd": raises_sent,
             "raises_waiting": raises,
+            "floor": self.inner.floor.load(Ordering::Acquire),
+            "etcd_went_back": self.went_back(),
         });
         let members = self.members_view(incarnation.as_deref()).await;
         if let (Some(o), serde_json::Value::Object(m)) = (out.as_object_mut(), members) {
