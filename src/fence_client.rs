@@ -7,6 +7,9 @@ use fencegate_net::tls::ClientTls;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// How often a raise that keeps failing says so.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 /// What the proxy said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Raised {
@@ -32,6 +35,22 @@ pub async fn raise(
         .connect_timeout(Duration::from_secs(5))
         .build()?;
     let mut last = String::from("no attempt was made");
+    let started = Instant::now();
+    // Said at once, then every few seconds: a raise may wait the whole
+    // patience, and the operator should see why as it happens.
+    let mut next_word = started;
+    let mut word = |why: &str| {
+        let now = Instant::now();
+        if now >= next_word {
+            tracing::warn!(
+                proxy = %url,
+                waited_s = now.duration_since(started).as_secs(),
+                gives_up_in_s = until.saturating_duration_since(now).as_secs(),
+                "the fence is not raised yet; retrying: {why}"
+            );
+            next_word = now + PROGRESS_EVERY;
+        }
+    };
     while Instant::now() < until {
         let left = until.saturating_duration_since(Instant::now());
         let sent = http
@@ -44,6 +63,7 @@ pub async fn raise(
             Ok(r) => r,
             Err(e) => {
                 last = format!("{url} is unreachable: {e}");
+                word(&last);
                 tokio::time::sleep(Duration::from_millis(500).min(left)).await;
                 continue;
             }
@@ -67,6 +87,7 @@ pub async fn raise(
         if status.is_client_error() {
             break;
         }
+        word(&last);
         tokio::time::sleep(Duration::from_millis(500).min(left)).await;
     }
     anyhow::bail!("{last}")

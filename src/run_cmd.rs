@@ -140,6 +140,19 @@ const MIN_RETRY: Duration = Duration::from_millis(200);
 
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let client = Client::new(args.conn.clone())?;
+    // The fence raise sends the signed token, and the role files point
+    // clients (and their lease-bound credentials) at the S3 endpoint:
+    // with TLS settings given, neither goes anywhere in clear.
+    let tls = args.conn.tls.client_tls();
+    for (what, url) in [
+        ("--fence", &args.fence),
+        ("--s3-endpoint", &args.s3_endpoint),
+    ] {
+        if let Some(url) = url {
+            tls.require_https(what, url)
+                .map_err(|e| Failure::Other(anyhow::anyhow!("{e}")))?;
+        }
+    }
     let files = RoleFiles {
         aws_credentials: args.aws_credentials_file.clone(),
         env: args.env_file.clone(),

@@ -401,6 +401,52 @@ fn an_acquire_moves_past_a_replica_that_dropped_it_only_with_an_idempotency_key(
 
 /// `--stop-signal INT` (PostgreSQL's fast shutdown) is what the command
 /// gets when `run` is stopped; the default stays SIGTERM.
+/// Issue 34: a fence endpoint that cannot be reached is retried for the
+/// fence's patience (safe: the command does not start), and the operator
+/// sees each cause as it happens, not only at the end.
+#[test]
+fn an_unreachable_fence_endpoint_is_reported_while_it_is_retried() {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let fence = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let marker = dir.path().join("started");
+    let mut run = run_cmd(
+        &svc.url,
+        &[
+            "--lock",
+            "unreachable-fence",
+            "--fence",
+            &fence,
+            "--",
+            "touch",
+            marker.to_str().expect("utf-8"),
+        ],
+    )
+    .env("FENCEGATE_LOG", "warn")
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("runs");
+    std::thread::sleep(Duration::from_millis(6_500));
+    assert!(run.try_wait().expect("wait").is_none(), "still retrying");
+    run.kill().expect("kill");
+    let out = run.wait_with_output().expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let words = err
+        .lines()
+        .filter(|l| l.contains("the fence is not raised yet") && l.contains("unreachable"))
+        .count();
+    assert!(
+        (2..=3).contains(&words),
+        "one word at once and one every 5 s, with the cause: {err}"
+    );
+    assert!(
+        !marker.exists(),
+        "the command ran before the fence was raised"
+    );
+}
+
 #[test]
 fn the_stop_signal_is_the_one_asked_for() {
     let dir = tempdir();

@@ -198,6 +198,36 @@ fn lease_commands_over_https_with_the_ca_file() {
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(status["held"], false, "run released its lease: {status}");
 
+    // Issue 34: with TLS settings, the fence raise (the signed token) and
+    // the S3 endpoint (lease-bound credentials) are refused in clear text,
+    // before a lease is taken; nothing reaches the plain listener.
+    let plain_proxy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    plain_proxy.set_nonblocking(true).expect("nonblocking");
+    let plain_url = format!("http://{}", plain_proxy.local_addr().expect("addr"));
+    for flags in [
+        vec!["--fence", plain_url.as_str()],
+        vec!["--s3-endpoint", plain_url.as_str(), "--s3-credentials"],
+    ] {
+        let mut args = vec!["run", "--lock", "clear", "--locksvc", url];
+        args.extend(flags.iter().copied());
+        args.extend(["--", "true"]);
+        let out = run(cli(&args).env("FENCEGATE_CA_FILE", ca));
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {}", describe(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{} {plain_url} is not https://", flags[0])),
+            "{err}"
+        );
+        assert!(
+            plain_proxy.accept().is_err(),
+            "{flags:?}: something was sent"
+        );
+    }
+    let out =
+        run(cli(&["lease", "status", "clear", "--locksvc", url]).env("FENCEGATE_CA_FILE", ca));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(status["held"], false, "no lease was taken: {status}");
+
     // `fencegate health` speaks https with the CA.
     let health = format!("{url}/health");
     let out = run(&mut cli(&["health", &health, "--ca-file", ca]));

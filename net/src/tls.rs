@@ -276,10 +276,57 @@ impl ClientTls {
         }
     }
 
+    /// Whether any TLS setting is given (a CA file or a client
+    /// certificate): the peer is then meant to be reached over TLS.
+    pub fn is_set(&self) -> bool {
+        *self != ClientTls::default()
+    }
+
+    /// Refuses `url` (named `what` in the message, e.g. "--fence") when it
+    /// is not `https://` although TLS settings are given: a bearer secret
+    /// (a signed token, lease-bound credentials) would go in clear to it.
+    pub fn require_https(&self, what: &str, url: &str) -> Result<(), TlsError> {
+        if self.is_set()
+            && !url
+                .trim_start()
+                .to_ascii_lowercase()
+                .starts_with("https://")
+        {
+            return Err(TlsError::Incomplete(format!(
+                "{what} {url} is not https://, but TLS settings are given (--ca-file / --client-cert): \
+                 what goes there (the signed fencing token, lease credentials) would travel in clear; use https://"
+            )));
+        }
+        Ok(())
+    }
+
     /// A reqwest client builder with this TLS configuration (for `https://`
-    /// URLs; `http://` URLs are unaffected).
+    /// URLs; `http://` URLs are unaffected). It follows a redirect only to
+    /// `https://` when the request was to `https://` or TLS settings are
+    /// given (a 307 to `http://` would resend the request, its secrets
+    /// included, in clear), and at most 5.
     pub fn http_client(&self) -> Result<reqwest::ClientBuilder, TlsError> {
-        Ok(reqwest::Client::builder().use_preconfigured_tls(self.rustls_config()?))
+        let tls_set = self.is_set();
+        let policy = reqwest::redirect::Policy::custom(move |attempt| {
+            let from_https = attempt
+                .previous()
+                .first()
+                .is_some_and(|u| u.scheme() == "https");
+            if attempt.url().scheme() != "https" && (from_https || tls_set) {
+                let why = format!(
+                    "refused a redirect to {} (not https://): the request carries secrets",
+                    attempt.url()
+                );
+                attempt.error(why)
+            } else if attempt.previous().len() > 5 {
+                attempt.error("more than 5 redirects")
+            } else {
+                attempt.follow()
+            }
+        });
+        Ok(reqwest::Client::builder()
+            .use_preconfigured_tls(self.rustls_config()?)
+            .redirect(policy))
     }
 }
 
@@ -380,6 +427,89 @@ mod tests {
         let text = std::str::from_utf8(PLAIN_HTTP_TO_TLS_PORT).expect("ascii");
         let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
         assert!(head.contains(&format!("content-length: {}", body.len())));
+    }
+
+    #[test]
+    fn with_tls_settings_only_https_urls_are_taken() {
+        let dir = tempfile::tempdir().expect("dir");
+        let ca = crate::test_pki::TestCa::new("ca");
+        let tls = ClientTls {
+            ca_file: Some(ca.write(dir.path(), "ca.pem")),
+            ..ClientTls::default()
+        };
+        let e = tls
+            .require_https("--fence", "http://proxy:9000")
+            .expect_err("clear text");
+        assert!(e.to_string().contains("--fence http://proxy:9000"), "{e}");
+        tls.require_https("--fence", "HTTPS://proxy:9000")
+            .expect("https");
+        ClientTls::default()
+            .require_https("--fence", "http://proxy:9000")
+            .expect("no TLS settings: plain http is the user's choice");
+    }
+
+    /// A server that answers `/start` with a 307 to its own `/next` over
+    /// plain http, and `/next` with 200.
+    async fn redirecting_server() -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let n = c.read(&mut buf).await.unwrap_or(0);
+                    let head = String::from_utf8_lossy(&buf[..n]);
+                    let answer = if head.starts_with("GET /start") {
+                        format!(
+                            "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{addr}/next\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        )
+                    } else {
+                        "HTTP/1.1 200 OK\r\ncontent-length: 7\r\nconnection: close\r\n\r\nreached"
+                            .to_owned()
+                    };
+                    let _ = c.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        format!("http://{addr}/start")
+    }
+
+    #[tokio::test]
+    async fn a_redirect_to_plain_http_is_not_followed_once_tls_is_set() {
+        let url = redirecting_server().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let ca = crate::test_pki::TestCa::new("ca");
+        let tls = ClientTls {
+            ca_file: Some(ca.write(dir.path(), "ca.pem")),
+            ..ClientTls::default()
+        };
+        let e = tls
+            .http_client()
+            .expect("client")
+            .build()
+            .expect("built")
+            .get(&url)
+            .send()
+            .await
+            .expect_err("not followed");
+        assert!(format!("{e:?}").contains("refused a redirect"), "{e:?}");
+        // Without TLS settings, a plain http redirect is followed.
+        let body = ClientTls::default()
+            .http_client()
+            .expect("client")
+            .build()
+            .expect("built")
+            .get(&url)
+            .send()
+            .await
+            .expect("followed")
+            .text()
+            .await
+            .expect("body");
+        assert_eq!(body, "reached");
     }
 
     #[test]
