@@ -427,6 +427,100 @@ async fn a_proxy_database_lost_while_running_refuses_raises_and_a_restart_needs_
     assert_eq!(put(svc.url.clone(), "never-written", 5).await.0, 200);
 }
 
+/// Issue 34: on a full disk the proxy's readiness said 200 while every
+/// raise got 503 (its probe was an empty transaction, which a full disk
+/// takes). Now readiness and raises agree, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_makes_the_proxy_not_ready_as_its_raises_fail() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let mnt = Mount::tmpfs("8m");
+    let toml = proxy_toml(&backend, &mnt.path, BUCKET, "");
+    let proxy = Proxy::start(&toml, &mnt.path).await;
+    let put = |token: u64, key: &'static str| {
+        let url = proxy.url.clone();
+        async move {
+            reqwest::Client::new()
+                .put(format!("{url}/{BUCKET}/{key}"))
+                .header("Fencing-Token", signed(BUCKET, token))
+                .body("v")
+                .send()
+                .await
+                .expect("put")
+                .status()
+                .as_u16()
+        }
+    };
+    let ready = || {
+        let url = proxy.url.clone();
+        async move {
+            let r = reqwest::get(format!("{url}/_fencegate/ready"))
+                .await
+                .expect("ready");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        }
+    };
+    assert_eq!(put(1, "a").await, 200);
+    assert_eq!(ready().await.0, 200);
+    let filler = fill(&mnt.path);
+    let (s, why) = ready().await;
+    assert_eq!(s, 503, "{why}");
+    assert!(why.contains("bytes free"), "{why}");
+    assert_eq!(put(2, "b").await, 503, "a raise on a full disk");
+    assert_eq!(
+        ready().await.0,
+        503,
+        "still not ready after the failed raise"
+    );
+    std::fs::remove_file(&filler).expect("free");
+    assert_eq!(ready().await.0, 200, "ready again with room");
+    assert_eq!(put(2, "b").await, 200);
+}
+
+/// Issue 34: in an outage (here a full disk; etcd's or the lease
+/// service's the same) the proxy logged one WARN per failed request. Now
+/// once a second, with a count of the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_requests_are_logged_once_a_second_with_a_count() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let mnt = Mount::tmpfs("8m");
+    let dir = tempdir();
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(&config, proxy_toml(&backend, &mnt.path, BUCKET, "")).expect("config");
+    let log = dir.path().join("proxy.log");
+    let mut cmd = proxy_cmd(&config);
+    cmd.stdin(Stdio::null());
+    let log_file = std::fs::File::create(&log).expect("log");
+    let svc = tokio::task::spawn_blocking(move || Service::start_logging(cmd, log_file))
+        .await
+        .expect("started");
+    let _filler = fill(&mnt.path);
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    for token in 1..=200u64 {
+        let s = client
+            .put(format!("{}/{BUCKET}/k{token}", svc.url))
+            .header("Fencing-Token", signed(BUCKET, token))
+            .body("v")
+            .send()
+            .await
+            .expect("put")
+            .status();
+        assert_eq!(s.as_u16(), 503, "a raise on a full disk");
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("request failed"))
+        .count() as u64;
+    assert!(
+        (1..=seconds + 1).contains(&lines),
+        "{lines} lines for 200 failed requests in {seconds} s: {text}"
+    );
+}
+
 /// A write cut by a raise that the database then refused was not cut by a
 /// newer holder: its writer may still hold the lease. It is answered 503
 /// (retry), not 409 "stale", no cut is recorded, and the max stays.

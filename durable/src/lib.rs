@@ -92,6 +92,34 @@ pub fn probe_writable(conn: &rusqlite::Connection, path: &Path, what: &str) -> a
     )
 }
 
+/// Least free space on the filesystem of a database for its service to be
+/// ready: a commit may need to grow the write-ahead log by a few pages,
+/// and SQLite needs room for its checkpoint.
+pub const MIN_FREE_BYTES: u64 = 1024 * 1024;
+
+/// Why the filesystem holding the `what` at `path` cannot take a commit
+/// now (full, or nearly), if it cannot: readiness says so before a write
+/// fails, and until one can succeed again. An empty write transaction
+/// succeeds on a full disk, so it proves nothing.
+pub fn space_problem(path: &Path, what: &str) -> Option<String> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    #[allow(
+        clippy::useless_conversion,
+        reason = "the field types differ by platform"
+    )]
+    let free = u64::from(s.blocks_available()).saturating_mul(u64::from(s.fragment_size()));
+    (free < MIN_FREE_BYTES).then(|| {
+        format!(
+            "the filesystem of the {what} {} has {free} bytes free (less than {MIN_FREE_BYTES}): commits would fail; free space on it",
+            path.display()
+        )
+    })
+}
+
 /// Whether the filesystem holding `path` is mounted read-only.
 pub fn read_only_fs(path: &Path) -> bool {
     let dir = path

@@ -188,11 +188,23 @@ impl Db {
         // disk even if no raise is asked for (a load balancer sends none
         // to a proxy it took out).
         if self.lock().failed.is_some() {
-            let _ = self.write(|c| c.execute_batch("BEGIN IMMEDIATE; COMMIT;"));
+            let _ = self.write(|c| {
+                c.execute(
+                    "INSERT INTO meta (name, value) VALUES ('ready_probe', 1)
+                     ON CONFLICT (name) DO UPDATE SET value = value + 1",
+                    [],
+                )
+                .map(drop)
+            });
         }
         let inner = self.lock();
         if let Some(why) = inner.watch.lost() {
             return Some(why.to_owned());
+        }
+        // A full disk refuses every raise; an empty probe above does not
+        // see it.
+        if let Some(why) = fencegate_durable::space_problem(&inner.path, WHAT) {
+            return Some(why);
         }
         if !inner.path.exists() {
             return Some(format!(

@@ -28,6 +28,8 @@ struct Router {
     hosts: Arc<VirtualHosts>,
     viewers: Arc<crate::access::Viewers>,
     answered: Arc<fencegate_net::browser::AllowedHosts>,
+    /// The log of failed requests, once a second.
+    failures: Arc<std::sync::Mutex<fencegate_durable::Throttle>>,
 }
 
 impl Router {
@@ -190,7 +192,16 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 }
                 let status = resp.status();
                 if status.is_server_error() {
-                    tracing::warn!(%method, %path, %status, elapsed = ?started.elapsed(), "request failed");
+                    // Once a second with a count of the rest: an outage of
+                    // etcd or the lease service fails every request.
+                    let ready = this
+                        .failures
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .ready();
+                    if let Some(not_logged) = ready {
+                        tracing::warn!(%method, %path, %status, elapsed = ?started.elapsed(), not_logged, "request failed (and {not_logged} more since the last line)");
+                    }
                 } else {
                     tracing::debug!(%method, %path, %status, elapsed = ?started.elapsed(), "request");
                 }
@@ -581,6 +592,7 @@ pub async fn serve(
         hosts: Arc::new(front.hosts),
         viewers: Arc::new(front.viewers),
         answered: Arc::new(front.answered),
+        failures: Arc::default(),
     };
     if serve_detached(listener, router, options, shutdown).await? {
         gate.end_run();
