@@ -322,8 +322,8 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
                 release(&client, &lease.lock, &proof).await;
                 return Ok(exit_code(status));
             }
-            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, ttl).await,
-            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, ttl).await,
+            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, (ttl, deadline)).await,
+            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, (ttl, deadline)).await,
             _ = tokio::time::sleep_until(next_renew) => {
                 let sent = Instant::now();
                 let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
@@ -375,26 +375,57 @@ async fn forward_and_finish(
     child: &mut Child,
     how: (Signal, Duration),
     files: &RoleFiles,
-    ttl: Duration,
+    (ttl, mut deadline): (Duration, Instant),
 ) -> Result<u8, Failure> {
     // A clean shutdown (a database's checkpoint) may outlast the lease: it
     // is renewed until the command is gone, so nobody takes the role over
-    // while the command still writes.
+    // while the command still writes. The role files follow the lease as
+    // while the command ran: refreshed at each renewal, removed the moment
+    // the lease is lost or runs out.
     let renew_every = ttl / 3;
+    let mut next_renew = Instant::now();
+    let mut held = true;
     let stopping = stop(child, how);
     tokio::pin!(stopping);
     let status = loop {
         tokio::select! {
             s = &mut stopping => break s,
-            () = tokio::time::sleep(renew_every) => {
-                if let Err(e) = client.renew(lock, token, ttl, renew_every.max(MIN_RETRY)).await {
-                    tracing::warn!(error = format!("{e:#}"), "renewal failed while the command stops");
+            () = tokio::time::sleep_until(next_renew.min(deadline)), if held => {
+                let sent = Instant::now();
+                if sent >= deadline && sent < next_renew {
+                    held = false;
+                    files.remove(token.number());
+                    eprintln!("fencegate: lease on {lock} (token {}) ran out while the command stops; its role files are removed", token.number());
+                    continue;
+                }
+                let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
+                match client.renew(lock, token, ttl, timeout).await {
+                    Ok(renewed) => {
+                        deadline = sent + ttl;
+                        next_renew = sent + renew_every;
+                        if let Err(e) = files.write(&renewed, ttl, wall_clock()) {
+                            tracing::warn!(error = format!("{e:#}"), "cannot write the renewed credentials; the files keep the previous ones");
+                        }
+                    }
+                    Err(e) => {
+                        let now = Instant::now();
+                        if matches!(e, Failure::LeaseLost(_)) || now >= deadline {
+                            held = false;
+                            files.remove(token.number());
+                            eprintln!("fencegate: lease on {lock} (token {}) lost while the command stops ({e}); its role files are removed", token.number());
+                        } else {
+                            tracing::warn!(error = format!("{e:#}"), "renewal failed while the command stops");
+                            next_renew = (now + (ttl / 10).max(MIN_RETRY)).min(deadline);
+                        }
+                    }
                 }
             }
         }
     };
     files.remove(token.number());
-    release(client, lock, token).await;
+    if held {
+        release(client, lock, token).await;
+    }
     Ok(status.map_or(1, exit_code))
 }
 

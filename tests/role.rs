@@ -272,6 +272,73 @@ async fn a_role_outlives_credential_ttl_through_files_its_processes_read() {
     );
 }
 
+/// Issue 34: while `run` stops its command gracefully it still holds the
+/// lease (renewed until the command is gone), so the role files stay
+/// fresh and `credential-process` keeps answering; the moment the lease
+/// is lost (here the lease service dies and the lease runs out), the files
+/// are removed, though the command is still stopping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_files_follow_the_lease_while_the_command_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut svc = locksvc_with(dir.path(), "1m").await;
+    let env = dir.path().join("role.env");
+    let stopped = dir.path().join("stopped");
+    // The command takes 9 s to stop after SIGTERM.
+    let script = format!(
+        "trap 'sleep 9; touch {}; exit 0' TERM; while true; do sleep 0.1; done",
+        stopped.display()
+    );
+    let mut holder = run_cmd(
+        &svc.url,
+        &[
+            "--lock",
+            LOCK,
+            "--ttl",
+            "2s",
+            "--grace",
+            "30s",
+            "--env-file",
+            &env.display().to_string(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .stdin(Stdio::null())
+    .spawn()
+    .expect("the role's holder starts");
+    wait_for(&env).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(holder.id()).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM to run");
+    let before = env_file(&env)["FENCEGATE_CREDENTIALS_REFRESH_BY"].clone();
+    // Past the 2 s lease, still stopping: refreshed, and it answers.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let now = env_file(&env)["FENCEGATE_CREDENTIALS_REFRESH_BY"].clone();
+    assert_ne!(
+        now, before,
+        "the env file was refreshed while the command stops"
+    );
+    let mut cp = fencegate();
+    cp.args(["credential-process", "--env-file"]).arg(&env);
+    let out = output(cp).await;
+    assert!(out.status.success(), "{}", text(&out));
+    // The lease service dies: the lease runs out within its 2 s.
+    svc.kill9();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    assert!(!stopped.exists(), "the command is still stopping");
+    assert!(!env.exists(), "the role files outlived the lease");
+    let status = tokio::task::spawn_blocking(move || holder.wait())
+        .await
+        .expect("joined")
+        .expect("waited");
+    assert!(stopped.exists() && status.success(), "{status:?}");
+}
+
 /// Taking the lease fences the old holder before the new one writes:
 /// without it (`--no-fence`) the old holder's token is still admitted
 /// until the new holder's first write; with it (the default when `run`
