@@ -7,7 +7,8 @@
 //!   limits, timeouts and TLS: `fencegate_net`);
 //! - [`host`]: virtual-hosted-style addressing (bucket in the `Host`);
 //! - [`early`]: refusals on the request head (POST forms, the budget of
-//!   bodies read whole);
+//!   bodies read whole); [`presented`]: the request's credentials as s3s
+//!   reads them (signed only if a signature is verified);
 //! - [`edge`]: plain signed PutObjects verified and handed to the handler
 //!   without s3s (everything else goes through s3s);
 //! - [`access`]: client SigV4 keys, anonymous policy, operation allowlist,
