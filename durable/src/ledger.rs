@@ -67,45 +67,54 @@ impl Kind {
     }
 
     /// Which kind the open database is, if any: None for a database with
-    /// none of either kind's tables (an empty file is one), an error for
-    /// one with a part of each or a part of one.
+    /// no tables (an empty file is one), an error for one whose tables are
+    /// another application's, or both services'. A lease database is the
+    /// one with `counter`, a proxy database the one with `fences` (the
+    /// tables every version of each had).
     pub fn of(conn: &rusqlite::Connection) -> Result<Option<Kind>, String> {
-        let has = |t: &str| -> Result<bool, String> {
-            conn.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1")
-                .and_then(|mut s| s.exists([t]))
-                .map_err(|e| e.to_string())
-        };
-        let lease = (has("counter")?, has("leases")?);
-        let proxy = (has("fences")?, has("meta")?);
-        match (lease, proxy) {
-            ((false, false), (false, false)) => Ok(None),
-            ((true, true), (false, false)) => Ok(Some(Kind::Lease)),
-            ((false, false), (true, true)) => Ok(Some(Kind::Proxy)),
-            _ => Err(
-                "its tables are neither a lease database's (counter, leases) nor a proxy database's (fences, meta)"
-                    .to_owned(),
+        let tables = tables(conn).map_err(|e| e.to_string())?;
+        let has = |t: &str| tables.iter().any(|n| n == t);
+        match (has("counter"), has("fences")) {
+            (true, false) => Ok(Some(Kind::Lease)),
+            (false, true) => Ok(Some(Kind::Proxy)),
+            (true, true) => Err(
+                "it holds both a lease database's counter and a proxy database's fences".to_owned(),
             ),
+            (false, false) if tables.is_empty() => Ok(None),
+            (false, false) => Err(format!(
+                "its tables ({}) are no fencegate database's (a lease database has counter, a proxy database fences)",
+                tables.join(", ")
+            )),
         }
     }
 
-    /// The database's level.
+    /// The database's level (0 for what an older version did not keep).
     pub fn level(self, conn: &rusqlite::Connection) -> rusqlite::Result<Level> {
-        let one = |sql: &str| -> rusqlite::Result<u64> {
+        let tables = tables(conn)?;
+        let one = |table: &str, sql: &str| -> rusqlite::Result<u64> {
+            if !tables.iter().any(|n| n == table) {
+                return Ok(0);
+            }
             conn.query_row(sql, [], |r| r.get::<_, Option<i64>>(0))
                 .map(|v| v.map_or(0, |v| u64::try_from(v).unwrap_or(0)))
         };
         Ok(match self {
             Kind::Lease => {
-                let t = one("SELECT MAX(last_token) FROM counter")?;
+                let t = one("counter", "SELECT MAX(last_token) FROM counter")?;
                 Level {
                     generation: t,
                     token: t,
                 }
             }
             Kind::Proxy => Level {
-                generation: one("SELECT MAX(value) FROM meta WHERE name = 'generation'")?,
-                token: one("SELECT MAX(max_token) FROM fences")?
-                    .max(one("SELECT MAX(value) FROM meta WHERE name = 'floor'")?),
+                generation: one(
+                    "meta",
+                    "SELECT MAX(value) FROM meta WHERE name = 'generation'",
+                )?,
+                token: one("fences", "SELECT MAX(max_token) FROM fences")?.max(one(
+                    "meta",
+                    "SELECT MAX(value) FROM meta WHERE name = 'floor'",
+                )?),
             },
         })
     }
@@ -128,6 +137,7 @@ impl Kind {
                 .map(drop),
             Kind::Proxy => conn.execute_batch(&format!(
                 "BEGIN IMMEDIATE;
+                 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
                  INSERT INTO meta (name, value) VALUES ('floor', {floor})
                      ON CONFLICT (name) DO UPDATE SET value = MAX(value, {floor});
                  INSERT INTO meta (name, value) VALUES ('generation', {generation})
@@ -136,6 +146,16 @@ impl Kind {
             )),
         }
     }
+}
+
+/// The database's own tables (not SQLite's, not the writable probe's).
+fn tables(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table'
+         AND name NOT LIKE 'sqlite_%' AND name != 'probe_writable' ORDER BY name",
+    )?;
+    let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    names.collect()
 }
 
 fn to_sql(v: u64) -> i64 {
@@ -437,4 +457,91 @@ pub fn unreadable(kind: Kind, path: &Path, why: &dyn std::fmt::Display) -> Strin
         kind.what(),
         path.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease_db(path: &Path, last: u64) -> rusqlite::Connection {
+        let c = rusqlite::Connection::open(path).expect("open");
+        c.execute_batch(&format!(
+            "CREATE TABLE counter (id INTEGER PRIMARY KEY, last_token INTEGER NOT NULL);
+             INSERT INTO counter VALUES (1, {last});
+             CREATE TABLE leases (lock TEXT PRIMARY KEY);"
+        ))
+        .expect("schema");
+        c
+    }
+
+    #[test]
+    fn a_database_is_known_by_its_tables() {
+        let dir = tempfile::tempdir().expect("dir");
+        let empty = rusqlite::Connection::open(dir.path().join("e.db")).expect("open");
+        assert_eq!(Kind::of(&empty), Ok(None));
+        let lease = lease_db(&dir.path().join("l.db"), 3);
+        assert_eq!(Kind::of(&lease), Ok(Some(Kind::Lease)));
+        // A proxy database of a version before `meta`.
+        let old = rusqlite::Connection::open(dir.path().join("p.db")).expect("open");
+        old.execute_batch("CREATE TABLE fences (scope TEXT PRIMARY KEY, max_token INTEGER NOT NULL); INSERT INTO fences VALUES ('b', 9);")
+            .expect("schema");
+        assert_eq!(Kind::of(&old), Ok(Some(Kind::Proxy)));
+        assert_eq!(
+            Kind::Proxy.level(&old).expect("level"),
+            Level {
+                generation: 0,
+                token: 9
+            }
+        );
+        let other = rusqlite::Connection::open(dir.path().join("o.db")).expect("open");
+        other
+            .execute_batch("CREATE TABLE users (x)")
+            .expect("schema");
+        assert!(
+            Kind::of(&other)
+                .expect_err("another app's")
+                .contains("users")
+        );
+    }
+
+    #[test]
+    fn the_mark_survives_a_torn_slot_and_refuses_a_database_below_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = dir.path().join("l.db");
+        let conn = lease_db(&db, 0);
+        let mut mark = guard(&conn, &db, Kind::Lease, 0).expect("first start");
+        for t in 1..=5 {
+            mark.record(Level {
+                generation: t,
+                token: t,
+            })
+            .expect("record");
+        }
+        drop(mark);
+        // The slot written last torn: the other still says 4.
+        let path = mark_path(&db);
+        let mut bytes = std::fs::read(&path).expect("mark");
+        let last = if read_seq(&path) % 2 == 0 { 0 } else { 64 };
+        bytes[last + 30] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("tear");
+        assert_eq!(
+            read_mark(&path).expect("read"),
+            Some((
+                Kind::Lease,
+                Level {
+                    generation: 4,
+                    token: 4
+                }
+            ))
+        );
+        // The database says 0: below the mark, refused unless the floor
+        // reaches it; then lifted.
+        let e = guard(&conn, &db, Kind::Lease, 3).expect_err("below");
+        assert!(e.to_string().contains("--token-floor 4"), "{e}");
+        guard(&conn, &db, Kind::Lease, 4).expect("the floor reaches the mark");
+        assert_eq!(Kind::Lease.level(&conn).expect("level").token, 4);
+        // The other service's mark is refused.
+        let e = guard(&conn, &db, Kind::Proxy, 100).expect_err("other kind");
+        assert!(e.to_string().contains("belongs to a lease database"), "{e}");
+    }
 }
