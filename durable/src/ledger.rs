@@ -521,7 +521,11 @@ mod tests {
         // The slot written last torn: the other still says 4.
         let path = mark_path(&db);
         let mut bytes = std::fs::read(&path).expect("mark");
-        let last = if read_seq(&path) % 2 == 0 { 0 } else { 64 };
+        let last = if read_seq(&path).is_multiple_of(2) {
+            0
+        } else {
+            64
+        };
         bytes[last + 30] ^= 0xff;
         std::fs::write(&path, &bytes).expect("tear");
         assert_eq!(
