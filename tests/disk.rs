@@ -164,6 +164,20 @@ fn restore_db_with(db: &Path, backup: &Path, extra: &[&str]) -> std::process::Ou
         .expect("restore-db")
 }
 
+/// A PUT of "v" to `key` through the proxy at `url` with token `token`:
+/// its status and body.
+async fn put_v(url: &str, key: &str, token: u64) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .put(format!("{url}/{BUCKET}/{key}"))
+        .header("Fencing-Token", signed(BUCKET, token))
+        .body("v")
+        .send()
+        .await
+        .expect("put");
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap_or_default())
+}
+
 fn errors_in(log: &Path) -> usize {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -369,20 +383,9 @@ async fn a_proxy_database_lost_while_running_refuses_raises_and_a_restart_needs_
     let dir = tempdir();
     let toml = proxy_toml(&backend, dir.path(), BUCKET, "");
     let mut proxy = Proxy::start(&toml, dir.path()).await;
-    let put = |url: String, key: &'static str, token: u64| async move {
-        let r = reqwest::Client::new()
-            .put(format!("{url}/{BUCKET}/{key}"))
-            .header("Fencing-Token", signed(BUCKET, token))
-            .body("v")
-            .send()
-            .await
-            .expect("put");
-        let status = r.status().as_u16();
-        (status, r.text().await.unwrap_or_default())
-    };
-    assert_eq!(put(proxy.url.clone(), "k1", 3).await.0, 200);
+    assert_eq!(put_v(&proxy.url, "k1", 3).await.0, 200);
     remove_database(&dir.path().join("proxy.db"));
-    let (s, text) = put(proxy.url.clone(), "k2", 4).await;
+    let (s, text) = put_v(&proxy.url, "k2", 4).await;
     assert_eq!(s, 503, "a raise with no database: {text}");
     assert!(text.contains("deleted"), "{text}");
     let ready = reqwest::get(format!("{}/_fencegate/ready", proxy.url))
@@ -422,9 +425,9 @@ async fn a_proxy_database_lost_while_running_refuses_raises_and_a_restart_needs_
     let svc = tokio::task::spawn_blocking(move || Service::start(cmd))
         .await
         .expect("started");
-    let (s, text) = put(svc.url.clone(), "never-written", 3).await;
+    let (s, text) = put_v(&svc.url, "never-written", 3).await;
     assert_eq!(s, 409, "a token below the floor: {text}");
-    assert_eq!(put(svc.url.clone(), "never-written", 5).await.0, 200);
+    assert_eq!(put_v(&svc.url, "never-written", 5).await.0, 200);
 }
 
 /// Issue 34: on a full disk the proxy's readiness said 200 while every
@@ -437,20 +440,6 @@ async fn a_full_disk_makes_the_proxy_not_ready_as_its_raises_fail() {
     let mnt = Mount::tmpfs("8m");
     let toml = proxy_toml(&backend, &mnt.path, BUCKET, "");
     let proxy = Proxy::start(&toml, &mnt.path).await;
-    let put = |token: u64, key: &'static str| {
-        let url = proxy.url.clone();
-        async move {
-            reqwest::Client::new()
-                .put(format!("{url}/{BUCKET}/{key}"))
-                .header("Fencing-Token", signed(BUCKET, token))
-                .body("v")
-                .send()
-                .await
-                .expect("put")
-                .status()
-                .as_u16()
-        }
-    };
     let ready = || {
         let url = proxy.url.clone();
         async move {
@@ -460,13 +449,17 @@ async fn a_full_disk_makes_the_proxy_not_ready_as_its_raises_fail() {
             (r.status().as_u16(), r.text().await.unwrap_or_default())
         }
     };
-    assert_eq!(put(1, "a").await, 200);
+    assert_eq!(put_v(&proxy.url, "a", 1).await.0, 200);
     assert_eq!(ready().await.0, 200);
     let filler = fill(&mnt.path);
     let (s, why) = ready().await;
     assert_eq!(s, 503, "{why}");
     assert!(why.contains("bytes free"), "{why}");
-    assert_eq!(put(2, "b").await, 503, "a raise on a full disk");
+    assert_eq!(
+        put_v(&proxy.url, "b", 2).await.0,
+        503,
+        "a raise on a full disk"
+    );
     assert_eq!(
         ready().await.0,
         503,
@@ -474,7 +467,7 @@ async fn a_full_disk_makes_the_proxy_not_ready_as_its_raises_fail() {
     );
     std::fs::remove_file(&filler).expect("free");
     assert_eq!(ready().await.0, 200, "ready again with room");
-    assert_eq!(put(2, "b").await, 200);
+    assert_eq!(put_v(&proxy.url, "b", 2).await.0, 200);
 }
 
 /// Issue 34: in an outage (here a full disk; etcd's or the lease
@@ -496,18 +489,10 @@ async fn failed_requests_are_logged_once_a_second_with_a_count() {
         .await
         .expect("started");
     let _filler = fill(&mnt.path);
-    let client = reqwest::Client::new();
     let started = Instant::now();
     for token in 1..=200u64 {
-        let s = client
-            .put(format!("{}/{BUCKET}/k{token}", svc.url))
-            .header("Fencing-Token", signed(BUCKET, token))
-            .body("v")
-            .send()
-            .await
-            .expect("put")
-            .status();
-        assert_eq!(s.as_u16(), 503, "a raise on a full disk");
+        let (s, _) = put_v(&svc.url, &format!("k{token}"), token).await;
+        assert_eq!(s, 503, "a raise on a full disk");
     }
     let seconds = started.elapsed().as_secs() + 1;
     let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -826,23 +811,12 @@ async fn a_lost_proxy_write_ahead_log_admits_no_stale_token() {
     backend.create_bucket(BUCKET).await;
     let dir = tempdir();
     let toml = proxy_toml(&backend, dir.path(), BUCKET, "");
-    let put = |url: String, key: &'static str, token: u64| async move {
-        let r = reqwest::Client::new()
-            .put(format!("{url}/{BUCKET}/{key}"))
-            .header("Fencing-Token", signed(BUCKET, token))
-            .body("v")
-            .send()
-            .await
-            .expect("put");
-        let status = r.status().as_u16();
-        (status, r.text().await.unwrap_or_default())
-    };
     let mut proxy = Proxy::start(&toml, dir.path()).await;
-    assert_eq!(put(proxy.url.clone(), "k1", 1).await.0, 200);
+    assert_eq!(put_v(&proxy.url, "k1", 1).await.0, 200);
     proxy.terminate();
     let mut proxy = Proxy::start(&toml, dir.path()).await;
-    assert_eq!(put(proxy.url.clone(), "k2", 2).await.0, 200);
-    assert_eq!(put(proxy.url.clone(), "k3", 1).await.0, 409);
+    assert_eq!(put_v(&proxy.url, "k2", 2).await.0, 200);
+    assert_eq!(put_v(&proxy.url, "k3", 1).await.0, 409);
     proxy.kill9();
     let db = dir.path().join("proxy.db");
     remove_log(&db);
@@ -875,9 +849,9 @@ async fn a_lost_proxy_write_ahead_log_admits_no_stale_token() {
     let svc = tokio::task::spawn_blocking(move || Service::start(c))
         .await
         .expect("started");
-    let (s, text) = put(svc.url.clone(), "new-key", 1).await;
+    let (s, text) = put_v(&svc.url, "new-key", 1).await;
     assert_eq!(s, 409, "a stale token on a key never written: {text}");
-    assert_eq!(put(svc.url.clone(), "new-key", 2).await.0, 200);
+    assert_eq!(put_v(&svc.url, "new-key", 2).await.0, 200);
 }
 
 /// Issue 34: `restore-db` took an empty file, an empty SQLite database and

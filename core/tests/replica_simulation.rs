@@ -377,32 +377,26 @@ impl Etcd {
                 if !self.blind_renewal {
                     let mut seen: std::collections::BTreeSet<String> =
                         view.iter().map(|m| m.id.clone()).collect();
-                    for (id, m) in &self.roster {
+                    let mut regs: Vec<(&String, &i64)> = self.regs.iter().collect();
+                    // In a fixed order: a seed replays.
+                    regs.sort();
+                    let others = self
+                        .roster
+                        .iter()
+                        .map(|(id, m)| (id, m.create_rev, m.published, m.lease))
+                        .chain(regs.into_iter().map(|(id, lease)| {
+                            let (rev, published) = self.reg_info[id];
+                            (id, rev, published, *lease)
+                        }));
+                    for (id, joined_rev, published, lease) in others {
                         if seen.insert(id.clone()) {
                             view.push(MemberView {
                                 id: id.clone(),
-                                joined_rev: m.create_rev,
+                                joined_rev,
                                 registered: self.regs.contains_key(id),
                                 acked: self.acks.get(id).map_or(0, |a| a.1[i]),
                                 draining: self.draining.get(id).map_or(0, |a| a.1[i]),
-                                lease: self.regs.get(id).copied().unwrap_or(m.lease),
-                                published: (!self.unreadable).then_some(m.published),
-                            });
-                        }
-                    }
-                    // In a fixed order: a seed replays.
-                    let mut regs: Vec<(&String, &i64)> = self.regs.iter().collect();
-                    regs.sort();
-                    for (id, lease) in regs {
-                        if seen.insert(id.clone()) {
-                            let (rev, published) = self.reg_info[id];
-                            view.push(MemberView {
-                                id: id.clone(),
-                                joined_rev: rev,
-                                registered: true,
-                                acked: self.acks.get(id).map_or(0, |a| a.1[i]),
-                                draining: self.draining.get(id).map_or(0, |a| a.1[i]),
-                                lease: *lease,
+                                lease: self.regs.get(id).copied().unwrap_or(lease),
                                 published: (!self.unreadable).then_some(published),
                             });
                         }

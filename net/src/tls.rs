@@ -429,14 +429,19 @@ mod tests {
         assert!(head.contains(&format!("content-length: {}", body.len())));
     }
 
+    /// TLS settings: a test CA's file (kept in `dir`).
+    fn with_ca(dir: &tempfile::TempDir) -> ClientTls {
+        let ca = crate::test_pki::TestCa::new("ca");
+        ClientTls {
+            ca_file: Some(ca.write(dir.path(), "ca.pem")),
+            ..ClientTls::default()
+        }
+    }
+
     #[test]
     fn with_tls_settings_only_https_urls_are_taken() {
         let dir = tempfile::tempdir().expect("dir");
-        let ca = crate::test_pki::TestCa::new("ca");
-        let tls = ClientTls {
-            ca_file: Some(ca.write(dir.path(), "ca.pem")),
-            ..ClientTls::default()
-        };
+        let tls = with_ca(&dir);
         let e = tls
             .require_https("--fence", "http://proxy:9000")
             .expect_err("clear text");
@@ -481,29 +486,18 @@ mod tests {
     async fn a_redirect_to_plain_http_is_not_followed_once_tls_is_set() {
         let url = redirecting_server().await;
         let dir = tempfile::tempdir().expect("dir");
-        let ca = crate::test_pki::TestCa::new("ca");
-        let tls = ClientTls {
-            ca_file: Some(ca.write(dir.path(), "ca.pem")),
-            ..ClientTls::default()
+        let tls = with_ca(&dir);
+        let get = |tls: ClientTls| {
+            let url = url.clone();
+            async move {
+                let client = tls.http_client().expect("client").build().expect("built");
+                client.get(&url).send().await
+            }
         };
-        let e = tls
-            .http_client()
-            .expect("client")
-            .build()
-            .expect("built")
-            .get(&url)
-            .send()
-            .await
-            .expect_err("not followed");
+        let e = get(tls).await.expect_err("not followed");
         assert!(format!("{e:?}").contains("refused a redirect"), "{e:?}");
         // Without TLS settings, a plain http redirect is followed.
-        let body = ClientTls::default()
-            .http_client()
-            .expect("client")
-            .build()
-            .expect("built")
-            .get(&url)
-            .send()
+        let body = get(ClientTls::default())
             .await
             .expect("followed")
             .text()

@@ -270,31 +270,34 @@ impl EtcdCluster {
             .join(",")
     }
 
-    /// The value of `key`, read through the first member's JSON gateway.
-    pub fn value(&self, key: &str) -> Option<String> {
+    /// A call of the first member's JSON gateway on `key` (`range`,
+    /// `deleterange`): its answer.
+    fn gateway(&self, call: &str, key: &str) -> serde_json::Value {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
-        let v: serde_json::Value = reqwest::blocking::Client::new()
-            .post(format!("{}/v3/kv/range", self.members[0].client_url))
+        reqwest::blocking::Client::new()
+            .post(format!("{}/v3/kv/{call}", self.members[0].client_url))
             .json(&serde_json::json!({ "key": b64.encode(key) }))
             .send()
             .and_then(|r| r.json())
-            .expect("etcd range");
+            .unwrap_or_else(|e| panic!("etcd {call}: {e}"))
+    }
+
+    /// The value of `key`, read through the first member's JSON gateway.
+    pub fn value(&self, key: &str) -> Option<String> {
+        use base64::Engine as _;
+        let v = self.gateway("range", key);
         let value = v["kvs"][0]["value"].as_str()?;
-        Some(String::from_utf8_lossy(&b64.decode(value).expect("base64")).into_owned())
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(value)
+            .expect("base64");
+        Some(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     /// Deletes `key` (as an operator would with `etcdctl del`), through
     /// the first member's JSON gateway.
     pub fn delete(&self, key: &str) {
-        use base64::Engine as _;
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let v: serde_json::Value = reqwest::blocking::Client::new()
-            .post(format!("{}/v3/kv/deleterange", self.members[0].client_url))
-            .json(&serde_json::json!({ "key": b64.encode(key) }))
-            .send()
-            .and_then(|r| r.json())
-            .expect("etcd deleterange");
+        let v = self.gateway("deleterange", key);
         assert_eq!(v["deleted"].as_str(), Some("1"), "{key} was there: {v}");
     }
 
