@@ -182,8 +182,9 @@ impl Db {
     }
 
     /// Why the proxy cannot persist a raise now, if it cannot: the file
-    /// was given up or is gone, or the last write failed (readiness).
-    pub fn problem(&self) -> Option<String> {
+    /// was given up or is gone, the last write failed, or (`raises_here`:
+    /// raises are written to this file) its disk is full (readiness).
+    pub fn problem(&self, raises_here: bool) -> Option<String> {
         // After a failed write, a probe: readiness comes back with the
         // disk even if no raise is asked for (a load balancer sends none
         // to a proxy it took out).
@@ -203,7 +204,7 @@ impl Db {
         }
         // A full disk refuses every raise; an empty probe above does not
         // see it.
-        if let Some(why) = fencegate_durable::space_problem(&inner.path, WHAT) {
+        if raises_here && let Some(why) = fencegate_durable::space_problem(&inner.path, WHAT) {
             return Some(why);
         }
         if !inner.path.exists() {

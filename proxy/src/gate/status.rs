@@ -83,11 +83,14 @@ impl Gate {
     /// Why the proxy cannot admit a new token now, if it cannot (its
     /// database; with replicas, its standing): readiness.
     pub fn not_ready(&self) -> Option<String> {
-        if let Some(c) = self.fences.cluster()
+        // With replicas, raises go to etcd: the local disk's room is not
+        // theirs to report.
+        let cluster = self.fences.cluster();
+        if let Some(c) = cluster
             && !c.admits()
         {
             return Some(c.why_not());
         }
-        self.db.problem()
+        self.db.problem(cluster.is_none())
     }
 }
