@@ -20,9 +20,12 @@ pub struct CreateArgs {
     #[arg(long)]
     pub create_db: bool,
     /// A new database's tokens start above N (the lease service's counter;
-    /// the proxy's max of every lock); an existing one is raised to N.
-    /// After a lost database: above every token ever issued (README, "A
-    /// lost database").
+    /// the proxy's max of every lock); an existing one is raised to N, and
+    /// one below its high-water mark (DB.mark) starts only with N at least
+    /// the mark's token. A proxy replica ([cluster]) puts N in etcd as the
+    /// cluster's floor. Refused by the lease service on etcd (raise
+    /// etcd.epoch there). After a lost database: above every token ever
+    /// issued (README, "A lost database").
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub token_floor: u64,
 }

@@ -656,6 +656,38 @@ async fn a_token_floor_given_to_one_replica_fences_every_replica() {
     assert_eq!(s["floor"], 5, "{s}");
 }
 
+/// Issue 34: etcd lost a fence (a key deleted here; a restore from an
+/// older snapshot does the same), and replicas restarted on it admitted
+/// stale tokens on new keys. A replica keeps the maxes it learns from the
+/// cluster in its own database, and carries them back at its start: a
+/// replica restarted with its disk fences etcd again, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_restarted_on_an_etcd_that_lost_a_max_carries_it_back() {
+    let mut env = replicas(BackendKind::S3Fs, 2).start().await;
+    assert_eq!(put(&env.proxies[0], "k", 5, "t5").await.0, 200);
+    assert_eq!(put(&env.proxies[1], "k2", 5, "t5").await.0, 200);
+    // Past the interval at which replicas write down what they learned.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for p in &mut env.proxies {
+        p.terminate();
+    }
+    let etcd = env.etcd.as_ref().expect("etcd");
+    blocking(|| etcd.delete(&format!("/fg-test/fences/{BUCKET}")));
+    for p in &mut env.proxies {
+        p.restart().await;
+    }
+    for p in &env.proxies {
+        let (s, code) = put(p, "new-key", 4, "stale").await;
+        assert_eq!((s, code.as_str()), (409, "FencingTokenStale"), "{}", p.url);
+    }
+    assert_eq!(stored(&env.backend, BUCKET, "new-key").await, None);
+    assert_eq!(
+        blocking(|| etcd.value(&format!("/fg-test/fences/{BUCKET}"))).as_deref(),
+        Some("00000000000000000005"),
+        "etcd holds the max again"
+    );
+}
+
 /// An ack whose first attempt reaches etcd only after its retry on another
 /// member was answered and a later ack was written (as from a member
 /// paused with the request in its socket): it must not take the ack back,

@@ -2,6 +2,11 @@
 //! joining the replicas' cluster at start.
 
 use super::*;
+use std::collections::BTreeMap;
+
+/// How often a replica writes the maxes it learned from the cluster into
+/// its own database.
+const REMEMBER_EVERY: Duration = Duration::from_secs(2);
 
 impl Gate {
     /// With replicas: joins the cluster (waiting up to `patience` for
@@ -13,8 +18,14 @@ impl Gate {
             return Ok(());
         };
         c.start(patience, self.metrics.clone()).await?;
+        let mut carried = BTreeMap::new();
         for (lock, max) in self.db.load_fences()? {
-            if lock.contains('/') || max <= self.fences.max(&lock) {
+            if lock.contains('/') {
+                continue;
+            }
+            let cluster_max = self.fences.max(&lock);
+            carried.insert(lock.clone(), max.max(cluster_max));
+            if max <= cluster_max {
                 continue;
             }
             match self.fences.admit(&lock, max).await {
@@ -23,13 +34,55 @@ impl Gate {
                     anyhow::bail!("cannot carry lock {lock}'s max {max} into the cluster: {e}")
                 }
             }
-            tracing::info!(
+            tracing::warn!(
                 lock,
                 max,
-                "carried a max from the SQLite database into the cluster"
+                cluster_max,
+                "the cluster's max of a lock was below this proxy's record of it (etcd lost data, or this proxy ran alone before): carried it back into the cluster"
             );
         }
+        self.remember_cluster_maxes(c.clone(), carried);
         Ok(())
+    }
+
+    /// With replicas: keeps the maxes this replica learns from the cluster
+    /// in its own database as well (a few seconds behind), so that a
+    /// replica restarted on an etcd that lost them (restored from an older
+    /// snapshot, a key deleted) carries them back at its start instead of
+    /// admitting tokens below them.
+    fn remember_cluster_maxes(
+        &self,
+        cluster: crate::cluster::Cluster,
+        mut kept: BTreeMap<String, u64>,
+    ) {
+        let db = self.db.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REMEMBER_EVERY).await;
+                let risen: Vec<(String, u64)> = cluster
+                    .snapshot()
+                    .into_iter()
+                    .filter(|(lock, max)| {
+                        !lock.contains('/') && kept.get(lock).is_none_or(|k| max > k)
+                    })
+                    .collect();
+                if risen.is_empty() {
+                    continue;
+                }
+                let db = db.clone();
+                let to_keep = risen.clone();
+                let kept_now = tokio::task::spawn_blocking(move || {
+                    to_keep
+                        .iter()
+                        .all(|(lock, max)| db.raise(lock, *max).is_ok())
+                })
+                .await
+                .unwrap_or(false);
+                if kept_now {
+                    kept.extend(risen);
+                }
+            }
+        });
     }
 
     /// What `/_fencegate/status` shows.
