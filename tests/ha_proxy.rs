@@ -688,6 +688,48 @@ async fn a_replica_restarted_on_an_etcd_that_lost_a_max_carries_it_back() {
     );
 }
 
+/// Issue 34: etcd restored from an older backup (its data directory put
+/// back) while a replica runs. The replica sees the revision go back,
+/// says so at ERROR and in its status, and its own max does not go back
+/// with etcd: a token between the restored max and its own is stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_replica_sees_etcd_go_back_and_keeps_its_max() {
+    let mut env = Harness::new(BackendKind::S3Fs)
+        .etcd(1)
+        .proxies(1)
+        .backend_options("store_decision_secs = 1")
+        .start()
+        .await;
+    assert_eq!(put(env.proxy(), "k", 1, "t1").await.0, 200);
+    let backup = env.dir.path().join("etcd-backup");
+    let etcd = env.etcd.as_mut().expect("etcd");
+    blocking(|| etcd.restart(0, |data| support::etcd::copy_dir(data, &backup)));
+    wait_admitting(env.proxy(), Duration::from_secs(30)).await;
+    assert_eq!(past_refusals(env.proxy(), "k5", 5, "t5").await.0, 200);
+    let etcd = env.etcd.as_mut().expect("etcd");
+    blocking(|| {
+        etcd.restart(0, |data| {
+            std::fs::remove_dir_all(data).expect("remove the data dir");
+            support::etcd::copy_dir(&backup, data);
+        })
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status(env.proxy()).await;
+        if s["etcd_went_back"]
+            .as_str()
+            .is_some_and(|w| w.contains("went back"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never said etcd went back: {s}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (s, code) = past_refusals(env.proxy(), "new-key", 4, "stale").await;
+    assert_eq!((s, code.as_str()), (409, "FencingTokenStale"));
+    assert_eq!(stored(&env.backend, BUCKET, "new-key").await, None);
+}
+
 /// An ack whose first attempt reaches etcd only after its retry on another
 /// member was answered and a later ack was written (as from a member
 /// paused with the request in its socket): it must not take the ack back,
