@@ -283,9 +283,9 @@ async fn role_files_follow_the_lease_while_the_command_stops() {
     let mut svc = locksvc_with(dir.path(), "1m").await;
     let env = dir.path().join("role.env");
     let stopped = dir.path().join("stopped");
-    // The command takes 9 s to stop after SIGTERM.
+    // The command takes 20 s to stop after SIGTERM.
     let script = format!(
-        "trap 'sleep 9; touch {}; exit 0' TERM; while true; do sleep 0.1; done",
+        "trap 'sleep 20; touch {}; exit 0' TERM; while true; do sleep 0.1; done",
         stopped.display()
     );
     let mut holder = run_cmd(
@@ -327,11 +327,18 @@ async fn role_files_follow_the_lease_while_the_command_stops() {
     cp.args(["credential-process", "--env-file"]).arg(&env);
     let out = output(cp).await;
     assert!(out.status.success(), "{}", text(&out));
-    // The lease service dies: the lease runs out within its 2 s.
+    // The lease service dies: the lease runs out within its 2 s, and
+    // the files go with it, while the command is still stopping.
     svc.kill9();
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the role files outlived the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(!stopped.exists(), "the command is still stopping");
-    assert!(!env.exists(), "the role files outlived the lease");
     let status = tokio::task::spawn_blocking(move || holder.wait())
         .await
         .expect("joined")
