@@ -314,6 +314,12 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
 
+    let mut holding = Holding {
+        ttl,
+        renew_every,
+        deadline,
+        next_renew,
+    };
     let lost = loop {
         tokio::select! {
             status = child.wait() => {
@@ -322,32 +328,11 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
                 release(&client, &lease.lock, &proof).await;
                 return Ok(exit_code(status));
             }
-            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, (ttl, deadline)).await,
-            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, (ttl, deadline)).await,
-            _ = tokio::time::sleep_until(next_renew) => {
-                let sent = Instant::now();
-                let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
-                match client.renew(&lease.lock, &proof, ttl, timeout).await {
-                    Ok(renewed) => {
-                        deadline = sent + ttl;
-                        next_renew = sent + renew_every;
-                        // The renewal's fresh credentials, for the role's
-                        // other processes; a failed write is retried at the
-                        // next renewal, while the files still hold valid ones.
-                        if let Err(e) = files.write(&renewed, ttl, wall_clock()) {
-                            tracing::warn!(error = format!("{e:#}"), "cannot write the renewed credentials; the files keep the previous ones");
-                        }
-                        tracing::debug!(lock = %lease.lock, token = lease.token, "lease renewed");
-                    }
-                    Err(Failure::LeaseLost(msg)) => break format!("the lease service says the lease is gone: {msg}"),
-                    Err(e) => {
-                        let now = Instant::now();
-                        if now >= deadline {
-                            break format!("no renewal succeeded before the lease expired (last error: {e})");
-                        }
-                        tracing::warn!(error = format!("{e:#}"), "renewal failed; retrying until the lease would expire");
-                        next_renew = (now + (ttl / 10).max(MIN_RETRY)).min(deadline);
-                    }
+            _ = sigterm.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, holding).await,
+            _ = sigint.recv() => return forward_and_finish(&client, &lease.lock, &proof, &mut child, (args.stop_signal, args.grace), &files, holding).await,
+            _ = tokio::time::sleep_until(holding.next_renew) => {
+                if let Err(why) = holding.renew(&client, &lease.lock, &proof, &files).await {
+                    break why;
                 }
             }
         }
@@ -366,6 +351,69 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     )))
 }
 
+/// A lease `run` holds, and when it must be renewed.
+#[derive(Debug, Clone, Copy)]
+struct Holding {
+    ttl: Duration,
+    renew_every: Duration,
+    /// When the lease runs out unless a renewal succeeds.
+    deadline: Instant,
+    next_renew: Instant,
+}
+
+impl Holding {
+    /// Renews the lease once and rewrites the role files with the
+    /// renewal's fresh credentials; a failure that leaves time is retried
+    /// soon. Err: why the lease is lost (the service says so, or no
+    /// renewal succeeded before the deadline).
+    async fn renew(
+        &mut self,
+        client: &Client,
+        lock: &str,
+        proof: &FencingToken,
+        files: &RoleFiles,
+    ) -> Result<(), String> {
+        let sent = Instant::now();
+        let timeout = self
+            .deadline
+            .saturating_duration_since(sent)
+            .clamp(MIN_RETRY, self.renew_every.max(MIN_RETRY));
+        match client.renew(lock, proof, self.ttl, timeout).await {
+            Ok(renewed) => {
+                self.deadline = sent + self.ttl;
+                self.next_renew = sent + self.renew_every;
+                // For the role's other processes; a failed write is retried
+                // at the next renewal, while the files still hold valid ones.
+                if let Err(e) = files.write(&renewed, self.ttl, wall_clock()) {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "cannot write the renewed credentials; the files keep the previous ones"
+                    );
+                }
+                tracing::debug!(lock, token = proof.number(), "lease renewed");
+                Ok(())
+            }
+            Err(Failure::LeaseLost(msg)) => {
+                Err(format!("the lease service says the lease is gone: {msg}"))
+            }
+            Err(e) => {
+                let now = Instant::now();
+                if now >= self.deadline {
+                    return Err(format!(
+                        "no renewal succeeded before the lease expired (last error: {e})"
+                    ));
+                }
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "renewal failed; retrying until the lease would expire"
+                );
+                self.next_renew = (now + (self.ttl / 10).max(MIN_RETRY)).min(self.deadline);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// We were asked to stop: pass SIGTERM on, wait for CMD, release, and exit
 /// with CMD's status.
 async fn forward_and_finish(
@@ -375,49 +423,25 @@ async fn forward_and_finish(
     child: &mut Child,
     how: (Signal, Duration),
     files: &RoleFiles,
-    (ttl, mut deadline): (Duration, Instant),
+    mut holding: Holding,
 ) -> Result<u8, Failure> {
     // A clean shutdown (a database's checkpoint) may outlast the lease: it
     // is renewed until the command is gone, so nobody takes the role over
     // while the command still writes. The role files follow the lease as
     // while the command ran: refreshed at each renewal, removed the moment
     // the lease is lost or runs out.
-    let renew_every = ttl / 3;
-    let mut next_renew = Instant::now();
+    holding.next_renew = Instant::now();
     let mut held = true;
     let stopping = stop(child, how);
     tokio::pin!(stopping);
     let status = loop {
         tokio::select! {
             s = &mut stopping => break s,
-            () = tokio::time::sleep_until(next_renew.min(deadline)), if held => {
-                let sent = Instant::now();
-                if sent >= deadline && sent < next_renew {
+            () = tokio::time::sleep_until(holding.next_renew), if held => {
+                if let Err(why) = holding.renew(client, lock, token, files).await {
                     held = false;
                     files.remove(token.number());
-                    eprintln!("fencegate: lease on {lock} (token {}) ran out while the command stops; its role files are removed", token.number());
-                    continue;
-                }
-                let timeout = deadline.saturating_duration_since(sent).clamp(MIN_RETRY, renew_every.max(MIN_RETRY));
-                match client.renew(lock, token, ttl, timeout).await {
-                    Ok(renewed) => {
-                        deadline = sent + ttl;
-                        next_renew = sent + renew_every;
-                        if let Err(e) = files.write(&renewed, ttl, wall_clock()) {
-                            tracing::warn!(error = format!("{e:#}"), "cannot write the renewed credentials; the files keep the previous ones");
-                        }
-                    }
-                    Err(e) => {
-                        let now = Instant::now();
-                        if matches!(e, Failure::LeaseLost(_)) || now >= deadline {
-                            held = false;
-                            files.remove(token.number());
-                            eprintln!("fencegate: lease on {lock} (token {}) lost while the command stops ({e}); its role files are removed", token.number());
-                        } else {
-                            tracing::warn!(error = format!("{e:#}"), "renewal failed while the command stops");
-                            next_renew = (now + (ttl / 10).max(MIN_RETRY)).min(deadline);
-                        }
-                    }
+                    eprintln!("fencegate: lease on {lock} (token {}) lost while the command stops ({why}); its role files are removed", token.number());
                 }
             }
         }

@@ -44,7 +44,7 @@ pub struct Level {
 
 impl Kind {
     /// What the file is called in messages.
-    pub fn what(self) -> &'static str {
+    pub const fn what(self) -> &'static str {
         match self {
             Kind::Lease => "lease database",
             Kind::Proxy => "proxy database",
@@ -163,7 +163,7 @@ fn to_sql(v: u64) -> i64 {
 }
 
 /// Where the mark of the database at `db` is kept.
-pub fn mark_path(db: &Path) -> PathBuf {
+pub(crate) fn mark_path(db: &Path) -> PathBuf {
     let mut p = db.as_os_str().to_owned();
     p.push(".mark");
     PathBuf::from(p)
@@ -212,7 +212,13 @@ fn checksum(b: &[u8]) -> u64 {
 }
 
 /// What a mark file holds, read without opening it for writing.
-pub fn read_mark(path: &Path) -> anyhow::Result<Option<(Kind, Level)>> {
+pub(crate) fn read_mark(path: &Path) -> anyhow::Result<Option<(Kind, Level)>> {
+    Ok(newest_slot(path)?.map(|(kind, _, level)| (kind, level)))
+}
+
+/// The newest whole slot of the mark at `path`: its kind, sequence and
+/// level (None: no mark, or an empty one).
+fn newest_slot(path: &Path) -> anyhow::Result<Option<(Kind, u64, Level)>> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -230,7 +236,7 @@ pub fn read_mark(path: &Path) -> anyhow::Result<Option<(Kind, Level)>> {
         .flatten()
         .filter_map(decode)
         .max_by_key(|(_, seq, _)| *seq)
-        .map(|(kind, _, level)| Some((kind, level)))
+        .map(Some)
         .ok_or_else(|| {
             anyhow::anyhow!(
                 "the high-water mark {} is unreadable (neither of its slots is whole): \
@@ -260,8 +266,21 @@ impl Mark {
 
     /// Records `level` if it is above the mark (either number), fsync'd
     /// before it returns. A mark file deleted or replaced since is written
-    /// anew at its path.
-    pub fn record(&mut self, level: Level) -> std::io::Result<()> {
+    /// anew at its path (emptied first: a replaced file's slots are not
+    /// ours). A failure is a storage error of the commit it follows.
+    pub fn record(&mut self, level: Level) -> rusqlite::Result<()> {
+        self.write(level).map_err(|e| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                Some(format!(
+                    "cannot write the high-water mark {}: {e}",
+                    self.path.display()
+                )),
+            )
+        })
+    }
+
+    fn write(&mut self, level: Level) -> std::io::Result<()> {
         let level = Level {
             generation: level.generation.max(self.level.generation),
             token: level.token.max(self.level.token),
@@ -276,6 +295,7 @@ impl Mark {
             != Some(ours)
         {
             self.file = create(&self.path)?;
+            self.file.set_len(0)?;
         }
         self.seq += 1;
         self.file
@@ -300,15 +320,15 @@ fn create(path: &Path) -> std::io::Result<File> {
 /// unless `floor` is at least the mark's token; then lifts the database
 /// to `floor` and the mark's generation, and records the result. Returns
 /// the mark, to record each later raise with.
-pub fn guard(
+pub(crate) fn guard(
     conn: &rusqlite::Connection,
     db: &Path,
     kind: Kind,
     floor: u64,
 ) -> anyhow::Result<Mark> {
     let path = mark_path(db);
-    let marked = match read_mark(&path)? {
-        Some((k, _)) if k != kind => anyhow::bail!(
+    let (seq, marked) = match newest_slot(&path)? {
+        Some((k, _, _)) if k != kind => anyhow::bail!(
             "the high-water mark {} belongs to a {}, but {} is opened as a {}: \
              each service needs its own database file",
             path.display(),
@@ -316,8 +336,8 @@ pub fn guard(
             db.display(),
             kind.what()
         ),
-        Some((_, level)) => level,
-        None => Level::default(),
+        Some((_, seq, level)) => (seq, level),
+        None => (0, Level::default()),
     };
     let level = kind.level(conn)?;
     if level.generation < marked.generation || level.token < marked.token {
@@ -346,39 +366,17 @@ pub fn guard(
         path,
         file,
         kind,
-        seq: 0,
-        level: Level::default(),
+        seq,
+        level: marked,
     };
-    mark.seq = read_seq(&mark.path);
-    mark.record(level).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot write the high-water mark {}: {e}",
-            mark.path.display()
-        )
-    })?;
+    mark.record(level)?;
     Ok(mark)
-}
-
-fn read_seq(path: &Path) -> u64 {
-    let Ok(bytes) = std::fs::read(path) else {
-        return 0;
-    };
-    [
-        bytes.get(..48),
-        bytes.get(SLOT as usize..SLOT as usize + 48),
-    ]
-    .into_iter()
-    .flatten()
-    .filter_map(decode)
-    .map(|(_, seq, _)| seq)
-    .max()
-    .unwrap_or(0)
 }
 
 /// The refusal of a database below its mark: `subject` names it ("the
 /// lease database X", "the backup Y"), `mark` is the mark's file, `act`
 /// what would follow ("Starting it").
-pub fn below_mark(
+pub(crate) fn below_mark(
     kind: Kind,
     subject: &str,
     mark: &Path,
@@ -418,7 +416,7 @@ pub fn below_mark(
 /// `path`: refuses a file of the other kind, one that is no fencegate
 /// database, and an empty one unless the service may create a new
 /// database (`may_be_new`: `--create-db`, or the file was just created).
-pub fn require_kind(
+pub(crate) fn require_kind(
     conn: &rusqlite::Connection,
     path: &Path,
     kind: Kind,
@@ -451,7 +449,7 @@ const RESTORE: &str = ". If it was lost or damaged, stop the service and restore
      N above every token ever issued (README, \"A lost database\")";
 
 /// The error of a database SQLite cannot read, naming the file and the fix.
-pub fn unreadable(kind: Kind, path: &Path, why: &dyn std::fmt::Display) -> String {
+pub(crate) fn unreadable(kind: Kind, path: &Path, why: &dyn std::fmt::Display) -> String {
     format!(
         "the {} {} cannot be read ({why}){RESTORE}",
         kind.what(),
@@ -521,11 +519,8 @@ mod tests {
         // The slot written last torn: the other still says 4.
         let path = mark_path(&db);
         let mut bytes = std::fs::read(&path).expect("mark");
-        let last = if read_seq(&path).is_multiple_of(2) {
-            0
-        } else {
-            64
-        };
+        let seq = newest_slot(&path).expect("read").expect("a mark").1;
+        let last = if seq.is_multiple_of(2) { 0 } else { 64 };
         bytes[last + 30] ^= 0xff;
         std::fs::write(&path, &bytes).expect("tear");
         assert_eq!(

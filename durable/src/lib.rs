@@ -24,7 +24,8 @@
 
 mod ledger;
 
-pub use ledger::{Kind, Level, Mark, guard, mark_path, read_mark, require_kind, unreadable};
+pub use ledger::{Kind, Level, Mark};
+use ledger::{guard, require_kind, unreadable};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -68,6 +69,63 @@ pub fn prepare(path: &Path, opening: Opening, what: &str) -> anyhow::Result<bool
     }
 }
 
+/// A service's database as [`open`] hands it over: checked, its schema in
+/// place, at or above its high-water mark, watched and claimed.
+#[derive(Debug)]
+pub struct Opened {
+    pub conn: rusqlite::Connection,
+    /// Whether this open created the file.
+    pub created: bool,
+    pub mark: Mark,
+    pub watch: Watch,
+    pub claim: Claim,
+}
+
+/// Opens the `kind` database at `path` the one way both services do:
+/// created only as `opening` allows, probed for a writable disk, refused
+/// when it is of another kind or empty (unless it may be new), put in WAL
+/// with `synchronous=FULL`, given its schema by `schema`, held to its
+/// high-water mark and lifted to `floor` ([`guard`]), then watched and
+/// claimed. Every error names the file (and, where it may be damaged,
+/// `restore-db`).
+pub fn open(
+    path: &Path,
+    opening: Opening,
+    kind: Kind,
+    floor: u64,
+    schema: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<()>,
+) -> anyhow::Result<Opened> {
+    let what = kind.what();
+    let created = prepare(path, opening, what)?;
+    let conn = rusqlite::Connection::open(path)
+        .map_err(|e| anyhow::anyhow!(unreadable(kind, path, &e)))?;
+    probe_writable(&conn, path, what)?;
+    // A file of the other service, an empty one, or no database at all is
+    // refused before anything is written into it.
+    require_kind(
+        &conn,
+        path,
+        kind,
+        created || opening == Opening::CreateIfMissing,
+    )?;
+    let init = || -> rusqlite::Result<()> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        schema(&conn)
+    };
+    init().map_err(|e| anyhow::anyhow!(unreadable(kind, path, &e)))?;
+    let mark = guard(&conn, path, kind, floor)?;
+    let watch = Watch::new(path, what)?;
+    let claim = claim(path)?;
+    Ok(Opened {
+        conn,
+        created,
+        mark,
+        watch,
+        claim,
+    })
+}
+
 /// Writes nothing, in a write transaction: fails on a read-only file or
 /// filesystem, or a disk SQLite cannot write, with a message that says
 /// which.
@@ -95,7 +153,7 @@ pub fn probe_writable(conn: &rusqlite::Connection, path: &Path, what: &str) -> a
 /// Least free space on the filesystem of a database for its service to be
 /// ready: a commit may need to grow the write-ahead log by a few pages,
 /// and SQLite needs room for its checkpoint.
-pub const MIN_FREE_BYTES: u64 = 1024 * 1024;
+const MIN_FREE_BYTES: u64 = 1024 * 1024;
 
 /// Why the filesystem holding the `what` at `path` cannot take a commit
 /// now (full, or nearly), if it cannot: readiness says so before a write
@@ -383,10 +441,12 @@ pub fn restore(
     tmp.push(".restoring");
     let tmp = PathBuf::from(tmp);
     std::fs::copy(backup, &tmp)?;
+    let mut level = level;
     if floor > 0 || below {
         // Lifted in the copy, and the copy's own log folded in by the close.
         let conn = rusqlite::Connection::open(&tmp)?;
         kind.lift(&conn, floor, marked.generation)?;
+        level = kind.level(&conn)?;
         conn.pragma_update(None, "journal_mode", "DELETE")?;
     }
     std::fs::File::open(&tmp)?.sync_all()?;
@@ -401,17 +461,7 @@ pub fn restore(
     }
     std::fs::rename(&tmp, db)?;
     std::fs::File::open(dir)?.sync_all()?;
-    // Not read back from `db`: an open would leave a log beside it.
-    let lifted = floor > 0 || below;
-    Ok((
-        kind,
-        ledger::Level {
-            generation: level
-                .generation
-                .max(if lifted { marked.generation } else { 0 }),
-            token: level.token.max(floor),
-        },
-    ))
+    Ok((kind, level))
 }
 
 #[cfg(test)]

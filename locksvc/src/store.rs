@@ -21,8 +21,7 @@ use fencegate_durable::{Opening, Watch};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
 
-/// What the file is called in messages.
-const WHAT: &str = "lease database";
+/// Which service's database the file is.
 const KIND: fencegate_durable::Kind = fencegate_durable::Kind::Lease;
 
 /// The lease service's SQLite file.
@@ -72,21 +71,7 @@ impl Store {
     /// (a new one's counter starts at `floor`; an existing one's is raised
     /// to it), and checks that it can be written.
     pub fn open(path: &Path, opening: Opening, floor: u64) -> anyhow::Result<Store> {
-        let created = fencegate_durable::prepare(path, opening, WHAT)?;
-        let conn = Connection::open(path)
-            .map_err(|e| anyhow::anyhow!(fencegate_durable::unreadable(KIND, path, &e)))?;
-        fencegate_durable::probe_writable(&conn, path, WHAT)?;
-        // A file of the other service, an empty one, or no database at
-        // all is refused before anything is written into it.
-        fencegate_durable::require_kind(
-            &conn,
-            path,
-            KIND,
-            created || opening == Opening::CreateIfMissing,
-        )?;
-        let schema = || -> rusqlite::Result<()> {
-            conn.pragma_update(None, "journal_mode", "WAL")?;
-            conn.pragma_update(None, "synchronous", "FULL")?;
+        let opened = fencegate_durable::open(path, opening, KIND, floor, |conn| {
             conn.execute_batch(
                 "CREATE TABLE IF NOT EXISTS counter (
                      id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -113,18 +98,13 @@ impl Store {
                 conn.execute_batch("ALTER TABLE leases ADD COLUMN idempotency_sha256 BLOB")?;
             }
             Ok(())
-        };
-        schema().map_err(|e| anyhow::anyhow!(fencegate_durable::unreadable(KIND, path, &e)))?;
-        // The counter against its high-water mark (a lost -wal, an older
-        // copy), lifted to the floor.
-        let mark = fencegate_durable::guard(&conn, path, KIND, floor)?;
-        let watch = Watch::new(path, WHAT)?;
+        })?;
         Ok(Store {
-            conn,
-            watch,
-            mark,
-            created,
-            _claim: fencegate_durable::claim(path)?,
+            conn: opened.conn,
+            watch: opened.watch,
+            mark: opened.mark,
+            created: opened.created,
+            _claim: opened.claim,
         })
     }
 
@@ -202,18 +182,9 @@ impl Store {
         self.write(counter, rows)?;
         self.watch.written();
         // Before any answer the commit allows goes out.
-        let level = fencegate_durable::Level {
+        self.mark.record(fencegate_durable::Level {
             generation: counter,
             token: counter,
-        };
-        self.mark.record(level).map_err(|e| {
-            rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
-                Some(format!(
-                    "cannot write the high-water mark {}: {e}",
-                    fencegate_durable::mark_path(self.watch.path()).display()
-                )),
-            )
         })
     }
 

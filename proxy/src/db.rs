@@ -27,8 +27,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// What the file is called in messages.
-const WHAT: &str = "proxy database";
 const KIND: fencegate_durable::Kind = fencegate_durable::Kind::Proxy;
+const WHAT: &str = KIND.what();
 
 /// Handle to the database; cheap to clone. Calls block: run them from
 /// `spawn_blocking` (they are rare: a new max, a new upload).
@@ -77,21 +77,7 @@ impl Db {
     /// `floor` (if above 0) becomes the least max of every lock, the ones
     /// it never saw included.
     pub fn open(path: &Path, opening: Opening, floor: u64) -> anyhow::Result<Db> {
-        let created = fencegate_durable::prepare(path, opening, WHAT)?;
-        let conn = Connection::open(path)
-            .map_err(|e| anyhow::anyhow!(fencegate_durable::unreadable(KIND, path, &e)))?;
-        fencegate_durable::probe_writable(&conn, path, WHAT)?;
-        // A file of the other service, an empty one, or no database at
-        // all is refused before anything is written into it.
-        fencegate_durable::require_kind(
-            &conn,
-            path,
-            KIND,
-            created || opening == Opening::CreateIfMissing,
-        )?;
-        let schema = || -> rusqlite::Result<()> {
-            conn.pragma_update(None, "journal_mode", "WAL")?;
-            conn.pragma_update(None, "synchronous", "FULL")?;
+        let opened = fencegate_durable::open(path, opening, KIND, floor, |conn| {
             conn.execute_batch(
                 "CREATE TABLE IF NOT EXISTS fences (
                      scope TEXT PRIMARY KEY,
@@ -124,26 +110,20 @@ impl Db {
                 )?;
             }
             Ok(())
-        };
-        schema().map_err(|e| anyhow::anyhow!(fencegate_durable::unreadable(KIND, path, &e)))?;
-        // The raises against the high-water mark (a lost -wal, an older
-        // copy), and every lock's max lifted to the floor.
-        let mark = fencegate_durable::guard(&conn, path, KIND, floor)?;
-        if created {
+        })?;
+        if opened.created {
             tracing::warn!(
                 db = %path.display(),
                 floor,
                 "created a new proxy database (--create-db): every lock's max starts at the floor"
             );
         }
-        let watch = Watch::new(path, WHAT)?;
-        let claim = fencegate_durable::claim(path)?;
         Ok(Db {
             inner: Arc::new(Mutex::new(Inner {
-                conn,
-                watch,
-                mark,
-                _claim: claim,
+                conn: opened.conn,
+                watch: opened.watch,
+                mark: opened.mark,
+                _claim: opened.claim,
                 failed: None,
                 path: path.to_owned(),
             })),
@@ -292,17 +272,11 @@ impl Db {
             generation,
             token: token.max(inner.mark.level().token),
         };
-        inner.mark.record(level).map_err(|e| {
-            let why = format!(
-                "cannot write the high-water mark {}: {e}",
-                fencegate_durable::mark_path(&inner.path).display()
-            );
-            inner.failed = Some(why.clone());
-            rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
-                Some(why),
-            )
-        })
+        let recorded = inner.mark.record(level);
+        if let Err(e) = &recorded {
+            inner.failed = Some(e.to_string());
+        }
+        recorded
     }
 
     pub fn bind_upload(&self, b: &UploadBinding) -> rusqlite::Result<()> {

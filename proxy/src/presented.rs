@@ -48,18 +48,11 @@ impl Presented {
     /// Reads `req`'s credentials as s3s does (`OrderedHeaders`: one UTF-8
     /// `Authorization`; `OrderedQs`: the query's decoded parameter names).
     pub fn of<B>(req: &Request<B>) -> Result<Presented, Unreadable> {
-        let mut auth = req.headers().get_all(http::header::AUTHORIZATION).iter();
-        let header = match (auth.next(), auth.next()) {
-            (None, _) => None,
-            (Some(v), None) => Some(v),
-            (Some(_), Some(_)) => {
-                return Err(Unreadable::Repeated(
-                    req.headers()
-                        .get_all(http::header::AUTHORIZATION)
-                        .iter()
-                        .count(),
-                ));
-            }
+        let auth = req.headers().get_all(http::header::AUTHORIZATION);
+        let header = match auth.iter().count() {
+            0 => None,
+            1 => auth.iter().next(),
+            n => return Err(Unreadable::Repeated(n)),
         };
         if let Some(v) = header {
             // Visible ASCII and tabs (what `to_str` takes) is stricter than

@@ -169,7 +169,8 @@ enum Wanted {
     },
     /// `Content-MD5`, base64.
     Md5(String),
-    /// `x-amz-content-sha256` of an anonymous request, lower-case hex.
+    /// `x-amz-content-sha256`, lower-case hex: of an anonymous request,
+    /// and of any body read whole (`check_whole`).
     PayloadSha256(String),
     /// A trailing value `x-amz-trailer` announces that the proxy cannot
     /// compute (an unknown `x-amz-checksum-*`, or any other name).
