@@ -2,7 +2,7 @@
 //! Requests, answers and errors are the API's wire types
 //! (`fencegate_lease_api`), so client and server cannot drift apart.
 
-use crate::Failure;
+use crate::failure::Failure;
 use clap::Args;
 use fencegate_core::FencingToken;
 use fencegate_lease_api::{

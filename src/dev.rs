@@ -332,11 +332,11 @@ fn banner(
     let first = format!(
         "fencegate dev listening on http://{proxy} (locksvc http://{locksvc}, backend http://{backend})"
     );
-    if crate::json_logs() {
+    if crate::logs::json_logs() {
         // One JSON line, the addresses also in fields; the walkthrough
         // below is for a person at a terminal.
         tracing::info!(
-            target: crate::BANNER,
+            target: crate::logs::BANNER,
             service = "dev",
             url = %format_args!("http://{proxy}"),
             locksvc = %format_args!("http://{locksvc}"),

@@ -1,7 +1,7 @@
 //! `fencegate lease acquire|renew|release|status`: one request each, JSON
 //! on stdout.
 
-use crate::Failure;
+use crate::failure::Failure;
 use crate::client::{Client, LocksvcConn, default_owner};
 use clap::{Args, Subcommand};
 use fencegate_core::FencingToken;

@@ -11,8 +11,10 @@
 mod client;
 mod credential_process;
 mod dev;
+mod failure;
 mod fence_client;
 mod lease_cmd;
+mod logs;
 mod open_files;
 mod probe_cmd;
 mod role_files;
@@ -21,7 +23,9 @@ mod services;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+
+use failure::Failure;
+use logs::{EXIT, init_tracing, json_logs};
 
 /// mimalloc, not glibc's malloc: a small PUT allocates ~75 small blocks
 /// (hyper's and `http`'s header maps), each freed on the thread that made
@@ -72,133 +76,6 @@ enum Command {
         #[command(flatten)]
         tls: client::TlsArgs,
     },
-}
-
-/// A failure that maps to a documented exit code.
-#[derive(Debug, thiserror::Error)]
-pub enum Failure {
-    #[error("{0}")]
-    Held(String),
-    #[error("{0}")]
-    LeaseLost(String),
-    /// `run` could not start its command: 127 if it does not exist, 126 if
-    /// it cannot be executed (as `env`, `timeout` and shells answer).
-    #[error("{message}")]
-    CannotStart { message: String, code: u8 },
-    #[error(transparent)]
-    Other(#[from] anyhow::Error),
-}
-
-impl Failure {
-    fn exit_code(&self) -> u8 {
-        match self {
-            Failure::Other(_) => 1,
-            Failure::Held(_) => 3,
-            Failure::LeaseLost(_) => 4,
-            Failure::CannotStart { code, .. } => *code,
-        }
-    }
-}
-
-/// The target of the line that announces a service's address. In JSON
-/// mode it is a log line on stdout (where scripts and the tests read the
-/// address), whatever `FENCEGATE_LOG` says; in text mode the plain banner
-/// is printed instead.
-pub const BANNER: &str = "fencegate::banner";
-/// The target of the error a command ends with in JSON mode: never
-/// filtered out, as the plain text one is never silenced.
-const EXIT: &str = "fencegate::exit";
-
-/// Whether log lines are JSON (`FENCEGATE_LOG_FORMAT=json`).
-static JSON_LOGS: AtomicBool = AtomicBool::new(false);
-
-/// Whether log lines are JSON: then every line fencegate writes on stdout
-/// and stderr is a JSON object, the banner too.
-pub fn json_logs() -> bool {
-    JSON_LOGS.load(Ordering::Relaxed)
-}
-
-fn init_tracing() {
-    // s3s logs every client error at ERROR; the proxy logs what matters
-    // itself, so s3s stays quiet unless FENCEGATE_LOG names it.
-    let wanted = std::env::var("FENCEGATE_LOG").unwrap_or_else(|_| "info".into());
-    let mut directives = if wanted.contains("s3s") {
-        wanted.clone()
-    } else {
-        format!("{wanted},s3s=off,s3s_aws=off,s3s_fs=off")
-    };
-    // rustls warns on every connection of a client that sends an IP
-    // address as SNI (pgBackRest does), which the server ignores anyway.
-    if !wanted.contains("rustls") {
-        directives.push_str(",rustls=error");
-    }
-    let filter = |extra: &str| {
-        tracing_subscriber::EnvFilter::try_new(format!("{directives}{extra}")).unwrap_or_else(
-            |_| {
-                tracing_subscriber::EnvFilter::new(format!(
-                    "info,s3s=off,s3s_aws=off,s3s_fs=off{extra}"
-                ))
-            },
-        )
-    };
-    // FENCEGATE_LOG_FORMAT=json: one JSON object per line (fields flattened
-    // beside "message", "level", "target" and "timestamp"), for log
-    // pipelines; the banner is one too, on stdout. Any other value logs as
-    // text, with a warning first.
-    match log_format() {
-        Ok(LogFormat::Json) => {
-            use tracing_subscriber::Layer as _;
-            use tracing_subscriber::layer::SubscriberExt as _;
-            use tracing_subscriber::util::SubscriberInitExt as _;
-            JSON_LOGS.store(true, Ordering::Relaxed);
-            let logs = tracing_subscriber::fmt::layer()
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_writer(std::io::stderr)
-                .with_filter(filter(&format!(",{BANNER}=off,{EXIT}=error")));
-            let banner = tracing_subscriber::fmt::layer()
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_writer(std::io::stdout)
-                .with_filter(tracing_subscriber::filter::filter_fn(|m| {
-                    m.target() == BANNER
-                }));
-            tracing_subscriber::registry()
-                .with(logs)
-                .with(banner)
-                .init();
-        }
-        format => {
-            // Colours only on a terminal, not in a log file or a pipe.
-            tracing_subscriber::fmt()
-                .with_env_filter(filter(""))
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_writer(std::io::stderr)
-                .init();
-            if let Err(bad) = format {
-                tracing::warn!(
-                    "FENCEGATE_LOG_FORMAT={bad:?} is neither \"text\" nor \"json\"; logging as text"
-                );
-            }
-        }
-    }
-}
-
-/// How log lines are written (`FENCEGATE_LOG_FORMAT`).
-enum LogFormat {
-    Text,
-    Json,
-}
-
-fn log_format() -> Result<LogFormat, String> {
-    match std::env::var("FENCEGATE_LOG_FORMAT") {
-        Err(_) => Ok(LogFormat::Text),
-        Ok(v) if v.is_empty() || v.eq_ignore_ascii_case("text") => Ok(LogFormat::Text),
-        Ok(v) if v.eq_ignore_ascii_case("json") => Ok(LogFormat::Json),
-        Ok(v) => Err(v),
-    }
 }
 
 fn main() -> ExitCode {

@@ -106,9 +106,9 @@ pub fn read_config_text(path: &Option<PathBuf>) -> anyhow::Result<String> {
 pub fn announce(service: &str, addr: SocketAddr, tls: bool, max_connections: usize) {
     let scheme = if tls { "https" } else { "http" };
     let url = format!("{scheme}://{addr}");
-    if crate::json_logs() {
+    if crate::logs::json_logs() {
         tracing::info!(
-            target: crate::BANNER,
+            target: crate::logs::BANNER,
             service,
             url = %url,
             max_connections,

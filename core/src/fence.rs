@@ -28,6 +28,23 @@ pub fn decide(max: u64, token: u64) -> Verdict {
     }
 }
 
+/// `token` is below `max`: a write carrying it is refused as stale.
+pub fn is_stale(max: u64, token: u64) -> bool {
+    matches!(decide(max, token), Verdict::Stale { .. })
+}
+
+/// `token` is above `max`: admitting it raises the max (and cuts the
+/// writes admitted below it).
+pub fn raises(max: u64, token: u64) -> bool {
+    decide(max, token) == Verdict::Admit { raises: true }
+}
+
+/// `max` has reached `token`: a write carrying `token` needs no raise (it
+/// is admitted if equal, refused if below).
+pub fn reached(max: u64, token: u64) -> bool {
+    !raises(max, token)
+}
+
 /// The fence state of one resource: the highest admitted token.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fence {
@@ -58,6 +75,18 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_questions_agree_with_the_decision() {
+        for (max, token) in [(7, 6), (7, 7), (7, 8), (0, 1), (0, 0)] {
+            let verdict = decide(max, token);
+            assert_eq!(is_stale(max, token), matches!(verdict, Verdict::Stale { .. }));
+            assert_eq!(raises(max, token), verdict == Verdict::Admit { raises: true });
+            assert_eq!(reached(max, token), !raises(max, token));
+        }
+        assert!(is_stale(7, 6) && !is_stale(7, 7) && !is_stale(7, 8));
+        assert!(raises(7, 8) && !raises(7, 7) && !raises(7, 6));
+    }
 
     #[test]
     fn lower_rejects_with_the_max() {

@@ -42,6 +42,20 @@ pub struct Level {
     pub token: u64,
 }
 
+impl Level {
+    /// This level is below `mark`: fewer raises, or a lower token (the
+    /// fence's own rule: a token below the mark is stale).
+    pub fn below(self, mark: Level) -> bool {
+        self.generation < mark.generation || fencegate_core::fence::is_stale(mark.token, self.token)
+    }
+
+    /// `floor` does not reach this level's token: starting there could
+    /// issue or admit a token below it.
+    pub fn above(self, floor: u64) -> bool {
+        fencegate_core::fence::is_stale(self.token, floor)
+    }
+}
+
 impl Kind {
     /// What the file is called in messages.
     pub const fn what(self) -> &'static str {
@@ -340,8 +354,8 @@ pub(crate) fn guard(
         None => (0, Level::default()),
     };
     let level = kind.level(conn)?;
-    if level.generation < marked.generation || level.token < marked.token {
-        if floor < marked.token {
+    if level.below(marked) {
+        if marked.above(floor) {
             let subject = format!("the {} {}", kind.what(), db.display());
             let why = below_mark(kind, &subject, &path, level, marked, "Starting it");
             tracing::error!(target: "fencegate::database", "{why}");

@@ -422,8 +422,8 @@ pub fn restore(
         }
     }
     let marked = marked.map(|(_, l)| l).unwrap_or_default();
-    let below = level.generation < marked.generation || level.token < marked.token;
-    if below && floor < marked.token {
+    let below = level.below(marked);
+    if below && marked.above(floor) {
         anyhow::bail!(ledger::below_mark(
             kind,
             &format!("the backup {}", backup.display()),

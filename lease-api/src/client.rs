@@ -6,7 +6,7 @@
 //! every replica has the same scheme, so a failover never sends in clear
 //! what the first replica received over TLS.
 
-use crate::{
+use crate::wire::{
     AcquireRequest, ErrorBody, ErrorResponse, LeaseResponse, LockStatusResponse, ReleaseRequest,
     ReleaseResponse, RenewRequest, path,
 };

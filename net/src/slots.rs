@@ -48,7 +48,8 @@ pub(crate) struct Slot {
 /// The connections held per client address.
 #[derive(Debug, Clone)]
 struct AddressShares {
-    max: usize,
+    /// The connections one address may hold.
+    share: usize,
     held: Arc<std::sync::Mutex<std::collections::HashMap<AddressKey, usize>>>,
 }
 
@@ -79,9 +80,9 @@ impl AddressKey {
 }
 
 impl AddressShares {
-    fn new(max: usize) -> AddressShares {
+    fn new(share: usize) -> AddressShares {
         AddressShares {
-            max: max.max(1),
+            share: share.max(1),
             held: Arc::default(),
         }
     }
@@ -91,7 +92,7 @@ impl AddressShares {
         let key = AddressKey::of(ip);
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let n = held.entry(key).or_insert(0);
-        if *n >= self.max {
+        if *n >= self.share {
             return None;
         }
         *n += 1;

@@ -86,7 +86,7 @@ pin_project_lite::pin_project! {
         // With replicas: the replica's standing, checked before every
         // chunk (a replica resumed after a pause may poll the body before
         // its own standing check has run and cut it).
-        standing: Option<crate::cluster::Cluster>,
+        standing: Option<crate::state::cluster::Cluster>,
         remaining: Option<usize>,
         watch: BodyWatch,
         #[pin]
@@ -104,7 +104,7 @@ impl Cancellable {
     pub fn wrap(
         inner: StreamingBlob,
         cancel: CancellationToken,
-        standing: Option<crate::cluster::Cluster>,
+        standing: Option<crate::state::cluster::Cluster>,
         watch: &BodyWatch,
     ) -> StreamingBlob {
         let remaining = inner.remaining_length().exact();

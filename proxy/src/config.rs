@@ -185,7 +185,7 @@ pub struct ProxyConfig {
     /// Run as one of several replicas sharing their fences and upload
     /// bindings through etcd (ARCHITECTURE.md, "Replicas"). Without it the
     /// proxy is the only replica and keeps them in `db`.
-    pub cluster: Option<crate::cluster::ClusterConfig>,
+    pub cluster: Option<crate::state::cluster::ClusterConfig>,
 }
 
 /// The S3 server behind the proxy.
@@ -384,7 +384,7 @@ impl ProxyConfig {
             self.locksvc_client_key_file = Some(v.into());
         }
         self.tls.apply_env(&var);
-        crate::cluster::ClusterConfig::apply_env(&mut self.cluster, &var);
+        crate::state::cluster::ClusterConfig::apply_env(&mut self.cluster, &var);
         if let Some(v) = var(ENV_BACKEND_ACCESS_KEY) {
             self.backend.access_key = v;
         }

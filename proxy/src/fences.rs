@@ -42,11 +42,11 @@
 //! keeps each lock's max, its writes in flight and its raises, and this
 //! module only hands a write to it.
 
-use crate::cluster::{Admitted, Cluster, ClusterWrite};
-use crate::db::Db;
+use crate::state::cluster::{Admitted, Cluster, ClusterWrite};
+use crate::state::db::Db;
 use crate::state_error::StateError;
 use dashmap::DashMap;
-use fencegate_core::fence::{Verdict, decide};
+use fencegate_core::fence::{Verdict, decide, reached};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Mutex as AsyncMutex, OwnedRwLockReadGuard, RwLock};
@@ -99,13 +99,32 @@ enum Hold {
 #[derive(Debug)]
 pub struct Admission {
     _hold: Hold,
+    cancel: CancellationToken,
+    token: u64,
+    raised: bool,
+    waited: std::time::Duration,
+}
+
+impl Admission {
     /// Fires when a higher token wants in: abort the write.
-    pub cancel: CancellationToken,
-    pub token: u64,
+    pub fn cancel(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The token admitted.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
     /// True when this admission raised the scope's max.
-    pub raised: bool,
+    pub fn raised(&self) -> bool {
+        self.raised
+    }
+
     /// For a raise: how long it waited for the older epoch to let go.
-    pub waited: std::time::Duration,
+    pub fn waited(&self) -> std::time::Duration {
+        self.waited
+    }
 }
 
 /// Why a write was not admitted.
@@ -118,7 +137,7 @@ pub enum FenceError {
     /// This replica cannot admit now (its cluster standing ran out, or the
     /// raise could not complete in the cluster).
     #[error(transparent)]
-    Unavailable(#[from] crate::cluster::Unavailable),
+    Unavailable(#[from] crate::state::cluster::Unavailable),
 }
 
 /// Where maxes are kept.
@@ -319,14 +338,15 @@ impl Fences {
                 Verdict::Stale { max } => return Err(FenceError::Stale { token, max }),
                 Verdict::Admit { raises: false } => {
                     let hold = fence.epoch.clone().read_owned().await;
-                    // A raise may have completed while we waited in line.
-                    let max = fence.max.load(Ordering::Acquire);
-                    if token < max {
-                        return Err(FenceError::Stale { token, max });
-                    }
-                    if token > max {
-                        drop(hold);
-                        continue;
+                    // A raise may have completed while we waited in line:
+                    // decided again on the max that holds now.
+                    match decide(fence.max.load(Ordering::Acquire), token) {
+                        Verdict::Stale { max } => return Err(FenceError::Stale { token, max }),
+                        Verdict::Admit { raises: true } => {
+                            drop(hold);
+                            continue;
+                        }
+                        Verdict::Admit { raises: false } => {}
                     }
                     return Ok(Admission {
                         _hold: Hold::Local(hold),
@@ -343,8 +363,7 @@ impl Fences {
                     // doc), before this epoch is cut: its writes go on
                     // meanwhile.
                     tokio::time::sleep_until(self.settled).await;
-                    let max = fence.max.load(Ordering::Acquire);
-                    if max >= token {
+                    if reached(fence.max.load(Ordering::Acquire), token) {
                         continue;
                     }
                     // Cut every write of the old epoch, wait for them to let
@@ -419,7 +438,7 @@ mod tests {
         let old = f.admit("s", 1).await.expect("admitted");
         let cancel = old.cancel.clone();
         let f2 = f.clone();
-        let raise = tokio::spawn(async move { f2.admit("s", 2).await.map(|a| a.token) });
+        let raise = tokio::spawn(async move { f2.admit("s", 2).await.map(|a| a.token()) });
         // The raise cancels the old write and then waits for it.
         tokio::time::timeout(Duration::from_secs(5), cancel.cancelled())
             .await
@@ -528,7 +547,7 @@ mod tests {
         let (_d, f) = fences();
         let old = f.admit("a", 1).await.expect("admitted");
         let f2 = f.clone();
-        let raise = tokio::spawn(async move { f2.admit("a", 2).await.map(|a| a.token) });
+        let raise = tokio::spawn(async move { f2.admit("a", 2).await.map(|a| a.token()) });
         tokio::time::timeout(Duration::from_secs(5), old.cancel.cancelled())
             .await
             .expect("old epoch cancelled");

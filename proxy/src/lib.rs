@@ -25,7 +25,7 @@
 //!   `aws-chunked` trailing checksums checked before the last byte goes on;
 //! - [`backend`]: the backend SDK client; [`probe`]: which conditions the
 //!   store enforces, and [`dialect`]: how each must be spelled for it;
-//! - [`db`]: SQLite (max_token, upload bindings); [`cluster`]: the same
+//! - [`state`]: SQLite (max_token, upload bindings), or the same
 //!   shared by replicas through etcd; [`errors`]: S3 errors;
 //!   [`metrics`]; [`config`].
 //!
@@ -39,44 +39,43 @@
 pub mod forward;
 
 pub mod access;
-pub mod backend;
-pub mod body;
-pub mod clock;
-pub mod cluster;
+mod backend;
+mod body;
+mod clock;
 pub mod config;
-pub mod db;
 pub mod devstore;
-pub mod dialect;
-pub mod early;
+mod dialect;
+mod early;
 pub mod edge;
-pub mod errors;
-pub mod events;
+mod errors;
+mod events;
 pub mod fences;
 pub mod gate;
-pub mod header_names;
+mod header_names;
 pub mod host;
-pub mod issuer;
+mod issuer;
 pub mod keys;
-pub mod lean;
-pub mod metrics;
+mod lean;
+mod metrics;
 pub mod object_key;
-pub mod op;
-pub mod ops;
-pub mod page;
-pub mod presented;
+mod op;
+mod ops;
+mod page;
+mod presented;
 pub mod probe;
-pub mod query;
-pub mod read_ahead;
-pub mod recent;
-pub mod request;
+mod query;
+mod read_ahead;
+mod recent;
+mod request;
 pub mod scope;
-pub mod send_check;
+mod send_check;
 pub mod server;
 pub mod sigv4;
-pub mod state_error;
-pub mod tokens;
-pub mod trailer;
-pub mod write_headers;
+pub mod state;
+mod state_error;
+mod tokens;
+mod trailer;
+mod write_headers;
 
 pub use config::ProxyConfig;
 
@@ -108,7 +107,7 @@ impl Proxy {
     pub async fn build(config: ProxyConfig) -> anyhow::Result<Proxy> {
         let config = config.validated()?;
         let options = config.server_options()?;
-        let db = db::Db::open(
+        let db = state::db::Db::open(
             &config.db,
             if config.create_db {
                 fencegate_durable::Opening::CreateIfMissing
@@ -121,7 +120,7 @@ impl Proxy {
             .cluster
             .as_ref()
             .map(|c| {
-                cluster::Cluster::new(
+                state::cluster::Cluster::new(
                     c,
                     Duration::from_secs(config.backend.store_decision_secs),
                     config.token_floor,

@@ -104,7 +104,7 @@ impl Unvouched {
     /// Below the scope's current max: it can only be refused as stale
     /// (a max never goes down), so the lease service need not be asked.
     pub fn below(self, max: u64) -> Option<VerifiedToken> {
-        (self.number < max).then_some(VerifiedToken {
+        fencegate_core::fence::is_stale(max, self.number).then_some(VerifiedToken {
             number: self.number,
         })
     }

@@ -98,7 +98,7 @@ fn gate() -> Arc<fencegate_proxy::gate::Gate> {
         ..Default::default()
     };
     let db =
-        fencegate_proxy::db::Db::open(&config.db, fencegate_durable::Opening::CreateIfMissing, 0)
+        fencegate_proxy::state::db::Db::open(&config.db, fencegate_durable::Opening::CreateIfMissing, 0)
             .expect("db");
     Arc::new(fencegate_proxy::gate::Gate::new(&config, db, None).expect("gate"))
 }

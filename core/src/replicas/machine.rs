@@ -21,7 +21,7 @@
 //! replica refusing below the new token, which its ack in etcd (written by
 //! the same transaction, maybe) already promises.
 
-use super::{MemberView, Ms, RaiseWait, Standing, Timing};
+use super::rules::{MemberView, Ms, Published, RaiseWait, Standing, Timing};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,28 +37,6 @@ const POLL_FIRST: Ms = 1;
 const POLL_LAST: Ms = 20;
 /// How long a failed step waits before it is tried again.
 const RETRY: Ms = 200;
-
-/// What this replica publishes with its registration, so that a raiser
-/// waits for it by its own settings (replicas may differ during a rolling
-/// change of settings).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Published {
-    pub ttl: Duration,
-    pub drift: f64,
-    pub store_decision: Duration,
-    pub lock_delay: Duration,
-}
-
-impl Published {
-    pub fn of(t: &Timing) -> Published {
-        Published {
-            ttl: t.ttl,
-            drift: t.drift,
-            store_decision: t.store_decision,
-            lock_delay: t.lock_delay,
-        }
-    }
-}
 
 /// A request for the driver to send to etcd. Every one is answered with
 /// [`Replica::handle_answer`], under its [`ReqId`].

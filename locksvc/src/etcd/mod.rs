@@ -201,21 +201,21 @@ impl EtcdLeases {
     }
 
     /// Every transaction's answer is linearizable, so its revision is at
-    /// least that of any answer received before it was sent (`floor`),
+    /// least that of any answer received before it was sent (`before`),
     /// unless etcd was restored from an older backup: then revisions, and
     /// the tokens made of them, would repeat ones already issued. The
     /// replica stops granting for good and says which epoch clears them.
-    pub(super) fn saw_revision(&self, revision: i64, floor: i64) -> Result<(), EngineError> {
+    pub(super) fn saw_revision(&self, revision: i64, before: i64) -> Result<(), EngineError> {
         let highest = self
             .inner
             .highest_revision
             .fetch_max(revision, std::sync::atomic::Ordering::AcqRel);
-        if revision >= floor || revision == 0 {
+        if revision >= before || revision == 0 {
             return Ok(());
         }
         let why = format!(
             "etcd's revision went back from {} to {revision}: the cluster was restored from an older backup, and its tokens would repeat ones already issued. This replica grants nothing more. Stop every lease-service replica, set etcd.epoch (or FENCEGATE_ETCD_EPOCH) to {} and start them again",
-            highest.max(floor),
+            highest.max(before),
             u32::from(self.inner.epoch) + 1
         );
         tracing::error!("{why}");

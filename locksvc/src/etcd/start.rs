@@ -85,7 +85,7 @@ impl EtcdLeases {
     pub(super) async fn register_epoch(&self) -> Result<(), Startup> {
         let mine = self.inner.epoch;
         let (_, floor) = self.read_number(self.floor_key()).await?;
-        if floor >= epoch_base(mine) && floor > 0 {
+        if floor > 0 && fencegate_core::fence::reached(floor, epoch_base(mine)) {
             return Err(Startup::Refused(anyhow::anyhow!(
                 "tokens up to {floor} were issued before these locks moved to etcd (fencegate locksvc migrate); epoch {mine} would issue tokens below them. Set etcd.epoch to at least {}",
                 (floor >> REVISION_BITS) + 1

@@ -83,15 +83,15 @@ impl Gate {
         self.require_safe(tokened.scoped().bucket()).await?;
         match self.fences.admit(scope.fence(), token).await {
             Ok(a) => {
-                if a.raised {
-                    tracing::info!(lock = %scope.lock, scope = %scope.id, token, waited_ms = a.waited.as_millis(), "fence raised");
+                if a.raised() {
+                    tracing::info!(lock = %scope.lock, scope = %scope.id, token, waited_ms = a.waited().as_millis(), "fence raised");
                     self.learn_owner(scope.lock.as_str(), token);
                     self.metrics
                         .raise_wait_seconds
                         .get_or_create(&LockLabels {
                             lock: scope.fence().to_owned(),
                         })
-                        .observe(a.waited.as_secs_f64());
+                        .observe(a.waited().as_secs_f64());
                     self.metrics
                         .max_token
                         .get_or_create(&LockLabels {
@@ -156,7 +156,7 @@ impl Gate {
         let admission = self.admit(&tokened).await?;
         let (bucket, key, scope) = tokened.into_scoped().into_parts();
         let (bucket, key) = (bucket.as_str(), key.as_str());
-        let cut = admission.cancel.clone();
+        let cut = admission.cancel().clone();
         let guard = tokio::select! {
             g = self.keys.lock(bucket, key) => g,
             () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission).await),

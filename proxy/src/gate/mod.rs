@@ -41,7 +41,7 @@ pub mod write;
 use crate::backend::Backend;
 use crate::body::{BodyWatch, Cancellable};
 use crate::config::ProxyConfig;
-use crate::db::Db;
+use crate::state::db::Db;
 use crate::dialect::Dialect;
 use crate::errors;
 use crate::events::{FenceEvents, Kind, Refused};
@@ -245,7 +245,7 @@ impl Gate {
     pub fn new(
         config: &ProxyConfig,
         db: Db,
-        cluster: Option<crate::cluster::Cluster>,
+        cluster: Option<crate::state::cluster::Cluster>,
     ) -> anyhow::Result<Gate> {
         // With replicas, no write's bytes leave once the standing ended.
         let last_check = cluster.clone().map(|c| {
@@ -285,7 +285,7 @@ impl Gate {
         // scope's old max carries over to its lock, so no token goes back.
         for s in scopes.configured() {
             let old = fences.max(&s.id);
-            if s.id != s.fence() && old > fences.max(s.fence()) {
+            if s.id != s.fence() && fencegate_core::fence::raises(fences.max(s.fence()), old) {
                 db.raise(s.fence(), old)?;
             }
         }

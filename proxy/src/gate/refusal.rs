@@ -148,7 +148,7 @@ impl Gate {
         // database refused admitted nobody, and this writer may still hold
         // the lease.
         if let Some(max) = self.fences.after_raise(scope.fence()).await
-            && max <= token
+            && !fencegate_core::fence::is_stale(max, token)
         {
             self.count(op, scope, Outcome::Unavailable);
             return errors::storage(
@@ -157,7 +157,7 @@ impl Gate {
         }
         if let Some(c) = self.fences.cluster()
             && !c.admits()
-            && self.fences.cut_by(scope.fence()) <= token
+            && !fencegate_core::fence::is_stale(self.fences.cut_by(scope.fence()), token)
         {
             // Cut because this replica lost its standing, not by a newer
             // token: the writer may still hold the lease.
@@ -194,7 +194,7 @@ impl Gate {
         key: &str,
         stored: &Known,
     ) -> S3Result<()> {
-        if stored.token() > token {
+        if fencegate_core::fence::is_stale(stored.token(), token) {
             return Err(self.refuse(
                 op,
                 scope,

@@ -126,7 +126,7 @@ mod tests {
             scope: "b".into(),
             token: 7,
             owner: "key:c".into(),
-        })
+        }, crate::state::ReadBack::for_tests())
         .expect("binding");
         let t = super::super::token::Tokened::bound(scoped("k", "b"), &binding).expect("same");
         assert_eq!(t.token().number(), 7);

@@ -25,7 +25,7 @@ impl Gate {
             }
             let cluster_max = self.fences.max(&lock);
             carried.insert(lock.clone(), max.max(cluster_max));
-            if max <= cluster_max {
+            if fencegate_core::fence::reached(cluster_max, max) {
                 continue;
             }
             match self.fences.admit(&lock, max).await {
@@ -52,7 +52,7 @@ impl Gate {
     /// admitting tokens below them.
     fn remember_cluster_maxes(
         &self,
-        cluster: crate::cluster::Cluster,
+        cluster: crate::state::cluster::Cluster,
         mut kept: BTreeMap<String, u64>,
     ) {
         let db = self.db.clone();
@@ -63,7 +63,7 @@ impl Gate {
                     .snapshot()
                     .into_iter()
                     .filter(|(lock, max)| {
-                        !lock.contains('/') && kept.get(lock).is_none_or(|k| max > k)
+                        !lock.contains('/') && kept.get(lock).is_none_or(|k| fencegate_core::fence::raises(*k, *max))
                     })
                     .collect();
                 if risen.is_empty() {

@@ -118,7 +118,7 @@ impl Gate {
     pub fn refuse_if_stale(&self, tokened: &Tokened) -> S3Result<()> {
         let (token, scope) = (tokened.token().number(), tokened.scope());
         let max = self.fences.max(scope.fence());
-        if token < max {
+        if fencegate_core::fence::is_stale(max, token) {
             return Err(self.refuse(tokened.op(), scope, Refusal::below_max(token, max, scope)));
         }
         Ok(())

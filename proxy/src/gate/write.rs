@@ -84,7 +84,7 @@ impl Write {
         }
         let verdict = crate::trailer::check(&mut req.body, &req.headers, trailing, anonymous);
         let conds = conditions(&self.known, req.if_match.take(), req.if_none_match.take())?;
-        let watch = gate.watch_body(&mut req.body, &self.admission.cancel);
+        let watch = gate.watch_body(&mut req.body, &self.admission.cancel());
         if let Err(e) = crate::trailer::settle_empty(&mut req.body, &req.headers, &verdict).await {
             let e = crate::body::unless_stalled(watch.as_ref(), e);
             return gate
@@ -156,7 +156,7 @@ impl Write {
         match &first {
             Sent::Answered(Err(e))
                 if crate::errors::is_condition_failure(e)
-                    && !self.admission.cancel.is_cancelled() => {}
+                    && !self.admission.cancel().is_cancelled() => {}
             _ => return gate.finish(self, first, put_holds(token)).await,
         }
         let (bucket, key) = (self.key.bucket().to_owned(), self.key.key().to_owned());
@@ -375,7 +375,7 @@ impl Gate {
             req.trailing_headers.as_ref(),
             req.credentials.is_none(),
         );
-        let watch = self.watch_body(&mut req.input.body, &admitted.cancel);
+        let watch = self.watch_body(&mut req.input.body, &admitted.cancel());
         if let Err(e) =
             crate::trailer::settle_empty(&mut req.input.body, &req.headers, &verdict).await
         {
@@ -525,7 +525,7 @@ async fn linger<T>(
     // Counted by the caller before this task was spawned, and not on
     // drop: a linger cut short (the runtime stopping) leaves the count up,
     // and the stop unclean.
-    let cut = hold.0.cancel.clone();
+    let cut = hold.0.cancel().clone();
     let answered = tokio::select! {
         _ = &mut pending => true,
         () = cut.cancelled() => false,
@@ -652,7 +652,7 @@ impl Gate {
             Err(e) => {
                 // Whatever happened, the proxy no longer knows the key.
                 w.key.forget();
-                if w.admission.cancel.is_cancelled()
+                if w.admission.cancel().is_cancelled()
                     || self.fences.cluster().is_some_and(|c| !c.admits())
                 {
                     let Write {

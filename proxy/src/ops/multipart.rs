@@ -191,7 +191,7 @@ pub async fn upload_part(
     let admission = gate.admit(&tokened).await?;
     let result = gate.upload_part(&admission, req).await;
     let scope = tokened.scope();
-    if admission.cancel.is_cancelled() {
+    if admission.cancel().is_cancelled() {
         return Err(gate
             .cut(OP, scope, tokened.token().number(), admission)
             .await);
@@ -223,7 +223,7 @@ pub async fn upload_part_copy(
     let admission = gate.admit(&tokened).await?;
     let result = gate.upload_part_copy(&admission, req).await;
     let scope = tokened.scope();
-    if admission.cancel.is_cancelled() {
+    if admission.cancel().is_cancelled() {
         return Err(gate
             .cut(OP, scope, tokened.token().number(), admission)
             .await);

@@ -8,6 +8,7 @@
 //! proxy's own record of a token it verified. Nothing else builds a
 //! binding.
 
+use crate::state::ReadBack;
 use super::VerifiedToken;
 use crate::state_error::StateError;
 use fencegate_core::credentials::{is_lease_access_key, parse_access_key};
@@ -120,9 +121,9 @@ impl UploadBinding {
 
     /// A binding read back from the proxy's own durable record: its token
     /// was verified when the upload was created. Only the database and the
-    /// cluster's store call this, on what they read. Fails on an owner in
-    /// no form the proxy writes.
-    pub fn from_record(r: UploadRecord) -> Result<UploadBinding, StateError> {
+    /// cluster's store can call this, on what they read: only they make a
+    /// [`ReadBack`]. Fails on an owner in no form the proxy writes.
+    pub fn from_record(r: UploadRecord, _: ReadBack) -> Result<UploadBinding, StateError> {
         let owner = Identity::from_record(&r.owner).ok_or_else(|| {
             StateError::Unreadable(format!(
                 "upload {} has an owner the proxy cannot read: {:?}",
@@ -210,12 +211,12 @@ mod tests {
             token: 3,
             owner: "nobody-knows".into(),
         };
-        assert!(UploadBinding::from_record(r.clone()).is_err());
+        assert!(UploadBinding::from_record(r.clone(), ReadBack::for_tests()).is_err());
         let ok = UploadRecord {
             owner: "key:AK".into(),
             ..r
         };
-        let b = UploadBinding::from_record(ok.clone()).expect("readable");
+        let b = UploadBinding::from_record(ok.clone(), ReadBack::for_tests()).expect("readable");
         assert_eq!(b.token().number(), 3);
         assert_eq!(b.record(), ok);
     }

@@ -308,7 +308,9 @@ impl Db {
             )
             .optional()
         })?;
-        record.map(UploadBinding::from_record).transpose()
+        record
+            .map(|r| UploadBinding::from_record(r, super::ReadBack(())))
+            .transpose()
     }
 
     pub fn forget_upload(&self, upload_id: &str) -> rusqlite::Result<()> {
@@ -342,7 +344,7 @@ mod tests {
                 token: 5,
                 owner: "key:k".into(),
             };
-            db.bind_upload(&UploadBinding::from_record(record).expect("binding"))
+            db.bind_upload(&UploadBinding::from_record(record, crate::state::ReadBack(())).expect("binding"))
                 .expect("bind");
         }
         let db = Db::open(&path, Opening::CreateIfMissing, 0).expect("reopen");

@@ -444,7 +444,7 @@ impl Cluster {
     pub async fn admit(&self, lock: &str, token: u64) -> Admitted {
         // Below the cluster's floor: stale on every lock, known or not.
         let floor = self.inner.floor.load(Ordering::Acquire);
-        if token < floor {
+        if fencegate_core::fence::is_stale(floor, token) {
             return Admitted::Stale {
                 max: floor.max(self.driven().machine.max(lock)),
             };
@@ -955,7 +955,7 @@ impl Cluster {
                         rev: kv.mod_revision(),
                     });
                 }
-                if v > token {
+                if fencegate_core::fence::is_stale(v, token) {
                     higher = Some(v);
                     break;
                 }
@@ -1283,7 +1283,7 @@ impl Cluster {
         };
         let record: UploadRecord = serde_json::from_slice(kv.value())
             .map_err(|e| StateError::Unreadable(format!("upload binding {upload_id}: {e}")))?;
-        let b = UploadBinding::from_record(record)?;
+        let b = UploadBinding::from_record(record, super::ReadBack(()))?;
         self.keep_copy(&b);
         Ok(Some(b))
     }
