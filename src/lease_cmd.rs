@@ -1,8 +1,8 @@
 //! `fencegate lease acquire|renew|release|status`: one request each, JSON
 //! on stdout.
 
-use crate::failure::Failure;
 use crate::client::{Client, LocksvcConn, default_owner};
+use crate::failure::Failure;
 use clap::{Args, Subcommand};
 use fencegate_core::FencingToken;
 use std::time::Duration;

@@ -103,4 +103,3 @@ fn log_format() -> Result<LogFormat, String> {
         Ok(v) => Err(v),
     }
 }
-

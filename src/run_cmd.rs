@@ -31,8 +31,8 @@
 //! stale write that still escapes in that window is what the fence stops;
 //! stopping CMD is about not wasting work, not about safety.
 
-use crate::failure::Failure;
 use crate::client::{Client, LocksvcConn, default_owner};
+use crate::failure::Failure;
 use crate::role_files::RoleFiles;
 use clap::Args;
 use fencegate_core::FencingToken;

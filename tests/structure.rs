@@ -77,7 +77,7 @@ fn sources(dir: &str) -> Vec<Source> {
     files
         .into_iter()
         .map(|path| {
-            let rel = path.strip_prefix(&base).unwrap();
+            let rel = path.strip_prefix(&base).expect("below its crate");
             let mut module: Vec<String> = rel
                 .with_extension("")
                 .components()
@@ -89,7 +89,7 @@ fn sources(dir: &str) -> Vec<Source> {
             ) {
                 module.pop();
             }
-            let text = std::fs::read_to_string(&path).unwrap();
+            let text = std::fs::read_to_string(&path).expect("readable source");
             let file = syn::parse_file(&text)
                 .unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()));
             Source { path, module, file }
@@ -98,8 +98,8 @@ fn sources(dir: &str) -> Vec<Source> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
+    for entry in std::fs::read_dir(dir).expect("structure") {
+        let path = entry.expect("structure").path();
         if path.is_dir() {
             walk(&path, out);
         } else if path.extension().is_some_and(|e| e == "rs") {
@@ -216,10 +216,7 @@ fn resolve(
         }
         None => return None,
     };
-    let mut rest = &path[usize::from(matches!(
-        path[0].as_str(),
-        "crate" | "self" | "super"
-    ))..];
+    let mut rest = &path[usize::from(matches!(path[0].as_str(), "crate" | "self" | "super"))..];
     while let Some(("super", tail)) = rest.split_first().map(|(h, t)| (h.as_str(), t)) {
         at.pop();
         rest = tail;
@@ -258,11 +255,11 @@ fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
                 if !t.index.contains_key(w.as_str()) {
                     visit(t, w);
                     let lw = t.low[w.as_str()];
-                    let lv = t.low.get_mut(v).unwrap();
+                    let lv = t.low.get_mut(v).expect("visited");
                     *lv = (*lv).min(lw);
                 } else if t.on.contains(w.as_str()) {
                     let iw = t.index[w.as_str()];
-                    let lv = t.low.get_mut(v).unwrap();
+                    let lv = t.low.get_mut(v).expect("visited");
                     *lv = (*lv).min(iw);
                 }
             }
@@ -315,8 +312,7 @@ fn no_module_imports_in_a_circle() {
         // Between top-level modules (a folder is one), and between the
         // files of each folder.
         let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        let mut within: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> =
-            BTreeMap::new();
+        let mut within: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
         for s in &sources {
             let mut refs = Refs::default();
             refs.visit_file(&s.file);
@@ -417,7 +413,7 @@ impl<'a> Visit<'a> for Comparisons<'_> {
             if let Some(named) = idents.0.iter().find(|i| names_a_token(i)) {
                 self.found.push(format!(
                     "{}:{}: a comparison naming `{named}`",
-                    self.file.strip_prefix(root()).unwrap().display(),
+                    self.file.strip_prefix(root()).expect("structure").display(),
                     syn::spanned::Spanned::span(&e.op).start().line
                 ));
             }
@@ -465,8 +461,8 @@ fn witnesses_have_no_field_another_module_can_set() {
     let mut found = Vec::new();
     for (file, ty) in WITNESSES {
         let path = root().join(file);
-        let text = std::fs::read_to_string(&path).unwrap();
-        let parsed = syn::parse_file(&text).unwrap();
+        let text = std::fs::read_to_string(&path).expect("readable source");
+        let parsed = syn::parse_file(&text).expect("structure");
         let item = parsed.items.iter().find_map(|i| match i {
             syn::Item::Struct(s) if s.ident == ty => Some(s),
             _ => None,
@@ -481,7 +477,9 @@ fn witnesses_have_no_field_another_module_can_set() {
                     .ident
                     .as_ref()
                     .map_or_else(|| i.to_string(), ToString::to_string);
-                found.push(format!("{file}: {ty}.{which} is visible outside its module"));
+                found.push(format!(
+                    "{file}: {ty}.{which} is visible outside its module"
+                ));
             }
         }
     }
@@ -529,7 +527,7 @@ fn no_module_has_more_than_the_bound_of_public_items() {
             if n > MAX_PUB_ITEMS {
                 found.push(format!(
                     "{}: {n} public items",
-                    s.path.strip_prefix(root()).unwrap().display()
+                    s.path.strip_prefix(root()).expect("structure").display()
                 ));
             }
         }

@@ -15,9 +15,9 @@
 use crate::leases::{LockClient, Locksvc};
 use crate::util::{Latency, Rng, Series, SeriesSummary, self_memory, timed_round};
 use fencegate_core::{LockName, LockTable, Timestamp};
-use fencegate_proxy::state::db::Db;
 use fencegate_proxy::fences::Fences;
 use fencegate_proxy::keys::{Keys, Known};
+use fencegate_proxy::state::db::Db;
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;

@@ -80,8 +80,14 @@ mod tests {
     fn the_questions_agree_with_the_decision() {
         for (max, token) in [(7, 6), (7, 7), (7, 8), (0, 1), (0, 0)] {
             let verdict = decide(max, token);
-            assert_eq!(is_stale(max, token), matches!(verdict, Verdict::Stale { .. }));
-            assert_eq!(raises(max, token), verdict == Verdict::Admit { raises: true });
+            assert_eq!(
+                is_stale(max, token),
+                matches!(verdict, Verdict::Stale { .. })
+            );
+            assert_eq!(
+                raises(max, token),
+                verdict == Verdict::Admit { raises: true }
+            );
             assert_eq!(reached(max, token), !raises(max, token));
         }
         assert!(is_stale(7, 6) && !is_stale(7, 7) && !is_stale(7, 8));

@@ -52,8 +52,9 @@ pub enum SourceNames {
     Old,
 }
 
-/// A copy's source condition.
+/// A copy's source condition, named as S3 names its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)]
 pub enum SourceCondition {
     IfMatch,
     IfNoneMatch,

@@ -152,7 +152,7 @@ impl TokenPolicy {
 
     /// The token in `headers` for a write under `lock`; `Ok(None)` if
     /// the request carries no token.
-    pub fn from_headers(
+    pub fn in_headers(
         &self,
         headers: &HeaderMap,
         lock: &LockName,
@@ -171,13 +171,13 @@ impl TokenPolicy {
     /// The token of a request: from the `Fencing-Token` header and/or the
     /// lease-bound credentials it was signed with (`access_key`); they must
     /// agree when both are present.
-    pub fn from_request(
+    pub fn in_request(
         &self,
         headers: &HeaderMap,
         access_key: Option<&str>,
         lock: &LockName,
     ) -> Result<Option<Presented>, Rejection> {
-        let header = self.from_headers(headers, lock)?;
+        let header = self.in_headers(headers, lock)?;
         let bound = match access_key.map(fencegate_core::credentials::parse_access_key) {
             // The signature already proved the key pair came from a lease
             // service holding our key (see access::ClientAuth).
@@ -306,19 +306,19 @@ mod tests {
         let access = keys().credentials(&lock(), 5, 1_000).access_key;
         let mut headers = HeaderMap::new();
         let p = policy
-            .from_request(&headers, Some(&access), &lock())
+            .in_request(&headers, Some(&access), &lock())
             .expect("accepted")
             .expect("a token");
         assert_eq!(read(p), (5, true));
         headers.insert(FENCING_TOKEN_HEADER, "5".parse().expect("value"));
         let p = policy
-            .from_request(&headers, Some(&access), &lock())
+            .in_request(&headers, Some(&access), &lock())
             .expect("accepted")
             .expect("a token");
         assert_eq!(read(p), (5, true), "the plain header repeats it");
         headers.insert(FENCING_TOKEN_HEADER, "6".parse().expect("value"));
         assert_eq!(
-            policy.from_request(&headers, Some(&access), &lock()),
+            policy.in_request(&headers, Some(&access), &lock()),
             Err(Rejection::Disagree {
                 header: 6,
                 credentials: 5

@@ -97,9 +97,12 @@ fn gate() -> Arc<fencegate_proxy::gate::Gate> {
         db: dir.join("proxy.db"),
         ..Default::default()
     };
-    let db =
-        fencegate_proxy::state::db::Db::open(&config.db, fencegate_durable::Opening::CreateIfMissing, 0)
-            .expect("db");
+    let db = fencegate_proxy::state::db::Db::open(
+        &config.db,
+        fencegate_durable::Opening::CreateIfMissing,
+        0,
+    )
+    .expect("db");
     Arc::new(fencegate_proxy::gate::Gate::new(&config, db, None).expect("gate"))
 }
 

@@ -586,7 +586,10 @@ impl LeaseStore for EtcdLeases {
                 Err(StorageError::Contended("the lease changed while it was being released").into())
             }
             // Another lease is live, or a newer one was granted.
-            Some(h) if h.lease(lock).is_live(now) || fencegate_core::fence::is_stale(h.lease(lock).token, token) => {
+            Some(h)
+                if h.lease(lock).is_live(now)
+                    || fencegate_core::fence::is_stale(h.lease(lock).token, token) =>
+            {
                 self.inner.metrics.refused("not_holder");
                 Err(EngineError::NotHolder {
                     current: Some(h.lease(lock)).filter(|l| l.is_live(now)),

@@ -119,15 +119,14 @@ mod tests {
             key: key.into(),
             scope: scope(id),
         };
-        let binding = UploadBinding::from_record(UploadRecord {
+        let binding = UploadBinding::for_tests(UploadRecord {
             upload_id: "u".into(),
             bucket: "b".into(),
             key: "k".into(),
             scope: "b".into(),
             token: 7,
             owner: "key:c".into(),
-        }, crate::state::ReadBack::for_tests())
-        .expect("binding");
+        });
         let t = super::super::token::Tokened::bound(scoped("k", "b"), &binding).expect("same");
         assert_eq!(t.token().number(), 7);
         assert!(super::super::token::Tokened::bound(scoped("other", "b"), &binding).is_none());

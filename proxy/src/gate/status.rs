@@ -63,7 +63,10 @@ impl Gate {
                     .snapshot()
                     .into_iter()
                     .filter(|(lock, max)| {
-                        !lock.contains('/') && kept.get(lock).is_none_or(|k| fencegate_core::fence::raises(*k, *max))
+                        !lock.contains('/')
+                            && kept
+                                .get(lock)
+                                .is_none_or(|k| fencegate_core::fence::raises(*k, *max))
                     })
                     .collect();
                 if risen.is_empty() {

@@ -72,7 +72,7 @@ impl Gate {
         };
         let presented = self
             .tokens
-            .from_request(req.headers, req.access_key, &scope.lock)
+            .in_request(req.headers, req.access_key, &scope.lock)
             .map_err(refuse)?;
         let unvouched = match presented {
             None => return Ok(None),

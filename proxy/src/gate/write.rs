@@ -84,7 +84,7 @@ impl Write {
         }
         let verdict = crate::trailer::check(&mut req.body, &req.headers, trailing, anonymous);
         let conds = conditions(&self.known, req.if_match.take(), req.if_none_match.take())?;
-        let watch = gate.watch_body(&mut req.body, &self.admission.cancel());
+        let watch = gate.watch_body(&mut req.body, self.admission.cancel());
         if let Err(e) = crate::trailer::settle_empty(&mut req.body, &req.headers, &verdict).await {
             let e = crate::body::unless_stalled(watch.as_ref(), e);
             return gate
@@ -375,7 +375,7 @@ impl Gate {
             req.trailing_headers.as_ref(),
             req.credentials.is_none(),
         );
-        let watch = self.watch_body(&mut req.input.body, &admitted.cancel());
+        let watch = self.watch_body(&mut req.input.body, admitted.cancel());
         if let Err(e) =
             crate::trailer::settle_empty(&mut req.input.body, &req.headers, &verdict).await
         {

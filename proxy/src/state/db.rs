@@ -20,7 +20,7 @@
 //! someone else (then every write fails, and the proxy is not ready).
 
 use crate::state_error::StateError;
-use crate::tokens::upload::{UploadBinding, UploadRecord};
+use crate::tokens::upload::UploadBinding;
 use fencegate_durable::{Claim, Opening, Watch};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
@@ -291,26 +291,15 @@ impl Db {
     }
 
     pub fn upload(&self, upload_id: &str) -> Result<Option<UploadBinding>, StateError> {
-        let record = self.with(|c| {
+        let read = self.with(|c| {
             c.query_row(
                 "SELECT upload_id, bucket, key, scope, token, owner FROM uploads WHERE upload_id = ?1",
                 params![upload_id],
-                |r| {
-                    Ok(UploadRecord {
-                        upload_id: r.get(0)?,
-                        bucket: r.get(1)?,
-                        key: r.get(2)?,
-                        scope: r.get(3)?,
-                        token: from_sql(r.get(4)?),
-                        owner: r.get(5)?,
-                    })
-                },
+                UploadBinding::read_row,
             )
             .optional()
         })?;
-        record
-            .map(|r| UploadBinding::from_record(r, super::ReadBack(())))
-            .transpose()
+        read.transpose()
     }
 
     pub fn forget_upload(&self, upload_id: &str) -> rusqlite::Result<()> {
@@ -327,6 +316,7 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::upload::UploadRecord;
 
     #[test]
     fn max_never_lowers_and_survives_reopen() {
@@ -344,7 +334,7 @@ mod tests {
                 token: 5,
                 owner: "key:k".into(),
             };
-            db.bind_upload(&UploadBinding::from_record(record, crate::state::ReadBack(())).expect("binding"))
+            db.bind_upload(&UploadBinding::for_tests(record))
                 .expect("bind");
         }
         let db = Db::open(&path, Opening::CreateIfMissing, 0).expect("reopen");

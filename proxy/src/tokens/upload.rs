@@ -8,7 +8,6 @@
 //! proxy's own record of a token it verified. Nothing else builds a
 //! binding.
 
-use crate::state::ReadBack;
 use super::VerifiedToken;
 use crate::state_error::StateError;
 use fencegate_core::credentials::{is_lease_access_key, parse_access_key};
@@ -75,7 +74,8 @@ const ANONYMOUS: &str = "anonymous";
 
 /// A multipart upload created through the proxy. Fields are private: a
 /// binding is made from a verified token ([`UploadBinding::new`]) or read
-/// back from the proxy's own record ([`UploadBinding::from_record`]).
+/// back from the proxy's own record ([`UploadBinding::read_row`],
+/// [`UploadBinding::read_kv`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UploadBinding {
     upload_id: String,
@@ -119,11 +119,46 @@ impl UploadBinding {
         }
     }
 
-    /// A binding read back from the proxy's own durable record: its token
-    /// was verified when the upload was created. Only the database and the
-    /// cluster's store can call this, on what they read: only they make a
-    /// [`ReadBack`]. Fails on an owner in no form the proxy writes.
-    pub fn from_record(r: UploadRecord, _: ReadBack) -> Result<UploadBinding, StateError> {
+    /// A binding read back from a row of the proxy database's `uploads`
+    /// table, selected as `upload_id, bucket, key, scope, token, owner`:
+    /// its token was verified when the upload was created. Only a query
+    /// makes a `Row`, so nothing but the database's own record becomes a
+    /// binding this way.
+    pub fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<UploadBinding, StateError>> {
+        let token: i64 = r.get(4)?;
+        Ok(UploadBinding::from_record(UploadRecord {
+            upload_id: r.get(0)?,
+            bucket: r.get(1)?,
+            key: r.get(2)?,
+            scope: r.get(3)?,
+            token: u64::try_from(token).unwrap_or(0),
+            owner: r.get(5)?,
+        }))
+    }
+
+    /// A binding read back from the etcd key the cluster keeps it in (its
+    /// JSON record): only etcd's answer makes a `KeyValue`.
+    pub fn read_kv(
+        kv: &fencegate_etcd::etcd_client::KeyValue,
+    ) -> Result<UploadBinding, StateError> {
+        let record: UploadRecord = serde_json::from_slice(kv.value()).map_err(|e| {
+            StateError::Unreadable(format!(
+                "upload binding {}: {e}",
+                String::from_utf8_lossy(kv.key())
+            ))
+        })?;
+        UploadBinding::from_record(record)
+    }
+
+    /// A binding made in a unit test as if read back.
+    #[cfg(test)]
+    pub(crate) fn for_tests(r: UploadRecord) -> UploadBinding {
+        UploadBinding::from_record(r).expect("a readable record")
+    }
+
+    /// A binding from its stored record. Fails on an owner in no form the
+    /// proxy writes.
+    fn from_record(r: UploadRecord) -> Result<UploadBinding, StateError> {
         let owner = Identity::from_record(&r.owner).ok_or_else(|| {
             StateError::Unreadable(format!(
                 "upload {} has an owner the proxy cannot read: {:?}",
@@ -211,12 +246,12 @@ mod tests {
             token: 3,
             owner: "nobody-knows".into(),
         };
-        assert!(UploadBinding::from_record(r.clone(), ReadBack::for_tests()).is_err());
+        assert!(UploadBinding::from_record(r.clone()).is_err());
         let ok = UploadRecord {
             owner: "key:AK".into(),
             ..r
         };
-        let b = UploadBinding::from_record(ok.clone(), ReadBack::for_tests()).expect("readable");
+        let b = UploadBinding::from_record(ok.clone()).expect("readable");
         assert_eq!(b.token().number(), 3);
         assert_eq!(b.record(), ok);
     }

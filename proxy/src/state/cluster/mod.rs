@@ -34,7 +34,7 @@ pub mod config;
 pub use config::ClusterConfig;
 
 use crate::state_error::StateError;
-use crate::tokens::upload::{UploadBinding, UploadRecord};
+use crate::tokens::upload::UploadBinding;
 use dashmap::DashMap;
 use fencegate_core::replicas::{
     Admit, Answer, Event, MemberView, Ms, Published, Replica, ReqId, Request, Timing, WriteId,
@@ -1281,9 +1281,7 @@ impl Cluster {
         let Some(kv) = resp.kvs().first() else {
             return Ok(None);
         };
-        let record: UploadRecord = serde_json::from_slice(kv.value())
-            .map_err(|e| StateError::Unreadable(format!("upload binding {upload_id}: {e}")))?;
-        let b = UploadBinding::from_record(record, super::ReadBack(()))?;
+        let b = UploadBinding::read_kv(kv)?;
         self.keep_copy(&b);
         Ok(Some(b))
     }
