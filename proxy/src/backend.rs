@@ -37,7 +37,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// requests through it. Only the gate holds one; ops see [`Reads`].
 pub struct Backend {
     /// Writes in AWS's dialect, and the proxy's own calls (HEAD, probe).
-    pub client: aws_sdk_s3::Client,
+    client: aws_sdk_s3::Client,
     /// Private: every call through it takes a witness of the fence
     /// (below), so none can be sent that the fence did not let through.
     forward: s3s_aws::Proxy,
@@ -46,10 +46,10 @@ pub struct Backend {
     write_config: aws_sdk_s3::Config,
     /// One write client per dialect in use (one per store, in practice).
     dialects: std::sync::Mutex<std::collections::HashMap<Dialect, aws_sdk_s3::Client>>,
-    pub reads: Reads,
+    reads: Reads,
     /// The lean forwarder of PutObject (see `lean`), when the endpoint
     /// allows one.
-    pub lean: Option<std::sync::Arc<crate::lean::Lean>>,
+    lean: Option<std::sync::Arc<crate::lean::Lean>>,
 }
 
 /// The backend's read operations: what the ops forward untouched. It has
@@ -100,6 +100,25 @@ impl std::fmt::Debug for Backend {
 }
 
 impl Backend {
+    /// The reads the ops forward untouched.
+    pub fn reads(&self) -> &Reads {
+        &self.reads
+    }
+
+    /// The lean forwarder of PutObject, when the endpoint allows one (its
+    /// sends take a [`crate::gate::Write`]).
+    pub fn lean(&self) -> Option<&std::sync::Arc<crate::lean::Lean>> {
+        self.lean.as_ref()
+    }
+
+    /// The SDK client with no fence in front of it: only for the proxy's
+    /// own calls (a bucket's HEAD, a copy source's HEAD) and the probe's
+    /// scratch keys, never for a
+    /// client's object.
+    pub fn unfenced(&self) -> &aws_sdk_s3::Client {
+        &self.client
+    }
+
     /// The backend of `config`; with replicas, `check` is the replica's
     /// standing, asked before every write's bytes leave (`send_check`).
     pub fn new(config: &BackendConfig, check: Option<Check>) -> Backend {

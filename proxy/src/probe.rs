@@ -338,7 +338,7 @@ pub async fn probe_store(
 ) -> Result<ProbeReport, ProbeError> {
     let backend = crate::backend::Backend::new(config, None);
     probe(
-        &backend.client,
+        backend.unfenced(),
         bucket,
         Duration::from_secs(config.timeout_secs.max(1)),
     )

@@ -138,7 +138,7 @@ impl Gate {
     /// the key exists after all, the store refuses and [`Write::put`] reads
     /// it and sends again.
     pub async fn begin_put(&self, tokened: Tokened, resendable: bool) -> S3Result<Write> {
-        let presume = resendable && self.backend.lean.is_some();
+        let presume = resendable && self.backend.lean().is_some();
         self.begin_with(WriteOp::Put, tokened, presume).await
     }
 

@@ -391,7 +391,7 @@ impl Gate {
     /// Whether the backend has a lean forwarder (`crate::lean`), which
     /// sends a PutObject as it came.
     pub fn has_lean_forwarder(&self) -> bool {
-        self.backend.lean.is_some()
+        self.backend.lean().is_some()
     }
 
     /// Records a clean end of this run if no write is left that the store
@@ -448,7 +448,7 @@ impl Gate {
     /// The backend's read operations, the only part of it ops may call
     /// directly.
     pub fn reads(&self) -> &crate::backend::Reads {
-        &self.backend.reads
+        self.backend.reads()
     }
 
     /// The header families writes may carry.

@@ -14,7 +14,7 @@ impl Gate {
     ) -> S3Result<aws_sdk_s3::operation::head_object::HeadObjectOutput> {
         let head = self
             .backend
-            .client
+            .unfenced()
             .head_object()
             .bucket(bucket)
             .key(key)
@@ -28,7 +28,7 @@ impl Gate {
 
     /// Whether `bucket` exists (false only when the backend says 404).
     pub async fn bucket_exists(&self, bucket: &str) -> bool {
-        let head = self.backend.client.head_bucket().bucket(bucket);
+        let head = self.backend.unfenced().head_bucket().bucket(bucket);
         let answer = self
             .call(
                 Box::pin(async {
@@ -119,7 +119,7 @@ impl Gate {
         if let Some(r) = self.probed(bucket) {
             return Ok(r);
         }
-        let report = Arc::new(probe(&self.backend.client, bucket, self.backend_timeout).await?);
+        let report = Arc::new(probe(self.backend.unfenced(), bucket, self.backend_timeout).await?);
         if report.safe() {
             tracing::info!(probe = %report.summary(), "backend probe");
         } else {

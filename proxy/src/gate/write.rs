@@ -91,7 +91,7 @@ impl Write {
                 .finish(self, Sent::Answered(Err(e)), put_holds(token))
                 .await;
         }
-        let lean = match (req.route, gate.backend.lean.clone()) {
+        let lean = match (req.route, gate.backend.lean().cloned()) {
             (Route::Lean(_), Some(lean)) => lean,
             (Route::Sdk(mut rest), _) => {
                 let input = &mut rest.input;
