@@ -26,6 +26,7 @@
 //! it came from) comes from the request's [`Attempt`], a task-local the
 //! server opens around each request and the gate fills in as it learns.
 
+use crate::op::Op;
 use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -215,7 +216,7 @@ fn current() -> Attempt {
 #[derive(Debug, Clone)]
 pub struct Refused<'a> {
     pub kind: Kind,
-    pub op: &'static str,
+    pub op: Op,
     pub scope: Option<&'a crate::scope::Scope>,
     pub token: Option<u64>,
     pub max: Option<u64>,
@@ -314,7 +315,7 @@ impl FenceEvents {
             seq: 0,
             at_ms: crate::clock::unix_ms(),
             kind: r.kind,
-            op: r.op.to_owned(),
+            op: r.op.name().to_owned(),
             bucket: a
                 .bucket
                 .or_else(|| r.scope.map(|s| s.bucket.clone()))
@@ -514,7 +515,7 @@ mod tests {
     fn stale(events: &FenceEvents, token: u64) {
         events.refused(Refused {
             kind: Kind::Stale,
-            op: "PutObject",
+            op: crate::op::Op::PutObject,
             scope: Some(&scope()),
             token: Some(token),
             max: Some(token + 1),
@@ -596,7 +597,7 @@ mod tests {
         for _ in 0..100 {
             events.refused(Refused {
                 kind: Kind::Forged,
-                op: "PutObject",
+                op: crate::op::Op::PutObject,
                 scope: Some(&scope()),
                 token: Some(9),
                 max: None,
@@ -613,7 +614,7 @@ mod tests {
     fn forged(events: &FenceEvents) {
         events.refused(Refused {
             kind: Kind::Forged,
-            op: "PutObject",
+            op: crate::op::Op::PutObject,
             scope: Some(&scope()),
             token: Some(9),
             max: None,

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the proxy.
 
+use crate::op::Op;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -53,7 +54,7 @@ impl Outcome {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
-    pub op: &'static str,
+    pub op: Op,
     /// The lock fencing the write, or `(none)` for a refusal naming no lock
     /// the proxy knows (so made-up bucket names add no series).
     pub lock: String,
@@ -68,7 +69,7 @@ pub struct LockLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
-    pub op: &'static str,
+    pub op: Op,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -202,7 +203,7 @@ impl Metrics {
         }
     }
 
-    pub fn write(&self, op: &'static str, lock: &str, outcome: Outcome) {
+    pub fn write(&self, op: Op, lock: &str, outcome: Outcome) {
         self.writes
             .get_or_create(&WriteLabels {
                 op,
@@ -222,5 +223,15 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+/// An operation is its S3 name in a metric's labels.
+impl prometheus_client::encoding::EncodeLabelValue for Op {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        self.name().encode(encoder)
     }
 }

@@ -20,7 +20,7 @@ pub enum Class {
 /// An operation the proxy forwards. Everything else mutates a bucket's
 /// configuration or an object's tags, ACL or retention without a fence, or
 /// is not needed by the clients fencegate serves: refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
     PutObject,
     CopyObject,
@@ -45,6 +45,9 @@ pub enum Op {
     GetObjectTagging,
     GetObjectAttributes,
     GetBucketVersioning,
+    /// Not S3's: the proxy's own `POST /_fencegate/fence`, a raise that
+    /// writes nothing. Not in [`Op::ALL`]: s3s never routes to it.
+    Fence,
 }
 
 impl Op {
@@ -105,6 +108,7 @@ impl Op {
             Op::GetObjectTagging => "GetObjectTagging",
             Op::GetObjectAttributes => "GetObjectAttributes",
             Op::GetBucketVersioning => "GetBucketVersioning",
+            Op::Fence => "Fence",
         }
     }
 
@@ -119,7 +123,8 @@ impl Op {
             | Op::UploadPart
             | Op::UploadPartCopy
             | Op::CompleteMultipartUpload
-            | Op::AbortMultipartUpload => Class::Fenced,
+            | Op::AbortMultipartUpload
+            | Op::Fence => Class::Fenced,
             Op::CreateBucket => Class::CreateBucket,
             Op::GetObject
             | Op::HeadObject
@@ -141,7 +146,7 @@ impl Op {
     /// `x-id` (exactly those s3s parses into its input).
     pub fn accepted_query(self) -> &'static [&'static str] {
         match self {
-            Op::PutObject | Op::CopyObject | Op::CreateBucket | Op::HeadBucket => &[],
+            Op::PutObject | Op::CopyObject | Op::CreateBucket | Op::HeadBucket | Op::Fence => &[],
             Op::DeleteObject => &["versionId"],
             Op::DeleteObjects => &["delete"],
             Op::CreateMultipartUpload => &["uploads"],

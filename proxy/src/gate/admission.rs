@@ -6,6 +6,7 @@
 use super::refusal::Refusal;
 use super::token::Tokened;
 use super::*;
+use crate::op::Op;
 
 impl Gate {
     /// Raises the fence of the lock a new holder's signed token names to
@@ -16,7 +17,7 @@ impl Gate {
     /// signed token proves holding (a number is public); a lower token is
     /// stale (409). Answers the lock, the token and the max now.
     pub async fn fence(&self, headers: &HeaderMap) -> S3Result<(String, u64, u64)> {
-        const OP: &str = "Fence";
+        const OP: Op = Op::Fence;
         // Without keys a token in the signed form cannot be verified, and
         // a fence raised on anyone's say-so would lock the holder out.
         if self.token_keys().is_none() {
@@ -148,7 +149,7 @@ impl Gate {
         tokened: Tokened,
         presume_absent: bool,
     ) -> S3Result<Write> {
-        let op = write.name();
+        let op = write.op();
         let token = tokened.token().number();
         // A many-key request (DeleteObjects) resolves every scope first,
         // then begins each key: its refusals must name the key begun.

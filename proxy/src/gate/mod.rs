@@ -48,6 +48,7 @@ use crate::fences::{Admission, FenceError, Fences};
 use crate::issuer::{Answer, Issuer};
 use crate::keys::{KeyGuard, Keys, Known};
 use crate::metrics::{LockLabels, Metrics, Outcome, ProbeLabels};
+use crate::op::Op;
 use crate::probe::{ProbeError, ProbeReport, probe};
 use crate::scope::{Scope, ScopeMap};
 use crate::state::db::Db;
@@ -429,7 +430,7 @@ impl Gate {
     /// Counts a write's outcome under its lock; a lock that is neither
     /// configured nor has a fence counts as [`UNKNOWN_LOCK`], so refused
     /// requests naming made-up buckets add no metric series.
-    pub fn count(&self, op: &'static str, scope: &Scope, outcome: Outcome) {
+    pub fn count(&self, op: Op, scope: &Scope, outcome: Outcome) {
         let known = self.fences.known(scope.fence())
             || self
                 .scopes

@@ -6,6 +6,7 @@
 //! owners the lease service names for the tokens the proxy admitted.
 
 use super::*;
+use crate::op::Op;
 
 /// A refusal of the fence, as its site knows it.
 #[derive(Debug)]
@@ -77,7 +78,7 @@ impl Refusal<'_> {
     }
 
     /// The S3 error the client gets for `op`.
-    fn error(&self, op: &str) -> S3Error {
+    fn error(&self, op: Op) -> S3Error {
         match self {
             Refusal::Stale { token, max, detail } => errors::stale(*token, *max, detail),
             Refusal::Cut { token, by, lock } => errors::stale(
@@ -91,7 +92,9 @@ impl Refusal<'_> {
                 bound,
                 sent,
             } => errors::upload_token_mismatch(upload_id, *bound, *sent),
-            Refusal::Missing { scope } => errors::missing(op, &scope.id, scope.lock.as_str()),
+            Refusal::Missing { scope } => {
+                errors::missing(op.name(), &scope.id, scope.lock.as_str())
+            }
             Refusal::NotOwner {
                 upload_id,
                 by_token,
@@ -104,19 +107,14 @@ impl Refusal<'_> {
 impl Gate {
     /// Refuses with `r` in `scope`: counts it, records its fence event,
     /// and answers its error.
-    pub fn refuse(&self, op: &'static str, scope: &Scope, r: Refusal<'_>) -> S3Error {
+    pub fn refuse(&self, op: Op, scope: &Scope, r: Refusal<'_>) -> S3Error {
         self.refused(op, Some(scope), r)
     }
 
     /// Every refusal of the fence goes through here: `scope` is `None` only
     /// for a key in no scope, counted under [`UNKNOWN_LOCK`] since there is
     /// no lock to name.
-    pub(super) fn refused(
-        &self,
-        op: &'static str,
-        scope: Option<&Scope>,
-        r: Refusal<'_>,
-    ) -> S3Error {
+    pub(super) fn refused(&self, op: Op, scope: Option<&Scope>, r: Refusal<'_>) -> S3Error {
         match scope {
             Some(scope) => self.count(op, scope, r.outcome()),
             None => self.metrics.write(op, UNKNOWN_LOCK, r.outcome()),
@@ -136,13 +134,7 @@ impl Gate {
     /// `FencingTokenStale`, whatever the write and however far it got: a
     /// higher token exists for its lock, so no retry with its token can
     /// succeed. The max reported is the token that cut it.
-    pub async fn cut(
-        &self,
-        op: &'static str,
-        scope: &Scope,
-        token: u64,
-        admission: Admission,
-    ) -> S3Error {
+    pub async fn cut(&self, op: Op, scope: &Scope, token: u64, admission: Admission) -> S3Error {
         drop(admission);
         // The answer is the raise's outcome, not its attempt: a raise the
         // database refused admitted nobody, and this writer may still hold
@@ -187,7 +179,7 @@ impl Gate {
     /// replica, or another proxy of the store), so the write is stale.
     pub(crate) fn refuse_if_overwritten(
         &self,
-        op: &'static str,
+        op: Op,
         scope: &Scope,
         token: u64,
         bucket: &str,
@@ -212,7 +204,7 @@ impl Gate {
     pub(super) fn record(
         &self,
         kind: Kind,
-        op: &'static str,
+        op: Op,
         scope: Option<&Scope>,
         token: Option<u64>,
         max: Option<u64>,
@@ -356,7 +348,7 @@ mod tests {
         for (r, outcome, event, code) in cases {
             assert_eq!(r.outcome(), outcome, "{r:?}");
             assert_eq!(r.event(), event, "{r:?}");
-            let e = r.error("PutObject");
+            let e = r.error(Op::PutObject);
             assert_eq!(Code::of(&e), code, "{r:?}");
             if let Some(c) = code {
                 assert_eq!(e.status_code(), Some(c.status()), "{r:?}");

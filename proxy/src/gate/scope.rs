@@ -3,13 +3,14 @@
 
 use super::refusal::Refusal;
 use super::*;
+use crate::op::Op;
 
 /// A request's target and the scope that fences it: what stage one hands
 /// on. Made only here, by resolving a key (or a bucket) against the
 /// configured scopes.
 #[derive(Debug, Clone)]
 pub struct Scoped {
-    op: &'static str,
+    op: Op,
     bucket: String,
     /// Empty for a check of a whole bucket (DeleteObjects before its body
     /// is read).
@@ -19,7 +20,7 @@ pub struct Scoped {
 
 impl Scoped {
     /// The S3 operation name (metrics, events, errors).
-    pub fn op(&self) -> &'static str {
+    pub fn op(&self) -> Op {
         self.op
     }
     pub fn bucket(&self) -> &str {
@@ -39,7 +40,7 @@ impl Scoped {
     }
 
     /// `scope`, for `op` on the whole of its bucket.
-    fn bucket_of(op: &'static str, scope: Scope) -> Scoped {
+    fn bucket_of(op: Op, scope: Scope) -> Scoped {
         Scoped {
             op,
             bucket: scope.bucket.clone(),
@@ -52,7 +53,7 @@ impl Scoped {
 impl Gate {
     /// The configured scopes in `bucket`, for `op` on the bucket (none in
     /// bucket-per-scope mode).
-    pub fn scopes_in_bucket(&self, op: &'static str, bucket: &str) -> Vec<Scoped> {
+    pub fn scopes_in_bucket(&self, op: Op, bucket: &str) -> Vec<Scoped> {
         self.scopes
             .configured()
             .iter()
@@ -64,7 +65,7 @@ impl Gate {
     /// The scope in `bucket` fenced by `lock`, if there is one.
     pub fn scope_in_bucket(
         &self,
-        op: &'static str,
+        op: Op,
         bucket: &str,
         lock: &fencegate_core::LockName,
     ) -> Option<Scoped> {
@@ -75,16 +76,12 @@ impl Gate {
 
     /// The scope fencing `lock`'s writes, for `op` on its bucket (the
     /// acquisition fence names a lock, not a key).
-    pub(super) fn scope_of_lock(
-        &self,
-        op: &'static str,
-        lock: &fencegate_core::LockName,
-    ) -> Option<Scoped> {
+    pub(super) fn scope_of_lock(&self, op: Op, lock: &fencegate_core::LockName) -> Option<Scoped> {
         self.scopes.for_lock(lock).map(|s| Scoped::bucket_of(op, s))
     }
 
     /// The scope fencing `bucket/key`, or the refusal of a key in none.
-    pub fn scope(&self, op: &'static str, bucket: &str, key: &str) -> S3Result<Scoped> {
+    pub fn scope(&self, op: Op, bucket: &str, key: &str) -> S3Result<Scoped> {
         crate::events::note_target(bucket, key);
         match self.scopes.resolve(bucket, key) {
             Ok(scope) => Ok(Scoped {
@@ -114,7 +111,7 @@ mod tests {
             })
         };
         let scoped = |key: &str, id: &str| Scoped {
-            op: "UploadPart",
+            op: Op::UploadPart,
             bucket: "b".into(),
             key: key.into(),
             scope: scope(id),

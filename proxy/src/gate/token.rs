@@ -6,6 +6,7 @@
 use super::refusal::Refusal;
 use super::scope::Scoped;
 use super::*;
+use crate::op::Op;
 
 /// A scoped request with the token it goes on with: what stage two hands
 /// on. The token is a [`VerifiedToken`], so a `Tokened` cannot carry an
@@ -39,7 +40,7 @@ impl Tokened {
     pub fn token(&self) -> VerifiedToken {
         self.token
     }
-    pub fn op(&self) -> &'static str {
+    pub fn op(&self) -> Op {
         self.scoped.op()
     }
     /// What it was scoped as, once its token has been admitted.

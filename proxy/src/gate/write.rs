@@ -23,6 +23,7 @@ use super::*;
 use crate::fences::Admission;
 use crate::keys::Known;
 use crate::metrics::Metrics;
+use crate::op::Op;
 use crate::request::{PutRequest, Route};
 use crate::tokens::VerifiedToken;
 use crate::tokens::upload::UploadBinding;
@@ -172,7 +173,7 @@ impl Write {
             }
         };
         self.key.remember(stored.clone());
-        gate.refuse_if_overwritten(self.op.name(), &self.scope, token, &bucket, &key, &stored)?;
+        gate.refuse_if_overwritten(self.op.op(), &self.scope, token, &bucket, &key, &stored)?;
         self.known = stored;
         let conds = conditions(&self.known, None, None)?;
         let call = async move {
@@ -614,13 +615,13 @@ impl Gate {
     ) -> S3Result<T> {
         self.metrics
             .backend_seconds
-            .get_or_create(&crate::metrics::OpLabels { op: w.op.name() })
+            .get_or_create(&crate::metrics::OpLabels { op: w.op.op() })
             .observe(w.started.elapsed().as_secs_f64());
         let result = match sent {
             Sent::Answered(r) => r,
             Sent::Unanswered(pending) => {
                 w.key.forget();
-                self.count(w.op.name(), &w.scope, Outcome::Timeout);
+                self.count(w.op.op(), &w.scope, Outcome::Timeout);
                 tracing::warn!(
                     op = w.op.name(),
                     bucket = w.key.bucket(),
@@ -646,7 +647,7 @@ impl Gate {
                     Some(k) => w.key.remember(k),
                     None => w.key.forget(),
                 }
-                self.count(w.op.name(), &w.scope, Outcome::Accepted);
+                self.count(w.op.op(), &w.scope, Outcome::Accepted);
                 Ok(out)
             }
             Err(e) => {
@@ -664,16 +665,16 @@ impl Gate {
                         ..
                     } = w;
                     drop(key);
-                    return Err(self.cut(op.name(), &scope, token, admission).await);
+                    return Err(self.cut(op.op(), &scope, token, admission).await);
                 }
                 if errors::is_condition_failure(&e) {
-                    self.count(w.op.name(), &w.scope, Outcome::Conflict);
+                    self.count(w.op.op(), &w.scope, Outcome::Conflict);
                     let (bucket, key) = (w.key.bucket().to_owned(), w.key.key().to_owned());
                     return Err(self
-                        .redecide(w.op.name(), &bucket, &key, &w.scope, w.token)
+                        .redecide(w.op.op(), &bucket, &key, &w.scope, w.token)
                         .await);
                 }
-                self.count(w.op.name(), &w.scope, Outcome::BackendError);
+                self.count(w.op.op(), &w.scope, Outcome::BackendError);
                 Err(errors::from_backend(e))
             }
         }
@@ -683,7 +684,7 @@ impl Gate {
     /// again: stale if a higher token is stored now, retry otherwise.
     async fn redecide(
         &self,
-        op: &'static str,
+        op: Op,
         bucket: &str,
         key: &str,
         scope: &Scope,

@@ -149,7 +149,7 @@ pub async fn copy_object(
         ));
     };
     crate::object_key::require(src_key)?;
-    let scoped = gate.scope(op.name(), &bucket, &key)?;
+    let scoped = gate.scope(op.op(), &bucket, &key)?;
     let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
     let w = gate.begin(op, tokened).await?;
 

@@ -23,7 +23,7 @@ pub async fn delete_object(
     mut req: S3Request<DeleteObjectInput>,
 ) -> S3Result<S3Response<DeleteObjectOutput>> {
     let op = WriteOp::Delete;
-    let scoped = gate.scope(op.name(), &req.input.bucket, &req.input.key)?;
+    let scoped = gate.scope(op.op(), &req.input.bucket, &req.input.key)?;
     let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
     let w = gate.begin(op, tokened).await?;
     let version_id = req.input.version_id.take();
@@ -40,7 +40,7 @@ pub async fn delete_object(
 /// this answers what the request would be answered if it named a key of
 /// the lock its token names.
 pub async fn may_delete_batch(gate: &Gate, bucket: &str, token: RequestToken<'_>) -> S3Result<()> {
-    let op = WriteOp::DeleteMany.name();
+    let op = WriteOp::DeleteMany.op();
     if let Some(scoped) = crate::tokens::named_lock(token.headers, token.access_key)
         .and_then(|lock| gate.scope_in_bucket(op, bucket, &lock))
     {
@@ -94,7 +94,7 @@ pub async fn delete_objects(
     }
     let mut decided = Vec::with_capacity(objects.len());
     for obj in &objects {
-        let scoped = gate.scope(op.name(), &bucket, &obj.key)?;
+        let scoped = gate.scope(op.op(), &bucket, &obj.key)?;
         let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
         gate.refuse_if_stale(&tokened)?;
         decided.push((obj, tokened));

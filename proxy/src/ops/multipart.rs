@@ -29,7 +29,7 @@ pub async fn create(
     gate: &Gate,
     req: S3Request<CreateMultipartUploadInput>,
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-    const OP: &str = Op::CreateMultipartUpload.name();
+    const OP: Op = Op::CreateMultipartUpload;
     let scoped = gate.scope(OP, &req.input.bucket, &req.input.key)?;
     let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
     let owner = Identity::signed_by(req.credentials.as_ref().map(|c| c.access_key.as_str()));
@@ -85,7 +85,7 @@ upload_request!(
 /// request's own.
 async fn bound<T: UploadRequest>(
     gate: &Gate,
-    op: &'static str,
+    op: Op,
     req: &S3Request<T>,
 ) -> S3Result<(UploadBinding, Tokened)> {
     let (upload_id, bucket, key) = req.input.upload();
@@ -115,13 +115,13 @@ impl UploadCall<'_> {
     /// client's, and its token is not below the lock's max. Answers what
     /// the Complete itself would be answered otherwise.
     pub async fn may_complete(&self, gate: &Gate) -> S3Result<()> {
-        let (_, tokened) = self.bound(gate, WriteOp::Complete.name()).await?;
+        let (_, tokened) = self.bound(gate, WriteOp::Complete.op()).await?;
         gate.refuse_if_stale(&tokened)
     }
 
     /// The upload's binding, checked against this request, and the request
     /// scoped with the upload's token.
-    async fn bound(&self, gate: &Gate, op: &'static str) -> S3Result<(UploadBinding, Tokened)> {
+    async fn bound(&self, gate: &Gate, op: Op) -> S3Result<(UploadBinding, Tokened)> {
         let (upload_id, bucket, key) = (self.upload_id, self.bucket, self.key);
         let binding = gate.upload(upload_id).await?;
         if binding.bucket() != bucket || binding.key() != key {
@@ -186,7 +186,7 @@ pub async fn upload_part(
     gate: &Gate,
     req: S3Request<UploadPartInput>,
 ) -> S3Result<S3Response<UploadPartOutput>> {
-    const OP: &str = Op::UploadPart.name();
+    const OP: Op = Op::UploadPart;
     let (_, tokened) = bound(gate, OP, &req).await?;
     let admission = gate.admit(&tokened).await?;
     let result = gate.upload_part(&admission, req).await;
@@ -205,7 +205,7 @@ pub async fn upload_part_copy(
     gate: &Gate,
     req: S3Request<UploadPartCopyInput>,
 ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-    const OP: &str = Op::UploadPartCopy.name();
+    const OP: Op = Op::UploadPartCopy;
     if let CopySource::Bucket { key, .. } = &req.input.copy_source {
         crate::object_key::require(key)?;
     }
@@ -239,7 +239,7 @@ pub async fn complete(
     req: S3Request<CompleteMultipartUploadInput>,
 ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
     let op = WriteOp::Complete;
-    let (binding, tokened) = bound(gate, op.name(), &req).await?;
+    let (binding, tokened) = bound(gate, op.op(), &req).await?;
     let w = gate.begin(op, tokened).await?;
     let out = w.complete(gate, req).await;
     if out.is_ok() {
@@ -252,7 +252,7 @@ pub async fn abort(
     gate: &Gate,
     req: S3Request<AbortMultipartUploadInput>,
 ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-    const OP: &str = Op::AbortMultipartUpload.name();
+    const OP: Op = Op::AbortMultipartUpload;
     let (binding, tokened) = bound(gate, OP, &req).await?;
     let resp = gate
         .abort_upload(&binding, req)

@@ -19,7 +19,7 @@ pub async fn put_object(
 
 /// Scope, token, admission, then the write.
 pub async fn put(gate: &Gate, req: PutRequest) -> S3Result<S3Response<PutObjectOutput>> {
-    let scoped = gate.scope(WriteOp::Put.name(), &req.bucket, &req.key)?;
+    let scoped = gate.scope(WriteOp::Put.op(), &req.bucket, &req.key)?;
     let who = RequestToken {
         headers: &req.headers,
         access_key: req.access_key.as_deref(),
