@@ -416,7 +416,10 @@ impl<'a> Visit<'a> for Comparisons<'_> {
             if let Some(named) = idents.0.iter().find(|i| names_a_token(i)) {
                 self.found.push(format!(
                     "{}:{}: a comparison naming `{named}`",
-                    self.file.strip_prefix(root()).expect("structure").display(),
+                    self.file
+                        .strip_prefix(root())
+                        .unwrap_or(self.file)
+                        .display(),
                     syn::spanned::Spanned::span(&e.op).start().line
                 ));
             }
@@ -493,6 +496,20 @@ fn witnesses_have_no_field_another_module_can_set() {
     );
 }
 
+/// The fields of `item` visible outside its module, by name or position.
+fn visible_fields(item: &syn::ItemStruct) -> Vec<String> {
+    item.fields
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !matches!(f.vis, syn::Visibility::Inherited))
+        .map(|(i, f)| {
+            f.ident
+                .as_ref()
+                .map_or_else(|| i.to_string(), ToString::to_string)
+        })
+        .collect()
+}
+
 fn is_pub(v: &syn::Visibility) -> bool {
     matches!(v, syn::Visibility::Public(_))
 }
@@ -540,4 +557,79 @@ fn no_module_has_more_than_the_bound_of_public_items() {
         "modules with more than {MAX_PUB_ITEMS} public items (split by concept, or make items private):\n{}",
         found.join("\n")
     );
+}
+
+/// The checks see what they look for: each is shown a small case it must
+/// catch and one it must pass, so none of them can pass by being blind.
+#[test]
+fn each_check_catches_its_own_example() {
+    // A circle of three, and a chain that is none.
+    let graph = |pairs: &[(&str, &str)]| {
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in pairs {
+            edges
+                .entry((*a).to_owned())
+                .or_default()
+                .insert((*b).to_owned());
+            edges.entry((*b).to_owned()).or_default();
+        }
+        edges
+    };
+    assert_eq!(
+        circles(&graph(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")])),
+        vec![vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]]
+    );
+    assert!(circles(&graph(&[("a", "b"), ("b", "c"), ("a", "c")])).is_empty());
+
+    // A child naming its parent by `super::` resolves to the parent.
+    let modules: BTreeSet<Vec<String>> = [
+        vec![],
+        vec!["gate".to_owned()],
+        vec!["gate".to_owned(), "token".to_owned()],
+    ]
+    .into_iter()
+    .collect();
+    let path = |p: &str| p.split("::").map(str::to_owned).collect::<Vec<_>>();
+    let from = vec!["gate".to_owned(), "token".to_owned()];
+    assert_eq!(
+        resolve(&from, &path("super::Gate"), &modules),
+        Some(vec!["gate".to_owned()])
+    );
+    assert_eq!(
+        resolve(&from, &path("crate::gate::token::X"), &modules),
+        Some(from.clone())
+    );
+    assert_eq!(resolve(&from, &path("std::sync::Arc"), &modules), None);
+
+    // Token comparisons, and comparisons that only look like them.
+    let flagged = |code: &str| {
+        let file: syn::File = syn::parse_str(code).expect("example parses");
+        let mut c = Comparisons {
+            file: Path::new("example.rs"),
+            found: Vec::new(),
+        };
+        c.visit_file(&file);
+        c.found.len()
+    };
+    assert_eq!(flagged("fn f() { if stored.token() > token {} }"), 1);
+    assert_eq!(flagged("fn f() { if self.max <= n {} }"), 1);
+    assert_eq!(flagged("fn f() { if floor > 0 {} }"), 0);
+    assert_eq!(flagged("fn f() { if n.len() >= self.cap.max(1) {} }"), 0);
+    assert_eq!(
+        flagged("#[cfg(test)] fn f() { assert!(b.token > a.token); }"),
+        0
+    );
+
+    // A witness field others can set.
+    let item: syn::ItemStruct =
+        syn::parse_str("struct W { pub n: u64, m: u64, pub(crate) o: u64 }").expect("parses");
+    assert_eq!(visible_fields(&item), vec!["n".to_owned(), "o".to_owned()]);
+
+    // Public items, methods of inherent impls included, test code not.
+    let file: syn::File = syn::parse_str(
+        "pub fn a() {} fn b() {} pub struct S; impl S { pub fn c() {} fn d() {} } \
+         #[cfg(test)] mod tests { pub fn e() {} }",
+    )
+    .expect("parses");
+    assert_eq!(pub_items(&file.items), 3);
 }
