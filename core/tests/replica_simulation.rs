@@ -56,7 +56,8 @@
 
 use fencegate_core::replicas::machine::Flaws;
 use fencegate_core::replicas::{
-    Admit, Answer, Event, MemberView, Ms, Published, Replica, ReqId, Request, Timing, WriteId,
+    Admit, Answer, Event, MemberView, Ms, Published, RaiseRead, Replica, ReqId, Request, Timing,
+    WriteId,
 };
 use rand::{Rng, RngCore};
 use std::cmp::Ordering;
@@ -303,6 +304,7 @@ impl Etcd {
                     .enumerate()
                     .filter_map(|(i, f)| f.map(|(t, r)| (LOCKS[i].to_owned(), t, r)))
                     .collect(),
+                floor: 0,
             },
             Request::Watch { .. } => unreachable!("watches are opened by the simulation"),
             Request::Raise {
@@ -317,17 +319,23 @@ impl Etcd {
                 }
                 let i = lock_ix(lock);
                 let cur = self.fences[i].map_or(0, |f| f.0);
-                if cur > *token {
-                    return Answer::Higher { max: cur };
+                // The transaction puts the max if below and the ack if the
+                // max is then the token; its answer is read as the proxy
+                // reads etcd's.
+                let applies = cur <= *token;
+                if applies {
+                    self.rev += 1;
+                    if cur < *token {
+                        self.fences[i] = Some((*token, self.rev));
+                        self.log.push((self.rev, i, *token));
+                    }
+                    Etcd::put_on_lease(&mut self.acks, member, *lease, i, *token);
                 }
-                self.rev += 1;
-                if cur < *token {
-                    self.fences[i] = Some((*token, self.rev));
-                    self.log.push((self.rev, i, *token));
-                }
-                Etcd::put_on_lease(&mut self.acks, member, *lease, i, *token);
-                Answer::Raised {
-                    rev: self.fences[i].map_or(0, |f| f.1),
+                let (found, rev) = self.fences[i].unwrap_or((0, 0));
+                match RaiseRead::of(*token, found, applies, rev) {
+                    RaiseRead::Raised { rev } => Answer::Raised { rev },
+                    RaiseRead::Higher { max } => Answer::Higher { max },
+                    RaiseRead::Raced => unreachable!("one transaction cannot race itself"),
                 }
             }
             Request::Ack {

@@ -21,7 +21,8 @@
 //! replica refusing below the new token, which its ack in etcd (written by
 //! the same transaction, maybe) already promises.
 
-use super::rules::{MemberView, Ms, Published, RaiseWait, Standing, Timing};
+use super::rules::{MemberView, Ms, Published, RaiseWait, Standing, Timing, ms};
+use crate::fence;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,10 +112,13 @@ pub enum Answer {
     Registered {
         rev: i64,
     },
-    /// Every lock's max, the revision read, and each max's mod revision.
+    /// Every lock's max, the revision read, and each max's mod revision;
+    /// and the cluster's floor (`P/floor`, 0 if none): every lock's least
+    /// max.
     Loaded {
         rev: i64,
         fences: Vec<(String, u64, i64)>,
+        floor: u64,
     },
     /// The lock's max is `token` at mod revision `rev`, and this member's
     /// ack of it is written.
@@ -389,6 +393,9 @@ pub struct Replica {
     /// The longest lock delay a raise here had to wait by (members may
     /// publish longer settings than this replica's).
     longest_lock_delay: Duration,
+    /// The cluster's floor, as last loaded: a token below it is stale on
+    /// every lock, known or not. It never goes down.
+    floor: u64,
     flags: Flags,
 }
 
@@ -418,6 +425,7 @@ impl Replica {
             evictions: 0,
             raises_sent: 0,
             longest_lock_delay: timing.lock_delay,
+            floor: 0,
             flags: Flags::default(),
         }
     }
@@ -559,9 +567,45 @@ impl Replica {
         self.me.as_ref().map(|m| m.number)
     }
 
-    /// The max of `lock` (0 if never seen).
+    /// The max of `lock`: at least the cluster's floor (0 if neither was
+    /// ever seen).
     pub fn max(&self, lock: &str) -> u64 {
-        self.locks.get(lock).map_or(0, |l| l.max)
+        self.locks.get(lock).map_or(0, |l| l.max).max(self.floor)
+    }
+
+    /// The cluster's floor, as last loaded.
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// How long a write waits for its raise before it is answered
+    /// unavailable: an eviction and a lock delay (the longest any member
+    /// published), and a few calls of `call_timeout` each. A raise held up
+    /// by a member still draining goes on; the next write joins it.
+    pub fn raise_patience(&self, call_timeout: Duration) -> Duration {
+        self.timing.ack_timeout + self.longest_lock_delay + 4 * call_timeout
+    }
+
+    /// A write that has waited for its raise of `lock` since `since` gives
+    /// up at `now` if its patience is over: then what holds the raise up,
+    /// for the answer.
+    pub fn gives_up(
+        &self,
+        lock: &str,
+        since: Ms,
+        now: Ms,
+        call_timeout: Duration,
+    ) -> Option<String> {
+        if now.saturating_sub(since) < ms(self.raise_patience(call_timeout)) {
+            return None;
+        }
+        Some(
+            self.raises(now)
+                .into_iter()
+                .find(|r| r.lock == lock)
+                .map(|r| format!("{} ({:?})", r.phase, r.holdups))
+                .unwrap_or_default(),
+        )
     }
 
     /// Whether `lock` has a fence here.
@@ -651,6 +695,13 @@ impl Replica {
     pub fn begin_write(&mut self, lock: &str, token: u64, now: Ms) -> Admit {
         if !self.admits(now) {
             return Admit::Unavailable(self.why_not.clone());
+        }
+        // Below the cluster's floor: stale on every lock, known or not
+        // (and an unknown lock is not made known by it).
+        if fence::is_stale(self.floor, token) {
+            return Admit::Stale {
+                max: self.max(lock),
+            };
         }
         let key = self.lock_key(lock);
         let l = self.locks.get_mut(&key).expect("just made");
@@ -1032,7 +1083,7 @@ impl Replica {
             } if req == id => true,
             _ => return,
         };
-        let Answer::Loaded { rev, fences } = answer else {
+        let Answer::Loaded { rev, fences, floor } = answer else {
             if reloading {
                 self.phase = Phase::Live {
                     reload: None,
@@ -1050,6 +1101,7 @@ impl Replica {
             }
             return;
         };
+        self.floor = self.floor.max(floor);
         for (lock, token, mod_rev) in fences {
             // A raise after this incarnation joined waits for its ack.
             self.learned(&lock, token, mod_rev > joined_rev || reloading, now);
@@ -1380,10 +1432,6 @@ impl Raise {
     }
 }
 
-fn ms(d: Duration) -> Ms {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 fn describe(a: &Answer) -> String {
     match a {
         Answer::Unknown(why) => why.clone(),
@@ -1444,7 +1492,15 @@ mod tests {
         } else {
             vec![]
         };
-        r.handle_answer(load, Answer::Loaded { rev: 20, fences }, 3);
+        r.handle_answer(
+            load,
+            Answer::Loaded {
+                rev: 20,
+                fences,
+                floor: 0,
+            },
+            3,
+        );
         let number = r.incarnation_number().expect("registered");
         r.watch_opened(number, 4);
         drain(&mut r);
@@ -1472,6 +1528,53 @@ mod tests {
     }
 
     #[test]
+    fn below_the_loaded_floor_every_lock_is_stale_and_stays_unknown() {
+        let mut r = Replica::new("a", 1, timing(), 0);
+        let load = registered(&mut r);
+        let fences = vec![("L".to_owned(), 3, 5)];
+        r.handle_answer(
+            load,
+            Answer::Loaded {
+                rev: 20,
+                fences,
+                floor: 100,
+            },
+            3,
+        );
+        let number = r.incarnation_number().expect("registered");
+        r.watch_opened(number, 4);
+        drain(&mut r);
+        assert!(r.admits(5));
+        assert_eq!(r.floor(), 100);
+        assert_eq!(r.max("L"), 100, "a known lock's max is at least the floor");
+        assert_eq!(r.max("M"), 100, "so is an unknown one's");
+        assert_eq!(r.begin_write("L", 99, 5), Admit::Stale { max: 100 });
+        assert_eq!(r.begin_write("M", 4, 5), Admit::Stale { max: 100 });
+        assert!(!r.known("M"), "a stale write makes no fence");
+        // At the floor or above: raised as any higher token.
+        assert_eq!(r.begin_write("M", 100, 6), Admit::Wait);
+        assert!(r.known("M"));
+    }
+
+    #[test]
+    fn a_write_gives_up_on_its_raise_only_when_its_patience_is_over() {
+        let mut r = live(0);
+        let calls = Duration::from_millis(500);
+        assert_eq!(r.begin_write("L", 5, 10), Admit::Wait);
+        let patience = ms(r.raise_patience(calls));
+        assert_eq!(
+            patience,
+            ms(timing().ack_timeout + timing().lock_delay + 4 * calls)
+        );
+        assert_eq!(r.gives_up("L", 10, 10 + patience - 1, calls), None);
+        let held = r.gives_up("L", 10, 10 + patience, calls).expect("over");
+        assert!(
+            held.starts_with("draining") || held.starts_with("writing"),
+            "{held}"
+        );
+    }
+
+    #[test]
     fn nothing_is_admitted_between_join_and_the_running_watch() {
         let mut r = Replica::new("a", 1, timing(), 0);
         let load = registered(&mut r);
@@ -1481,6 +1584,7 @@ mod tests {
             Answer::Loaded {
                 rev: 20,
                 fences: vec![],
+                floor: 0,
             },
             3,
         );
@@ -1609,6 +1713,7 @@ mod tests {
             Answer::Loaded {
                 rev: 40,
                 fences: vec![],
+                floor: 0,
             },
             1_010,
         );

@@ -7,7 +7,7 @@ use std::time::Duration;
 /// Milliseconds on one replica's monotonic clock.
 pub type Ms = u64;
 
-fn ms(d: Duration) -> Ms {
+pub(super) fn ms(d: Duration) -> Ms {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -29,6 +29,34 @@ impl Published {
             drift: t.drift,
             store_decision: t.store_decision,
             lock_delay: t.lock_delay,
+        }
+    }
+}
+
+/// What one compare of a raise transaction found: the lock's max `found`
+/// after it, and whether its compare held (`succeeded`: the max was put,
+/// or was already the token and the ack was put).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaiseRead {
+    /// The max is the token and this member's ack of it is written, at
+    /// the max's mod revision `rev`.
+    Raised { rev: i64 },
+    /// The max is above the token: the raise is stale.
+    Higher { max: u64 },
+    /// Neither: another raise moved the max between two compares (or
+    /// this compare did not apply). Try the next compare, or again.
+    Raced,
+}
+
+impl RaiseRead {
+    /// Reads one answer of a raise of `token`.
+    pub fn of(token: u64, found: u64, succeeded: bool, rev: i64) -> RaiseRead {
+        match crate::fence::decide(found, token) {
+            crate::fence::Verdict::Stale { max } => RaiseRead::Higher { max },
+            crate::fence::Verdict::Admit { raises: false } if succeeded => {
+                RaiseRead::Raised { rev }
+            }
+            crate::fence::Verdict::Admit { .. } => RaiseRead::Raced,
         }
     }
 }
@@ -307,6 +335,19 @@ impl RaiseWait {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raise_answer_is_read_by_the_fence_rule() {
+        // Put or acked at the token: raised, at the max's revision.
+        assert_eq!(RaiseRead::of(7, 7, true, 42), RaiseRead::Raised { rev: 42 });
+        // Above it, whatever the compare did: stale.
+        assert_eq!(RaiseRead::of(7, 9, false, 42), RaiseRead::Higher { max: 9 });
+        assert_eq!(RaiseRead::of(7, 9, true, 42), RaiseRead::Higher { max: 9 });
+        // At the token but this compare did not apply, or still below:
+        // another raise moved it between two compares.
+        assert_eq!(RaiseRead::of(7, 7, false, 42), RaiseRead::Raced);
+        assert_eq!(RaiseRead::of(7, 5, false, 42), RaiseRead::Raced);
+    }
 
     fn timing() -> Timing {
         Timing {

@@ -37,7 +37,8 @@ use crate::state_error::StateError;
 use crate::tokens::upload::UploadBinding;
 use dashmap::DashMap;
 use fencegate_core::replicas::{
-    Admit, Answer, Event, MemberView, Ms, Published, Replica, ReqId, Request, Timing, WriteId,
+    Admit, Answer, Event, MemberView, Ms, Published, RaiseRead, Replica, ReqId, Request, Timing,
+    WriteId,
 };
 use fencegate_etcd::etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
@@ -233,10 +234,8 @@ struct Inner {
     metrics: std::sync::OnceLock<Arc<crate::metrics::Metrics>>,
     /// The members part of the last status, and when it was read.
     status_members: tokio::sync::Mutex<Option<(Instant, serde_json::Value)>>,
-    /// The cluster's floor (`P/floor`): every lock's least max. Set by
-    /// `--token-floor` at a replica's start, read at every load.
-    floor: AtomicU64,
-    /// The floor this replica was started with, put at its first load.
+    /// The floor this replica was started with, put at its first load
+    /// (the machine keeps the cluster's floor, read at every load).
     start_floor: u64,
     /// The newest etcd revision any answer carried.
     seen_rev: std::sync::atomic::AtomicI64,
@@ -304,7 +303,6 @@ impl Cluster {
                 uploads: DashMap::new(),
                 metrics: std::sync::OnceLock::new(),
                 status_members: tokio::sync::Mutex::new(None),
-                floor: AtomicU64::new(floor),
                 start_floor: floor,
                 seen_rev: std::sync::atomic::AtomicI64::new(0),
                 went_back: Mutex::new(None),
@@ -430,34 +428,18 @@ impl Cluster {
         self.driven().machine.why_not().to_owned()
     }
 
-    /// How long a write waits for its raise before it gets 503: an
-    /// eviction and a lock delay, and a few etcd requests. (A raise held up
-    /// by a member still draining goes on; the next write joins it.)
-    fn raise_patience(&self) -> Duration {
-        let t = &self.inner.timing;
-        let lock_delay = self.driven().machine.longest_lock_delay();
-        t.ack_timeout + lock_delay + 4 * self.inner.etcd.request_timeout()
-    }
-
     /// Admits a write of `token` to `lock`, raising the lock's max in the
     /// cluster first if it must.
     pub async fn admit(&self, lock: &str, token: u64) -> Admitted {
-        // Below the cluster's floor: stale on every lock, known or not.
-        let floor = self.inner.floor.load(Ordering::Acquire);
-        if fencegate_core::fence::is_stale(floor, token) {
-            return Admitted::Stale {
-                max: floor.max(self.driven().machine.max(lock)),
-            };
-        }
         let mut changed = self.inner.changed.subscribe();
-        let since = tokio::time::Instant::now();
+        let calls = self.inner.etcd.request_timeout();
+        let (since, since_ms) = (tokio::time::Instant::now(), self.now());
         let mut raised = false;
         let started = Instant::now();
         loop {
             // Again each time: the members read meanwhile may have
             // published a longer lock delay.
-            let patience = self.raise_patience();
-            let deadline = since + patience;
+            let patience = self.driven().machine.raise_patience(calls);
             changed.borrow_and_update();
             // The write's cut signal is taken in the step that admits it:
             // a cut that comes after reaches it.
@@ -496,18 +478,15 @@ impl Cluster {
                 Step::Out(answer) => return answer,
                 Step::Wait => {
                     raised = true;
-                    if tokio::time::timeout_at(deadline, changed.changed())
-                        .await
-                        .is_err()
-                    {
-                        let held = self
-                            .driven()
-                            .machine
-                            .raises(self.now())
-                            .into_iter()
-                            .find(|r| r.lock == lock)
-                            .map(|r| format!("{} ({:?})", r.phase, r.holdups))
-                            .unwrap_or_default();
+                    // The machine decides when a wait is over; this only
+                    // wakes it on a change or when its patience may be.
+                    let wake = since + patience + Duration::from_millis(1);
+                    let _ = tokio::time::timeout_at(wake, changed.changed()).await;
+                    let gave_up = self
+                        .driven()
+                        .machine
+                        .gives_up(lock, since_ms, self.now(), calls);
+                    if let Some(held) = gave_up {
                         return Admitted::Unavailable(Unavailable::RaiseIncomplete {
                             lock: lock.to_owned(),
                             token,
@@ -522,10 +501,7 @@ impl Cluster {
 
     /// The max of `lock` here (at least the cluster's floor).
     pub fn max(&self, lock: &str) -> u64 {
-        self.driven()
-            .machine
-            .max(lock)
-            .max(self.inner.floor.load(Ordering::Acquire))
+        self.driven().machine.max(lock)
     }
 
     /// Why etcd's state went back, if this replica saw it do so.
@@ -878,11 +854,11 @@ impl Cluster {
         ]);
         let resp = self.txn(&txn).await?;
         let ops = resp.op_responses();
-        if let Some(kv) = ops.get(1).map(gets).and_then(|kvs| kvs.first()) {
-            self.inner
-                .floor
-                .fetch_max(parse_token(kv.value()), Ordering::AcqRel);
-        }
+        let floor = ops
+            .get(1)
+            .map(gets)
+            .and_then(|kvs| kvs.first())
+            .map_or(0, |kv| parse_token(kv.value()));
         let rev = resp.header().map_or(0, |h| h.revision());
         let fences = ops
             .first()
@@ -897,7 +873,7 @@ impl Cluster {
                 )
             })
             .collect();
-        Ok(Answer::Loaded { rev, fences })
+        Ok(Answer::Loaded { rev, fences, floor })
     }
 
     /// The raise transaction: the max to `token` if it is lower (or
@@ -949,15 +925,14 @@ impl Cluster {
                 let Some(kv) = ops.iter().flat_map(gets).next() else {
                     continue;
                 };
-                let v = parse_token(kv.value());
-                if v == token && resp.succeeded() {
-                    return Ok(Answer::Raised {
-                        rev: kv.mod_revision(),
-                    });
-                }
-                if fencegate_core::fence::is_stale(v, token) {
-                    higher = Some(v);
-                    break;
+                let found = parse_token(kv.value());
+                match RaiseRead::of(token, found, resp.succeeded(), kv.mod_revision()) {
+                    RaiseRead::Raised { rev } => return Ok(Answer::Raised { rev }),
+                    RaiseRead::Higher { max } => {
+                        higher = Some(max);
+                        break;
+                    }
+                    RaiseRead::Raced => {}
                 }
             }
             if let Some(max) = higher {
@@ -1305,7 +1280,7 @@ impl Cluster {
     pub async fn status(&self) -> serde_json::Value {
         let now = self.now();
         let until = self.inner.admits_until.load(Ordering::Acquire);
-        let (incarnation, raises, evictions, raises_sent, why_not) = {
+        let (incarnation, raises, evictions, raises_sent, why_not, floor) = {
             let d = self.driven();
             let m = &d.machine;
             let raises: BTreeMap<String, serde_json::Value> = m
@@ -1328,6 +1303,7 @@ impl Cluster {
                 m.evictions(),
                 m.raises_sent(),
                 m.why_not().to_owned(),
+                m.floor().max(self.inner.start_floor),
             )
         };
         let admitting = self.admits();
@@ -1345,7 +1321,7 @@ impl Cluster {
             "evictions": evictions,
             "raises_in_etcd": raises_sent,
             "raises_waiting": raises,
-            "floor": self.inner.floor.load(Ordering::Acquire),
+            "floor": floor,
             "etcd_went_back": self.went_back(),
         });
         let members = self.members_view(incarnation.as_deref()).await;
