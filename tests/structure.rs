@@ -41,7 +41,8 @@ const WITNESSES: &[(&str, &str)] = &[
     ("proxy/src/request.rs", "AsIs"),
     ("proxy/src/gate/scope.rs", "Scoped"),
     ("proxy/src/gate/token.rs", "Tokened"),
-    ("proxy/src/gate/mod.rs", "Write"),
+    ("proxy/src/gate/admission.rs", "Admitted"),
+    ("proxy/src/gate/write.rs", "Write"),
     ("locksvc/src/proof.rs", "HeldToken"),
     // Not a witness but the door to the store: its SDK client, reads and
     // lean sender are reached only by the methods that say what for.
@@ -632,4 +633,63 @@ fn each_check_catches_its_own_example() {
     )
     .expect("parses");
     assert_eq!(pub_items(&file.items), 3);
+}
+
+/// The most `pub` methods one type may have, over all its inherent
+/// `impl` blocks in its crate (a hub spread over many files is still one
+/// hub).
+const MAX_PUB_METHODS: usize = 30;
+
+/// The `pub` methods of each type's inherent impls in `items`, by type.
+fn pub_methods(items: &[syn::Item], out: &mut BTreeMap<String, usize>) {
+    for item in items {
+        match item {
+            syn::Item::Impl(i) if i.trait_.is_none() && !is_test_only(&i.attrs) => {
+                if let syn::Type::Path(t) = &*i.self_ty
+                    && let Some(last) = t.path.segments.last()
+                {
+                    let n = i
+                        .items
+                        .iter()
+                        .filter(|m| matches!(m, syn::ImplItem::Fn(f) if is_pub(&f.vis)))
+                        .count();
+                    *out.entry(last.ident.to_string()).or_default() += n;
+                }
+            }
+            syn::Item::Mod(m) if !is_test_only(&m.attrs) => {
+                if let Some((_, items)) = &m.content {
+                    pub_methods(items, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn no_type_has_more_than_the_bound_of_public_methods() {
+    let mut found = Vec::new();
+    for (krate, dir) in CRATES {
+        let mut by_type = BTreeMap::new();
+        for s in sources(dir) {
+            pub_methods(&s.file.items, &mut by_type);
+        }
+        for (ty, n) in by_type {
+            if n > MAX_PUB_METHODS {
+                found.push(format!("{krate}: {ty} has {n} public methods"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "types with more than {MAX_PUB_METHODS} public methods (split the type by what its callers need):\n{}",
+        found.join("\n")
+    );
+    // The count sees methods spread over several impl blocks.
+    let file: syn::File =
+        syn::parse_str("struct T; impl T { pub fn a() {} } impl T { pub fn b() {} fn c() {} }")
+            .expect("parses");
+    let mut by_type = BTreeMap::new();
+    pub_methods(&file.items, &mut by_type);
+    assert_eq!(by_type.get("T"), Some(&2));
 }

@@ -106,7 +106,7 @@ impl Backend {
     }
 
     /// The lean forwarder of PutObject, when the endpoint allows one (its
-    /// sends take a [`crate::gate::Write`]).
+    /// sends come only from the gate's `Writer`).
     pub fn lean(&self) -> Option<&std::sync::Arc<crate::lean::Lean>> {
         self.lean.as_ref()
     }
@@ -237,7 +237,7 @@ impl Backend {
     }
 
     /// Creates a bucket (the gate sends only plain creates, which touch no
-    /// object: `Gate::create_bucket`).
+    /// object: `Store::create_bucket`).
     pub async fn create_bucket(
         &self,
         req: S3Request<CreateBucketInput>,

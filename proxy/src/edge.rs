@@ -104,7 +104,8 @@ impl Edge {
             return Err(req);
         };
         let length = i64::try_from(verified.content_length).ok();
-        let Some(as_is) = AsIs::check(gate.has_lean_forwarder(), length, req.headers()) else {
+        let Some(as_is) = AsIs::check(gate.store.has_lean_forwarder(), length, req.headers())
+        else {
             return Err(req);
         };
         if let Err(e) = gate

@@ -10,7 +10,7 @@
 //! key goes straight out with `If-Match: <etag>` (or `If-None-Match: *`),
 //! with no HEAD first. The cache is bounded; a miss costs one HEAD, except
 //! for a small PutObject, which is sent as for a new key and reads the key
-//! only if the store refuses (`Gate::begin_put`). Its policy (`cache`) is
+//! only if the store refuses (`Admitter::begin_put`). Its policy (`cache`) is
 //! scan-resistant: a client rewriting more keys than the cache holds, in
 //! the same order every run, still finds about `capacity / keys` of them
 //! cached, where an LRU would find none.

@@ -8,7 +8,7 @@
 //! user metadata, storage class, tagging, encryption, object lock,
 //! checksums). Everything else is dropped: the client's signature and
 //! conditions, hop-by-hop headers, and any client `x-amz-meta-fencing-token`.
-//! The `Write` adds the conditions and the token.
+//! The gate's `Writer` adds the conditions and the token.
 //!
 //! Only requests it reproduces exactly take this path
 //! (`request::AsIs::check`, with [`eligible_headers`]): a body
@@ -297,7 +297,7 @@ impl Lean {
         Ok(LeanPut { uri, headers })
     }
 
-    /// Sends `put` with the conditions the gate's `Write` chose, written
+    /// Sends `put` with the conditions the gate's `Writer` chose, written
     /// in the store's `dialect`, and `body`.
     pub async fn send(
         &self,

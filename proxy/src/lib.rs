@@ -14,7 +14,7 @@
 //! - [`access`]: client SigV4 keys, anonymous policy, operation allowlist,
 //!   with [`query`] (query parameters) and [`object_key`] (the key rule);
 //! - [`ops`]: one module per S3 operation family, fenced or forwarded;
-//! - [`gate`]: the steps every fenced write shares, and `gate::Write`, the
+//! - [`gate`]: the stages every fenced write goes through, and `gate::Writer`, the
 //!   only sender of object writes;
 //! - [`scope`]: which lock fences a bucket/key;
 //! - [`tokens`]: the `Fencing-Token` header and its verification;
@@ -30,10 +30,13 @@
 //!   [`metrics`]; [`config`].
 //!
 //! **Architecture invariant:** no request reaches the backend's write API
-//! without passing [`gate::Gate::admit`] for its lock, and every object
-//! write is sent by a [`gate::Write`] from [`gate::Gate::begin`] (key lock, known state, per-key
+//! without passing [`gate::Admitter::admit`] for its lock, and every object
+//! write is sent by the [`gate::Writer`] for an `Admitted` write from [`gate::Admitter::begin`] (key lock, known state, per-key
 //! token) and is sent with `If-Match` or `If-None-Match` in the store's
 //! dialect, where the probe saw the store enforce it.
+
+// An internal crate: its docs link to its private modules on purpose.
+#![allow(rustdoc::private_intra_doc_links)]
 
 #[macro_use]
 pub mod forward;
@@ -136,7 +139,7 @@ impl Proxy {
         if let Some(bucket) = probe_bucket {
             let started = Instant::now();
             let report = loop {
-                match gate.probe_bucket(&bucket).await {
+                match gate.store.probe_bucket(&bucket).await {
                     Ok(r) => break r,
                     Err(e) if started.elapsed() < PROBE_PATIENCE => {
                         tracing::warn!(error = format!("{e:#}"), "backend probe failed; retrying");
@@ -163,7 +166,7 @@ impl Proxy {
         let mut builder = S3ServiceBuilder::new(ops::FencedS3::new(gate.clone()));
         builder.set_auth(access::ClientAuth::new(
             &config.clients,
-            gate.token_keys().cloned(),
+            gate.tokens.keys().cloned(),
         ));
         builder.set_access(access::Access {
             allow_anonymous: config.allow_anonymous,
@@ -173,7 +176,7 @@ impl Proxy {
         let edge = edge::Edge::new(
             Arc::new(access::ClientAuth::new(
                 &config.clients,
-                gate.token_keys().cloned(),
+                gate.tokens.keys().cloned(),
             )),
             Arc::new(hosts.clone()),
         );

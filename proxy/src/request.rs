@@ -2,7 +2,7 @@
 //!
 //! A PutObject comes in by one of two doors: the edge (a plain signed
 //! request, verified without s3s) or s3s. Either way it becomes one
-//! [`PutRequest`], parsed once: the fields the fence and the [`Write`]
+//! [`PutRequest`], parsed once: the fields the fence and the [`Writer`]
 //! read, the headers, the body, and the [`Route`] it takes to the store.
 //! Nothing after the door reads s3s's typed input, except the SDK route,
 //! which needs it whole and keeps it boxed.
@@ -15,7 +15,7 @@
 //! (`PutRequest::from_s3s`, `edge::Verified::into_request`), and nothing
 //! after the door changes them.
 //!
-//! [`Write`]: crate::gate::Write
+//! [`Writer`]: crate::gate::Writer
 
 use http::HeaderMap;
 use s3s::S3Request;
@@ -46,7 +46,7 @@ pub enum Route {
     /// By the lean forwarder, as it came (`crate::lean`).
     Lean(AsIs),
     /// By the SDK, from s3s's typed input. Its body and conditions were
-    /// moved into the [`PutRequest`]; the `Write` puts back what it sends.
+    /// moved into the [`PutRequest`]; the `Writer` puts back what it sends.
     Sdk(Box<S3Request<PutObjectInput>>),
 }
 

@@ -129,7 +129,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 // `client_idle_timeout_secs` in all, so a client trickling it
                 // cannot hold either.
                 let deadline = (body_read == crate::early::BodyRead::Whole)
-                    .then(|| Box::pin(tokio::time::sleep(this.gate.client_idle())));
+                    .then(|| Box::pin(tokio::time::sleep(this.gate.writer.client_idle())));
                 // A body read whole is checked against its integrity values
                 // here: s3s checks none of them on these bodies. Its payload
                 // hash too, signed or not: the check costs a few hundred
@@ -411,7 +411,7 @@ impl Router {
                     );
                     return r;
                 }
-                let events = self.gate.events();
+                let events = self.gate.refuser.events();
                 if endpoint == "events" {
                     let mut r = json(StatusCode::OK, events.to_json().to_string());
                     r.headers_mut().insert(
@@ -450,7 +450,7 @@ impl Router {
     }
 
     /// `POST /_fencegate/fence` with the new holder's signed token: raises
-    /// its lock's fence before the holder writes (`Gate::fence`).
+    /// its lock's fence before the holder writes (`Gate::fence`: the stages composed).
     async fn fence(&self, method: &http::Method, headers: &http::HeaderMap) -> Response<Body> {
         if method != http::Method::POST {
             return json(

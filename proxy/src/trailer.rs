@@ -449,7 +449,7 @@ fn chunked(headers: &HeaderMap) -> bool {
 /// declares no data to its end before anything is sent, so that its
 /// values are checked: a sender never polls a body of length 0, and the
 /// store would commit the empty object whatever they said. Call it on the
-/// watched body (`Gate::watch_body`), which a raise or a silent client
+/// watched body (`Writer::watch_body`), which a raise or a silent client
 /// cuts. Other bodies are left alone.
 pub async fn settle_empty(
     body: &mut Option<StreamingBlob>,

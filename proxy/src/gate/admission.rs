@@ -1,78 +1,200 @@
-//! Stages three to five: the scope's epoch admits the [`Tokened`]
-//! request, the key is locked and its stored state known, and a [`Write`]
-//! is handed out (its sending and its end are `write`'s). Also the
-//! acquisition fence, which is an admission without a write.
+//! Stages three and four: the scope's epoch admits the [`Tokened`]
+//! request, the key is locked and its stored state known; the result is
+//! an [`Admitted`] write, which only the write stage (`write`) sends.
 
-use super::refusal::Refusal;
+use super::refusal::{Refusal, Refuser};
+use super::store::Store;
 use super::token::Tokened;
-use super::*;
-use crate::op::Op;
+use crate::dialect::Dialect;
+use crate::errors;
+use crate::fences::{Admission, FenceError, Fences};
+use crate::keys::{KeyGuard, Keys, Known};
+use crate::metrics::{LockLabels, Metrics, Outcome};
+use crate::probe::ProbeReport;
+use crate::scope::Scope;
+use s3s::S3Result;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-impl Gate {
-    /// Raises the fence of the lock a new holder's signed token names to
-    /// that token, before the holder writes anything (acquisition
-    /// fencing, `POST /_fencegate/fence`): exactly what its first write
-    /// would do, so older writes in flight are cut or drained and every
-    /// lower token is refused from then on, on every replica. Only the
-    /// signed token proves holding (a number is public); a lower token is
-    /// stale (409). Answers the lock, the token and the max now.
-    pub async fn fence(&self, headers: &HeaderMap) -> S3Result<(String, u64, u64)> {
-        const OP: Op = Op::Fence;
-        // Without keys a token in the signed form cannot be verified, and
-        // a fence raised on anyone's say-so would lock the holder out.
-        if self.token_keys().is_none() {
-            return Err(errors::fence_unverifiable());
+/// The object writes, each sent only by the write stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOp {
+    Put,
+    Copy,
+    Delete,
+    DeleteMany,
+    Complete,
+}
+
+impl WriteOp {
+    /// The S3 operation.
+    pub fn op(self) -> crate::op::Op {
+        use crate::op::Op;
+        match self {
+            WriteOp::Put => Op::PutObject,
+            WriteOp::Copy => Op::CopyObject,
+            WriteOp::Delete => Op::DeleteObject,
+            WriteOp::DeleteMany => Op::DeleteObjects,
+            WriteOp::Complete => Op::CompleteMultipartUpload,
         }
-        let value = headers
-            .get(crate::tokens::FENCING_TOKEN_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                s3s::s3_error!(
-                    InvalidRequest,
-                    "send the lease's signed fencing_token in the Fencing-Token header"
-                )
-            })?;
-        let lock = match fencegate_core::FencingToken::parse(value.trim()) {
-            Ok(fencegate_core::FencingToken::Signed(s)) => s.lock,
-            Ok(fencegate_core::FencingToken::Plain(_)) => {
-                return Err(errors::rejected(&crate::tokens::Rejection::Unsigned));
-            }
-            Err(e) => {
-                return Err(s3s::s3_error!(
-                    InvalidRequest,
-                    "the Fencing-Token header is not a fencing token ({e}): send the lease's signed fencing_token"
-                ));
-            }
-        };
-        let scoped = self
-            .scope_of_lock(OP, &lock)
-            .ok_or_else(|| errors::unknown_lock(lock.as_str()))?;
-        let tokened = self
-            .required_token(
-                scoped,
-                RequestToken {
-                    headers,
-                    access_key: None,
-                },
-            )
-            .await?;
-        // A bucket-per-scope lock whose bucket the store does not have is
-        // not fenced here.
-        let admission = self.admit(&tokened).await.map_err(|e| {
-            if e.code() == &s3s::S3ErrorCode::NoSuchBucket {
-                errors::unknown_lock(lock.as_str())
-            } else {
-                e
-            }
-        })?;
-        drop(admission);
-        let scope = tokened.scope();
-        self.count(OP, scope, Outcome::Accepted);
-        Ok((
-            scope.lock.to_string(),
-            tokened.token().number(),
-            self.fences.max(scope.fence()),
-        ))
+    }
+
+    /// The S3 operation name (metrics, logs).
+    pub fn name(self) -> &'static str {
+        self.op().name()
+    }
+
+    /// Whether a cached state of the key may stand in for reading it, on
+    /// a store with probe report `store` (None: not probed).
+    ///
+    /// The cache holds what the store answered to this proxy's own writes.
+    /// Where the store enforces the condition derived from it, a stale
+    /// cache (another replica wrote since) fails at the store, and the
+    /// write is re-decided. Where it does not, the cache is not trusted and
+    /// the key is read afresh: that catches every write another replica
+    /// finished before this one was decided, though not one racing it (only
+    /// the store's CAS can close that window; README "Several proxies").
+    /// A delete of a key cached absent is always read afresh: a DELETE
+    /// cannot be made conditional on absence, so it would go out with no
+    /// condition at all.
+    fn trusts_cached(self, cached: &Known, store: Option<&ProbeReport>) -> bool {
+        let new_key = matches!(cached, Known::Absent);
+        if new_key && matches!(self, WriteOp::Delete | WriteOp::DeleteMany) {
+            return false;
+        }
+        store.is_some_and(|r| self.enforced_by(r, new_key))
+    }
+
+    /// Whether a store with probe report `r` enforces the condition this
+    /// operation sends (`If-None-Match: *` for a new key, `If-Match`
+    /// otherwise).
+    pub fn enforced_by(self, r: &ProbeReport, new_key: bool) -> bool {
+        match (self, new_key) {
+            (WriteOp::Put, true) => r.put_if_none_match.enforced(),
+            (WriteOp::Put, false) => r.put_if_match.enforced(),
+            (WriteOp::Complete, true) => r.complete_if_none_match.enforced(),
+            (WriteOp::Complete, false) => r.complete_if_match.enforced(),
+            (WriteOp::Copy, true) => r.copy_if_none_match.enforced(),
+            (WriteOp::Copy, false) => r.copy_if_match.enforced(),
+            // A delete of a key verified absent sends nothing.
+            (WriteOp::Delete | WriteOp::DeleteMany, true) => true,
+            (WriteOp::Delete | WriteOp::DeleteMany, false) => r.delete_if_match.enforced(),
+        }
+    }
+}
+
+/// Counts a write in `inflight_writes` for as long as it lives.
+#[derive(Debug)]
+pub(super) struct Inflight(Arc<Metrics>);
+
+impl Inflight {
+    fn new(metrics: &Arc<Metrics>) -> Inflight {
+        metrics.inflight_writes.inc();
+        Inflight(metrics.clone())
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.inflight_writes.dec();
+    }
+}
+
+/// A write that passed every check and holds its key: what the write
+/// stage takes, and the only thing it sends an object write for. Made only
+/// here; its fields are private.
+#[derive(Debug)]
+pub struct Admitted {
+    /// First, so it is dropped first: a write counted in flight still
+    /// holds its admission (a raise admitted elsewhere finds it at 0).
+    inflight: Inflight,
+    op: WriteOp,
+    scope: Scope,
+    token: u64,
+    admission: Admission,
+    key: KeyGuard,
+    known: Known,
+    /// `known` is `Absent` by presumption, not by a read (see
+    /// [`Admitter::begin_put`]).
+    presumed: bool,
+    /// How the bucket's store reads conditions.
+    dialect: Dialect,
+    started: Instant,
+}
+
+/// An [`Admitted`] write taken apart by the write stage, which sends it.
+#[derive(Debug)]
+pub(super) struct Parts {
+    pub inflight: Inflight,
+    pub op: WriteOp,
+    pub scope: Scope,
+    pub token: u64,
+    pub admission: Admission,
+    pub key: KeyGuard,
+    pub known: Known,
+    pub presumed: bool,
+    pub dialect: Dialect,
+    pub started: Instant,
+}
+
+impl Admitted {
+    pub(super) fn parts(self) -> Parts {
+        let Admitted {
+            inflight,
+            op,
+            scope,
+            token,
+            admission,
+            key,
+            known,
+            presumed,
+            dialect,
+            started,
+        } = self;
+        Parts {
+            inflight,
+            op,
+            scope,
+            token,
+            admission,
+            key,
+            known,
+            presumed,
+            dialect,
+            started,
+        }
+    }
+}
+
+/// Stages three and four's state: the fences (the epochs), the keys'
+/// locks and known states, the store (its probe, a key's read).
+#[derive(Debug)]
+pub struct Admitter {
+    fences: Fences,
+    keys: Keys,
+    store: Arc<Store>,
+    refuser: Refuser,
+    metrics: Arc<Metrics>,
+    /// Failed raises, logged at most once a second.
+    storage_failures: Mutex<fencegate_durable::Throttle>,
+}
+
+impl Admitter {
+    pub fn new(
+        fences: Fences,
+        keys: Keys,
+        store: Arc<Store>,
+        refuser: Refuser,
+        metrics: Arc<Metrics>,
+    ) -> Admitter {
+        Admitter {
+            fences,
+            keys,
+            store,
+            refuser,
+            metrics,
+            storage_failures: Mutex::default(),
+        }
     }
 
     /// Stage three: admits the token into its scope's epoch (see
@@ -81,12 +203,12 @@ impl Gate {
     pub async fn admit(&self, tokened: &Tokened) -> S3Result<Admission> {
         let (op, scope) = (tokened.op(), tokened.scope());
         let token = tokened.token().number();
-        self.require_safe(tokened.scoped().bucket()).await?;
+        self.store.require_safe(tokened.scoped().bucket()).await?;
         match self.fences.admit(scope.fence(), token).await {
             Ok(a) => {
                 if a.raised() {
                     tracing::info!(lock = %scope.lock, scope = %scope.id, token, waited_ms = a.waited().as_millis(), "fence raised");
-                    self.learn_owner(scope.lock.as_str(), token);
+                    self.refuser.learn_owner(scope.lock.as_str(), token);
                     self.metrics
                         .raise_wait_seconds
                         .get_or_create(&LockLabels {
@@ -103,10 +225,12 @@ impl Gate {
                 Ok(a)
             }
             Err(FenceError::Stale { token, max }) => {
-                Err(self.refuse(op, scope, Refusal::below_max(token, max, scope)))
+                Err(self
+                    .refuser
+                    .refuse(op, scope, Refusal::below_max(token, max, scope)))
             }
             Err(FenceError::Storage(e)) => {
-                self.count(op, scope, Outcome::Unavailable);
+                self.refuser.count(op, scope, Outcome::Unavailable);
                 let held_back = self
                     .storage_failures
                     .lock()
@@ -120,35 +244,36 @@ impl Gate {
                 )))
             }
             Err(FenceError::Unavailable(e)) => {
-                self.count(op, scope, Outcome::Unavailable);
+                self.refuser.count(op, scope, Outcome::Unavailable);
                 Err(errors::storage(format!("{e}; nothing was written")))
             }
         }
     }
 
-    /// Stages three to five for an object write: admission, the key's
-    /// lock, its verified state; then the [`Write`] that alone can send it.
-    pub async fn begin(&self, write: WriteOp, tokened: Tokened) -> S3Result<Write> {
+    /// Stages three and four for an object write: admission, the key's
+    /// lock, its verified state: the [`Admitted`] write the write stage
+    /// alone can send.
+    pub async fn begin(&self, write: WriteOp, tokened: Tokened) -> S3Result<Admitted> {
         self.begin_with(write, tokened, false).await
     }
 
-    /// [`Gate::begin`] for a PutObject whose body the `Write` can send
-    /// twice (`resendable`): a key the proxy knows nothing of is then
+    /// [`Admitter::begin`] for a PutObject whose body the write stage can
+    /// send twice (`resendable`): a key the proxy knows nothing of is then
     /// presumed absent instead of read, where the store enforces
     /// `If-None-Match: *`, so a new key costs one backend round trip; if
-    /// the key exists after all, the store refuses and [`Write::put`] reads
-    /// it and sends again.
-    pub async fn begin_put(&self, tokened: Tokened, resendable: bool) -> S3Result<Write> {
-        let presume = resendable && self.backend.lean().is_some();
+    /// the key exists after all, the store refuses and the write stage
+    /// reads it and sends again.
+    pub async fn begin_put(&self, tokened: Tokened, resendable: bool) -> S3Result<Admitted> {
+        let presume = resendable && self.store.has_lean_forwarder();
         self.begin_with(WriteOp::Put, tokened, presume).await
     }
 
-    pub(super) async fn begin_with(
+    async fn begin_with(
         &self,
         write: WriteOp,
         tokened: Tokened,
         presume_absent: bool,
-    ) -> S3Result<Write> {
+    ) -> S3Result<Admitted> {
         let op = write.op();
         let token = tokened.token().number();
         // A many-key request (DeleteObjects) resolves every scope first,
@@ -160,17 +285,14 @@ impl Gate {
         let cut = admission.cancel().clone();
         let guard = tokio::select! {
             g = self.keys.lock(bucket, key) => g,
-            () = cut.cancelled() => return Err(self.cut(op, &scope, token, admission).await),
+            () = cut.cancelled() => return Err(self.refuser.cut(op, &scope, token, admission).await),
         };
-        let trusted = |k: &Known| {
-            let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
-            write.trusts_cached(k, probes.get(bucket).map(|r| &**r))
-        };
+        let probed = self.store.probed(bucket);
+        let trusted = |k: &Known| write.trusts_cached(k, probed.as_deref());
         let presumable = || {
-            let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
             presume_absent
-                && probes
-                    .get(bucket)
+                && probed
+                    .as_ref()
                     .is_some_and(|r| r.put_if_none_match.enforced())
         };
         let mut presumed = false;
@@ -181,16 +303,14 @@ impl Gate {
                 Known::Absent
             }
             _ => {
-                let k = self
-                    .call(Box::pin(self.backend.head(bucket, key)), None)
-                    .await?;
+                let k = self.store.head(bucket, key).await?;
                 guard.remember(k.clone());
                 k
             }
         };
-        self.refuse_if_overwritten(op, &scope, token, bucket, key, &known)?;
-        let dialect = self.dialect_of(bucket);
-        Ok(Write {
+        self.refuser
+            .refuse_if_overwritten(op, &scope, token, bucket, key, &known)?;
+        Ok(Admitted {
             op: write,
             scope,
             token,
@@ -198,8 +318,7 @@ impl Gate {
             key: guard,
             known,
             presumed,
-            dialect,
-            client: self.backend.writes(dialect),
+            dialect: self.store.dialect_of(bucket),
             started: Instant::now(),
             inflight: Inflight::new(&self.metrics),
         })

@@ -1,246 +1,100 @@
-//! The gate: the state every fenced operation shares, and the steps they
-//! share, in the order a write goes through them:
+//! The gate: a fenced write's stages, in the order a write goes through
+//! them, each a type that owns only the state it needs and hands the next
+//! stage a value:
 //!
 //! ```text
-//!  scope ──► token ──────► probe ok? ──► admit (epoch) ──► lock key ──► known state
-//!    │          │              │             │                 │             │
-//!   403    428/400/403        503        409 stale        409 if cut    409 if the object's
-//!  unscoped                  unsafe                                     token is higher
+//!  Scoping ──► TokenCheck ──► Admitter (probe ok? epoch, key, known state) ──► Writer
+//!  → Scoped     → Tokened      → Admitted                                     → the store
+//!    │             │              │         │          │          │
+//!   403      428/400/403         503    409 stale   409 if cut  409 if the object's
+//!  unscoped                    unsafe                           token is higher
 //! ```
 //!
 //! (The token is checked before the probe so that a request without a
 //! valid token never makes the proxy probe a bucket.)
 //!
-//! After these, the [`Write`] forwards a conditional request built from the
-//! known state, and on the store's condition failure re-reads the key and
-//! answers stale or retry. A write the store does not answer in time is
-//! answered 503 but keeps its admission and key until it can no longer
-//! commit (`write::linger`).
-//!
-//! One file per step, in the order above, each taking the one before's
-//! output: [`scope`] (the key's fence scope: [`scope::Scoped`]), [`token`]
-//! (the request's [`VerifiedToken`]: [`token::Tokened`]), [`store`] (the
-//! probe: what the store enforces), [`admission`] (the epoch, the key, the
-//! known state: a [`Write`]), [`write`] (the only sender of writes, its
-//! timeout policy and its end); beside them [`refusal`] (every refusal of
-//! the fence: stale, cut, forged and missing tokens, other clients'
-//! uploads, unscoped keys), [`uploads`] (multipart bindings) and
-//! [`status`]. This file holds the state they share and the answer timeout
-//! of the calls that change no object. It imports none of them: a stage
-//! imports the stages before it and this file, never one after it.
+//! One file per stage: [`scope`] ([`Scoping`]: the key's fence scope, a
+//! [`scope::Scoped`]), [`token`] ([`TokenCheck`]: the request's
+//! `VerifiedToken`, a [`token::Tokened`]), [`admission`] ([`Admitter`]:
+//! the store's probe ([`store`]), the epoch, the key's lock and its known
+//! state, an [`admission::Admitted`]), [`write`] ([`Writer`]: the only
+//! sender of object writes, its timeout policy and its end: answered,
+//! re-decided, or lingering while the store may still commit). Beside
+//! them: [`refusal`] ([`Refuser`]: every refusal of the fence, counted and
+//! recorded, shared by the stages), [`store`] ([`Store`]: the backend, what
+//! each bucket's store enforces, the calls that are not object writes),
+//! [`call`] (the answer timeout of those calls), [`uploads`] (multipart
+//! bindings) and [`status`]. A stage imports the stages before it and the
+//! leaves beside it, never one after it, and none imports this file: the
+//! [`Gate`] here only builds the stages and composes them (the acquisition
+//! fence, the status, the end of a run).
 
-mod admission;
+pub mod admission;
+mod call;
 pub mod refusal;
 pub mod scope;
 mod status;
-mod store;
+pub mod store;
 pub mod token;
-mod uploads;
+pub mod uploads;
 pub mod write;
 
+pub use admission::{Admitter, WriteOp};
+pub use refusal::{Refuser, UNKNOWN_LOCK};
+pub use scope::Scoping;
+pub use store::Store;
+pub use token::{RequestToken, TokenCheck};
+pub use uploads::Uploads;
+pub use write::Writer;
+
 use crate::backend::Backend;
-use crate::body::{BodyWatch, Cancellable};
 use crate::config::ProxyConfig;
-use crate::dialect::Dialect;
 use crate::errors;
-use crate::events::{FenceEvents, Kind, Refused};
-use crate::fences::{Admission, FenceError, Fences};
-use crate::issuer::{Answer, Issuer};
-use crate::keys::{KeyGuard, Keys, Known};
-use crate::metrics::{LockLabels, Metrics, Outcome, ProbeLabels};
+use crate::events::FenceEvents;
+use crate::fences::Fences;
+use crate::issuer::Issuer;
+use crate::keys::Keys;
+use crate::metrics::{LockLabels, Metrics, Outcome};
 use crate::op::Op;
-use crate::probe::{ProbeError, ProbeReport, probe};
-use crate::scope::{Scope, ScopeMap};
+use crate::scope::ScopeMap;
 use crate::state::db::Db;
-use crate::tokens::upload::UploadBinding;
-use crate::tokens::{Presented, Rejection, TokenPolicy, VerifiedToken};
+use crate::tokens::TokenPolicy;
 use fencegate_core::TokenKeys;
 use http::HeaderMap;
-use s3s::{S3Error, S3Result};
-use std::collections::HashMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+use s3s::S3Result;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Keys being written that `/_fencegate/status` lists at most.
 const BUSY_KEYS_SHOWN: usize = 50;
 
-/// The metric label of writes refused before their lock was known.
-pub const UNKNOWN_LOCK: &str = "(none)";
-
-/// Shared state of the proxy.
+/// The proxy's stages, built once from its configuration. Each is used
+/// through its field; what is left here composes them.
 #[derive(Debug)]
 pub struct Gate {
-    backend: Backend,
-    scopes: ScopeMap,
+    /// Stage one: the key's fence scope.
+    pub scoping: Scoping,
+    /// Stage two: the request's verified token.
+    pub tokens: TokenCheck,
+    /// The store: its probe, and the calls that are not object writes.
+    pub store: Arc<Store>,
+    /// Stages three and four: the epoch, the key, its known state.
+    pub admitter: Admitter,
+    /// The last stage: the only sender of object writes.
+    pub writer: Writer,
+    /// The bindings of open multipart uploads.
+    pub uploads: Uploads,
+    /// Refusals of the fence and the counts of writes, for every stage.
+    pub refuser: Refuser,
     fences: Fences,
     keys: Keys,
     db: Db,
-    tokens: TokenPolicy,
+    metrics: Arc<Metrics>,
     /// The header families writes may carry.
     write_headers: crate::write_headers::WriteHeaders,
-    /// Failed raises, logged at most once a second.
-    storage_failures: std::sync::Mutex<fencegate_durable::Throttle>,
-    /// Checks plain tokens with the lease service, when configured.
-    issuer: Option<Issuer>,
-    /// The lease service (`locksvc_url`), asked after each raise who the
-    /// new token's owner is, for fence events.
-    lease_service: Option<fencegate_lease_api::Client>,
-    /// Questions about owners in flight at once, at most (a burst of raises
-    /// asks about a few, not all).
-    owner_questions: Arc<tokio::sync::Semaphore>,
-    /// When the last failed question was logged (Unix ms; one a minute).
-    owner_warned_ms: Arc<std::sync::atomic::AtomicU64>,
-    /// Recent refusals (see `events`).
-    events: Arc<FenceEvents>,
-    metrics: Arc<Metrics>,
-    accept_weak_backend: bool,
-    /// How long the backend has to answer once a request is fully sent.
-    backend_timeout: Duration,
-    /// How long the store may still commit a write after its connection
-    /// closed (`backend.store_decision_secs`).
-    store_decision: Duration,
-    /// How long a client may send nothing in the middle of a body.
-    client_idle: Duration,
-    probes: Mutex<HashMap<String, Arc<ProbeReport>>>,
-    probing: tokio::sync::Mutex<()>,
     /// Bytes of whole-read request bodies held at once (see `early`).
     body_budget: crate::early::BodyBudget,
-    /// Large uploads read ahead of the store at once (see `read_ahead`).
-    read_aheads: crate::read_ahead::ReadAheads,
 }
-
-/// Where a request's token can come from: its headers, and the access key
-/// it was signed with (lease-bound credentials).
-#[derive(Debug, Clone, Copy)]
-pub struct RequestToken<'a> {
-    pub headers: &'a HeaderMap,
-    pub access_key: Option<&'a str>,
-}
-
-impl<'a> RequestToken<'a> {
-    pub fn of<T>(req: &'a s3s::S3Request<T>) -> RequestToken<'a> {
-        RequestToken {
-            headers: &req.headers,
-            access_key: req.credentials.as_ref().map(|c| c.access_key.as_str()),
-        }
-    }
-}
-
-/// The object writes, each sent only through a [`Write`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteOp {
-    Put,
-    Copy,
-    Delete,
-    DeleteMany,
-    Complete,
-}
-
-impl WriteOp {
-    /// The S3 operation.
-    pub fn op(self) -> crate::op::Op {
-        use crate::op::Op;
-        match self {
-            WriteOp::Put => Op::PutObject,
-            WriteOp::Copy => Op::CopyObject,
-            WriteOp::Delete => Op::DeleteObject,
-            WriteOp::DeleteMany => Op::DeleteObjects,
-            WriteOp::Complete => Op::CompleteMultipartUpload,
-        }
-    }
-
-    /// The S3 operation name (metrics, logs).
-    pub fn name(self) -> &'static str {
-        self.op().name()
-    }
-
-    /// Whether a cached state of the key may stand in for reading it, on
-    /// a store with probe report `store` (None: not probed).
-    ///
-    /// The cache holds what the store answered to this proxy's own writes.
-    /// Where the store enforces the condition derived from it, a stale
-    /// cache (another replica wrote since) fails at the store, and the
-    /// write is re-decided. Where it does not, the cache is not trusted and
-    /// the key is read afresh: that catches every write another replica
-    /// finished before this one was decided, though not one racing it (only
-    /// the store's CAS can close that window; README "Several proxies").
-    /// A delete of a key cached absent is always read afresh: a DELETE
-    /// cannot be made conditional on absence, so it would go out with no
-    /// condition at all.
-    fn trusts_cached(self, cached: &Known, store: Option<&ProbeReport>) -> bool {
-        let new_key = matches!(cached, Known::Absent);
-        if new_key && matches!(self, WriteOp::Delete | WriteOp::DeleteMany) {
-            return false;
-        }
-        store.is_some_and(|r| self.enforced_by(r, new_key))
-    }
-
-    /// Whether a store with probe report `r` enforces the condition this
-    /// operation sends (`If-None-Match: *` for a new key, `If-Match`
-    /// otherwise).
-    pub fn enforced_by(self, r: &ProbeReport, new_key: bool) -> bool {
-        match (self, new_key) {
-            (WriteOp::Put, true) => r.put_if_none_match.enforced(),
-            (WriteOp::Put, false) => r.put_if_match.enforced(),
-            (WriteOp::Complete, true) => r.complete_if_none_match.enforced(),
-            (WriteOp::Complete, false) => r.complete_if_match.enforced(),
-            (WriteOp::Copy, true) => r.copy_if_none_match.enforced(),
-            (WriteOp::Copy, false) => r.copy_if_match.enforced(),
-            // A delete of a key verified absent sends nothing.
-            (WriteOp::Delete | WriteOp::DeleteMany, true) => true,
-            (WriteOp::Delete | WriteOp::DeleteMany, false) => r.delete_if_match.enforced(),
-        }
-    }
-}
-
-/// A write that passed every check and holds its key: the only thing that
-/// can send an object write (see [`write`]).
-#[derive(Debug)]
-pub struct Write {
-    /// First, so it is dropped first: a write counted in flight still
-    /// holds its admission (a raise admitted elsewhere finds it at 0).
-    inflight: Inflight,
-    op: WriteOp,
-    scope: Scope,
-    token: u64,
-    admission: Admission,
-    key: KeyGuard,
-    known: Known,
-    /// `known` is `Absent` by presumption, not by a read (see
-    /// [`Gate::begin_put`]).
-    presumed: bool,
-    /// How the bucket's store reads conditions, and the client that
-    /// writes them so.
-    dialect: Dialect,
-    client: aws_sdk_s3::Client,
-    started: Instant,
-}
-
-/// Counts a write in `inflight_writes` for as long as it lives.
-#[derive(Debug)]
-struct Inflight(Arc<Metrics>);
-
-impl Inflight {
-    fn new(metrics: &Arc<Metrics>) -> Inflight {
-        metrics.inflight_writes.inc();
-        Inflight(metrics.clone())
-    }
-}
-
-impl Drop for Inflight {
-    fn drop(&mut self) {
-        self.0.inflight_writes.dec();
-    }
-}
-
-/// A backend call, boxed by its caller: the SDK's futures are kilobytes,
-/// and a call held inline would make every request's future (the hot
-/// PutObject's too, which mostly never makes such a call) that big, copied
-/// whole when the request starts.
-type Call<'a, T> = std::pin::Pin<Box<dyn Future<Output = S3Result<T>> + Send + 'a>>;
 
 impl Gate {
     pub fn new(
@@ -321,67 +175,65 @@ impl Gate {
                 ))
             })
             .transpose()?;
+        let events = Arc::new(FenceEvents::new(config.fence_events_kept));
+        let configured = scopes.configured().iter().map(|s| s.lock.clone()).collect();
+        let refuser = Refuser::new(
+            metrics.clone(),
+            events,
+            fences.clone(),
+            configured,
+            lease_service.clone(),
+        );
+        let store = Arc::new(Store::new(
+            Backend::new(&config.backend, last_check),
+            config.accept_weak_backend,
+            Duration::from_secs(config.backend.timeout_secs),
+            metrics.clone(),
+        ));
+        let keys_of_writes = Keys::new(config.etag_cache_entries);
         Ok(Gate {
-            backend: Backend::new(&config.backend, last_check),
-            scopes,
-            fences,
-            keys: Keys::new(config.etag_cache_entries),
-            db,
+            scoping: Scoping::new(scopes, refuser.clone()),
             // With locksvc_url, plain tokens are accepted only once the lease
             // service confirms them, so they are not trusted on sight.
-            tokens: TokenPolicy::new(
-                keys,
-                config.unsigned_tokens_accepted() && config.locksvc_url.is_none(),
+            tokens: TokenCheck::new(
+                TokenPolicy::new(
+                    keys,
+                    config.unsigned_tokens_accepted() && config.locksvc_url.is_none(),
+                ),
+                lease_service
+                    .filter(|_| config.unsigned_tokens_accepted())
+                    .map(Issuer::new),
+                fences.clone(),
+                refuser.clone(),
             ),
-            write_headers: crate::write_headers::WriteHeaders::new(&config.allow_write_headers),
-            storage_failures: std::sync::Mutex::default(),
-            issuer: lease_service
-                .clone()
-                .filter(|_| config.unsigned_tokens_accepted())
-                .map(Issuer::new),
-            lease_service,
-            events: Arc::new(FenceEvents::new(config.fence_events_kept)),
-            owner_questions: Arc::new(tokio::sync::Semaphore::new(4)),
-            owner_warned_ms: Arc::default(),
+            admitter: Admitter::new(
+                fences.clone(),
+                keys_of_writes.clone(),
+                store.clone(),
+                refuser.clone(),
+                metrics.clone(),
+            ),
+            writer: Writer::new(
+                store.clone(),
+                fences.clone(),
+                refuser.clone(),
+                metrics.clone(),
+                Duration::from_secs(config.backend.store_decision_secs),
+                Duration::from_secs(config.client_idle_timeout_secs),
+            ),
+            uploads: Uploads::new(fences.clone(), db.clone()),
+            store,
+            refuser,
+            fences,
+            keys: keys_of_writes,
+            db,
             metrics,
-            accept_weak_backend: config.accept_weak_backend,
-            backend_timeout: Duration::from_secs(config.backend.timeout_secs),
-            store_decision: Duration::from_secs(config.backend.store_decision_secs),
-            client_idle: Duration::from_secs(config.client_idle_timeout_secs),
-            probes: Mutex::new(HashMap::new()),
-            probing: tokio::sync::Mutex::new(()),
+            write_headers: crate::write_headers::WriteHeaders::new(&config.allow_write_headers),
             body_budget: crate::early::BodyBudget::new(
                 config.max_buffered_body_bytes,
                 config.max_xml_body_bytes,
             ),
-            read_aheads: crate::read_ahead::ReadAheads::default(),
         })
-    }
-
-    /// Awaits a backend call that changes no object (a read, creating an
-    /// upload, a part), giving the backend `backend_timeout` to answer once
-    /// the request is sent (for a streamed body: once `body_sent` is
-    /// notified). A backend that does not answer in time gets the client a
-    /// retryable 503 and the request is dropped: whatever the store does
-    /// with it later changes no object. Object writes use
-    /// [`Gate::call_write`] instead, which does not let go of them.
-    async fn call<T>(&self, fut: Call<'_, T>, body_sent: Option<Arc<Notify>>) -> S3Result<T> {
-        let timeout = self.backend_timeout;
-        let deadline = async {
-            if let Some(sent) = body_sent {
-                sent.notified().await;
-            }
-            tokio::time::sleep(timeout).await;
-        };
-        tokio::select! {
-            r = fut => r,
-            () = deadline => Err(errors::backend_timeout(timeout, false)),
-        }
-    }
-
-    /// How long a client may take over a body the proxy waits for.
-    pub fn client_idle(&self) -> Duration {
-        self.client_idle
     }
 
     /// The budget of whole-read request bodies.
@@ -389,10 +241,14 @@ impl Gate {
         &self.body_budget
     }
 
-    /// Whether the backend has a lean forwarder (`crate::lean`), which
-    /// sends a PutObject as it came.
-    pub fn has_lean_forwarder(&self) -> bool {
-        self.backend.lean().is_some()
+    /// The header families writes may carry.
+    pub fn write_headers(&self) -> &crate::write_headers::WriteHeaders {
+        &self.write_headers
+    }
+
+    /// The proxy's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Records a clean end of this run if no write is left that the store
@@ -422,38 +278,71 @@ impl Gate {
         }
     }
 
-    /// The proxy's metrics.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
-    /// Counts a write's outcome under its lock; a lock that is neither
-    /// configured nor has a fence counts as [`UNKNOWN_LOCK`], so refused
-    /// requests naming made-up buckets add no metric series.
-    pub fn count(&self, op: Op, scope: &Scope, outcome: Outcome) {
-        let known = self.fences.known(scope.fence())
-            || self
-                .scopes
-                .configured()
-                .iter()
-                .any(|s| s.lock == scope.lock);
-        let lock = if known { scope.fence() } else { UNKNOWN_LOCK };
-        self.metrics.write(op, lock, outcome);
-    }
-
-    /// The keys tokens and lease-bound credentials are verified with.
-    pub fn token_keys(&self) -> Option<&TokenKeys> {
-        self.tokens.keys()
-    }
-
-    /// The backend's read operations, the only part of it ops may call
-    /// directly.
-    pub fn reads(&self) -> &crate::backend::Reads {
-        self.backend.reads()
-    }
-
-    /// The header families writes may carry.
-    pub fn write_headers(&self) -> &crate::write_headers::WriteHeaders {
-        &self.write_headers
+    /// Raises the fence of the lock a new holder's signed token names to
+    /// that token, before the holder writes anything (acquisition
+    /// fencing, `POST /_fencegate/fence`): exactly what its first write
+    /// would do, so older writes in flight are cut or drained and every
+    /// lower token is refused from then on, on every replica. Only the
+    /// signed token proves holding (a number is public); a lower token is
+    /// stale (409). Answers the lock, the token and the max now.
+    pub async fn fence(&self, headers: &HeaderMap) -> S3Result<(String, u64, u64)> {
+        const OP: Op = Op::Fence;
+        // Without keys a token in the signed form cannot be verified, and
+        // a fence raised on anyone's say-so would lock the holder out.
+        if self.tokens.keys().is_none() {
+            return Err(errors::fence_unverifiable());
+        }
+        let value = headers
+            .get(crate::tokens::FENCING_TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                s3s::s3_error!(
+                    InvalidRequest,
+                    "send the lease's signed fencing_token in the Fencing-Token header"
+                )
+            })?;
+        let lock = match fencegate_core::FencingToken::parse(value.trim()) {
+            Ok(fencegate_core::FencingToken::Signed(s)) => s.lock,
+            Ok(fencegate_core::FencingToken::Plain(_)) => {
+                return Err(errors::rejected(&crate::tokens::Rejection::Unsigned));
+            }
+            Err(e) => {
+                return Err(s3s::s3_error!(
+                    InvalidRequest,
+                    "the Fencing-Token header is not a fencing token ({e}): send the lease's signed fencing_token"
+                ));
+            }
+        };
+        let scoped = self
+            .scoping
+            .scope_of_lock(OP, &lock)
+            .ok_or_else(|| errors::unknown_lock(lock.as_str()))?;
+        let tokened = self
+            .tokens
+            .required(
+                scoped,
+                RequestToken {
+                    headers,
+                    access_key: None,
+                },
+            )
+            .await?;
+        // A bucket-per-scope lock whose bucket the store does not have is
+        // not fenced here.
+        let admission = self.admitter.admit(&tokened).await.map_err(|e| {
+            if e.code() == &s3s::S3ErrorCode::NoSuchBucket {
+                errors::unknown_lock(lock.as_str())
+            } else {
+                e
+            }
+        })?;
+        drop(admission);
+        let scope = tokened.scope();
+        self.refuser.count(OP, scope, Outcome::Accepted);
+        Ok((
+            scope.lock.to_string(),
+            tokened.token().number(),
+            self.fences.max(scope.fence()),
+        ))
     }
 }

@@ -2,11 +2,26 @@
 //! missing tokens, other clients' uploads, unscoped keys. Each is one [`Refusal`], from which come the S3 error the
 //! client gets (`errors`), the metric it is counted under
 //! (`metrics::Outcome`) and the fence event it is recorded as
-//! (`events::Kind`), so no site can pick them apart. Beside them: the
-//! owners the lease service names for the tokens the proxy admitted.
+//! (`events::Kind`), so no site can pick them apart. [`Refuser`] is the
+//! state refusing takes, shared by every stage: the metrics, the fence
+//! events, the fences (a cut's answer asks them), and the owners the lease
+//! service names for the tokens the proxy admitted.
 
-use super::*;
+use crate::errors;
+use crate::events::{FenceEvents, Kind, Refused};
+use crate::fences::{Admission, Fences};
+use crate::keys::Known;
+use crate::metrics::{Metrics, Outcome};
 use crate::op::Op;
+use crate::scope::Scope;
+use crate::tokens::Rejection;
+use fencegate_core::LockName;
+use s3s::{S3Error, S3Result};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// The metric label of writes refused before their lock was known.
+pub const UNKNOWN_LOCK: &str = "(none)";
 
 /// A refusal of the fence, as its site knows it.
 #[derive(Debug)]
@@ -104,7 +119,62 @@ impl Refusal<'_> {
     }
 }
 
-impl Gate {
+/// What refusing, and counting, take: shared by every stage (a clone is
+/// a few reference counts).
+#[derive(Debug, Clone)]
+pub struct Refuser {
+    metrics: Arc<Metrics>,
+    events: Arc<FenceEvents>,
+    fences: Fences,
+    /// The locks of the configured scopes: with the fences, the locks a
+    /// count may name (see [`Refuser::count`]).
+    configured: Arc<HashSet<LockName>>,
+    owners: Owners,
+}
+
+/// Who asks the lease service for the owners of new tokens.
+#[derive(Debug, Clone)]
+struct Owners {
+    /// The lease service (`locksvc_url`), asked after each raise who the
+    /// new token's owner is, for fence events.
+    lease_service: Option<fencegate_lease_api::Client>,
+    /// Questions about owners in flight at once, at most (a burst of raises
+    /// asks about a few, not all).
+    questions: Arc<tokio::sync::Semaphore>,
+    /// When the last failed question was logged (Unix ms; one a minute).
+    warned_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Refuser {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        events: Arc<FenceEvents>,
+        fences: Fences,
+        configured: HashSet<LockName>,
+        lease_service: Option<fencegate_lease_api::Client>,
+    ) -> Refuser {
+        Refuser {
+            metrics,
+            events,
+            fences,
+            configured: Arc::new(configured),
+            owners: Owners {
+                lease_service,
+                questions: Arc::new(tokio::sync::Semaphore::new(4)),
+                warned_ms: Arc::default(),
+            },
+        }
+    }
+
+    /// Counts a write's outcome under its lock; a lock that is neither
+    /// configured nor has a fence counts as [`UNKNOWN_LOCK`], so refused
+    /// requests naming made-up buckets add no metric series.
+    pub fn count(&self, op: Op, scope: &Scope, outcome: Outcome) {
+        let known = self.fences.known(scope.fence()) || self.configured.contains(&scope.lock);
+        let lock = if known { scope.fence() } else { UNKNOWN_LOCK };
+        self.metrics.write(op, lock, outcome);
+    }
+
     /// Refuses with `r` in `scope`: counts it, records its fence event,
     /// and answers its error.
     pub fn refuse(&self, op: Op, scope: &Scope, r: Refusal<'_>) -> S3Error {
@@ -114,7 +184,7 @@ impl Gate {
     /// Every refusal of the fence goes through here: `scope` is `None` only
     /// for a key in no scope, counted under [`UNKNOWN_LOCK`] since there is
     /// no lock to name.
-    pub(super) fn refused(&self, op: Op, scope: Option<&Scope>, r: Refusal<'_>) -> S3Error {
+    pub fn refused(&self, op: Op, scope: Option<&Scope>, r: Refusal<'_>) -> S3Error {
         match scope {
             Some(scope) => self.count(op, scope, r.outcome()),
             None => self.metrics.write(op, UNKNOWN_LOCK, r.outcome()),
@@ -201,7 +271,7 @@ impl Gate {
     }
 
     /// Records a refusal answered with `e` as a fence event.
-    pub(super) fn record(
+    fn record(
         &self,
         kind: Kind,
         op: Op,
@@ -225,22 +295,27 @@ impl Gate {
         &self.events
     }
 
+    /// The proxy's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Asks the lease service, off the write path, whose lease `token` of
     /// `lock` is, so fence events can name the zombie and the holder.
-    pub(super) fn learn_owner(&self, lock: &str, token: u64) {
+    pub fn learn_owner(&self, lock: &str, token: u64) {
         let (Some(api), Ok(rt)) = (
-            self.lease_service.clone(),
+            self.owners.lease_service.clone(),
             tokio::runtime::Handle::try_current(),
         ) else {
             return;
         };
-        let Ok(permit) = self.owner_questions.clone().try_acquire_owned() else {
+        let Ok(permit) = self.owners.questions.clone().try_acquire_owned() else {
             return; // enough questions in flight; this owner stays unknown
         };
         let (events, lock, warned) = (
             self.events.clone(),
             lock.to_owned(),
-            self.owner_warned_ms.clone(),
+            self.owners.warned_ms.clone(),
         );
         rt.spawn(async move {
             let _permit = permit;

@@ -1,9 +1,10 @@
 //! Stage one of a fenced write: the fence scope a key is in. Its output,
 //! [`Scoped`], is what stage two ([`super::token`]) takes.
 
-use super::refusal::Refusal;
-use super::*;
+use super::refusal::{Refusal, Refuser};
 use crate::op::Op;
+use crate::scope::{Scope, ScopeMap};
+use s3s::S3Result;
 
 /// A request's target and the scope that fences it: what stage one hands
 /// on. Made only here, by resolving a key (or a bucket) against the
@@ -50,7 +51,24 @@ impl Scoped {
     }
 }
 
-impl Gate {
+/// Stage one's state: the configured scopes, and the refuser of a key in
+/// none.
+#[derive(Debug)]
+pub struct Scoping {
+    scopes: ScopeMap,
+    refuser: Refuser,
+}
+
+impl Scoping {
+    pub fn new(scopes: ScopeMap, refuser: Refuser) -> Scoping {
+        Scoping { scopes, refuser }
+    }
+
+    /// The scopes the configuration names.
+    pub fn configured(&self) -> &[Scope] {
+        self.scopes.configured()
+    }
+
     /// The configured scopes in `bucket`, for `op` on the bucket (none in
     /// bucket-per-scope mode).
     pub fn scopes_in_bucket(&self, op: Op, bucket: &str) -> Vec<Scoped> {
@@ -76,7 +94,7 @@ impl Gate {
 
     /// The scope fencing `lock`'s writes, for `op` on its bucket (the
     /// acquisition fence names a lock, not a key).
-    pub(super) fn scope_of_lock(&self, op: Op, lock: &fencegate_core::LockName) -> Option<Scoped> {
+    pub fn scope_of_lock(&self, op: Op, lock: &fencegate_core::LockName) -> Option<Scoped> {
         self.scopes.for_lock(lock).map(|s| Scoped::bucket_of(op, s))
     }
 
@@ -90,7 +108,7 @@ impl Gate {
                 key: key.to_owned(),
                 scope,
             }),
-            Err(u) => Err(self.refused(op, None, Refusal::Unscoped(&u))),
+            Err(u) => Err(self.refuser.refused(op, None, Refusal::Unscoped(&u))),
         }
     }
 }
@@ -98,7 +116,7 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::upload::UploadRecord;
+    use crate::tokens::upload::{UploadBinding, UploadRecord};
 
     #[test]
     fn an_upload_token_goes_on_only_in_its_own_bucket_key_and_scope() {

@@ -1,8 +1,10 @@
 //! What the gate tells operators: readiness, the status documents, and
 //! joining the replicas' cluster at start.
 
-use super::*;
+use super::{BUSY_KEYS_SHOWN, Gate};
+use crate::fences::FenceError;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// How often a replica writes the maxes it learned from the cluster into
 /// its own database.
@@ -110,20 +112,20 @@ impl Gate {
             "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| {
                 let mut l = serde_json::json!({"lock": lock, "max_token": max});
                 if viewer {
-                    l["holder"] = self.events.owner_of(&lock, max).into();
+                    l["holder"] = self.refuser.events().owner_of(&lock, max).into();
                 }
                 l
             }).collect::<Vec<_>>(),
             "inflight_writes": self.metrics.inflight_writes.get(),
             "lingering_writes": self.metrics.lingering_writes.get(),
-            "configured_scopes": self.scopes.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
-            "probe": self.probe_reports().into_iter().map(|r| serde_json::json!({
+            "configured_scopes": self.scoping.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
+            "probe": self.store.probe_reports().into_iter().map(|r| serde_json::json!({
                 "report": r,
                 "safe": r.safe(),
                 "summary": r.summary(),
                 "checks": r.checks().iter().map(crate::probe::CheckLine::to_json).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
-            "accept_weak_backend": self.accept_weak_backend,
+            "accept_weak_backend": self.store.accepts_weak(),
             "etag_cache_entries": self.keys.cached(),
         });
         if viewer {

@@ -1,10 +1,94 @@
 //! The store behind the gate: what it enforces (the probe, once per
 //! bucket), how it spells conditions, and the few calls that are not
 //! writes of objects (a copy's source, a bucket's existence and creation).
+//! It owns the [`Backend`]: the later stages reach the store through it.
 
-use super::*;
+use super::call::{Call, within};
+use crate::backend::{Backend, Reads};
+use crate::dialect::Dialect;
+use crate::errors;
+use crate::keys::Known;
+use crate::metrics::{Metrics, ProbeLabels};
+use crate::probe::{ProbeError, ProbeReport, probe};
+use s3s::S3Result;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-impl Gate {
+/// The store's state: its client, what each bucket's probe found, and the
+/// answer timeout of the calls that change no object.
+#[derive(Debug)]
+pub struct Store {
+    backend: Backend,
+    probes: Mutex<HashMap<String, Arc<ProbeReport>>>,
+    probing: tokio::sync::Mutex<()>,
+    accept_weak_backend: bool,
+    /// How long the backend has to answer once a request is fully sent.
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Store {
+    pub fn new(
+        backend: Backend,
+        accept_weak_backend: bool,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Store {
+        Store {
+            backend,
+            probes: Mutex::default(),
+            probing: tokio::sync::Mutex::new(()),
+            accept_weak_backend,
+            timeout,
+            metrics,
+        }
+    }
+
+    /// The backend, for the stages after this one (admission reads a key,
+    /// the write stage sends).
+    pub(super) fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// How long the backend has to answer once a request is fully sent.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether writes that ignore the store's conditions are accepted.
+    pub fn accepts_weak(&self) -> bool {
+        self.accept_weak_backend
+    }
+
+    /// Awaits a call that changes no object, within the answer timeout
+    /// (see [`within`]).
+    pub(super) async fn call<T>(
+        &self,
+        fut: Call<'_, T>,
+        body_sent: Option<Arc<tokio::sync::Notify>>,
+    ) -> S3Result<T> {
+        within(self.timeout, fut, body_sent).await
+    }
+
+    /// What the store holds at `bucket/key`, read now.
+    pub(super) async fn head(&self, bucket: &str, key: &str) -> S3Result<Known> {
+        self.call(Box::pin(self.backend.head(bucket, key)), None)
+            .await
+    }
+
+    /// The backend's read operations, the only part of it ops may call
+    /// directly.
+    pub fn reads(&self) -> &Reads {
+        self.backend.reads()
+    }
+
+    /// Whether the backend has a lean forwarder (`crate::lean`), which
+    /// sends a PutObject as it came.
+    pub fn has_lean_forwarder(&self) -> bool {
+        self.backend.lean().is_some()
+    }
+
     /// HEAD of a copy source (a read), with the answer timeout.
     pub async fn head_source(
         &self,
@@ -79,7 +163,7 @@ impl Gate {
     }
 
     /// How `bucket`'s store reads conditions (AWS's way until probed).
-    pub(super) fn dialect_of(&self, bucket: &str) -> Dialect {
+    pub fn dialect_of(&self, bucket: &str) -> Dialect {
         self.probes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -88,12 +172,12 @@ impl Gate {
     }
 
     /// The client that writes to `bucket` in its store's dialect.
-    pub(crate) fn writes_to(&self, bucket: &str) -> aws_sdk_s3::Client {
+    pub fn writes_to(&self, bucket: &str) -> aws_sdk_s3::Client {
         self.backend.writes(self.dialect_of(bucket))
     }
 
     /// The report of `bucket`'s probe, if it was probed.
-    fn probed(&self, bucket: &str) -> Option<Arc<ProbeReport>> {
+    pub fn probed(&self, bucket: &str) -> Option<Arc<ProbeReport>> {
         self.probes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -114,12 +198,12 @@ impl Gate {
 
     /// Probes `bucket`, one probe at a time, unless another probe reported
     /// on it meanwhile.
-    pub(super) async fn probe_now(&self, bucket: &str) -> Result<Arc<ProbeReport>, ProbeError> {
+    async fn probe_now(&self, bucket: &str) -> Result<Arc<ProbeReport>, ProbeError> {
         let _one_at_a_time = self.probing.lock().await;
         if let Some(r) = self.probed(bucket) {
             return Ok(r);
         }
-        let report = Arc::new(probe(self.backend.unfenced(), bucket, self.backend_timeout).await?);
+        let report = Arc::new(probe(self.backend.unfenced(), bucket, self.timeout).await?);
         if report.safe() {
             tracing::info!(probe = %report.summary(), "backend probe");
         } else {
@@ -143,7 +227,7 @@ impl Gate {
 
     /// Refuses writes to a bucket whose backend does not enforce
     /// conditional PUTs (unless the operator accepted that).
-    pub(super) async fn require_safe(&self, bucket: &str) -> S3Result<()> {
+    pub async fn require_safe(&self, bucket: &str) -> S3Result<()> {
         match self.probe_bucket(bucket).await {
             Ok(r) if r.safe() || self.accept_weak_backend => Ok(()),
             Ok(r) => Err(errors::unsafe_backend(

@@ -3,10 +3,35 @@
 //! for is checked with the lease service). Its output, [`Tokened`], is
 //! what admission ([`super::admission`]) takes.
 
-use super::refusal::Refusal;
+use super::refusal::{Refusal, Refuser};
 use super::scope::Scoped;
-use super::*;
+use crate::errors;
+use crate::fences::Fences;
+use crate::issuer::{Answer, Issuer};
 use crate::op::Op;
+use crate::scope::Scope;
+use crate::tokens::upload::UploadBinding;
+use crate::tokens::{Presented, Rejection, TokenPolicy, VerifiedToken};
+use fencegate_core::TokenKeys;
+use http::HeaderMap;
+use s3s::S3Result;
+
+/// Where a request's token can come from: its headers, and the access key
+/// it was signed with (lease-bound credentials).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestToken<'a> {
+    pub headers: &'a HeaderMap,
+    pub access_key: Option<&'a str>,
+}
+
+impl<'a> RequestToken<'a> {
+    pub fn of<T>(req: &'a s3s::S3Request<T>) -> RequestToken<'a> {
+        RequestToken {
+            headers: &req.headers,
+            access_key: req.credentials.as_ref().map(|c| c.access_key.as_str()),
+        }
+    }
+}
 
 /// A scoped request with the token it goes on with: what stage two hands
 /// on. The token is a [`VerifiedToken`], so a `Tokened` cannot carry an
@@ -49,7 +74,38 @@ impl Tokened {
     }
 }
 
-impl Gate {
+/// Stage two's state: how tokens are read and verified, who confirms a
+/// plain number, and the fences (a token below its lock's max needs no
+/// confirmation).
+#[derive(Debug)]
+pub struct TokenCheck {
+    policy: TokenPolicy,
+    /// Checks plain tokens with the lease service, when configured.
+    issuer: Option<Issuer>,
+    fences: Fences,
+    refuser: Refuser,
+}
+
+impl TokenCheck {
+    pub fn new(
+        policy: TokenPolicy,
+        issuer: Option<Issuer>,
+        fences: Fences,
+        refuser: Refuser,
+    ) -> TokenCheck {
+        TokenCheck {
+            policy,
+            issuer,
+            fences,
+            refuser,
+        }
+    }
+
+    /// The keys tokens and lease-bound credentials are verified with.
+    pub fn keys(&self) -> Option<&TokenKeys> {
+        self.policy.keys()
+    }
+
     /// The token a request carries for its scope, or why it is refused. A
     /// plain token the proxy cannot vouch for is refused, unless the lease
     /// service (`locksvc_url`) confirms it issued it; below the scope's max
@@ -62,7 +118,7 @@ impl Gate {
         let (op, scope) = (scoped.op(), scoped.scope());
         let refuse = |why: Rejection| {
             let presented = presented_number(&req);
-            self.refuse(
+            self.refuser.refuse(
                 op,
                 scope,
                 Refusal::Token {
@@ -72,7 +128,7 @@ impl Gate {
             )
         };
         let presented = self
-            .tokens
+            .policy
             .in_request(req.headers, req.access_key, &scope.lock)
             .map_err(refuse)?;
         let unvouched = match presented {
@@ -120,19 +176,25 @@ impl Gate {
         let (token, scope) = (tokened.token().number(), tokened.scope());
         let max = self.fences.max(scope.fence());
         if fencegate_core::fence::is_stale(max, token) {
-            return Err(self.refuse(tokened.op(), scope, Refusal::below_max(token, max, scope)));
+            return Err(self.refuser.refuse(
+                tokened.op(),
+                scope,
+                Refusal::below_max(token, max, scope),
+            ));
         }
         Ok(())
     }
 
-    /// Like [`Gate::token`], but a missing token is an error (428): a
-    /// write goes on only with one.
-    pub async fn required_token(&self, scoped: Scoped, req: RequestToken<'_>) -> S3Result<Tokened> {
+    /// Like [`TokenCheck::token`], but a missing token is an error (428):
+    /// a write goes on only with one.
+    pub async fn required(&self, scoped: Scoped, req: RequestToken<'_>) -> S3Result<Tokened> {
         match self.token(&scoped, req).await? {
             Some(token) => Ok(Tokened { scoped, token }),
             None => {
                 let scope = scoped.scope();
-                Err(self.refuse(scoped.op(), scope, Refusal::Missing { scope }))
+                Err(self
+                    .refuser
+                    .refuse(scoped.op(), scope, Refusal::Missing { scope }))
             }
         }
     }

@@ -1,13 +1,29 @@
 //! The bindings of open multipart uploads, kept in the proxy database or,
 //! with replicas, in etcd.
 
-use super::*;
+use crate::errors;
+use crate::fences::Fences;
+use crate::state::db::Db;
 use crate::state_error::{StateError, blocking};
+use crate::tokens::upload::UploadBinding;
+use s3s::S3Result;
 
-impl Gate {
+/// Where bindings are kept: the cluster's etcd with replicas, else the
+/// proxy database.
+#[derive(Debug)]
+pub struct Uploads {
+    fences: Fences,
+    db: Db,
+}
+
+impl Uploads {
+    pub fn new(fences: Fences, db: Db) -> Uploads {
+        Uploads { fences, db }
+    }
+
     /// Records the token a new upload was created with, durably (in etcd
     /// with replicas, so that any replica can continue it).
-    pub async fn bind_upload(&self, b: UploadBinding) -> S3Result<()> {
+    pub async fn bind(&self, b: UploadBinding) -> S3Result<()> {
         let kept = match self.fences.cluster() {
             Some(c) => c.bind_upload(&b).await,
             None => {
@@ -19,7 +35,7 @@ impl Gate {
     }
 
     /// The token an upload was created with.
-    pub async fn upload(&self, upload_id: &str) -> S3Result<UploadBinding> {
+    pub async fn get(&self, upload_id: &str) -> S3Result<UploadBinding> {
         let found = match self.fences.cluster() {
             Some(c) => c.upload(upload_id).await,
             None => {
@@ -32,7 +48,9 @@ impl Gate {
             .ok_or_else(|| errors::unknown_upload(upload_id))
     }
 
-    pub async fn forget_upload(&self, upload_id: &str) {
+    /// Forgets a finished upload's binding (a failure is logged: the
+    /// binding of a finished upload admits nothing).
+    pub async fn forget(&self, upload_id: &str) {
         let forgotten: Result<(), StateError> = match self.fences.cluster() {
             Some(c) => c.forget_upload(upload_id).await,
             None => {

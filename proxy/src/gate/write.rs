@@ -1,8 +1,9 @@
 //! The only way anything reaches the store's write API.
 //!
-//! An object write (Put, Copy, Delete, Complete) is a [`Write`], which only
-//! [`Gate::begin`] makes: it holds the scope's admission, the key's lock and
-//! what the proxy verified the store holds. The `Write` sets the conditions
+//! An object write (Put, Copy, Delete, Complete) is sent by the [`Writer`]
+//! for an [`Admitted`] write, which only admission makes: it holds the
+//! scope's admission, the key's lock and what the proxy verified the store
+//! holds. The write (`Write`, private here) sets the conditions
 //! itself from that state (`If-None-Match: *` or `If-Match: <etag>`, the
 //! client's own conditions checked first), tags the object with the token,
 //! applies the one timeout policy of writes (`call_write`), ends the write
@@ -19,16 +20,27 @@
 //! that the fence let it through: an [`Admission`] of the upload's scope,
 //! or for an abort the upload's verified binding.
 
-use super::*;
-use crate::fences::Admission;
-use crate::keys::Known;
-use crate::metrics::Metrics;
+use super::admission::{Admitted, Inflight, Parts, WriteOp};
+use super::call::Call;
+use super::refusal::Refuser;
+use super::store::Store;
+use crate::body::{BodyWatch, Cancellable};
+use crate::dialect::Dialect;
+use crate::errors;
+use crate::fences::{Admission, Fences};
+use crate::keys::{KeyGuard, Known};
+use crate::metrics::{Metrics, Outcome};
 use crate::op::Op;
 use crate::request::{PutRequest, Route};
+use crate::scope::Scope;
 use crate::tokens::VerifiedToken;
 use crate::tokens::upload::UploadBinding;
+use s3s::S3Error;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// What a CopyObject writes at its destination, besides the data.
 #[derive(Debug, Default)]
@@ -51,23 +63,139 @@ pub struct CopySpec {
     pub metadata: Option<Metadata>,
 }
 
-impl Write {
-    /// What the proxy verified the store holds at the key.
-    pub fn known(&self) -> &Known {
-        &self.known
+/// An admitted write being sent: its [`Parts`] and the client that writes
+/// in its store's dialect.
+#[derive(Debug)]
+struct Write {
+    /// First, so it is dropped first: a write counted in flight still
+    /// holds its admission (a raise admitted elsewhere finds it at 0).
+    inflight: Inflight,
+    op: WriteOp,
+    scope: Scope,
+    token: u64,
+    admission: Admission,
+    key: KeyGuard,
+    known: Known,
+    presumed: bool,
+    dialect: Dialect,
+    client: aws_sdk_s3::Client,
+    started: Instant,
+}
+
+/// The write stage's state: the store, the fences (a write is cut or
+/// refused by them), and the timeouts of writes.
+#[derive(Debug)]
+pub struct Writer {
+    store: Arc<Store>,
+    fences: Fences,
+    refuser: Refuser,
+    metrics: Arc<Metrics>,
+    /// How long the store may still commit a write after its connection
+    /// closed (`backend.store_decision_secs`).
+    store_decision: Duration,
+    /// How long a client may send nothing in the middle of a body.
+    client_idle: Duration,
+    /// Large uploads read ahead of the store at once (see `read_ahead`).
+    read_aheads: crate::read_ahead::ReadAheads,
+}
+
+impl Writer {
+    pub fn new(
+        store: Arc<Store>,
+        fences: Fences,
+        refuser: Refuser,
+        metrics: Arc<Metrics>,
+        store_decision: Duration,
+        client_idle: Duration,
+    ) -> Writer {
+        Writer {
+            store,
+            fences,
+            refuser,
+            metrics,
+            store_decision,
+            client_idle,
+            read_aheads: crate::read_ahead::ReadAheads::default(),
+        }
     }
 
-    /// The write's token.
-    pub fn token(&self) -> u64 {
-        self.token
+    /// How long a client may take over a body the proxy waits for.
+    pub fn client_idle(&self) -> Duration {
+        self.client_idle
+    }
+
+    fn write(&self, a: Admitted) -> Write {
+        let Parts {
+            inflight,
+            op,
+            scope,
+            token,
+            admission,
+            key,
+            known,
+            presumed,
+            dialect,
+            started,
+        } = a.parts();
+        Write {
+            inflight,
+            op,
+            scope,
+            token,
+            admission,
+            key,
+            known,
+            presumed,
+            dialect,
+            client: self.store.backend().writes(dialect),
+            started,
+        }
     }
 
     /// Sends a PutObject over the verified state. `held` is the body's
     /// share of the body budget when the write may hold the body in memory
-    /// (see [`Gate::begin_put`]).
+    /// (see [`super::admission::Admitter::begin_put`]).
     pub async fn put(
+        &self,
+        a: Admitted,
+        req: PutRequest,
+        held: Option<crate::early::Held>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        self.write(a).put(self, req, held).await
+    }
+
+    /// Deletes the key with `If-Match` of the verified state (see
+    /// `Write::delete`).
+    pub async fn delete(
+        &self,
+        a: Admitted,
+        version_id: Option<String>,
+        client_if_match: Option<IfMatch>,
+    ) -> S3Result<DeleteObjectOutput> {
+        self.write(a)
+            .delete(self, version_id, client_if_match)
+            .await
+    }
+
+    /// Copies `spec.source` to the key (see `Write::copy`).
+    pub async fn copy(&self, a: Admitted, spec: CopySpec) -> S3Result<CopyObjectOutput> {
+        self.write(a).copy(self, spec).await
+    }
+
+    /// Completes a multipart upload over the verified state.
+    pub async fn complete(
+        &self,
+        a: Admitted,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        self.write(a).complete(self, req).await
+    }
+}
+
+impl Write {
+    async fn put(
         mut self,
-        gate: &Gate,
+        writer: &Writer,
         mut req: PutRequest,
         held: Option<crate::early::Held>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
@@ -81,18 +209,18 @@ impl Write {
         // side polls: a raise still stops the body before its end.
         if matches!(req.route, Route::Lean(_)) {
             let length = req.content_length;
-            req.body = req.body.take().map(|b| gate.read_aheads.wrap(b, length));
+            req.body = req.body.take().map(|b| writer.read_aheads.wrap(b, length));
         }
         let verdict = crate::trailer::check(&mut req.body, &req.headers, trailing, anonymous);
         let conds = conditions(&self.known, req.if_match.take(), req.if_none_match.take())?;
-        let watch = gate.watch_body(&mut req.body, self.admission.cancel());
+        let watch = writer.watch_body(&mut req.body, self.admission.cancel());
         if let Err(e) = crate::trailer::settle_empty(&mut req.body, &req.headers, &verdict).await {
             let e = crate::body::unless_stalled(watch.as_ref(), e);
-            return gate
+            return writer
                 .finish(self, Sent::Answered(Err(e)), put_holds(token))
                 .await;
         }
-        let lean = match (req.route, gate.backend.lean().cloned()) {
+        let lean = match (req.route, writer.store.backend().lean().cloned()) {
             (Route::Lean(_), Some(lean)) => lean,
             (Route::Sdk(mut rest), _) => {
                 let input = &mut rest.input;
@@ -102,8 +230,8 @@ impl Write {
                 input.content_encoding = strip_aws_chunked(input.content_encoding.take());
                 let forward = s3s_aws::Proxy::from(self.client.clone());
                 let call = async move { forward.put_object(*rest).await };
-                let sent = bad_digest(gate.call_write(Box::pin(call), watch).await, &verdict);
-                return gate.finish(self, sent, put_holds(token)).await;
+                let sent = bad_digest(writer.call_write(Box::pin(call), watch).await, &verdict);
+                return writer.finish(self, sent, put_holds(token)).await;
             }
             (Route::Lean(_), None) => {
                 return Err(s3s::s3_error!(
@@ -112,7 +240,7 @@ impl Write {
                 ));
             }
         };
-        gate.metrics.lean_forwards.inc();
+        writer.metrics.lean_forwards.inc();
         let length = req.content_length.and_then(|l| u64::try_from(l).ok());
         let put = lean.prepare(
             (&req.bucket, &req.key),
@@ -125,8 +253,8 @@ impl Write {
         let (true, Some(held)) = (self.presumed, held) else {
             let body = crate::lean::body_of(body);
             let call = async move { lean.send(put, conds, dialect, body).await };
-            let sent = bad_digest(gate.call_write(Box::pin(call), watch).await, &verdict);
-            return gate.finish(self, sent, put_holds(token)).await;
+            let sent = bad_digest(writer.call_write(Box::pin(call), watch).await, &verdict);
+            return writer.finish(self, sent, put_holds(token)).await;
         };
 
         // Presumed absent: the body is held in memory, so that if the key
@@ -141,7 +269,7 @@ impl Write {
                         s3s::s3_error!(IncompleteBody, "the request body ended early: {e}")
                     }),
                 );
-                return gate
+                return writer
                     .finish(self, Sent::Answered(Err(e)), put_holds(token))
                     .await;
             }
@@ -152,28 +280,32 @@ impl Write {
                 let body = crate::lean::full(bytes);
                 lean.send(put, conds, dialect, body).await
             };
-            gate.call_write(Box::pin(call), None).await
+            writer.call_write(Box::pin(call), None).await
         };
         match &first {
             Sent::Answered(Err(e))
                 if crate::errors::is_condition_failure(e)
                     && !self.admission.cancel().is_cancelled() => {}
-            _ => return gate.finish(self, first, put_holds(token)).await,
+            _ => return writer.finish(self, first, put_holds(token)).await,
         }
         let (bucket, key) = (self.key.bucket().to_owned(), self.key.key().to_owned());
-        let stored = match gate
-            .call(Box::pin(gate.backend.head(&bucket, &key)), None)
-            .await
-        {
+        let stored = match writer.store.head(&bucket, &key).await {
             Ok(k) => k,
             Err(e) => {
-                return gate
+                return writer
                     .finish(self, Sent::Answered(Err(e)), put_holds(token))
                     .await;
             }
         };
         self.key.remember(stored.clone());
-        gate.refuse_if_overwritten(self.op.op(), &self.scope, token, &bucket, &key, &stored)?;
+        writer.refuser.refuse_if_overwritten(
+            self.op.op(),
+            &self.scope,
+            token,
+            &bucket,
+            &key,
+            &stored,
+        )?;
         self.known = stored;
         let conds = conditions(&self.known, None, None)?;
         let call = async move {
@@ -181,24 +313,24 @@ impl Write {
             let body = crate::lean::full(bytes);
             lean.send(put, conds, dialect, body).await
         };
-        let second = gate.call_write(Box::pin(call), None).await;
-        gate.finish(self, second, put_holds(token)).await
+        let second = writer.call_write(Box::pin(call), None).await;
+        writer.finish(self, second, put_holds(token)).await
     }
 
     /// Deletes the key (the version `version_id`, if given) with
     /// `If-Match` of the verified state. A key verified absent is not sent
     /// at all: the store would answer 204 to it, and there is no condition
     /// that could make a DELETE of an absent key safe.
-    pub async fn delete(
+    async fn delete(
         self,
-        gate: &Gate,
+        writer: &Writer,
         version_id: Option<String>,
         client_if_match: Option<IfMatch>,
     ) -> S3Result<DeleteObjectOutput> {
         let (if_match, _) = conditions(&self.known, client_if_match, None)?;
         let Some(ETagCondition::ETag(etag)) = if_match else {
             let out = Sent::Answered(Ok(DeleteObjectOutput::default()));
-            return gate.finish(self, out, |_| Some(Known::Absent)).await;
+            return writer.finish(self, out, |_| Some(Known::Absent)).await;
         };
         // In AWS's spelling; the store's dialect rewrites it (`Respell`).
         let call = self
@@ -209,7 +341,7 @@ impl Write {
             .set_version_id(version_id)
             .if_match(format!("\"{}\"", etag.value()))
             .send();
-        let sent = gate
+        let sent = writer
             .call_write(
                 Box::pin(async move {
                     call.await
@@ -223,12 +355,12 @@ impl Write {
                 None,
             )
             .await;
-        gate.finish(self, sent, |_| Some(Known::Absent)).await
+        writer.finish(self, sent, |_| Some(Known::Absent)).await
     }
 
     /// Copies `spec.source` to the key, replacing its metadata with
     /// `spec.metadata` plus the token.
-    pub async fn copy(self, gate: &Gate, spec: CopySpec) -> S3Result<CopyObjectOutput> {
+    async fn copy(self, writer: &Writer, spec: CopySpec) -> S3Result<CopyObjectOutput> {
         let token = self.token;
         let (if_match, if_none_match) = conditions(&self.known, None, None)?;
         let spec_conditioned = spec.source_if_match.is_some()
@@ -263,7 +395,7 @@ impl Write {
         if if_none_match.is_some() {
             b = b.if_none_match("*");
         }
-        let sent = gate
+        let sent = writer
             .call_write(
                 Box::pin(async move {
                     b.send()
@@ -283,9 +415,7 @@ impl Write {
             && crate::errors::is_condition_failure(e)
         {
             let (bucket, key) = (self.key.bucket().to_owned(), self.key.key().to_owned());
-            if let Ok(now) = gate
-                .call(Box::pin(gate.backend.head(&bucket, &key)), None)
-                .await
+            if let Ok(now) = writer.store.head(&bucket, &key).await
                 && now == self.known
             {
                 return Err(s3s::s3_error!(
@@ -294,25 +424,25 @@ impl Write {
                 ));
             }
         }
-        gate.finish(self, sent, |out| {
-            Some(Known::Present {
-                etag: out
-                    .copy_object_result
-                    .as_ref()?
-                    .e_tag
-                    .as_ref()?
-                    .value()
-                    .to_owned(),
-                token,
+        writer
+            .finish(self, sent, |out| {
+                Some(Known::Present {
+                    etag: out
+                        .copy_object_result
+                        .as_ref()?
+                        .e_tag
+                        .as_ref()?
+                        .value()
+                        .to_owned(),
+                    token,
+                })
             })
-        })
-        .await
+            .await
     }
 
-    /// Completes a multipart upload over the verified state.
-    pub async fn complete(
+    async fn complete(
         self,
-        gate: &Gate,
+        writer: &Writer,
         mut req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let token = self.token;
@@ -324,11 +454,11 @@ impl Write {
         )?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let call = send_complete(self.client.clone(), req.input);
-        let sent = match gate.call_write(Box::pin(call), None).await {
+        let sent = match writer.call_write(Box::pin(call), None).await {
             // The store said it committed but gave no ETag (see
             // `send_complete`): read back what it holds.
             Sent::Answered(Ok(out)) if out.output.e_tag.is_none() => Sent::Answered(
-                read_back(gate, bucket, key, token)
+                read_back(writer, bucket, key, token)
                     .await
                     .ok_or_else(|| {
                         s3s::s3_error!(
@@ -339,17 +469,18 @@ impl Write {
             ),
             other => other,
         };
-        gate.finish(self, sent, |out| {
-            Some(Known::Present {
-                etag: out.output.e_tag.as_ref()?.value().to_owned(),
-                token,
+        writer
+            .finish(self, sent, |out| {
+                Some(Known::Present {
+                    etag: out.output.e_tag.as_ref()?.value().to_owned(),
+                    token,
+                })
             })
-        })
-        .await
+            .await
     }
 }
 
-impl Gate {
+impl Writer {
     /// Creates a multipart upload in a scope that admitted it.
     pub async fn create_upload(
         &self,
@@ -359,7 +490,11 @@ impl Gate {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         tag(&mut req.input.metadata, token.number());
         req.input.content_encoding = strip_aws_chunked(req.input.content_encoding.take());
-        self.call(Box::pin(self.backend.create_upload(admitted, req)), None)
+        self.store
+            .call(
+                Box::pin(self.store.backend().create_upload(admitted, req)),
+                None,
+            )
             .await
     }
 
@@ -382,9 +517,12 @@ impl Gate {
         {
             return Err(crate::body::unless_stalled(watch.as_ref(), e));
         }
-        self.call_watched(Box::pin(self.backend.upload_part(admitted, req)), watch)
-            .await
-            .map_err(|e| verdict.failed().unwrap_or(e))
+        self.call_watched(
+            Box::pin(self.store.backend().upload_part(admitted, req)),
+            watch,
+        )
+        .await
+        .map_err(|e| verdict.failed().unwrap_or(e))
     }
 
     /// Copies a part of an upload whose token the scope admitted, its
@@ -394,12 +532,15 @@ impl Gate {
         _admitted: &Admission,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        let forward = s3s_aws::Proxy::from(self.writes_to(&req.input.bucket));
-        self.call(
-            Box::pin(async move { forward.upload_part_copy(req).await.map_err(source_changed) }),
-            None,
-        )
-        .await
+        let forward = s3s_aws::Proxy::from(self.store.writes_to(&req.input.bucket));
+        self.store
+            .call(
+                Box::pin(
+                    async move { forward.upload_part_copy(req).await.map_err(source_changed) },
+                ),
+                None,
+            )
+            .await
     }
 
     /// Aborts an upload. It changes no object, so the upload's own client
@@ -410,7 +551,11 @@ impl Gate {
         bound: &UploadBinding,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.call(Box::pin(self.backend.abort_upload(bound, req)), None)
+        self.store
+            .call(
+                Box::pin(self.store.backend().abort_upload(bound, req)),
+                None,
+            )
             .await
     }
 }
@@ -474,15 +619,12 @@ async fn send_complete(
 /// The answer to a Complete the store said it committed without saying
 /// its ETag: what the key holds, if it holds this write's token.
 async fn read_back(
-    gate: &Gate,
+    writer: &Writer,
     bucket: String,
     key: String,
     token: u64,
 ) -> Option<S3Response<CompleteMultipartUploadOutput>> {
-    match gate
-        .call(Box::pin(gate.backend.head(&bucket, &key)), None)
-        .await
-    {
+    match writer.store.head(&bucket, &key).await {
         Ok(Known::Present { etag, token: t }) if t == token => {
             Some(S3Response::new(CompleteMultipartUploadOutput {
                 bucket: Some(bucket),
@@ -540,12 +682,12 @@ async fn linger<T>(
     metrics.lingering_writes.dec();
 }
 
-impl Gate {
+impl Writer {
     /// Awaits an object write's backend call with the same answer timeout
-    /// as [`Gate::call`], counted from the body's last byte (a body cut for
+    /// as the calls that change no object (`call`), counted from the body's last byte (a body cut for
     /// a silent client answers 400 RequestTimeout). A call not answered in
     /// time is handed back [`Sent::Unanswered`], still running: the store
-    /// may yet commit it, so [`Gate::finish`] keeps its admission and key
+    /// may yet commit it, so [`Writer::finish`] keeps its admission and key
     /// until it can no longer commit (see [`linger`]).
     async fn call_write<T>(&self, mut fut: Pending<T>, watch: Option<BodyWatch>) -> Sent<T> {
         if let Some(c) = self.fences.cluster()
@@ -558,7 +700,7 @@ impl Gate {
                 c.why_not()
             ))));
         }
-        let timeout = self.backend_timeout;
+        let timeout = self.store.timeout();
         let sent = watch.as_ref().map(|w| w.sent.clone());
         let deadline = async {
             if let Some(sent) = sent {
@@ -591,12 +733,13 @@ impl Gate {
         Some(watch)
     }
 
-    /// [`Gate::call`] for a call whose body [`Gate::watch_body`] wrapped:
+    /// A call that changes no object, whose body [`Writer::watch_body`] wrapped:
     /// the answer timeout counts from the body's last byte, and a body cut
     /// for a silent client answers 400 RequestTimeout.
     async fn call_watched<T>(&self, fut: Call<'_, T>, watch: Option<BodyWatch>) -> S3Result<T> {
         let sent = watch.as_ref().map(|w| w.sent.clone());
-        self.call(fut, sent)
+        self.store
+            .call(fut, sent)
             .await
             .map_err(|e| crate::body::unless_stalled(watch.as_ref(), e))
     }
@@ -621,7 +764,7 @@ impl Gate {
             Sent::Answered(r) => r,
             Sent::Unanswered(pending) => {
                 w.key.forget();
-                self.count(w.op.op(), &w.scope, Outcome::Timeout);
+                self.refuser.count(w.op.op(), &w.scope, Outcome::Timeout);
                 tracing::warn!(
                     op = w.op.name(),
                     bucket = w.key.bucket(),
@@ -638,7 +781,7 @@ impl Gate {
                     self.store_decision,
                     self.metrics.clone(),
                 ));
-                return Err(errors::backend_timeout(self.backend_timeout, true));
+                return Err(errors::backend_timeout(self.store.timeout(), true));
             }
         };
         match result {
@@ -647,7 +790,7 @@ impl Gate {
                     Some(k) => w.key.remember(k),
                     None => w.key.forget(),
                 }
-                self.count(w.op.op(), &w.scope, Outcome::Accepted);
+                self.refuser.count(w.op.op(), &w.scope, Outcome::Accepted);
                 Ok(out)
             }
             Err(e) => {
@@ -665,16 +808,17 @@ impl Gate {
                         ..
                     } = w;
                     drop(key);
-                    return Err(self.cut(op.op(), &scope, token, admission).await);
+                    return Err(self.refuser.cut(op.op(), &scope, token, admission).await);
                 }
                 if errors::is_condition_failure(&e) {
-                    self.count(w.op.op(), &w.scope, Outcome::Conflict);
+                    self.refuser.count(w.op.op(), &w.scope, Outcome::Conflict);
                     let (bucket, key) = (w.key.bucket().to_owned(), w.key.key().to_owned());
                     return Err(self
                         .redecide(w.op.op(), &bucket, &key, &w.scope, w.token)
                         .await);
                 }
-                self.count(w.op.op(), &w.scope, Outcome::BackendError);
+                self.refuser
+                    .count(w.op.op(), &w.scope, Outcome::BackendError);
                 Err(errors::from_backend(e))
             }
         }
@@ -690,11 +834,11 @@ impl Gate {
         scope: &Scope,
         token: u64,
     ) -> S3Error {
-        match self
-            .call(Box::pin(self.backend.head(bucket, key)), None)
-            .await
-        {
-            Ok(k) => match self.refuse_if_overwritten(op, scope, token, bucket, key, &k) {
+        match self.store.head(bucket, key).await {
+            Ok(k) => match self
+                .refuser
+                .refuse_if_overwritten(op, scope, token, bucket, key, &k)
+            {
                 Err(stale) => stale,
                 Ok(()) => errors::retry(format!(
                     "s3://{bucket}/{key} changed in the store while this write was decided; retry"

@@ -44,5 +44,5 @@ pub async fn create_bucket(
             refused.join(", ")
         ));
     }
-    gate.create_bucket(req).await
+    gate.store.create_bucket(req).await
 }

@@ -123,7 +123,7 @@ async fn read_source(
     key: &str,
     version: Option<&str>,
 ) -> S3Result<HeadObjectOutput> {
-    match gate.head_source(bucket, key, version).await {
+    match gate.store.head_source(bucket, key, version).await {
         Err(e) if e.status_code() == Some(http::StatusCode::NOT_FOUND) => {
             Err(missing_source(gate, bucket, key, version).await)
         }
@@ -149,9 +149,9 @@ pub async fn copy_object(
         ));
     };
     crate::object_key::require(src_key)?;
-    let scoped = gate.scope(op.op(), &bucket, &key)?;
-    let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
-    let w = gate.begin(op, tokened).await?;
+    let scoped = gate.scoping.scope(op.op(), &bucket, &key)?;
+    let tokened = gate.tokens.required(scoped, RequestToken::of(&req)).await?;
+    let w = gate.admitter.begin(op, tokened).await?;
 
     let mut source = format!("{}/{}", src_bucket, crate::sigv4::encode_key(src_key));
     if let Some(v) = src_version {
@@ -193,7 +193,7 @@ pub async fn copy_object(
         spec.content_language = src.content_language().map(str::to_owned);
         spec.metadata = src.metadata().cloned();
     }
-    w.copy(gate, spec).await.map(S3Response::new)
+    gate.writer.copy(w, spec).await.map(S3Response::new)
 }
 
 /// The error for a copy source the backend does not have. A HEAD answer
@@ -204,7 +204,7 @@ async fn missing_source(
     key: &str,
     version: Option<&str>,
 ) -> s3s::S3Error {
-    let bucket_exists = gate.bucket_exists(bucket).await;
+    let bucket_exists = gate.store.bucket_exists(bucket).await;
     match version {
         _ if !bucket_exists => s3s::s3_error!(
             NoSuchBucket,

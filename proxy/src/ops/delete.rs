@@ -2,7 +2,7 @@
 //!
 //! A delete is a write: it needs a token that passes the scope's fence and
 //! the key's stored token, and it goes out only through
-//! [`crate::gate::Write::delete`], with `If-Match: <etag>` of the version
+//! [`crate::gate::Writer::delete`], with `If-Match: <etag>` of the version
 //! the proxy verified (a key verified absent is not sent at all).
 //! DeleteObjects is decided key by key the same way, each key an individual
 //! conditional delete, and answered in one DeleteObjects result.
@@ -23,12 +23,15 @@ pub async fn delete_object(
     mut req: S3Request<DeleteObjectInput>,
 ) -> S3Result<S3Response<DeleteObjectOutput>> {
     let op = WriteOp::Delete;
-    let scoped = gate.scope(op.op(), &req.input.bucket, &req.input.key)?;
-    let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
-    let w = gate.begin(op, tokened).await?;
+    let scoped = gate
+        .scoping
+        .scope(op.op(), &req.input.bucket, &req.input.key)?;
+    let tokened = gate.tokens.required(scoped, RequestToken::of(&req)).await?;
+    let w = gate.admitter.begin(op, tokened).await?;
     let version_id = req.input.version_id.take();
-    let out = w
-        .delete(gate, version_id, req.input.if_match.take())
+    let out = gate
+        .writer
+        .delete(w, version_id, req.input.if_match.take())
         .await?;
     Ok(S3Response::new(out))
 }
@@ -42,22 +45,26 @@ pub async fn delete_object(
 pub async fn may_delete_batch(gate: &Gate, bucket: &str, token: RequestToken<'_>) -> S3Result<()> {
     let op = WriteOp::DeleteMany.op();
     if let Some(scoped) = crate::tokens::named_lock(token.headers, token.access_key)
-        .and_then(|lock| gate.scope_in_bucket(op, bucket, &lock))
+        .and_then(|lock| gate.scoping.scope_in_bucket(op, bucket, &lock))
     {
-        return gate.refuse_if_stale(&gate.required_token(scoped, token).await?);
+        return gate
+            .tokens
+            .refuse_if_stale(&gate.tokens.required(scoped, token).await?);
     }
     // A plain number names no lock: it proves its right if it passes the
     // fence of one of the bucket's scopes (the handler then decides each
     // key), and is refused as the first of them would refuse it.
-    let candidates = gate.scopes_in_bucket(op, bucket);
+    let candidates = gate.scoping.scopes_in_bucket(op, bucket);
     if candidates.is_empty() {
-        let scoped = gate.scope(op, bucket, "")?;
-        return gate.refuse_if_stale(&gate.required_token(scoped, token).await?);
+        let scoped = gate.scoping.scope(op, bucket, "")?;
+        return gate
+            .tokens
+            .refuse_if_stale(&gate.tokens.required(scoped, token).await?);
     }
     let mut refusal = None;
     for (i, scoped) in candidates.into_iter().enumerate() {
-        let checked = match gate.required_token(scoped, token).await {
-            Ok(t) => gate.refuse_if_stale(&t),
+        let checked = match gate.tokens.required(scoped, token).await {
+            Ok(t) => gate.tokens.refuse_if_stale(&t),
             Err(e) => Err(e),
         };
         match checked {
@@ -94,17 +101,17 @@ pub async fn delete_objects(
     }
     let mut decided = Vec::with_capacity(objects.len());
     for obj in &objects {
-        let scoped = gate.scope(op.op(), &bucket, &obj.key)?;
-        let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
-        gate.refuse_if_stale(&tokened)?;
+        let scoped = gate.scoping.scope(op.op(), &bucket, &obj.key)?;
+        let tokened = gate.tokens.required(scoped, RequestToken::of(&req)).await?;
+        gate.tokens.refuse_if_stale(&tokened)?;
         decided.push((obj, tokened));
     }
     let mut deleted = Vec::new();
     let mut errors = Vec::new();
     for (obj, tokened) in decided {
         let one = async {
-            let w = gate.begin(op, tokened).await?;
-            w.delete(gate, obj.version_id.clone(), None).await
+            let w = gate.admitter.begin(op, tokened).await?;
+            gate.writer.delete(w, obj.version_id.clone(), None).await
         };
         match one.await {
             Ok(_) => deleted.push(DeletedObject {

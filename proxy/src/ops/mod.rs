@@ -11,7 +11,7 @@
 //! - `multipart`: Create/UploadPart/UploadPartCopy/Complete/Abort
 //! - `bucket`: CreateBucket, plain creates only;
 //! - reads are forwarded untouched (below), through a handle that has no
-//!   write method: every write goes through `gate::Write`.
+//!   write method: every write goes through `gate::Writer`.
 
 mod bucket;
 mod copy;
@@ -37,7 +37,7 @@ impl FencedS3 {
 
     /// Where reads are forwarded.
     fn backend(&self) -> &crate::backend::Reads {
-        self.gate.reads()
+        self.gate.store.reads()
     }
 }
 

@@ -30,11 +30,12 @@ pub async fn create(
     req: S3Request<CreateMultipartUploadInput>,
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
     const OP: Op = Op::CreateMultipartUpload;
-    let scoped = gate.scope(OP, &req.input.bucket, &req.input.key)?;
-    let tokened = gate.required_token(scoped, RequestToken::of(&req)).await?;
+    let scoped = gate.scoping.scope(OP, &req.input.bucket, &req.input.key)?;
+    let tokened = gate.tokens.required(scoped, RequestToken::of(&req)).await?;
     let owner = Identity::signed_by(req.credentials.as_ref().map(|c| c.access_key.as_str()));
-    let admission = gate.admit(&tokened).await?;
+    let admission = gate.admitter.admit(&tokened).await?;
     let resp = gate
+        .writer
         .create_upload(&admission, req, tokened.token())
         .await
         .map_err(errors::from_backend)?;
@@ -44,17 +45,18 @@ pub async fn create(
         .clone()
         .ok_or_else(|| errors::retry("the backend returned no upload id"))?;
     let (scoped, scope) = (tokened.scoped(), tokened.scope());
-    gate.bind_upload(UploadBinding::new(
-        upload_id,
-        scoped.bucket().to_owned(),
-        scoped.key().to_owned(),
-        scope.id.clone(),
-        tokened.token(),
-        owner,
-    ))
-    .await?;
+    gate.uploads
+        .bind(UploadBinding::new(
+            upload_id,
+            scoped.bucket().to_owned(),
+            scoped.key().to_owned(),
+            scope.id.clone(),
+            tokened.token(),
+            owner,
+        ))
+        .await?;
     drop(admission);
-    gate.count(OP, scope, Outcome::Accepted);
+    gate.refuser.count(OP, scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -116,18 +118,18 @@ impl UploadCall<'_> {
     /// the Complete itself would be answered otherwise.
     pub async fn may_complete(&self, gate: &Gate) -> S3Result<()> {
         let (_, tokened) = self.bound(gate, WriteOp::Complete.op()).await?;
-        gate.refuse_if_stale(&tokened)
+        gate.tokens.refuse_if_stale(&tokened)
     }
 
     /// The upload's binding, checked against this request, and the request
     /// scoped with the upload's token.
     async fn bound(&self, gate: &Gate, op: Op) -> S3Result<(UploadBinding, Tokened)> {
         let (upload_id, bucket, key) = (self.upload_id, self.bucket, self.key);
-        let binding = gate.upload(upload_id).await?;
+        let binding = gate.uploads.get(upload_id).await?;
         if binding.bucket() != bucket || binding.key() != key {
             return Err(errors::unknown_upload(upload_id));
         }
-        let scoped = gate.scope(op, bucket, key)?;
+        let scoped = gate.scoping.scope(op, bucket, key)?;
         let scope = scoped.scope();
         if scope.id != binding.scope() {
             // The scopes were reconfigured while the upload was open: its
@@ -140,11 +142,11 @@ impl UploadCall<'_> {
             ));
         }
         let bound = binding.token();
-        let sent = gate.token(&scoped, self.token).await?;
+        let sent = gate.tokens.token(&scoped, self.token).await?;
         if let Some(sent) = sent
             && sent != bound
         {
-            return Err(gate.refuse(
+            return Err(gate.refuser.refuse(
                 op,
                 scope,
                 Refusal::UploadToken {
@@ -165,7 +167,7 @@ impl UploadCall<'_> {
             who == *binding.owner()
         };
         if !allowed {
-            return Err(gate.refuse(
+            return Err(gate.refuser.refuse(
                 op,
                 scope,
                 Refusal::NotOwner {
@@ -188,16 +190,17 @@ pub async fn upload_part(
 ) -> S3Result<S3Response<UploadPartOutput>> {
     const OP: Op = Op::UploadPart;
     let (_, tokened) = bound(gate, OP, &req).await?;
-    let admission = gate.admit(&tokened).await?;
-    let result = gate.upload_part(&admission, req).await;
+    let admission = gate.admitter.admit(&tokened).await?;
+    let result = gate.writer.upload_part(&admission, req).await;
     let scope = tokened.scope();
     if admission.cancel().is_cancelled() {
         return Err(gate
+            .refuser
             .cut(OP, scope, tokened.token().number(), admission)
             .await);
     }
     let resp = result.map_err(errors::from_backend)?;
-    gate.count(OP, scope, Outcome::Accepted);
+    gate.refuser.count(OP, scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -220,17 +223,18 @@ pub async fn upload_part_copy(
     crate::ops::copy::checked_source(gate, &input.copy_source, &conditions).await?;
     // Hold the scope's epoch with the upload's token while the part is
     // copied, so a newer holder waits for it and it cannot start after one.
-    let admission = gate.admit(&tokened).await?;
-    let result = gate.upload_part_copy(&admission, req).await;
+    let admission = gate.admitter.admit(&tokened).await?;
+    let result = gate.writer.upload_part_copy(&admission, req).await;
     let scope = tokened.scope();
     if admission.cancel().is_cancelled() {
         return Err(gate
+            .refuser
             .cut(OP, scope, tokened.token().number(), admission)
             .await);
     }
     drop(admission);
     let resp = result.map_err(errors::from_backend)?;
-    gate.count(OP, scope, Outcome::Accepted);
+    gate.refuser.count(OP, scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -240,10 +244,10 @@ pub async fn complete(
 ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
     let op = WriteOp::Complete;
     let (binding, tokened) = bound(gate, op.op(), &req).await?;
-    let w = gate.begin(op, tokened).await?;
-    let out = w.complete(gate, req).await;
+    let w = gate.admitter.begin(op, tokened).await?;
+    let out = gate.writer.complete(w, req).await;
     if out.is_ok() {
-        gate.forget_upload(binding.upload_id()).await;
+        gate.uploads.forget(binding.upload_id()).await;
     }
     out
 }
@@ -255,10 +259,11 @@ pub async fn abort(
     const OP: Op = Op::AbortMultipartUpload;
     let (binding, tokened) = bound(gate, OP, &req).await?;
     let resp = gate
+        .writer
         .abort_upload(&binding, req)
         .await
         .map_err(errors::from_backend)?;
-    gate.forget_upload(binding.upload_id()).await;
-    gate.count(OP, tokened.scope(), Outcome::Accepted);
+    gate.uploads.forget(binding.upload_id()).await;
+    gate.refuser.count(OP, tokened.scope(), Outcome::Accepted);
     Ok(resp)
 }

@@ -1,5 +1,5 @@
 //! PutObject: the common fenced write, from either door (the edge, or
-//! s3s) as one [`PutRequest`], through the gate's stages to its `Write`.
+//! s3s) as one [`PutRequest`], through the gate's stages to the `Writer`.
 
 use crate::gate::{Gate, RequestToken, WriteOp};
 use crate::request::PutRequest;
@@ -14,17 +14,23 @@ pub async fn put_object(
     gate: &Gate,
     req: S3Request<PutObjectInput>,
 ) -> S3Result<S3Response<PutObjectOutput>> {
-    put(gate, PutRequest::from_s3s(req, gate.has_lean_forwarder())).await
+    put(
+        gate,
+        PutRequest::from_s3s(req, gate.store.has_lean_forwarder()),
+    )
+    .await
 }
 
 /// Scope, token, admission, then the write.
 pub async fn put(gate: &Gate, req: PutRequest) -> S3Result<S3Response<PutObjectOutput>> {
-    let scoped = gate.scope(WriteOp::Put.op(), &req.bucket, &req.key)?;
+    let scoped = gate
+        .scoping
+        .scope(WriteOp::Put.op(), &req.bucket, &req.key)?;
     let who = RequestToken {
         headers: &req.headers,
         access_key: req.access_key.as_deref(),
     };
-    let tokened = gate.required_token(scoped, who).await?;
+    let tokened = gate.tokens.required(scoped, who).await?;
     // A small body the lean path sends as is may be held in memory, so
     // that a key the proxy knows nothing of can be written without reading
     // it first (one round trip for a new key): only with room in the body
@@ -39,6 +45,6 @@ pub async fn put(gate: &Gate, req: PutRequest) -> S3Result<S3Response<PutObjectO
             .try_hold(usize::try_from(len).unwrap_or(usize::MAX))
     })
     .flatten();
-    let w = gate.begin_put(tokened, held.is_some()).await?;
-    w.put(gate, req, held).await
+    let w = gate.admitter.begin_put(tokened, held.is_some()).await?;
+    gate.writer.put(w, req, held).await
 }
