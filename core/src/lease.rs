@@ -134,6 +134,62 @@ impl AcquireStep {
     }
 }
 
+/// What a renew of `token` does about the lock's recorded lease: the rule
+/// both backends apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewStep {
+    /// The live lease holding `token`: its expiry moves (the token never
+    /// changes on renewal).
+    Extend,
+    /// No live lease holds `token` (it expired, was released, or another
+    /// holder has the lock): the holder must acquire again, and gets a new
+    /// token.
+    NotHolder,
+}
+
+impl RenewStep {
+    /// The step for a renew of `token` at `now`, finding `current`.
+    pub fn of(current: Option<&Lease>, token: u64, now: Timestamp) -> RenewStep {
+        match current {
+            Some(l) if l.token == token && l.is_live(now) => RenewStep::Extend,
+            _ => RenewStep::NotHolder,
+        }
+    }
+}
+
+/// What a release of `token` does about the lock's recorded lease: the
+/// rule both backends apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseStep {
+    /// The lease holding `token`, live or expired: it goes, and the lock
+    /// is free at once.
+    Remove,
+    /// Another lease is live, or one newer than `token` was granted:
+    /// refused.
+    NotHolder,
+    /// Nothing newer than `token` holds the lock: its lease already ended
+    /// (released, perhaps by an earlier attempt of this very call, or
+    /// expired and purged). Releasing it again changes nothing, and is not
+    /// an error (a client may retry).
+    AlreadyEnded,
+}
+
+impl ReleaseStep {
+    /// The step for a release of `token` at `now`, finding `current`;
+    /// `issued` says whether the service issued `token` at all (a token
+    /// above every one issued ended nothing).
+    pub fn of(current: Option<&Lease>, token: u64, now: Timestamp, issued: bool) -> ReleaseStep {
+        match current {
+            Some(l) if l.token == token => ReleaseStep::Remove,
+            Some(l) if crate::fence::is_stale(l.token, token) || l.is_live(now) => {
+                ReleaseStep::NotHolder
+            }
+            _ if issued => ReleaseStep::AlreadyEnded,
+            _ => ReleaseStep::NotHolder,
+        }
+    }
+}
+
 /// A successful acquire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -287,8 +343,11 @@ impl LockTable {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Lease, NotHolder> {
-        match self.leases.get_mut(lock) {
-            Some(lease) if lease.token == token && lease.is_live(now) => {
+        match (
+            RenewStep::of(self.leases.get(lock), token, now),
+            self.leases.get_mut(lock),
+        ) {
+            (RenewStep::Extend, Some(lease)) => {
                 Self::reschedule(&mut self.deadlines, lease, now.saturating_add(ttl));
                 Ok(lease.clone())
             }
@@ -307,19 +366,16 @@ impl LockTable {
         token: u64,
         now: Timestamp,
     ) -> Result<(), NotHolder> {
-        match self.leases.get(lock) {
-            Some(lease) if lease.token == token => {
-                Self::unindex(&mut self.deadlines, lease);
-                self.leases.remove(lock);
+        let issued = !crate::fence::raises(self.counter, token);
+        match ReleaseStep::of(self.leases.get(lock), token, now, issued) {
+            ReleaseStep::Remove => {
+                if let Some(lease) = self.leases.remove(lock) {
+                    Self::unindex(&mut self.deadlines, &lease);
+                }
                 Ok(())
             }
-            Some(lease) if lease.token > token || lease.is_live(now) => Err(NotHolder {
-                current: self.live(lock, now),
-            }),
-            // Nothing newer than `token` was ever granted on this lock: the
-            // lease was released or expired and nobody took it since.
-            _ if token <= self.counter => Ok(()),
-            _ => Err(NotHolder {
+            ReleaseStep::AlreadyEnded => Ok(()),
+            ReleaseStep::NotHolder => Err(NotHolder {
                 current: self.live(lock, now),
             }),
         }
@@ -407,6 +463,58 @@ mod tests {
         LockName::new(s).expect("valid lock name")
     }
     const TTL: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn the_renew_and_release_steps_both_backends_take() {
+        let lease = Lease {
+            lock: lock("l"),
+            owner: "A".into(),
+            token: 3,
+            expires_at: Timestamp(100),
+            idempotency: None,
+        };
+        let renew = |current, token, now| RenewStep::of(current, token, Timestamp(now));
+        assert_eq!(renew(Some(&lease), 3, 99), RenewStep::Extend);
+        assert_eq!(renew(Some(&lease), 3, 100), RenewStep::NotHolder, "expired");
+        assert_eq!(
+            renew(Some(&lease), 2, 99),
+            RenewStep::NotHolder,
+            "another's"
+        );
+        assert_eq!(renew(None, 3, 0), RenewStep::NotHolder, "released");
+
+        let release =
+            |current, token, now, issued| ReleaseStep::of(current, token, Timestamp(now), issued);
+        assert_eq!(
+            release(Some(&lease), 3, 200, true),
+            ReleaseStep::Remove,
+            "expired too"
+        );
+        assert_eq!(
+            release(Some(&lease), 2, 200, true),
+            ReleaseStep::NotHolder,
+            "newer granted"
+        );
+        assert_eq!(
+            release(Some(&lease), 4, 99, true),
+            ReleaseStep::NotHolder,
+            "another is live"
+        );
+        assert_eq!(
+            release(Some(&lease), 4, 100, true),
+            ReleaseStep::AlreadyEnded
+        );
+        assert_eq!(
+            release(None, 4, 0, true),
+            ReleaseStep::AlreadyEnded,
+            "a retry"
+        );
+        assert_eq!(
+            release(None, 4, 0, false),
+            ReleaseStep::NotHolder,
+            "never issued"
+        );
+    }
 
     #[test]
     fn the_acquire_step_both_backends_take() {

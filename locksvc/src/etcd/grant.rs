@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::leases::{Acquire, LeaseStore, LockFilter, StorageError};
+use fencegate_core::lease::{ReleaseStep, RenewStep};
 
 impl EtcdLeases {
     /// Reads what `acquire` decides on, in one consistent snapshot.
@@ -521,9 +522,11 @@ impl LeaseStore for EtcdLeases {
         }
         for _ in 0..MAX_CONFLICTS {
             let now = clock::now();
-            match current.as_ref().map(|h| (h, h.lease(lock))) {
+            let found = current.as_ref().map(|h| (h, h.lease(lock)));
+            let step = RenewStep::of(found.as_ref().map(|(_, l)| l), token, now);
+            match found {
                 // A migrated lease, or a lease granted under an older epoch.
-                Some((h, lease)) if lease.token == token && lease.is_live(now) => {
+                Some((h, _)) if step == RenewStep::Extend => {
                     if let Some(lease) = self.extend(lock, h, ttl).await? {
                         return Ok(lease);
                     }
@@ -569,9 +572,17 @@ impl LeaseStore for EtcdLeases {
             _ => None,
         };
         let now = clock::now();
-        match held_of(get(0), get(1))? {
+        let current = held_of(get(0), get(1))?;
+        // The token is genuine (`HeldToken`), so it was issued.
+        let step = ReleaseStep::of(
+            current.as_ref().map(|h| h.lease(lock)).as_ref(),
+            token,
+            now,
+            true,
+        );
+        match (step, current) {
             // A migrated lease, or one granted under an older epoch.
-            Some(h) if h.lease(lock).token == token => {
+            (ReleaseStep::Remove, Some(h)) => {
                 let resp = self
                     .txn(
                         Txn::new()
@@ -586,20 +597,16 @@ impl LeaseStore for EtcdLeases {
                 Err(StorageError::Contended("the lease changed while it was being released").into())
             }
             // Another lease is live, or a newer one was granted.
-            Some(h)
-                if h.lease(lock).is_live(now)
-                    || fencegate_core::fence::is_stale(h.lease(lock).token, token) =>
-            {
+            (ReleaseStep::NotHolder, current) => {
                 self.inner.metrics.refused("not_holder");
                 Err(EngineError::NotHolder {
-                    current: Some(h.lease(lock)).filter(|l| l.is_live(now)),
+                    current: current.map(|h| h.lease(lock)).filter(|l| l.is_live(now)),
                 })
             }
             // Nothing newer than the token holds the lock: its lease ended
             // (released, perhaps by an earlier attempt of this very call, or
-            // expired and swept). The token is genuine (`HeldToken`), so it
-            // was issued: releasing it again changes nothing.
-            _ => Ok(()),
+            // expired and swept): releasing it again changes nothing.
+            (ReleaseStep::AlreadyEnded | ReleaseStep::Remove, _) => Ok(()),
         }
     }
 
