@@ -102,29 +102,22 @@ impl Drop for Inflight {
 
 /// A write that passed every check and holds its key: what the write
 /// stage takes, and the only thing it sends an object write for. Made only
-/// here; its fields are private.
+/// here; its one field is private.
 #[derive(Debug)]
-pub struct Admitted {
-    /// First, so it is dropped first: a write counted in flight still
-    /// holds its admission (a raise admitted elsewhere finds it at 0).
-    inflight: Inflight,
-    op: WriteOp,
-    scope: Scope,
-    token: u64,
-    admission: Admission,
-    key: KeyGuard,
-    known: Known,
-    /// `known` is `Absent` by presumption, not by a read (see
-    /// [`Admitter::begin_put`]).
-    presumed: bool,
-    /// How the bucket's store reads conditions.
-    dialect: Dialect,
-    started: Instant,
+pub struct Admitted(Parts);
+
+impl Admitted {
+    /// Taken apart by the write stage, which sends it.
+    pub(super) fn parts(self) -> Parts {
+        self.0
+    }
 }
 
-/// An [`Admitted`] write taken apart by the write stage, which sends it.
+/// What an [`Admitted`] write holds.
 #[derive(Debug)]
 pub(super) struct Parts {
+    /// First, so it is dropped first: a write counted in flight still
+    /// holds its admission (a raise admitted elsewhere finds it at 0).
     pub inflight: Inflight,
     pub op: WriteOp,
     pub scope: Scope,
@@ -132,38 +125,12 @@ pub(super) struct Parts {
     pub admission: Admission,
     pub key: KeyGuard,
     pub known: Known,
+    /// `known` is `Absent` by presumption, not by a read (see
+    /// [`Admitter::begin_put`]).
     pub presumed: bool,
+    /// How the bucket's store reads conditions.
     pub dialect: Dialect,
     pub started: Instant,
-}
-
-impl Admitted {
-    pub(super) fn parts(self) -> Parts {
-        let Admitted {
-            inflight,
-            op,
-            scope,
-            token,
-            admission,
-            key,
-            known,
-            presumed,
-            dialect,
-            started,
-        } = self;
-        Parts {
-            inflight,
-            op,
-            scope,
-            token,
-            admission,
-            key,
-            known,
-            presumed,
-            dialect,
-            started,
-        }
-    }
 }
 
 /// Stages three and four's state: the fences (the epochs), the keys'
@@ -310,7 +277,7 @@ impl Admitter {
         };
         self.refuser
             .refuse_if_overwritten(op, &scope, token, bucket, key, &known)?;
-        Ok(Admitted {
+        Ok(Admitted(Parts {
             op: write,
             scope,
             token,
@@ -321,6 +288,6 @@ impl Admitter {
             dialect: self.store.dialect_of(bucket),
             started: Instant::now(),
             inflight: Inflight::new(&self.metrics),
-        })
+        }))
     }
 }

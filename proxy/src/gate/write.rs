@@ -20,12 +20,11 @@
 //! that the fence let it through: an [`Admission`] of the upload's scope,
 //! or for an abort the upload's verified binding.
 
-use super::admission::{Admitted, Inflight, Parts, WriteOp};
+use super::admission::{Admitted, Inflight, Parts};
 use super::call::Call;
 use super::refusal::Refuser;
 use super::store::Store;
 use crate::body::{BodyWatch, Cancellable};
-use crate::dialect::Dialect;
 use crate::errors;
 use crate::fences::{Admission, Fences};
 use crate::keys::{KeyGuard, Known};
@@ -39,7 +38,7 @@ use s3s::S3Error;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// What a CopyObject writes at its destination, besides the data.
@@ -67,19 +66,8 @@ pub struct CopySpec {
 /// in its store's dialect.
 #[derive(Debug)]
 struct Write {
-    /// First, so it is dropped first: a write counted in flight still
-    /// holds its admission (a raise admitted elsewhere finds it at 0).
-    inflight: Inflight,
-    op: WriteOp,
-    scope: Scope,
-    token: u64,
-    admission: Admission,
-    key: KeyGuard,
-    known: Known,
-    presumed: bool,
-    dialect: Dialect,
+    a: Parts,
     client: aws_sdk_s3::Client,
-    started: Instant,
 }
 
 /// The write stage's state: the store, the fences (a write is cut or
@@ -125,31 +113,9 @@ impl Writer {
     }
 
     fn write(&self, a: Admitted) -> Write {
-        let Parts {
-            inflight,
-            op,
-            scope,
-            token,
-            admission,
-            key,
-            known,
-            presumed,
-            dialect,
-            started,
-        } = a.parts();
-        Write {
-            inflight,
-            op,
-            scope,
-            token,
-            admission,
-            key,
-            known,
-            presumed,
-            dialect,
-            client: self.store.backend().writes(dialect),
-            started,
-        }
+        let a = a.parts();
+        let client = self.store.backend().writes(a.dialect);
+        Write { a, client }
     }
 
     /// Sends a PutObject over the verified state. `held` is the body's
@@ -199,7 +165,7 @@ impl Write {
         mut req: PutRequest,
         held: Option<crate::early::Held>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let token = self.token;
+        let token = self.a.token;
         let trailing = match &req.route {
             Route::Sdk(rest) => rest.trailing_headers.as_ref(),
             Route::Lean(_) => None,
@@ -212,8 +178,8 @@ impl Write {
             req.body = req.body.take().map(|b| writer.read_aheads.wrap(b, length));
         }
         let verdict = crate::trailer::check(&mut req.body, &req.headers, trailing, anonymous);
-        let conds = conditions(&self.known, req.if_match.take(), req.if_none_match.take())?;
-        let watch = writer.watch_body(&mut req.body, self.admission.cancel());
+        let conds = conditions(&self.a.known, req.if_match.take(), req.if_none_match.take())?;
+        let watch = writer.watch_body(&mut req.body, self.a.admission.cancel());
         if let Err(e) = crate::trailer::settle_empty(&mut req.body, &req.headers, &verdict).await {
             let e = crate::body::unless_stalled(watch.as_ref(), e);
             return writer
@@ -248,9 +214,9 @@ impl Write {
             length.unwrap_or(0),
             token,
         )?;
-        let dialect = self.dialect;
+        let dialect = self.a.dialect;
         let body = req.body;
-        let (true, Some(held)) = (self.presumed, held) else {
+        let (true, Some(held)) = (self.a.presumed, held) else {
             let body = crate::lean::body_of(body);
             let call = async move { lean.send(put, conds, dialect, body).await };
             let sent = bad_digest(writer.call_write(Box::pin(call), watch).await, &verdict);
@@ -285,10 +251,10 @@ impl Write {
         match &first {
             Sent::Answered(Err(e))
                 if crate::errors::is_condition_failure(e)
-                    && !self.admission.cancel().is_cancelled() => {}
+                    && !self.a.admission.cancel().is_cancelled() => {}
             _ => return writer.finish(self, first, put_holds(token)).await,
         }
-        let (bucket, key) = (self.key.bucket().to_owned(), self.key.key().to_owned());
+        let (bucket, key) = (self.a.key.bucket().to_owned(), self.a.key.key().to_owned());
         let stored = match writer.store.head(&bucket, &key).await {
             Ok(k) => k,
             Err(e) => {
@@ -297,17 +263,17 @@ impl Write {
                     .await;
             }
         };
-        self.key.remember(stored.clone());
+        self.a.key.remember(stored.clone());
         writer.refuser.refuse_if_overwritten(
-            self.op.op(),
-            &self.scope,
+            self.a.op.op(),
+            &self.a.scope,
             token,
             &bucket,
             &key,
             &stored,
         )?;
-        self.known = stored;
-        let conds = conditions(&self.known, None, None)?;
+        self.a.known = stored;
+        let conds = conditions(&self.a.known, None, None)?;
         let call = async move {
             let _held = held;
             let body = crate::lean::full(bytes);
@@ -327,7 +293,7 @@ impl Write {
         version_id: Option<String>,
         client_if_match: Option<IfMatch>,
     ) -> S3Result<DeleteObjectOutput> {
-        let (if_match, _) = conditions(&self.known, client_if_match, None)?;
+        let (if_match, _) = conditions(&self.a.known, client_if_match, None)?;
         let Some(ETagCondition::ETag(etag)) = if_match else {
             let out = Sent::Answered(Ok(DeleteObjectOutput::default()));
             return writer.finish(self, out, |_| Some(Known::Absent)).await;
@@ -336,8 +302,8 @@ impl Write {
         let call = self
             .client
             .delete_object()
-            .bucket(self.key.bucket())
-            .key(self.key.key())
+            .bucket(self.a.key.bucket())
+            .key(self.a.key.key())
             .set_version_id(version_id)
             .if_match(format!("\"{}\"", etag.value()))
             .send();
@@ -361,8 +327,8 @@ impl Write {
     /// Copies `spec.source` to the key, replacing its metadata with
     /// `spec.metadata` plus the token.
     async fn copy(self, writer: &Writer, spec: CopySpec) -> S3Result<CopyObjectOutput> {
-        let token = self.token;
-        let (if_match, if_none_match) = conditions(&self.known, None, None)?;
+        let token = self.a.token;
+        let (if_match, if_none_match) = conditions(&self.a.known, None, None)?;
         let spec_conditioned = spec.source_if_match.is_some()
             || spec.source_if_none_match.is_some()
             || spec.source_if_modified_since.is_some()
@@ -374,8 +340,8 @@ impl Write {
         let mut b = self
             .client
             .copy_object()
-            .bucket(self.key.bucket())
-            .key(self.key.key())
+            .bucket(self.a.key.bucket())
+            .key(self.a.key.key())
             .copy_source(spec.source)
             .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
             .set_storage_class(spec.storage_class.as_deref().map(Into::into))
@@ -414,9 +380,9 @@ impl Write {
             && let Sent::Answered(Err(e)) = &sent
             && crate::errors::is_condition_failure(e)
         {
-            let (bucket, key) = (self.key.bucket().to_owned(), self.key.key().to_owned());
+            let (bucket, key) = (self.a.key.bucket().to_owned(), self.a.key.key().to_owned());
             if let Ok(now) = writer.store.head(&bucket, &key).await
-                && now == self.known
+                && now == self.a.known
             {
                 return Err(s3s::s3_error!(
                     PreconditionFailed,
@@ -445,10 +411,10 @@ impl Write {
         writer: &Writer,
         mut req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        let token = self.token;
+        let token = self.a.token;
         let input = &mut req.input;
         (input.if_match, input.if_none_match) = conditions(
-            &self.known,
+            &self.a.known,
             input.if_match.take(),
             input.if_none_match.take(),
         )?;
@@ -758,21 +724,22 @@ impl Writer {
     ) -> S3Result<T> {
         self.metrics
             .backend_seconds
-            .get_or_create(&crate::metrics::OpLabels { op: w.op.op() })
-            .observe(w.started.elapsed().as_secs_f64());
+            .get_or_create(&crate::metrics::OpLabels { op: w.a.op.op() })
+            .observe(w.a.started.elapsed().as_secs_f64());
         let result = match sent {
             Sent::Answered(r) => r,
             Sent::Unanswered(pending) => {
-                w.key.forget();
-                self.refuser.count(w.op.op(), &w.scope, Outcome::Timeout);
+                w.a.key.forget();
+                self.refuser
+                    .count(w.a.op.op(), &w.a.scope, Outcome::Timeout);
                 tracing::warn!(
-                    op = w.op.name(),
-                    bucket = w.key.bucket(),
-                    key = w.key.key(),
-                    token = w.token,
+                    op = w.a.op.name(),
+                    bucket = w.a.key.bucket(),
+                    key = w.a.key.key(),
+                    token = w.a.token,
                     "the backend did not answer a write in time; holding its key and epoch until it can no longer commit"
                 );
-                let hold = (w.admission, w.key, w.inflight);
+                let hold = (w.a.admission, w.a.key, w.a.inflight);
                 // Before the 503 goes out: a stop must see it (`end_run`).
                 self.metrics.lingering_writes.inc();
                 tokio::spawn(linger(
@@ -787,38 +754,40 @@ impl Writer {
         match result {
             Ok(out) => {
                 match now_holds(&out) {
-                    Some(k) => w.key.remember(k),
-                    None => w.key.forget(),
+                    Some(k) => w.a.key.remember(k),
+                    None => w.a.key.forget(),
                 }
-                self.refuser.count(w.op.op(), &w.scope, Outcome::Accepted);
+                self.refuser
+                    .count(w.a.op.op(), &w.a.scope, Outcome::Accepted);
                 Ok(out)
             }
             Err(e) => {
                 // Whatever happened, the proxy no longer knows the key.
-                w.key.forget();
-                if w.admission.cancel().is_cancelled()
+                w.a.key.forget();
+                if w.a.admission.cancel().is_cancelled()
                     || self.fences.cluster().is_some_and(|c| !c.admits())
                 {
-                    let Write {
+                    let Parts {
                         op,
                         scope,
                         token,
                         admission,
                         key,
                         ..
-                    } = w;
+                    } = w.a;
                     drop(key);
                     return Err(self.refuser.cut(op.op(), &scope, token, admission).await);
                 }
                 if errors::is_condition_failure(&e) {
-                    self.refuser.count(w.op.op(), &w.scope, Outcome::Conflict);
-                    let (bucket, key) = (w.key.bucket().to_owned(), w.key.key().to_owned());
+                    self.refuser
+                        .count(w.a.op.op(), &w.a.scope, Outcome::Conflict);
+                    let (bucket, key) = (w.a.key.bucket().to_owned(), w.a.key.key().to_owned());
                     return Err(self
-                        .redecide(w.op.op(), &bucket, &key, &w.scope, w.token)
+                        .redecide(w.a.op.op(), &bucket, &key, &w.a.scope, w.a.token)
                         .await);
                 }
                 self.refuser
-                    .count(w.op.op(), &w.scope, Outcome::BackendError);
+                    .count(w.a.op.op(), &w.a.scope, Outcome::BackendError);
                 Err(errors::from_backend(e))
             }
         }
