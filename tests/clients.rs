@@ -1,6 +1,7 @@
 //! Real S3 clients through the proxy: boto3, curl (anonymous and SigV4),
 //! and the backup tools of tests/backup_tools.rs use the same harness.
 
+#[macro_use]
 mod support;
 
 use std::process::{Command, Output};
@@ -23,36 +24,8 @@ fn script(name: &str) -> String {
     format!("{}/tests/clients/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod s3s_fs {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::BackendKind::S3Fs).await
-                }
-            )*
-        }
-        mod moto {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::BackendKind::Moto).await
-                }
-            )*
-        }
-        mod rgw {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::BackendKind::Rgw).await
-                }
-            )*
-        }
-    };
-}
-
 on_every_backend!(
+    threads = 2;
     boto3_every_write_is_fenced,
     curl_every_write_is_fenced,
     virtual_hosted_style_is_fenced_like_path_style

@@ -1,6 +1,7 @@
 //! The fencing proxy end to end: a real proxy process in front of real S3
 //! servers (s3s-fs in process, moto_server), the same tests on both.
 
+#[macro_use]
 mod support;
 
 use aws_sdk_s3::primitives::ByteStream;
@@ -47,36 +48,8 @@ impl Env {
     }
 }
 
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod s3s_fs {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(super::BackendKind::S3Fs).await
-                }
-            )*
-        }
-        mod moto {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(super::BackendKind::Moto).await
-                }
-            )*
-        }
-        mod rgw {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(super::BackendKind::Rgw).await
-                }
-            )*
-        }
-    };
-}
-
 on_every_backend!(
+    threads = 4;
     reference_scenario_and_the_unfenced_negative,
     equal_tokens_accepted_higher_raises_and_max_survives_kill_9,
     every_write_operation_is_fenced,

@@ -9,6 +9,7 @@
 //! refuse alice's stale token: only the object's stored token, the store's
 //! compare-and-set, or replica 1's fresh read of the key can.
 
+#[macro_use]
 mod support;
 
 use aws_sdk_s3::primitives::ByteStream;
@@ -68,36 +69,8 @@ fn stale(r: Result<(), (Option<u16>, String)>, what: &str) {
     assert_eq!((e.0, e.1.as_str()), STALE, "{what}");
 }
 
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod s3s_fs {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(super::BackendKind::S3Fs).await
-                }
-            )*
-        }
-        mod moto {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(super::BackendKind::Moto).await
-                }
-            )*
-        }
-        mod rgw {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(super::BackendKind::Rgw).await
-                }
-            )*
-        }
-    };
-}
-
 on_every_backend!(
+    threads = 4;
     a_stale_put_through_the_other_replica_fails_at_the_store_and_is_redecided,
     a_replica_that_never_saw_the_key_refuses_by_the_stored_token,
     a_stale_copy_through_the_other_replica_is_refused,

@@ -8,7 +8,7 @@
 mod support;
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -213,31 +213,6 @@ fn with_json_logs_every_line_of_fencegate_dev_is_json_the_banner_too() {
         "no log line at INFO: nothing was checked"
     );
     assert_all_json(&stderr, "stderr");
-}
-
-/// One HTTP/1.1 response read from `s`: status and body.
-fn read_response(s: &mut TcpStream) -> Option<(u16, String)> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
-    let head = String::from_utf8(head).ok()?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    let len: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).ok()?;
-    Some((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 #[test]

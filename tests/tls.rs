@@ -504,31 +504,6 @@ async fn proxy_over_https_serves_s3_and_checks_plain_tokens_with_the_lease_servi
     );
 }
 
-/// Reads one HTTP response (head, then `content-length` bytes).
-fn read_response(s: &mut TcpStream) -> Option<(u16, String)> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
-    let head = String::from_utf8(head).expect("ascii");
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    let len: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).ok()?;
-    Some((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
 /// How long until the server closes `s`; panics if still open after `limit`.
 fn closed_within(s: &mut TcpStream, limit: Duration) -> Duration {
     let started = Instant::now();

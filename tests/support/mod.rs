@@ -9,6 +9,39 @@
     reason = "each test file uses a different part of the harness"
 )]
 
+/// One test per S3 server for each `name`: `name(BackendKind::S3Fs)`,
+/// `name(BackendKind::Moto)` and `name(BackendKind::Rgw)`, each on a
+/// runtime of `threads` workers (`on_every_backend!(threads = 4; a, b)`).
+#[macro_export]
+macro_rules! on_every_backend {
+    (threads = $threads:literal; $($name:ident),* $(,)?) => {
+        mod s3s_fs {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+                async fn $name() {
+                    super::$name(super::BackendKind::S3Fs).await
+                }
+            )*
+        }
+        mod moto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+                async fn $name() {
+                    super::$name(super::BackendKind::Moto).await
+                }
+            )*
+        }
+        mod rgw {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+                async fn $name() {
+                    super::$name(super::BackendKind::Rgw).await
+                }
+            )*
+        }
+    };
+}
+
 #[macro_use]
 pub mod s3;
 pub mod etcd;
@@ -475,4 +508,33 @@ pub fn run_cmd(locksvc: &str, args: &[&str]) -> Command {
         .env("FENCEGATE_LOCKSVC", locksvc)
         .env("FENCEGATE_LOG", "warn");
     cmd
+}
+
+/// The `content-length` of a response or request head (0 if none).
+pub fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0)
+}
+
+/// One HTTP/1.1 response read from `s`: its status and its body
+/// (`content-length` bytes).
+pub fn read_response(s: &mut impl std::io::Read) -> Option<(u16, String)> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8(head).ok()?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let mut body = vec![0u8; content_length(&head)];
+    s.read_exact(&mut body).ok()?;
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
 }

@@ -225,14 +225,7 @@ async fn recording(
                             } else {
                                 format!("{method} {path}")
                             });
-                        body_left = text
-                            .lines()
-                            .find_map(|l| {
-                                let (k, v) = l.split_once(':')?;
-                                k.eq_ignore_ascii_case("content-length")
-                                    .then(|| v.trim().parse().ok())?
-                            })
-                            .unwrap_or(0);
+                        body_left = super::content_length(&text);
                         head.clear();
                     }
                 }
