@@ -30,9 +30,10 @@ pub struct CreateArgs {
     pub token_floor: u64,
 }
 
+/// What starting either service takes: its file and what overrides it.
 #[derive(Debug, Args)]
-pub struct LocksvcArgs {
-    /// TOML configuration file (see config/locksvc.toml).
+pub struct ServiceArgs {
+    /// TOML configuration file (examples: config/locksvc.toml, config/proxy-*.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Listen address; overrides `listen` in the file.
@@ -46,6 +47,12 @@ pub struct LocksvcArgs {
     /// Only validate the configuration, then exit.
     #[arg(long)]
     pub check: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LocksvcArgs {
+    #[command(flatten)]
+    pub service: ServiceArgs,
     #[command(subcommand)]
     pub action: Option<LocksvcAction>,
 }
@@ -131,15 +138,15 @@ fn fit_cap(cap: Cap) -> usize {
 }
 
 pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
-    let mut config = load_config(&args.config, LocksvcConfig::from_toml)?;
-    if let Some(l) = args.listen {
+    let mut config = load_config(&args.service.config, LocksvcConfig::from_toml)?;
+    if let Some(l) = args.service.listen {
         config.listen = l;
     }
-    if let Some(db) = args.db {
+    if let Some(db) = args.service.db {
         config.db = db;
     }
-    config.create_db = args.create.create_db;
-    config.token_floor = args.create.token_floor;
+    config.create_db = args.service.create.create_db;
+    config.token_floor = args.service.create.token_floor;
     let mut config = config.validated()?;
     if let Some(LocksvcAction::Migrate { from_db }) = &args.action {
         let etcd = config.etcd.as_ref().context(
@@ -158,7 +165,7 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if args.check {
+    if args.service.check {
         println!("configuration is valid");
         return Ok(());
     }
@@ -181,40 +188,31 @@ pub async fn locksvc(args: LocksvcArgs) -> anyhow::Result<()> {
 
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
-    /// TOML configuration file (see config/proxy-minio.toml).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Listen address; overrides `listen` in the file.
-    #[arg(long)]
-    pub listen: Option<SocketAddr>,
-    /// SQLite database; overrides `db` in the file.
-    #[arg(long)]
-    pub db: Option<PathBuf>,
     #[command(flatten)]
-    pub create: CreateArgs,
+    pub service: ServiceArgs,
     /// Backend endpoint URL; overrides `backend.endpoint` in the file.
     #[arg(long, env = "FENCEGATE_BACKEND_ENDPOINT")]
     pub backend: Option<String>,
-    /// Only validate the configuration, then exit.
-    #[arg(long)]
-    pub check: bool,
 }
 
 pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
-    let mut config = load_config(&args.config, fencegate_proxy::ProxyConfig::from_toml)?;
-    if let Some(l) = args.listen {
+    let mut config = load_config(
+        &args.service.config,
+        fencegate_proxy::ProxyConfig::from_toml,
+    )?;
+    if let Some(l) = args.service.listen {
         config.listen = l;
     }
-    if let Some(db) = args.db {
+    if let Some(db) = args.service.db {
         config.db = db;
     }
     if let Some(b) = args.backend {
         config.backend.endpoint = b;
     }
-    config.create_db = args.create.create_db;
-    config.token_floor = args.create.token_floor;
+    config.create_db = args.service.create.create_db;
+    config.token_floor = args.service.create.token_floor;
     let mut config = config.validated()?;
-    if args.check {
+    if args.service.check {
         println!("configuration is valid");
         return Ok(());
     }

@@ -16,6 +16,7 @@
 //! may abort it even when its token went stale, to clean up its parts.
 
 use crate::errors;
+use crate::fences::Admission;
 use crate::gate::refusal::Refusal;
 use crate::gate::token::Tokened;
 use crate::gate::{Gate, RequestToken, WriteOp};
@@ -190,17 +191,33 @@ pub async fn upload_part(
 ) -> S3Result<S3Response<UploadPartOutput>> {
     const OP: Op = Op::UploadPart;
     let (_, tokened) = bound(gate, OP, &req).await?;
-    let admission = gate.admitter.admit(&tokened).await?;
-    let result = gate.writer.upload_part(&admission, req).await;
+    admitted(gate, OP, &tokened, async |admission| {
+        gate.writer.upload_part(admission, req).await
+    })
+    .await
+}
+
+/// Sends a call that changes no object while the scope's epoch holds the
+/// upload's token (so a newer holder waits for it, and it cannot start
+/// after one): cut if a newer token came meanwhile, else counted.
+async fn admitted<T>(
+    gate: &Gate,
+    op: Op,
+    tokened: &Tokened,
+    call: impl AsyncFnOnce(&Admission) -> S3Result<T>,
+) -> S3Result<T> {
+    let admission = gate.admitter.admit(tokened).await?;
+    let result = call(&admission).await;
     let scope = tokened.scope();
     if admission.cancel().is_cancelled() {
         return Err(gate
             .refuser
-            .cut(OP, scope, tokened.token().number(), admission)
+            .cut(op, scope, tokened.token().number(), admission)
             .await);
     }
+    drop(admission);
     let resp = result.map_err(errors::from_backend)?;
-    gate.refuser.count(OP, scope, Outcome::Accepted);
+    gate.refuser.count(op, scope, Outcome::Accepted);
     Ok(resp)
 }
 
@@ -221,21 +238,10 @@ pub async fn upload_part_copy(
         if_unmodified_since: input.copy_source_if_unmodified_since.clone(),
     };
     crate::ops::copy::checked_source(gate, &input.copy_source, &conditions).await?;
-    // Hold the scope's epoch with the upload's token while the part is
-    // copied, so a newer holder waits for it and it cannot start after one.
-    let admission = gate.admitter.admit(&tokened).await?;
-    let result = gate.writer.upload_part_copy(&admission, req).await;
-    let scope = tokened.scope();
-    if admission.cancel().is_cancelled() {
-        return Err(gate
-            .refuser
-            .cut(OP, scope, tokened.token().number(), admission)
-            .await);
-    }
-    drop(admission);
-    let resp = result.map_err(errors::from_backend)?;
-    gate.refuser.count(OP, scope, Outcome::Accepted);
-    Ok(resp)
+    admitted(gate, OP, &tokened, async |admission| {
+        gate.writer.upload_part_copy(admission, req).await
+    })
+    .await
 }
 
 pub async fn complete(
