@@ -624,12 +624,6 @@ impl Replica {
         v
     }
 
-    /// The longest lock delay a raise here may have to wait: this
-    /// replica's, or a longer one another member published.
-    pub fn longest_lock_delay(&self) -> Duration {
-        self.longest_lock_delay
-    }
-
     pub fn evictions(&self) -> u64 {
         self.evictions
     }

@@ -295,11 +295,6 @@ impl Refuser {
         &self.events
     }
 
-    /// The proxy's metrics.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
     /// Asks the lease service, off the write path, whose lease `token` of
     /// `lock` is, so fence events can name the zombie and the holder.
     pub fn learn_owner(&self, lock: &str, token: u64) {
