@@ -64,6 +64,8 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
+/// The highest floor a schedule's cluster starts with.
+const FLOOR_MAX: u64 = 6;
 const TTL_MS: u64 = 1_000;
 const DRIFT: f64 = 0.01;
 const STORE_DECISION_MS: u64 = 600;
@@ -88,6 +90,8 @@ enum Variant {
     JoinThenLoad,
     LostAsNotApplied,
     EvictDraining,
+    /// The cluster's floor is not kept from the load.
+    IgnoreFloor,
     /// `lock_delay` 0. A raiser also waits the minimum for the TTL and store
     /// time a member *published*, so this variant's etcd serves member
     /// records as unreadable (`published: None`): otherwise the floor from
@@ -103,6 +107,7 @@ impl Variant {
             join_then_load: self == Variant::JoinThenLoad,
             lost_as_not_applied: self == Variant::LostAsNotApplied,
             evict_draining: self == Variant::EvictDraining,
+            ignore_floor: self == Variant::IgnoreFloor,
         }
     }
 
@@ -195,6 +200,9 @@ struct Etcd {
     roster: BTreeMap<String, MemberRec>,
     /// [`Config::blind_renewal`].
     blind_renewal: bool,
+    /// `floor`: every lock's least max (`--token-floor` at a replica's
+    /// start). Tokens below it are stale on every lock.
+    floor: u64,
 }
 
 fn lock_ix(lock: &str) -> usize {
@@ -304,7 +312,7 @@ impl Etcd {
                     .enumerate()
                     .filter_map(|(i, f)| f.map(|(t, r)| (LOCKS[i].to_owned(), t, r)))
                     .collect(),
-                floor: 0,
+                floor: self.floor,
             },
             Request::Watch { .. } => unreachable!("watches are opened by the simulation"),
             Request::Raise {
@@ -772,7 +780,16 @@ impl Sim {
                 protected_until: 0,
             })
             .collect();
+        // One schedule in four starts on a cluster whose floor is above
+        // the first tokens issued (an operator's `--token-floor` after a
+        // lost etcd): those tokens are stale on every lock.
+        let floor = if rng.gen_bool(0.25) {
+            rng.gen_range(2..=FLOOR_MAX)
+        } else {
+            0
+        };
         let etcd = Etcd {
+            floor,
             rate: rng.gen_range(1.0 - DRIFT..=1.0 + DRIFT),
             unreadable: cfg.variant == Variant::NoLockDelay,
             blind_renewal: cfg.blind_renewal,
@@ -797,7 +814,7 @@ impl Sim {
             writes: Vec::new(),
             holders: vec![Vec::new(); locks],
             issued: 0,
-            top: vec![(0, 0, String::new()); locks],
+            top: vec![(floor, 0, "the cluster's floor".to_owned()); locks],
             violation: None,
             stats: Stats::default(),
         };
@@ -1899,6 +1916,11 @@ fn the_checker_catches_a_lost_raise_taken_as_not_applied() {
 #[test]
 fn the_checker_catches_evicting_a_draining_member() {
     caught(Config::of(Variant::EvictDraining), 1_500);
+}
+
+#[test]
+fn the_checker_catches_a_floor_not_kept() {
+    caught(Config::of(Variant::IgnoreFloor), 1_500);
 }
 
 #[test]

@@ -208,6 +208,8 @@ pub struct Flaws {
     pub lost_as_not_applied: bool,
     /// A registered member that is draining is evicted at `ack_timeout`.
     pub evict_draining: bool,
+    /// The cluster's floor is not kept from the load.
+    pub ignore_floor: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -217,6 +219,7 @@ struct Flags {
     join_then_load: bool,
     lost_as_not_applied: bool,
     evict_draining: bool,
+    ignore_floor: bool,
 }
 
 /// Writes in flight with one token.
@@ -439,6 +442,7 @@ impl Replica {
             join_then_load: f.join_then_load,
             lost_as_not_applied: f.lost_as_not_applied,
             evict_draining: f.evict_draining,
+            ignore_floor: f.ignore_floor,
         };
         self
     }
@@ -1095,7 +1099,9 @@ impl Replica {
             }
             return;
         };
-        self.floor = self.floor.max(floor);
+        if !self.flags.ignore_floor {
+            self.floor = self.floor.max(floor);
+        }
         for (lock, token, mod_rev) in fences {
             // A raise after this incarnation joined waits for its ack.
             self.learned(&lock, token, mod_rev > joined_rev || reloading, now);
