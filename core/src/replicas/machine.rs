@@ -1483,27 +1483,33 @@ mod tests {
         find(&reqs, |q| matches!(q, Request::Load))
     }
 
-    /// Joined with lock L at max `max` (confirmed when `max > 0`).
-    fn live(max: u64) -> Replica {
+    /// Joined: registered, `fences` and `floor` loaded, its watch open.
+    fn joined(fences: Vec<(String, u64, i64)>, floor: u64) -> Replica {
         let mut r = Replica::new("a", 1, timing(), 0);
         let load = registered(&mut r);
-        let fences = if max > 0 {
-            vec![("L".to_owned(), max, 5)]
-        } else {
-            vec![]
-        };
         r.handle_answer(
             load,
             Answer::Loaded {
                 rev: 20,
                 fences,
-                floor: 0,
+                floor,
             },
             3,
         );
         let number = r.incarnation_number().expect("registered");
         r.watch_opened(number, 4);
         drain(&mut r);
+        r
+    }
+
+    /// Joined with lock L at max `max` (confirmed when `max > 0`).
+    fn live(max: u64) -> Replica {
+        let fences = if max > 0 {
+            vec![("L".to_owned(), max, 5)]
+        } else {
+            vec![]
+        };
+        let mut r = joined(fences, 0);
         if max > 0 {
             assert_eq!(r.begin_write("L", max, 5), Admit::Wait);
             confirm(&mut r, max, 6);
@@ -1529,21 +1535,7 @@ mod tests {
 
     #[test]
     fn below_the_loaded_floor_every_lock_is_stale_and_stays_unknown() {
-        let mut r = Replica::new("a", 1, timing(), 0);
-        let load = registered(&mut r);
-        let fences = vec![("L".to_owned(), 3, 5)];
-        r.handle_answer(
-            load,
-            Answer::Loaded {
-                rev: 20,
-                fences,
-                floor: 100,
-            },
-            3,
-        );
-        let number = r.incarnation_number().expect("registered");
-        r.watch_opened(number, 4);
-        drain(&mut r);
+        let mut r = joined(vec![("L".to_owned(), 3, 5)], 100);
         assert!(r.admits(5));
         assert_eq!(r.floor(), 100);
         assert_eq!(r.max("L"), 100, "a known lock's max is at least the floor");
