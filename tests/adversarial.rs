@@ -10,6 +10,7 @@
 //! (4) unauthenticated network clients, who must change nothing and
 //! exhaust nothing.
 
+#[macro_use]
 mod support;
 
 use aws_sdk_s3::primitives::ByteStream;
@@ -113,18 +114,9 @@ impl Env {
         token: &str,
         body: &str,
     ) -> Result<(), (Option<u16>, String)> {
-        let req = self
-            .proxy()
-            .client()
-            .put_object()
-            .bucket(BUCKET)
-            .key(key)
-            .body(ByteStream::from(body.as_bytes().to_vec()));
-        fenced!(req, token)
-            .send()
+        self.put(key, token, body)
             .await
-            .map(|_| ())
-            .map_err(|e| error_of(&e))
+            .map_err(|(status, code, _)| (status, code))
     }
 
     fn proxy_pid(&self) -> i32 {
@@ -150,24 +142,8 @@ fn rss_mib(pid: i32) -> u64 {
         / 1024
 }
 
-macro_rules! every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod s3s_fs {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::BackendKind::S3Fs).await })*
-        }
-        mod moto {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::BackendKind::Moto).await })*
-        }
-        mod rgw {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::BackendKind::Rgw).await })*
-        }
-    };
-}
-
-every_backend!(
+on_every_backend!(
+    threads = 2;
     h1_keys_with_dot_or_empty_segments_are_refused_before_any_work,
     h1_prefix_scopes_cannot_be_escaped,
     h2_a_buggy_client_echoing_the_max_cannot_write,

@@ -186,9 +186,9 @@ fn waiters_are_served_in_arrival_order() {
     };
     // B is in line (the status counts it) before C asks.
     let b = spawn_waiter("B");
-    wait_for_waiting(&api, "line", 1);
+    api.wait_for_waiting("line", 1);
     let c = spawn_waiter("C");
-    wait_for_waiting(&api, "line", 2);
+    api.wait_for_waiting("line", 2);
 
     // A newcomer that does not wait is refused even though the line moves,
     // whether the engine sees it before or after the release: the lock
@@ -241,17 +241,6 @@ fn waiters_are_served_in_arrival_order() {
 }
 
 /// Waits until `lock`'s line holds `n` acquires (the status counts them).
-fn wait_for_waiting(api: &Api, lock: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, st) = api.status(lock);
-        if st["waiting"].as_u64() == Some(n) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never {n} waiting: {st}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[test]
 fn a_waiter_gets_the_lock_when_the_lease_expires() {

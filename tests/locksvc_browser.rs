@@ -234,18 +234,6 @@ fn with_key(svc: &Service, key: &str) -> Api {
     api
 }
 
-fn wait_for_waiting(api: &Api, lock: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, st) = api.status(lock);
-        if st["waiting"].as_u64() == Some(n) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never {n} waiting: {st}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// An acquire of `lock` by `api` that waits up to 30 s, on a thread.
 fn waiter(api: &Api, lock: &'static str, owner: &str) -> std::thread::JoinHandle<(u16, Value)> {
     let (api, owner) = (api.clone(), owner.to_owned());
@@ -268,9 +256,9 @@ fn with_max_waiters_2_two_wait_and_a_third_is_refused_on_either_backend() {
     let (s, lease) = holder.acquire("line2", "H", 60_000);
     assert_eq!(s, 200, "{lease}");
     let first = waiter(&w1, "line2", "W1");
-    wait_for_waiting(&holder, "line2", 1);
+    holder.wait_for_waiting("line2", 1);
     let second = waiter(&w2, "line2", "W2");
-    wait_for_waiting(&holder, "line2", 2);
+    holder.wait_for_waiting("line2", 2);
 
     let started = Instant::now();
     let (s, v) = w3.acquire_wait("line2", "W3", 30_000, 30_000);
@@ -280,7 +268,7 @@ fn with_max_waiters_2_two_wait_and_a_third_is_refused_on_either_backend() {
         started.elapsed() < Duration::from_secs(10),
         "refused at once"
     );
-    wait_for_waiting(&holder, "line2", 2);
+    holder.wait_for_waiting("line2", 2);
 
     // Both waiters are served, in order.
     assert_eq!(holder.release("line2", signed_of(&lease)).0, 200);
@@ -302,9 +290,9 @@ fn a_caller_without_the_lease_cannot_fill_the_line() {
     let (s, lease) = holder.acquire("fill", "H", 60_000);
     assert_eq!(s, 200, "{lease}");
     let f1 = waiter(&filler, "fill", "F1");
-    wait_for_waiting(&holder, "fill", 1);
+    holder.wait_for_waiting("fill", 1);
     let f2 = waiter(&filler, "fill", "F2");
-    wait_for_waiting(&holder, "fill", 2);
+    holder.wait_for_waiting("fill", 2);
     let (s, v) = filler.acquire_wait("fill", "F3", 30_000, 30_000);
     assert_eq!((s, code(&v)), (429, "TooManyWaiters"), "{v}");
     assert!(message(&v).contains("its share of the line"), "{v}");
@@ -314,7 +302,7 @@ fn a_caller_without_the_lease_cannot_fill_the_line() {
 
     // The rightful next holder still gets in line, and is served in turn.
     let n = waiter(&next, "fill", "N");
-    wait_for_waiting(&holder, "fill", 3);
+    holder.wait_for_waiting("fill", 3);
     assert_eq!(holder.release("fill", signed_of(&lease)).0, 200);
     for (t, who) in [(f1, "F1"), (f2, "F2")] {
         let (s, got) = t.join().expect(who);
@@ -330,7 +318,7 @@ fn a_caller_without_the_lease_cannot_fill_the_line() {
     let api = Api::new(&svc.url);
     let (_, lease) = api.acquire("fill", "H", 60_000);
     let only = waiter(&api, "fill", "W1");
-    wait_for_waiting(&api, "fill", 1);
+    api.wait_for_waiting("fill", 1);
     let (s, v) = api.acquire_wait("fill", "W2", 30_000, 30_000);
     assert_eq!((s, code(&v)), (429, "TooManyWaiters"), "{v}");
     assert_eq!(api.release("fill", signed_of(&lease)).0, 200);

@@ -8,9 +8,9 @@
 mod support;
 
 use std::net::TcpListener;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use support::s3::signed;
+use support::s3::{proxy_cmd, signed};
 use support::*;
 
 /// A bound port that accepts nothing: a client that connected would be in
@@ -73,12 +73,7 @@ impl Mixed {
 /// Runs `cmd` to its end (killed and failed after 30 s: a command that
 /// accepted the list would wait for its replicas or serve).
 fn finish(mut cmd: Command) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fencegate starts");
+    let mut child = spawn_piped(&mut cmd);
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().expect("wait").is_none() {
         if Instant::now() > deadline {
@@ -193,16 +188,7 @@ secret_key = "backend-secret"
     let start = |config_text: String, env: Option<&str>| {
         let config = dir.path().join("proxy.toml");
         std::fs::write(&config, config_text).expect("config");
-        let mut cmd = fencegate();
-        cmd.args([
-            "proxy",
-            "--create-db",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(&config)
-        .env("FENCEGATE_LOG", "warn");
+        let mut cmd = proxy_cmd(&config);
         if let Some(list) = env {
             cmd.env("FENCEGATE_LOCKSVC_URL", list);
         }

@@ -23,31 +23,6 @@ async fn env_with(kind: BackendKind, extra_toml: &str) -> Env {
     Harness::new(kind).proxy_config(extra_toml).start().await
 }
 
-impl Env {
-    async fn put(
-        &self,
-        key: &str,
-        token: &str,
-        body: &str,
-    ) -> Result<(), (Option<u16>, String, Option<String>)> {
-        let req = self
-            .proxy()
-            .client()
-            .put_object()
-            .bucket(BUCKET)
-            .key(key)
-            .body(ByteStream::from(body.as_bytes().to_vec()));
-        fenced!(req, token).send().await.map(|_| ()).map_err(|e| {
-            let max = e
-                .raw_response()
-                .and_then(|r| r.headers().get("fencing-max-token"))
-                .map(str::to_owned);
-            let (s, c) = error_of(&e);
-            (s, c, max)
-        })
-    }
-}
-
 on_every_backend!(
     threads = 4;
     reference_scenario_and_the_unfenced_negative,

@@ -10,7 +10,7 @@ mod support;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -27,23 +27,8 @@ struct Started {
 }
 
 fn start(mut cmd: Command) -> Started {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fencegate starts");
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let stderr_done = {
-        let (pipe, log) = (child.stderr.take().expect("stderr"), stderr.clone());
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-                log.push_str(&line);
-                log.push('\n');
-            }
-        })
-    };
+    let mut child = spawn_piped(&mut cmd);
+    let (stderr, stderr_done) = collect_stderr(&mut child);
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let Some(Ok(first)) = lines.next() else {
         let _ = child.wait();
@@ -65,12 +50,7 @@ impl Started {
     /// The URL after "listening on ", cut at the first blank: how the test
     /// harness, the bench and scripts read it.
     fn url(&self) -> String {
-        self.first
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no URL in {:?}", self.first))
-            .to_owned()
+        listening_url(&self.first)
     }
 
     /// The `http://host:port` after `label` in `fencegate dev`'s banner

@@ -10,7 +10,7 @@ use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 use support::s3::*;
 use support::*;
@@ -729,22 +729,8 @@ fn out_of_file_descriptors_the_lease_service_does_not_spin_and_recovers() {
     let mut child = cmd.spawn().expect("start");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let first = lines.next().expect("a line").expect("readable");
-    let url = first
-        .split("listening on ")
-        .nth(1)
-        .expect("listening line")
-        .to_owned();
-    let stderr = Arc::new(Mutex::new(String::new()));
-    {
-        let (pipe, log) = (child.stderr.take().expect("stderr"), stderr.clone());
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-    }
+    let url = listening_url(&first);
+    let (stderr, _) = collect_stderr(&mut child);
     let guard = KillOnDrop(child);
     let addr = addr_of(&url);
 

@@ -249,16 +249,9 @@ impl Drop for Backend {
 /// when required (no aws-chunked trailers, so the same bytes go to both).
 pub fn sdk_client(endpoint: &str, key: (&str, &str)) -> aws_sdk_s3::Client {
     use aws_sdk_s3::config::{
-        BehaviorVersion, Credentials, Region, RequestChecksumCalculation,
-        ResponseChecksumValidation, StalledStreamProtectionConfig,
+        RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig,
     };
-    let config = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .endpoint_url(endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(key.0, key.1, None, None, "bench"))
-        .force_path_style(true)
-        .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+    let config = fencegate_testkit::s3::client_config(endpoint, key, "bench")
         .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
         .stalled_stream_protection(StalledStreamProtectionConfig::disabled())

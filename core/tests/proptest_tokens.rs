@@ -12,25 +12,10 @@ use fencegate_core::token::{MAX_TOKEN, MAX_TOKEN_LEN, VerifyError};
 use fencegate_core::{
     Fence, FencingToken, KeyDigest, LockName, LockTable, Timestamp, TokenError, TokenKeys, Verdict,
 };
+use fencegate_testkit::proptest::config;
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
 use std::collections::HashMap;
 use std::time::Duration;
-
-/// `cases` unless `PROPTEST_CASES` asks for more (longer local runs); no
-/// regression files are written into the tree (failures print the minimal
-/// input, which then becomes an explicit `#[test]`).
-fn config(cases: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(cases);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 fn lock_name() -> impl Strategy<Value = LockName> {
     "[A-Za-z0-9._-]{1,128}"

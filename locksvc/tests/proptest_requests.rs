@@ -9,21 +9,9 @@
 use fencegate_core::FencingToken;
 use fencegate_locksvc::LocksvcConfig;
 use fencegate_locksvc::api::{DecodedRequest, MAX_OWNER_LEN, RequestKind, decode_request};
+use fencegate_testkit::proptest::config;
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
 use serde_json::{Map, Value, json};
-
-fn config(cases: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(cases);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 const KINDS: [RequestKind; 3] = [
     RequestKind::Acquire,

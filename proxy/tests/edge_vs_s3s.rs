@@ -190,16 +190,9 @@ fn signed(
     by: &By<'_>,
 ) -> Request<Bytes> {
     let (at, key) = (by.at, by.key);
-    use aws_sigv4::http_request::{
-        PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-        UriPathNormalizationMode, sign,
-    };
-    let mut settings = SigningSettings::default();
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let identity: aws_smithy_runtime_api::client::identity::Identity =
-        aws_credential_types::Credentials::new(key.0, key.1, None, None, "t").into();
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, sign};
+    let settings = fencegate_testkit::s3::signing_settings();
+    let identity = fencegate_testkit::s3::identity(key);
     let params = aws_sigv4::sign::v4::SigningParams::builder()
         .identity(&identity)
         .region(by.region)

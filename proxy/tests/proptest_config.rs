@@ -8,20 +8,8 @@
 use fencegate_core::LockName;
 use fencegate_proxy::config::{ProxyConfig, ScopeConfig, UnscopedPolicy};
 use fencegate_proxy::scope::ScopeMap;
+use fencegate_testkit::proptest::config;
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
-
-fn config(cases: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(cases);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 /// Parses, validates, builds the scope map and resolves a few keys: none of
 /// it may panic, whatever the text.

@@ -298,6 +298,32 @@ impl Harness {
 }
 
 impl Env {
+    /// PUTs `body` to `key` in [`BUCKET`] through the first proxy with
+    /// `Fencing-Token: token`; a refusal is its status, its S3 code and its
+    /// `Fencing-Max-Token`.
+    pub async fn put(
+        &self,
+        key: &str,
+        token: &str,
+        body: &str,
+    ) -> Result<(), (Option<u16>, String, Option<String>)> {
+        let req = self
+            .proxy()
+            .client()
+            .put_object()
+            .bucket(BUCKET)
+            .key(key)
+            .body(body.as_bytes().to_vec().into());
+        fenced!(req, token).send().await.map(|_| ()).map_err(|e| {
+            let max = e
+                .raw_response()
+                .and_then(|r| r.headers().get("fencing-max-token"))
+                .map(str::to_owned);
+            let (status, code) = super::s3::error_of(&e);
+            (status, code, max)
+        })
+    }
+
     /// The first proxy (the only one unless `proxies(n)` asked for more).
     pub fn proxy(&self) -> &Proxy {
         &self.proxies[0]

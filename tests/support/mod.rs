@@ -57,6 +57,7 @@ use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const SIGNING_KEY: &str = "test-signing-key-0123456789";
@@ -85,6 +86,41 @@ pub fn without_fencegate_env(cmd: &mut Command) -> &mut Command {
         }
     }
     cmd
+}
+
+/// The URL after "listening on " in a service's first line, cut at the
+/// first blank: how the harness, the bench and scripts read it.
+pub fn listening_url(first: &str) -> String {
+    first
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no URL in the first line {first:?}"))
+        .to_owned()
+}
+
+/// Starts `cmd` with stdin closed and its stdout and stderr piped.
+pub fn spawn_piped(cmd: &mut Command) -> Child {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fencegate starts")
+}
+
+/// Collects `child`'s piped stderr line by line, as it comes, into the
+/// returned text; the handle ends when the pipe closes.
+pub fn collect_stderr(child: &mut Child) -> (Arc<Mutex<String>>, std::thread::JoinHandle<()>) {
+    let text = Arc::new(Mutex::new(String::new()));
+    let (pipe, log) = (child.stderr.take().expect("stderr piped"), text.clone());
+    let done = std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    (text, done)
 }
 
 /// A running service process.
@@ -116,12 +152,7 @@ impl Service {
             .next()
             .expect("service printed a line")
             .expect("readable stdout");
-        let url = first
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .to_owned();
+        let url = listening_url(&first);
         // Keep draining stdout so the service never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         Service {
@@ -298,6 +329,23 @@ impl Api {
             &fencegate_lease_api::path::release(lock),
             Some(&json!({"token": token.into()}).to_string()),
         )
+    }
+
+    /// Waits (up to 30 s, else fails) until `n` acquires wait in line for
+    /// `lock`.
+    pub fn wait_for_waiting(&self, lock: &str, n: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, st) = self.status(lock);
+            if st["waiting"].as_u64() == Some(n) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never {n} waiting: {st}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     pub fn status(&self, lock: &str) -> (u16, Value) {

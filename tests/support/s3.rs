@@ -13,7 +13,7 @@
 //!   `If-Match` / `If-None-Match`, like stores that accept and ignore them.
 
 use super::{SIGNING_KEY, Service, fencegate, without_fencegate_env};
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+
 use aws_sdk_s3::error::ProvideErrorMetadata as _;
 use s3s::dto::*;
 use s3s::service::S3ServiceBuilder;
@@ -483,15 +483,9 @@ impl Backend {
 /// An S3 client for `endpoint` with path-style addressing and no retries
 /// (so a test sees every answer).
 pub fn sdk_client(endpoint: &str, key: (&str, &str)) -> aws_sdk_s3::Client {
-    let config = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .endpoint_url(endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(key.0, key.1, None, None, "test"))
-        .force_path_style(true)
-        .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
-        .build();
-    aws_sdk_s3::Client::from_conf(config)
+    aws_sdk_s3::Client::from_conf(
+        fencegate_testkit::s3::client_config(endpoint, key, "test").build(),
+    )
 }
 
 /// A proxy process in front of a backend.
@@ -943,16 +937,9 @@ pub fn sigv4_headers(
     headers: &[(&str, &str)],
     payload: &str,
 ) -> http::HeaderMap {
-    use aws_sigv4::http_request::{
-        PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-        UriPathNormalizationMode, sign,
-    };
-    let mut settings = SigningSettings::default();
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let identity: aws_smithy_runtime_api::client::identity::Identity =
-        Credentials::new(key.0, key.1, None, None, "t").into();
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, sign};
+    let settings = fencegate_testkit::s3::signing_settings();
+    let identity = fencegate_testkit::s3::identity(key);
     let params = aws_sigv4::sign::v4::SigningParams::builder()
         .identity(&identity)
         .region("us-east-1")

@@ -1,0 +1,9 @@
+//! What the test suites and the bench share, so that each is written once:
+//! the proptest configuration (`proptest`), the S3 client every test and
+//! benchmark starts from, and the SigV4 signing setup of hand-made
+//! requests (`s3`). Never a dependency of a product crate.
+
+#[cfg(feature = "proptest")]
+pub mod proptest;
+#[cfg(feature = "s3")]
+pub mod s3;
