@@ -13,6 +13,21 @@ use fencegate_net::tls::ClientTls;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Who takes a lease, for how long, and how long to wait in line for it.
+#[derive(Debug, Clone, Args)]
+pub struct LeaseTerms {
+    /// Who takes the lease (default: <hostname>-<pid>).
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// How long the lease lasts unless renewed.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// Wait in line up to this long if the lock is held (default: fail at
+    /// once).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+}
+
 /// Where the lease service is and how to authenticate to it.
 #[derive(Debug, Clone, Args)]
 pub struct LocksvcConn {

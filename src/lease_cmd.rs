@@ -1,7 +1,7 @@
 //! `fencegate lease acquire|renew|release|status`: one request each, JSON
 //! on stdout.
 
-use crate::client::{Client, LocksvcConn, default_owner};
+use crate::client::{Client, LeaseTerms, LocksvcConn, default_owner};
 use crate::failure::Failure;
 use clap::{Args, Subcommand};
 use fencegate_core::FencingToken;
@@ -23,15 +23,8 @@ pub enum LeaseCommand {
 #[derive(Debug, Args)]
 pub struct AcquireArgs {
     pub lock: String,
-    /// Who is taking the lease (default: <hostname>-<pid>).
-    #[arg(long)]
-    pub owner: Option<String>,
-    /// How long the lease lasts unless renewed.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub ttl: Duration,
-    /// Wait in line up to this long if the lock is held.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
-    pub wait: Duration,
+    #[command(flatten)]
+    pub terms: LeaseTerms,
     /// A secret of your choosing (16 to 256 bytes). Run the same acquire
     /// again with the same --owner and key (say, after a timeout) and you
     /// get the same lease back while it is live; without the key, a live
@@ -98,9 +91,15 @@ pub async fn run(cmd: LeaseCommand) -> Result<(), Failure> {
     match cmd {
         LeaseCommand::Acquire(a) => {
             let client = Client::new(a.conn)?;
-            let owner = a.owner.unwrap_or_else(default_owner);
+            let owner = a.terms.owner.unwrap_or_else(default_owner);
             let lease = client
-                .acquire(&a.lock, &owner, a.idempotency_key.as_deref(), a.ttl, a.wait)
+                .acquire(
+                    &a.lock,
+                    &owner,
+                    a.idempotency_key.as_deref(),
+                    a.terms.ttl,
+                    a.terms.wait,
+                )
                 .await?;
             match a.format {
                 Format::Json => print(&lease),

@@ -31,7 +31,7 @@
 //! stale write that still escapes in that window is what the fence stops;
 //! stopping CMD is about not wasting work, not about safety.
 
-use crate::client::{Client, LocksvcConn, default_owner};
+use crate::client::{Client, LeaseTerms, LocksvcConn, default_owner};
 use crate::failure::Failure;
 use crate::role_files::RoleFiles;
 use clap::Args;
@@ -50,15 +50,9 @@ pub struct RunArgs {
     /// The lock to hold while CMD runs.
     #[arg(long)]
     pub lock: String,
-    /// Who holds the lease (default: <hostname>-<pid>).
-    #[arg(long)]
-    pub owner: Option<String>,
-    /// Lease TTL; renewed every third of it.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub ttl: Duration,
-    /// Wait in line up to this long if the lock is held (default: fail at once).
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
-    pub wait: Duration,
+    /// The lease's owner, TTL (renewed every third of it) and wait.
+    #[command(flatten)]
+    pub terms: LeaseTerms,
     /// Also export S3 credentials bound to the lease (AWS_ACCESS_KEY_ID,
     /// AWS_SECRET_ACCESS_KEY), for tools that cannot send a Fencing-Token
     /// header (restic, the aws CLI).
@@ -167,7 +161,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     } else {
         args.fence.clone().or_else(|| args.s3_endpoint.clone())
     };
-    let owner = args.owner.clone().unwrap_or_else(default_owner);
+    let owner = args.terms.owner.clone().unwrap_or_else(default_owner);
     // A secret of this run's acquire: sent again to another replica of the
     // lease service, it gets back the lease the first may have granted.
     let mut bytes = [0u8; 16];
@@ -180,8 +174,8 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             &args.lock,
             &owner,
             Some(&idempotency_key),
-            args.ttl,
-            args.wait,
+            args.terms.ttl,
+            args.terms.wait,
         )
         .await?;
     // What proves we hold the lease, to renew and release it.
@@ -200,7 +194,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     // The wait is over once granted: the lease runs from the grant, which
     // happened after `sent`, so `sent + ttl` may be early but never late…
     // except that waiting in line could take up to `wait`; measure again.
-    let mut deadline = if args.wait.is_zero() {
+    let mut deadline = if args.terms.wait.is_zero() {
         sent + ttl
     } else {
         Instant::now() + ttl - ttl.min(Duration::from_millis(50))

@@ -1112,16 +1112,7 @@ async fn uploads_answer_only_to_their_creator(kind: BackendKind) {
             .bucket(BUCKET)
             .key("mpu")
             .upload_id(&id)
-            .multipart_upload(
-                aws_sdk_s3::types::CompletedMultipartUpload::builder()
-                    .parts(
-                        aws_sdk_s3::types::CompletedPart::builder()
-                            .part_number(1)
-                            .set_e_tag(p.e_tag().map(str::to_owned))
-                            .build(),
-                    )
-                    .build(),
-            )
+            .multipart_upload(fencegate_testkit::s3::completed_parts([p.e_tag()]))
     };
     let err = complete(&mallory).send().await.expect_err("refused");
     assert_eq!(error_of(&err).0, Some(403));
@@ -1691,16 +1682,9 @@ async fn clients_without_the_lease_cannot_hold_the_body_budget() {
             .bucket(BUCKET)
             .key("big")
             .upload_id(&upload_id)
-            .multipart_upload(
-                aws_sdk_s3::types::CompletedMultipartUpload::builder()
-                    .parts(
-                        aws_sdk_s3::types::CompletedPart::builder()
-                            .part_number(1)
-                            .e_tag(part.e_tag().expect("etag"))
-                            .build(),
-                    )
-                    .build(),
-            ),
+            .multipart_upload(fencegate_testkit::s3::completed_parts([Some(
+                part.e_tag().expect("etag")
+            )]),),
         holder
     )
     .send()

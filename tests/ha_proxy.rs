@@ -301,7 +301,6 @@ async fn a_sigstopped_replica_mid_upload_holds_the_raise_for_the_lock_delay_and_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_is_waited_out_once_its_uploads_continue_elsewhere_and_it_rejoins() {
     use aws_sdk_s3::primitives::ByteStream;
-    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
     let mut env: Env = replicas(BackendKind::Moto, 2).start().await;
     assert_eq!(put(&env.proxies[0], "warm", 3, "x").await.0, 200);
     // An upload created through replica 0 ...
@@ -339,16 +338,9 @@ async fn a_killed_replica_is_waited_out_once_its_uploads_continue_elsewhere_and_
             .bucket(BUCKET)
             .key("mp")
             .upload_id(&id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .parts(
-                        CompletedPart::builder()
-                            .part_number(1)
-                            .e_tag(part.e_tag().expect("etag"))
-                            .build()
-                    )
-                    .build()
-            ),
+            .multipart_upload(fencegate_testkit::s3::completed_parts([Some(
+                part.e_tag().expect("etag")
+            )])),
         signed(BUCKET, 3)
     )
     .send()

@@ -301,11 +301,9 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
         .bucket(BUCKET)
         .key("parts")
         .upload_id(&id)
-        .multipart_upload(
-            CompletedMultipartUpload::builder()
-                .parts(CompletedPart::builder().part_number(1).e_tag(etag).build())
-                .build(),
-        )
+        .multipart_upload(fencegate_testkit::s3::completed_parts([Some(
+            etag.as_str(),
+        )]))
         .send()
         .await;
     assert!(landed.is_err(), "the part unlike its checksum landed");
@@ -900,24 +898,10 @@ async fn every_write_operation_is_fenced(kind: BackendKind) {
         .send()
         .await
         .expect("part copy");
-    let parts = CompletedMultipartUpload::builder()
-        .parts(
-            CompletedPart::builder()
-                .part_number(1)
-                .set_e_tag(p1.e_tag().map(str::to_owned))
-                .build(),
-        )
-        .parts(
-            CompletedPart::builder()
-                .part_number(2)
-                .set_e_tag(
-                    p2.copy_part_result()
-                        .and_then(|r| r.e_tag())
-                        .map(str::to_owned),
-                )
-                .build(),
-        )
-        .build();
+    let parts = fencegate_testkit::s3::completed_parts([
+        p1.e_tag(),
+        p2.copy_part_result().and_then(|r| r.e_tag()),
+    ]);
     c.complete_multipart_upload()
         .bucket(BUCKET)
         .key("mpu")

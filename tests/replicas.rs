@@ -13,7 +13,7 @@
 mod support;
 
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+
 use std::sync::Arc;
 use std::time::Duration;
 use support::harness::{Env, Harness};
@@ -211,14 +211,7 @@ async fn a_stale_complete_through_the_other_replica_is_refused(kind: BackendKind
     .await
     .expect("part");
     put(&r.proxies[1], "k", 2, "bob").await.expect("bob via r2");
-    let done = CompletedMultipartUpload::builder()
-        .parts(
-            CompletedPart::builder()
-                .part_number(1)
-                .set_e_tag(part.e_tag().map(str::to_owned))
-                .build(),
-        )
-        .build();
+    let done = fencegate_testkit::s3::completed_parts([part.e_tag()]);
     let e = fenced!(
         c.complete_multipart_upload()
             .bucket(BUCKET)

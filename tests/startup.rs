@@ -142,6 +142,18 @@ fn json_banner(started: &Started) -> Value {
     banner
 }
 
+/// Stops `svc`: its stdout held the banner only, and its log (stderr) had
+/// lines, each of them JSON.
+fn assert_stopped_with_json_logs(svc: Started) {
+    let (stdout, stderr) = svc.stop();
+    assert_eq!(stdout.len(), 1, "stdout holds the banner only: {stdout:?}");
+    assert!(
+        !stderr.is_empty(),
+        "no log line at INFO: nothing was checked"
+    );
+    assert_all_json(&stderr, "stderr");
+}
+
 fn health(url: &str) -> u16 {
     reqwest::blocking::get(format!("{url}/health"))
         .expect("an answer")
@@ -159,13 +171,7 @@ fn with_json_logs_every_line_of_the_lease_service_is_json_the_banner_too() {
     let banner = json_banner(&svc);
     assert_eq!(banner["service"], "locksvc", "{banner}");
     assert_eq!(health(&svc.url()), 200);
-    let (stdout, stderr) = svc.stop();
-    assert_eq!(stdout.len(), 1, "stdout holds the banner only: {stdout:?}");
-    assert!(
-        !stderr.is_empty(),
-        "no log line at INFO: nothing was checked"
-    );
-    assert_all_json(&stderr, "stderr");
+    assert_stopped_with_json_logs(svc);
 }
 
 #[test]
@@ -186,13 +192,7 @@ fn with_json_logs_every_line_of_fencegate_dev_is_json_the_banner_too() {
     assert_eq!(banner["locksvc"], locksvc.as_str(), "{banner}");
     assert_eq!(banner["backend"], dev.banner_url("backend").as_str());
     assert_eq!(health(&locksvc), 200);
-    let (stdout, stderr) = dev.stop();
-    assert_eq!(stdout.len(), 1, "stdout holds the banner only: {stdout:?}");
-    assert!(
-        !stderr.is_empty(),
-        "no log line at INFO: nothing was checked"
-    );
-    assert_all_json(&stderr, "stderr");
+    assert_stopped_with_json_logs(dev);
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //!   cannot set a new TTL, it proves nothing (anyone with the lease ID can
 //!   keep it alive), and etcd's leader answers it without a Raft write.
 
-use crate::leases::{LockClient, Locksvc, PAIR_TTL_MS, RENEW_TTL_MS, Workload, locksvc_round};
+use crate::leases::{LockClient, Locksvc, PAIR_TTL_MS, RENEW_TTL_MS, Workload, round};
 use crate::util::{Series, SeriesSummary, ratio, timed_round};
 use anyhow::Context as _;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
@@ -38,17 +38,7 @@ pub struct Cluster {
 impl Cluster {
     pub async fn start(bin: &Path, tmp: &Path) -> anyhow::Result<Cluster> {
         anyhow::ensure!(bin.exists(), "{} does not exist", bin.display());
-        let version = Command::new(bin)
-            .arg("--version")
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_owned()
-            })
-            .unwrap_or_default();
+        let version = crate::util::version_of(bin);
         let dir = tempfile::Builder::new().prefix("etcd3-").tempdir_in(tmp)?;
         let mut ports = Vec::new();
         for _ in 0..3 {
@@ -305,8 +295,8 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
             }
             let (eheld, sheld, raws) = (Arc::new(eheld), Arc::new(sheld), Arc::new(raws));
             let warm = opts.round / 4;
-            let _ = locksvc_round(&ec, &eheld, workload, c, warm).await;
-            let _ = locksvc_round(&sc, &sheld, workload, c, warm).await;
+            let _ = round(&ec, &eheld, workload, c, warm).await;
+            let _ = round(&sc, &sheld, workload, c, warm).await;
             let _ = raw_round(&raws, workload, false, c, warm).await;
             let renew = workload == Workload::Renew;
             if renew {
@@ -324,9 +314,9 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &HaOpts) -> anyhow::Result<
                 for k in 0..variants {
                     let d = opts.round;
                     match (r + k) % variants {
-                        0 => es.add(locksvc_round(&ec, &eheld, workload, c, d).await),
+                        0 => es.add(round(&ec, &eheld, workload, c, d).await),
                         1 => rs.add(raw_round(&raws, workload, false, c, d).await),
-                        2 => ss.add(locksvc_round(&sc, &sheld, workload, c, d).await),
+                        2 => ss.add(round(&sc, &sheld, workload, c, d).await),
                         _ => ks.add(raw_round(&raws, workload, true, c, d).await),
                     }
                 }

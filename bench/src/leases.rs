@@ -232,17 +232,7 @@ pub struct Etcd {
 impl Etcd {
     pub async fn start(bin: &Path, tmp: &Path) -> anyhow::Result<Etcd> {
         anyhow::ensure!(bin.exists(), "{} does not exist", bin.display());
-        let version = Command::new(bin)
-            .arg("--version")
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_owned()
-            })
-            .unwrap_or_default();
+        let version = crate::util::version_of(bin);
         let dir = tempfile::Builder::new().prefix("etcd-").tempdir_in(tmp)?;
         let (p, q) = (crate::util::free_port()?, crate::util::free_port()?);
         let client = format!("http://127.0.0.1:{p}");
@@ -403,39 +393,53 @@ pub struct LeaseReport {
     pub levels: Vec<LeaseLevel>,
 }
 
-pub(crate) async fn locksvc_round(
-    clients: &Arc<Vec<LockClient>>,
-    held: &Arc<Vec<(String, String)>>,
-    workload: Workload,
-    c: usize,
-    dur: Duration,
-) -> crate::util::RoundResult {
-    let clients = clients.clone();
-    let held = held.clone();
-    timed_round(c, dur, move |w, _| {
-        let clients = clients.clone();
-        let held = held.clone();
-        async move {
-            let cl = &clients[w];
-            match workload {
-                Workload::AcquireRelease => {
-                    let lock = format!("pair-c{c}-w{w}");
-                    let t = cl.acquire(&lock, &format!("w{w}"), PAIR_TTL_MS).await?;
-                    cl.release(&lock, &t).await
-                }
-                Workload::Renew => {
-                    let (lock, t) = &held[w];
-                    cl.renew(lock, t, RENEW_TTL_MS).await
-                }
-            }
-        }
-    })
-    .await
+/// One worker's client in a lease round, on either system: it takes and
+/// gives back a lease, or renews the lease it holds.
+pub(crate) trait Contender: Send + Sync + 'static {
+    /// What a worker holds for the renew workload.
+    type Held: Send + Sync + 'static;
+    /// Takes a lease of a lock of its own (`c` workers, this one `w`) and
+    /// gives it back.
+    fn pair(&self, c: usize, w: usize) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Renews `held`.
+    fn renew(&self, held: &Self::Held) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
-async fn etcd_round(
-    clients: &Arc<Vec<EtcdClient>>,
-    held: &Arc<Vec<String>>,
+impl Contender for LockClient {
+    type Held = (String, String);
+
+    async fn pair(&self, c: usize, w: usize) -> anyhow::Result<()> {
+        let lock = format!("pair-c{c}-w{w}");
+        let t = self.acquire(&lock, &format!("w{w}"), PAIR_TTL_MS).await?;
+        self.release(&lock, &t).await
+    }
+
+    async fn renew(&self, (lock, t): &(String, String)) -> anyhow::Result<()> {
+        LockClient::renew(self, lock, t, RENEW_TTL_MS).await
+    }
+}
+
+impl Contender for EtcdClient {
+    type Held = String;
+
+    async fn pair(&self, c: usize, w: usize) -> anyhow::Result<()> {
+        let key = format!("/bench/pair-c{c}-w{w}");
+        let lease = self
+            .acquire(&key, &format!("w{w}"), PAIR_TTL_MS / 1000)
+            .await?;
+        self.revoke(&lease).await
+    }
+
+    async fn renew(&self, lease: &String) -> anyhow::Result<()> {
+        self.keepalive(lease).await
+    }
+}
+
+/// `c` workers running `workload` for `dur`, worker `w` on `clients[w]`
+/// (and, renewing, `held[w]`).
+pub(crate) async fn round<C: Contender>(
+    clients: &Arc<Vec<C>>,
+    held: &Arc<Vec<C::Held>>,
     workload: Workload,
     c: usize,
     dur: Duration,
@@ -446,16 +450,9 @@ async fn etcd_round(
         let clients = clients.clone();
         let held = held.clone();
         async move {
-            let cl = &clients[w];
             match workload {
-                Workload::AcquireRelease => {
-                    let key = format!("/bench/pair-c{c}-w{w}");
-                    let lease = cl
-                        .acquire(&key, &format!("w{w}"), PAIR_TTL_MS / 1000)
-                        .await?;
-                    cl.revoke(&lease).await
-                }
-                Workload::Renew => cl.keepalive(&held[w]).await,
+                Workload::AcquireRelease => clients[w].pair(c, w).await,
+                Workload::Renew => clients[w].renew(&held[w]).await,
             }
         }
     })
@@ -519,22 +516,22 @@ pub async fn run(fencegate: &Path, tmp: &Path, opts: &LeaseOpts) -> anyhow::Resu
             let (lheld, eheld) = (Arc::new(lheld), Arc::new(eheld));
             // Warm-up: connections.
             let warm = opts.round / 4;
-            let _ = locksvc_round(&lclients, &lheld, workload, c, warm).await;
+            let _ = round(&lclients, &lheld, workload, c, warm).await;
             if let Some(ec) = &eclients {
-                let _ = etcd_round(ec, &eheld, workload, c, warm).await;
+                let _ = round(ec, &eheld, workload, c, warm).await;
             }
             let engine_before = lclients[0].engine_stats().await?;
             let (mut ls, mut es) = (Series::default(), Series::default());
             for r in 0..opts.rounds {
                 let locksvc_first = r % 2 == 0;
                 if locksvc_first {
-                    ls.add(locksvc_round(&lclients, &lheld, workload, c, opts.round).await);
+                    ls.add(round(&lclients, &lheld, workload, c, opts.round).await);
                 }
                 if let Some(ec) = &eclients {
-                    es.add(etcd_round(ec, &eheld, workload, c, opts.round).await);
+                    es.add(round(ec, &eheld, workload, c, opts.round).await);
                 }
                 if !locksvc_first {
-                    ls.add(locksvc_round(&lclients, &lheld, workload, c, opts.round).await);
+                    ls.add(round(&lclients, &lheld, workload, c, opts.round).await);
                 }
             }
             let engine = lclients[0].engine_stats().await?.since(engine_before);

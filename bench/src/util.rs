@@ -254,6 +254,21 @@ impl Drop for Proc {
 
 /// A TCP port free right now on 127.0.0.1 (the OS may reuse it, but not
 /// within the few milliseconds until the child binds it).
+/// The first line `bin --version` prints (empty if it prints none).
+pub fn version_of(bin: &Path) -> String {
+    std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
 pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())

@@ -595,14 +595,7 @@ mod tests {
         let events = FenceEvents::new(5);
         stale(&events, 1);
         for _ in 0..100 {
-            events.refused(Refused {
-                kind: Kind::Forged,
-                op: crate::op::Op::PutObject,
-                scope: Some(&scope()),
-                token: Some(9),
-                max: None,
-                reason: "bad signature".into(),
-            });
+            forged(&events);
         }
         let (kept, recorded) = events.recent(100);
         assert_eq!(recorded, 101);

@@ -107,8 +107,9 @@ pub struct Metrics {
     pub cluster_evictions: Counter,
 }
 
-impl Metrics {
-    pub fn new() -> Metrics {
+/// Every metric at zero, registered under `fencegate_proxy`.
+impl Default for Metrics {
+    fn default() -> Metrics {
         let mut registry = Registry::with_prefix("fencegate_proxy");
         let writes = Family::<WriteLabels, Counter>::default();
         let max_token = Family::<LockLabels, Gauge>::default();
@@ -202,7 +203,9 @@ impl Metrics {
             cluster_evictions,
         }
     }
+}
 
+impl Metrics {
     pub fn write(&self, op: Op, lock: &str, outcome: Outcome) {
         self.writes
             .get_or_create(&WriteLabels {
@@ -217,12 +220,6 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics::new()
     }
 }
 

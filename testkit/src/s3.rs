@@ -38,3 +38,20 @@ pub fn signing_settings() -> SigningSettings {
 pub fn identity(key: (&str, &str)) -> Identity {
     Credentials::new(key.0, key.1, None, None, "testkit").into()
 }
+
+/// The part list of an upload of parts `1..=n` with these ETags, in order:
+/// what `CompleteMultipartUpload` sends.
+pub fn completed_parts<'a>(
+    e_tags: impl IntoIterator<Item = Option<&'a str>>,
+) -> aws_sdk_s3::types::CompletedMultipartUpload {
+    let mut list = aws_sdk_s3::types::CompletedMultipartUpload::builder();
+    for (n, e_tag) in (1..).zip(e_tags) {
+        list = list.parts(
+            aws_sdk_s3::types::CompletedPart::builder()
+                .part_number(n)
+                .set_e_tag(e_tag.map(str::to_owned))
+                .build(),
+        );
+    }
+    list.build()
+}

@@ -134,7 +134,7 @@ impl Gate {
             settle
         };
         let fences = Fences::load(db.clone(), settle)?;
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::default());
         let scopes = ScopeMap::new(config)?;
         // Fences were kept per scope before they were kept per lock: a
         // scope's old max carries over to its lock, so no token goes back.
