@@ -10,6 +10,7 @@
 //! - [`replicas`]: how proxy replicas share one fence: when a replica may
 //!   admit at all, and when a raise written to the shared store may be
 //!   admitted (acks, evictions, the lock delay);
+//! - [`fields`]: how the wire formats are cut into their fields;
 //! - [`token`]: how a token travels in the `Fencing-Token` header, plain or
 //!   signed with HMAC-SHA256;
 //! - [`credentials`]: how it travels in S3 credentials, for tools that
@@ -23,6 +24,7 @@
 
 pub mod credentials;
 pub mod fence;
+pub mod fields;
 pub mod lease;
 pub mod line;
 pub mod name;

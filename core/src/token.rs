@@ -76,14 +76,7 @@ pub struct SignedToken {
 
 impl SignedToken {
     fn parse(value: &str) -> Result<SignedToken, TokenError> {
-        let mut parts = value.split(':');
-        let (Some(prefix), Some(lock), Some(token), Some(mac), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
+        let Some([prefix, lock, token, mac]) = crate::fields::exact(value, ':') else {
             return Err(TokenError::Shape);
         };
         if prefix != SIGNED_PREFIX {

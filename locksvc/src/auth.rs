@@ -406,26 +406,19 @@ mod tests {
 
         // Without keys: the address, not the port; IPv6 by /64.
         let open = Caller::Open;
-        assert_eq!(
-            open.party(peer("10.0.0.1:1")),
-            open.party(peer("10.0.0.1:2"))
-        );
-        assert_ne!(
-            open.party(peer("10.0.0.1:1")),
-            open.party(peer("10.0.0.2:1"))
-        );
-        assert_eq!(
-            open.party(peer("[::ffff:10.0.0.1]:1")),
-            open.party(peer("10.0.0.1:1"))
-        );
-        assert_eq!(
-            open.party(peer("[2001:db8:1:2::5]:1")),
-            open.party(peer("[2001:db8:1:2:ffff::9]:1"))
-        );
-        assert_ne!(
-            open.party(peer("[2001:db8:1:2::5]:1")),
-            open.party(peer("[2001:db8:1:3::5]:1"))
-        );
+        for (a, b, same) in [
+            ("10.0.0.1:1", "10.0.0.1:2", true),
+            ("10.0.0.1:1", "10.0.0.2:1", false),
+            ("[::ffff:10.0.0.1]:1", "10.0.0.1:1", true),
+            ("[2001:db8:1:2::5]:1", "[2001:db8:1:2:ffff::9]:1", true),
+            ("[2001:db8:1:2::5]:1", "[2001:db8:1:3::5]:1", false),
+        ] {
+            assert_eq!(
+                open.party(peer(a)) == open.party(peer(b)),
+                same,
+                "{a} and {b} are one party: {same}"
+            );
+        }
         assert_eq!(open.party(peer("10.0.0.1:1")).as_str(), "addr:10.0.0.1");
     }
 }

@@ -116,16 +116,13 @@ impl IdempotencyKey {
 mod tests {
     use super::*;
 
-    fn keys(k: &str) -> TokenKeys {
-        TokenKeys::new(vec![k.as_bytes().to_vec()]).expect("long enough")
-    }
     fn lock(s: &str) -> LockName {
         LockName::new(s).expect("valid")
     }
 
     #[test]
     fn only_a_genuine_signed_token_of_the_lock_proves_holding() {
-        let k = keys("service-key-0123456789");
+        let k = TokenKeys::new(vec![b"service-key-0123456789".to_vec()]).expect("long enough");
         let genuine = FencingToken::Signed(k.sign(&lock("db"), 7));
         assert_eq!(
             verify(&k, &genuine, &lock("db")).map(|h| (h.lock().clone(), h.token())),

@@ -24,7 +24,6 @@
 //!
 //! The phase machine ([`State`]) has no I/O and no clock: time is passed in.
 
-use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -442,7 +441,7 @@ impl<S, B> hyper::service::Service<Request<Incoming>> for Watched<S>
 where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>>,
 {
-    type Response = Response<WatchedBody<B>>;
+    type Response = Response<BusyBody<B>>;
     type Error = S::Error;
     type Future = WatchedFuture<S::Future>;
 
@@ -473,26 +472,39 @@ impl<F, B, E> Future for WatchedFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<WatchedBody<B>>, E>;
+    type Output = Result<Response<BusyBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let out = ready!(this.inner.poll(cx));
         let busy = this.busy.take();
-        Poll::Ready(out.map(|resp| resp.map(|inner| WatchedBody { inner, busy })))
+        Poll::Ready(out.map(|resp| resp.map(|inner| BusyBody { inner, busy })))
     }
 }
 
 pin_project_lite::pin_project! {
-    /// A response body holding its connection busy until it is done.
-    struct WatchedBody<B> {
+    /// A body holding its connection busy until it ends (its last frame
+    /// or an error) or is dropped: a response's, and with
+    /// [`track_request_body`] a request's.
+    pub struct BusyBody<B> {
         #[pin]
         inner: B,
         busy: Option<Busy>,
     }
 }
 
-impl<B: Body> Body for WatchedBody<B> {
+/// A request body counted by [`track_request_body`].
+pub type RequestBody = BusyBody<Incoming>;
+
+impl<B> std::fmt::Debug for BusyBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusyBody")
+            .field("tracked", &self.busy.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Body> Body for BusyBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -502,7 +514,7 @@ impl<B: Body> Body for WatchedBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let this = self.project();
         let out = ready!(this.inner.poll_frame(cx));
-        if out.is_none() {
+        if matches!(out, None | Some(Err(_))) {
             this.busy.take();
         }
         Poll::Ready(out)
@@ -514,24 +526,6 @@ impl<B: Body> Body for WatchedBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A request body holding its connection busy until it is read to its
-    /// end or dropped (see [`track_request_body`]).
-    pub struct RequestBody {
-        #[pin]
-        inner: Incoming,
-        busy: Option<Busy>,
-    }
-}
-
-impl std::fmt::Debug for RequestBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestBody")
-            .field("tracked", &self.busy.is_some())
-            .finish_non_exhaustive()
     }
 }
 
@@ -549,33 +543,8 @@ pub fn track_request_body(mut req: Request<Incoming>) -> Request<RequestBody> {
         let busy = watch
             .filter(|_| !inner.is_end_stream())
             .map(|w| Busy::new(w.0));
-        RequestBody { inner, busy }
+        BusyBody { inner, busy }
     })
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.project();
-        let out = ready!(this.inner.poll_frame(cx));
-        if matches!(out, None | Some(Err(_))) {
-            this.busy.take();
-        }
-        Poll::Ready(out)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 #[cfg(test)]

@@ -260,6 +260,18 @@ pub struct ScopeConfig {
     pub lock: String,
 }
 
+impl ScopeConfig {
+    /// The scope `prefix` of `bucket` (`""`: the whole bucket), fenced by
+    /// `lock`.
+    pub fn new(bucket: &str, prefix: &str, lock: &str) -> ScopeConfig {
+        ScopeConfig {
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+            lock: lock.into(),
+        }
+    }
+}
+
 /// Policy for writes that fall in no configured scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]

@@ -355,15 +355,9 @@ impl<'a> Authorization<'a> {
         let (signed_headers, rest) = rest.split_once(",")?;
         let rest = rest.strip_prefix(' ').unwrap_or(rest);
         let signature = rest.strip_prefix("Signature=")?;
-        let mut parts = credential.split('/');
-        let (Some(access_key), Some(date), Some(region), Some("s3"), Some("aws4_request"), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
+        let Some([access_key, date, region, "s3", "aws4_request"]) =
+            fencegate_core::fields::exact(credential, '/')
+        else {
             return None;
         };
         let plain = |s: &str| {

@@ -181,11 +181,7 @@ mod tests {
         let config = ProxyConfig {
             scopes: scopes
                 .iter()
-                .map(|(b, p, l)| ScopeConfig {
-                    bucket: (*b).into(),
-                    prefix: (*p).into(),
-                    lock: (*l).into(),
-                })
+                .map(|&(b, p, l)| ScopeConfig::new(b, p, l))
                 .collect(),
             unscoped_writes: unscoped,
             ..ProxyConfig::default()

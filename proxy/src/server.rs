@@ -600,6 +600,32 @@ pub async fn serve(
     Ok(())
 }
 
+/// What the serving loops take: a hyper service answering with our body
+/// and error, cloned for each connection.
+pub trait Handler:
+    hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<Body>,
+        Error = HttpError,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Handler for S where
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<Body>,
+            Error = HttpError,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Serves any hyper service the same way, with the default connection
 /// options but no share per client address (used for the embedded backend
 /// of `fencegate dev`, the tests and the benchmark, whose clients are
@@ -611,11 +637,7 @@ pub async fn serve_service<S>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()>
 where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = HttpError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: Handler,
 {
     let defaults = fencegate_net::ServerOptions::default();
     let options = fencegate_net::ServerOptions {
@@ -642,11 +664,7 @@ async fn serve_detached<S>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<bool>
 where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = HttpError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: Handler,
 {
     // The serving threads run the handlers too: they stay until those end.
     let workers = options.workers.clone();

@@ -20,11 +20,7 @@ fn scopes() -> ScopeMap {
             ("b", "", "whole"),
         ]
         .iter()
-        .map(|(b, p, l)| ScopeConfig {
-            bucket: (*b).into(),
-            prefix: (*p).into(),
-            lock: (*l).into(),
-        })
+        .map(|&(b, p, l)| ScopeConfig::new(b, p, l))
         .collect(),
         unscoped_writes: UnscopedPolicy::Deny,
         ..ProxyConfig::default()
