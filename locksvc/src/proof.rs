@@ -136,7 +136,11 @@ mod tests {
             verify(&k, &genuine, &lock("other")),
             Err(ProofError::WrongLock { .. })
         ));
-        let forged = FencingToken::Signed(keys("attacker-key-0123456789").sign(&lock("db"), 7));
+        let forged = FencingToken::Signed(
+            TokenKeys::new(vec![b"attacker-key-0123456789".to_vec()])
+                .expect("long enough")
+                .sign(&lock("db"), 7),
+        );
         assert_eq!(
             verify(&k, &forged, &lock("db")),
             Err(ProofError::BadSignature)
