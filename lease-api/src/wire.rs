@@ -175,122 +175,64 @@ pub struct LockStatusResponse {
     pub last_token: u64,
 }
 
-/// Every error code the API answers with; each knows its status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ErrorCode {
-    InvalidRequest,
-    InvalidLockName,
-    InvalidOwner,
-    InvalidTtl,
-    InvalidWait,
-    InvalidIdempotencyKey,
-    SignedTokenRequired,
-    Unauthorized,
-    LockNotAllowed,
-    FencingTokenSignatureInvalid,
-    FencingTokenWrongLock,
-    NotFound,
-    MethodNotAllowed,
-    LockHeld,
-    LeaseLost,
-    BodyTooLarge,
-    TooManyWaiters,
-    StorageUnavailable,
-    ShuttingDown,
-    /// The request's `Host` is not a name the service answers to (a web
-    /// page reached through DNS rebinding carries its own name there).
-    HostNotAllowed,
-    /// The request carries an `Origin` header: a web page sent it.
-    BrowserRequestRefused,
-    /// A request body that is not declared `application/json`.
-    UnsupportedMediaType,
+/// Declares [`ErrorCode`] from one list: each code with the HTTP status of
+/// every answer that carries it. A code's name is its stable string.
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $code:ident = $status:literal,)*) => {
+        /// Every error code the API answers with; each knows its status.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum ErrorCode {
+            $($(#[$doc])* $code,)*
+        }
+
+        impl ErrorCode {
+            /// Every code, in declaration order.
+            pub const ALL: [ErrorCode; [$(stringify!($code)),*].len()] = [$(ErrorCode::$code),*];
+
+            /// The HTTP status every answer with this code has.
+            pub fn status(self) -> u16 {
+                match self {
+                    $(ErrorCode::$code => $status,)*
+                }
+            }
+
+            /// The stable code in the JSON body.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$code => stringify!($code),)*
+                }
+            }
+        }
+    };
 }
 
-impl ErrorCode {
-    /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 22] = {
-        use ErrorCode::*;
-        [
-            InvalidRequest,
-            InvalidLockName,
-            InvalidOwner,
-            InvalidTtl,
-            InvalidWait,
-            InvalidIdempotencyKey,
-            SignedTokenRequired,
-            Unauthorized,
-            LockNotAllowed,
-            FencingTokenSignatureInvalid,
-            FencingTokenWrongLock,
-            NotFound,
-            MethodNotAllowed,
-            LockHeld,
-            LeaseLost,
-            BodyTooLarge,
-            TooManyWaiters,
-            StorageUnavailable,
-            ShuttingDown,
-            HostNotAllowed,
-            BrowserRequestRefused,
-            UnsupportedMediaType,
-        ]
-    };
-
-    /// The HTTP status every answer with this code has.
-    pub fn status(self) -> u16 {
-        use ErrorCode::*;
-        match self {
-            InvalidRequest
-            | InvalidLockName
-            | InvalidOwner
-            | InvalidTtl
-            | InvalidWait
-            | InvalidIdempotencyKey
-            | SignedTokenRequired => 400,
-            Unauthorized => 401,
-            LockNotAllowed
-            | FencingTokenSignatureInvalid
-            | FencingTokenWrongLock
-            | BrowserRequestRefused => 403,
-            NotFound => 404,
-            MethodNotAllowed => 405,
-            LockHeld | LeaseLost => 409,
-            BodyTooLarge => 413,
-            UnsupportedMediaType => 415,
-            HostNotAllowed => 421,
-            TooManyWaiters => 429,
-            StorageUnavailable | ShuttingDown => 503,
-        }
-    }
-
-    /// The stable code in the JSON body.
-    pub fn as_str(self) -> &'static str {
-        use ErrorCode::*;
-        match self {
-            InvalidRequest => "InvalidRequest",
-            InvalidLockName => "InvalidLockName",
-            InvalidOwner => "InvalidOwner",
-            InvalidTtl => "InvalidTtl",
-            InvalidWait => "InvalidWait",
-            InvalidIdempotencyKey => "InvalidIdempotencyKey",
-            SignedTokenRequired => "SignedTokenRequired",
-            Unauthorized => "Unauthorized",
-            LockNotAllowed => "LockNotAllowed",
-            FencingTokenSignatureInvalid => "FencingTokenSignatureInvalid",
-            FencingTokenWrongLock => "FencingTokenWrongLock",
-            NotFound => "NotFound",
-            MethodNotAllowed => "MethodNotAllowed",
-            LockHeld => "LockHeld",
-            LeaseLost => "LeaseLost",
-            BodyTooLarge => "BodyTooLarge",
-            TooManyWaiters => "TooManyWaiters",
-            StorageUnavailable => "StorageUnavailable",
-            ShuttingDown => "ShuttingDown",
-            HostNotAllowed => "HostNotAllowed",
-            BrowserRequestRefused => "BrowserRequestRefused",
-            UnsupportedMediaType => "UnsupportedMediaType",
-        }
-    }
+error_codes! {
+    InvalidRequest = 400,
+    InvalidLockName = 400,
+    InvalidOwner = 400,
+    InvalidTtl = 400,
+    InvalidWait = 400,
+    InvalidIdempotencyKey = 400,
+    SignedTokenRequired = 400,
+    Unauthorized = 401,
+    LockNotAllowed = 403,
+    FencingTokenSignatureInvalid = 403,
+    FencingTokenWrongLock = 403,
+    NotFound = 404,
+    MethodNotAllowed = 405,
+    LockHeld = 409,
+    LeaseLost = 409,
+    BodyTooLarge = 413,
+    TooManyWaiters = 429,
+    StorageUnavailable = 503,
+    ShuttingDown = 503,
+    /// The request's `Host` is not a name the service answers to (a web
+    /// page reached through DNS rebinding carries its own name there).
+    HostNotAllowed = 421,
+    /// The request carries an `Origin` header: a web page sent it.
+    BrowserRequestRefused = 403,
+    /// A request body that is not declared `application/json`.
+    UnsupportedMediaType = 415,
 }
 
 /// The body of every refusal.

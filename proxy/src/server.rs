@@ -10,6 +10,7 @@ use crate::host::VirtualHosts;
 use futures::FutureExt as _;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
+use hyper::service::Service;
 use s3s::service::S3Service;
 use s3s::{Body, HttpError};
 use std::future::Future;
@@ -603,28 +604,17 @@ pub async fn serve(
 /// What the serving loops take: a hyper service answering with our body
 /// and error, cloned for each connection.
 pub trait Handler:
-    hyper::service::Service<
-        Request<Incoming>,
-        Response = Response<Body>,
-        Error = HttpError,
-        Future: Send + 'static,
-    > + Clone
-    + Send
-    + 'static
+    Service<Req, Response = Resp, Error = HttpError, Future: Send + 'static> + Clone + Send + 'static
 {
 }
 
-impl<S> Handler for S where
-    S: hyper::service::Service<
-            Request<Incoming>,
-            Response = Response<Body>,
-            Error = HttpError,
-            Future: Send + 'static,
-        > + Clone
-        + Send
-        + 'static
+impl<S: Service<Req, Response = Resp, Error = HttpError, Future: Send + 'static>> Handler for S where
+    S: Clone + Send + 'static
 {
 }
+
+type Req = Request<Incoming>;
+type Resp = Response<Body>;
 
 /// Serves any hyper service the same way, with the default connection
 /// options but no share per client address (used for the embedded backend
