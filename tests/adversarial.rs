@@ -18,6 +18,7 @@ use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use std::time::Duration;
 use support::harness::{Env, Harness};
 use support::s3::*;
+use support::xml_value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const BUCKET: &str = "bkt";
@@ -674,12 +675,7 @@ async fn integrity_values_are_checked_on_every_path(kind: BackendKind) {
         )
         .await;
     assert_eq!(status, 200, "{text}");
-    let upload_id = text
-        .split("<UploadId>")
-        .nth(1)
-        .and_then(|t| t.split("</UploadId>").next())
-        .expect("upload id")
-        .to_owned();
+    let upload_id = xml_value(&text, "UploadId").expect("upload id");
     let part = format!("/{BUCKET}/mp?partNumber=1&uploadId={upload_id}");
     let (status, text) = e
         .raw(
@@ -1137,12 +1133,7 @@ async fn uploads_answer_only_to_their_creator(kind: BackendKind) {
         .raw("POST", "/bkt/anon?uploads", &token_header(BUCKET, 3), b"")
         .await;
     assert_eq!(code, 200, "{text}");
-    let anon_id = text
-        .split("<UploadId>")
-        .nth(1)
-        .and_then(|r| r.split("</UploadId>").next())
-        .expect("upload id")
-        .to_owned();
+    let anon_id = xml_value(&text, "UploadId").expect("upload id");
     let target = format!("/bkt/anon?partNumber=1&uploadId={anon_id}");
     let (code, text) = e
         .raw(

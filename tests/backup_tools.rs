@@ -10,10 +10,11 @@ mod support;
 
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 use support::harness::{Env, Harness};
 use support::s3::*;
+use support::{output_of, output_text};
 
 const BUCKET: &str = "bkt";
 
@@ -102,27 +103,13 @@ impl Env {
     }
 
     async fn lease(&self, owner: &str, ttl: &str) -> Value {
-        let out = run(self.shell(&format!(
+        let out = output_of(self.shell(&format!(
             "fencegate lease acquire nightly --owner {owner} --ttl {ttl}"
         )))
         .await;
-        assert!(out.status.success(), "acquire: {}", text(&out));
+        assert!(out.status.success(), "acquire: {}", output_text(&out));
         serde_json::from_slice(&out.stdout).expect("lease json")
     }
-}
-
-async fn run(mut cmd: Command) -> Output {
-    tokio::task::spawn_blocking(move || cmd.output().expect("runs"))
-        .await
-        .expect("joined")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 async fn expire(lease: &Value) {
@@ -136,8 +123,8 @@ async fn rclone_backup_job_under_fencegate_run_and_a_stale_rerun(kind: BackendKi
     e.write("data/report.txt", "night one, from A");
     // The backup job exactly as the README documents it.
     let job = r#"fencegate run --lock nightly --ttl 30s -- sh -c 'rclone copy ./data fg:bkt/nightly --header "Fencing-Token: $FENCING_TOKEN"'"#;
-    let out = run(e.shell(job)).await;
-    assert!(out.status.success(), "backup job: {}", text(&out));
+    let out = output_of(e.shell(job)).await;
+    assert!(out.status.success(), "backup job: {}", output_text(&out));
     assert_eq!(
         stored(&e.backend, BUCKET, "nightly/report.txt")
             .await
@@ -149,8 +136,8 @@ async fn rclone_backup_job_under_fencegate_run_and_a_stale_rerun(kind: BackendKi
     let a = e.lease("A", "1s").await;
     expire(&a).await;
     e.write("data/report.txt", "night two, from B (a longer file)");
-    let out = run(e.shell(job)).await;
-    assert!(out.status.success(), "B's job: {}", text(&out));
+    let out = output_of(e.shell(job)).await;
+    assert!(out.status.success(), "B's job: {}", output_text(&out));
 
     // A's next run with its old token fails and changes nothing.
     e.write("data/report.txt", "late A");
@@ -158,16 +145,16 @@ async fn rclone_backup_job_under_fencegate_run_and_a_stale_rerun(kind: BackendKi
         r#"rclone copy ./data fg:bkt/nightly --retries 1 --low-level-retries 1 --header "Fencing-Token: {}""#,
         a["fencing_token"].as_str().expect("token")
     );
-    let out = run(e.shell(&late)).await;
+    let out = output_of(e.shell(&late)).await;
     assert!(
         !out.status.success(),
         "the stale rclone run must fail: {}",
-        text(&out)
+        output_text(&out)
     );
     assert!(
-        text(&out).contains("409") || text(&out).contains("FencingTokenStale"),
+        output_text(&out).contains("409") || output_text(&out).contains("FencingTokenStale"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     let (body, token) = stored(&e.backend, BUCKET, "nightly/report.txt")
         .await
@@ -190,8 +177,12 @@ async fn s3cmd_with_add_header_including_multipart(kind: BackendKind) {
     let a_token = a["fencing_token"].as_str().expect("token").to_owned();
     // s3cmd sends the header on Create only; parts and Complete use the
     // token bound to the upload.
-    let out = run(e.shell(&s3cmd(&a_token, "big.bin"))).await;
-    assert!(out.status.success(), "A's multipart upload: {}", text(&out));
+    let out = output_of(e.shell(&s3cmd(&a_token, "big.bin"))).await;
+    assert!(
+        out.status.success(),
+        "A's multipart upload: {}",
+        output_text(&out)
+    );
     assert_eq!(
         stored(&e.backend, BUCKET, "s3cmd/big.bin")
             .await
@@ -202,23 +193,23 @@ async fn s3cmd_with_add_header_including_multipart(kind: BackendKind) {
     expire(&a).await;
     let b = e.lease("B", "30s").await;
     e.write("small.bin", "from B");
-    let out = run(e.shell(&s3cmd(
+    let out = output_of(e.shell(&s3cmd(
         b["fencing_token"].as_str().expect("token"),
         "small.bin",
     )))
     .await;
-    assert!(out.status.success(), "B: {}", text(&out));
+    assert!(out.status.success(), "B: {}", output_text(&out));
 
-    let out = run(e.shell(&s3cmd(&a_token, "big.bin"))).await;
+    let out = output_of(e.shell(&s3cmd(&a_token, "big.bin"))).await;
     assert!(
         !out.status.success(),
         "A's late upload must fail: {}",
-        text(&out)
+        output_text(&out)
     );
     assert!(
-        text(&out).contains("409") || text(&out).contains("FencingTokenStale"),
+        output_text(&out).contains("409") || output_text(&out).contains("FencingTokenStale"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     assert_eq!(
         stored(&e.backend, BUCKET, "s3cmd/big.bin").await,
@@ -248,8 +239,8 @@ async fn aws_cli_with_lease_bound_credentials(kind: BackendKind) {
         "fencegate run --lock nightly --ttl 1s --s3-credentials --s3-endpoint $PROXY -- sh -c '{}'",
         capture_credentials("aws s3 cp a.txt s3://bkt/aws/file.txt")
     );
-    let out = run(e.shell(&a_job)).await;
-    assert!(out.status.success(), "A: {}", text(&out));
+    let out = output_of(e.shell(&a_job)).await;
+    assert!(out.status.success(), "A: {}", output_text(&out));
     let (a_key, a_secret) = saved_credentials(&e);
     assert!(a_key.starts_with("fgk2."), "{a_key}");
     assert_eq!(
@@ -261,20 +252,24 @@ async fn aws_cli_with_lease_bound_credentials(kind: BackendKind) {
 
     tokio::time::sleep(Duration::from_millis(1100)).await;
     e.write("b.txt", "from B");
-    let out = run(e.shell("fencegate run --lock nightly --ttl 30s --s3-credentials --s3-endpoint $PROXY -- aws s3 cp b.txt s3://bkt/aws/file.txt")).await;
-    assert!(out.status.success(), "B: {}", text(&out));
+    let out = output_of(e.shell("fencegate run --lock nightly --ttl 30s --s3-credentials --s3-endpoint $PROXY -- aws s3 cp b.txt s3://bkt/aws/file.txt")).await;
+    assert!(out.status.success(), "B: {}", output_text(&out));
 
     // A's credentials, used late, are refused.
     let late = format!(
         "AWS_ACCESS_KEY_ID={a_key} AWS_SECRET_ACCESS_KEY={a_secret} AWS_DEFAULT_REGION=us-east-1 AWS_ENDPOINT_URL=$PROXY AWS_MAX_ATTEMPTS=1 aws s3 cp a.txt s3://bkt/aws/file.txt"
     );
-    let out = run(e.shell(&late)).await;
+    let out = output_of(e.shell(&late)).await;
     assert!(
         !out.status.success(),
         "A's late copy must fail: {}",
-        text(&out)
+        output_text(&out)
     );
-    assert!(text(&out).contains("FencingTokenStale"), "{}", text(&out));
+    assert!(
+        output_text(&out).contains("FencingTokenStale"),
+        "{}",
+        output_text(&out)
+    );
     assert_eq!(
         stored(&e.backend, BUCKET, "aws/file.txt")
             .await
@@ -291,34 +286,38 @@ async fn restic_with_lease_bound_credentials_stays_consistent(kind: BackendKind)
         "fencegate run --lock nightly --ttl 2s --s3-credentials -- sh -c '{}'",
         capture_credentials(&format!("{repo} init && {repo} backup src"))
     );
-    let out = run(e.shell(&a_job)).await;
-    assert!(out.status.success(), "A: {}", text(&out));
+    let out = output_of(e.shell(&a_job)).await;
+    assert!(out.status.success(), "A: {}", output_text(&out));
     let (a_key, a_secret) = saved_credentials(&e);
 
     tokio::time::sleep(Duration::from_millis(2100)).await;
     e.write("src/two.txt", "second backup");
-    let out = run(e.shell(&format!(
+    let out = output_of(e.shell(&format!(
         "fencegate run --lock nightly --ttl 30s --s3-credentials -- {repo} backup src"
     )))
     .await;
-    assert!(out.status.success(), "B: {}", text(&out));
+    assert!(out.status.success(), "B: {}", output_text(&out));
 
     // A wakes up and writes with its old credentials: refused.
     e.write("src/three.txt", "late A");
     let late =
         format!("AWS_ACCESS_KEY_ID={a_key} AWS_SECRET_ACCESS_KEY={a_secret} {repo} backup src");
-    let out = run(e.shell(&late)).await;
+    let out = output_of(e.shell(&late)).await;
     assert!(
         !out.status.success(),
         "A's late backup must fail: {}",
-        text(&out)
+        output_text(&out)
     );
     // restic prints the proxy's message rather than the code.
-    assert!(text(&out).contains("is stale"), "{}", text(&out));
+    assert!(
+        output_text(&out).contains("is stale"),
+        "{}",
+        output_text(&out)
+    );
 
     // The repository is intact: check passes, and it has exactly A's and B's snapshots.
-    let out = run(e.shell(&format!("fencegate run --lock nightly --ttl 30s --s3-credentials -- sh -c '{repo} check && {repo} snapshots --json'"))).await;
-    assert!(out.status.success(), "restic check: {}", text(&out));
+    let out = output_of(e.shell(&format!("fencegate run --lock nightly --ttl 30s --s3-credentials -- sh -c '{repo} check && {repo} snapshots --json'"))).await;
+    assert!(out.status.success(), "restic check: {}", output_text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let snapshots: Value =
         serde_json::from_str(stdout.lines().last().expect("json line")).expect("snapshots json");

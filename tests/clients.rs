@@ -7,6 +7,7 @@ mod support;
 use std::process::{Command, Output};
 use support::harness::{Env, Harness};
 use support::s3::*;
+use support::xml_value;
 
 const BUCKET: &str = "bkt";
 
@@ -191,12 +192,7 @@ async fn curl_every_write_is_fenced(kind: BackendKind) {
     ])
     .await;
     assert_eq!(s, 200, "{body}");
-    let id = body
-        .split("<UploadId>")
-        .nth(1)
-        .and_then(|r| r.split("</UploadId>").next())
-        .expect("upload id")
-        .to_owned();
+    let id = xml_value(&body, "UploadId").expect("upload id");
     let (s, body) = go(vec![
         "-X".into(),
         "PUT".into(),

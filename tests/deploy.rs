@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use support::{SIGNING_KEY, Service, fencegate, tempdir};
+use support::{SIGNING_KEY, Service, fencegate, succeeds, tempdir};
 
 /// The secrets the example configs leave to the environment.
 const SECRETS: [(&str, &str); 4] = [
@@ -379,13 +379,14 @@ fn check_lists_every_problem_at_once() {
     let mut cmd = check_cmd("proxy", &proxy);
     cmd.envs(SECRETS).env("FENCEGATE_SIGNING_KEYS", "short");
     let err = expect_invalid(cmd);
-    for needle in [
-        "backend.endpoint is empty",
-        "signing_keys[0] is 5 bytes",
-        "scopes[0].lock",
-    ] {
-        assert!(err.contains(needle), "{needle:?} missing from:\n{err}");
-    }
+    fencegate_testkit::assert_mentions(
+        &err,
+        &[
+            "backend.endpoint is empty",
+            "signing_keys[0] is 5 bytes",
+            "scopes[0].lock",
+        ],
+    );
 
     let locksvc = write(
         dir.path(),
@@ -395,15 +396,16 @@ fn check_lists_every_problem_at_once() {
     let mut cmd = check_cmd("locksvc", &locksvc);
     cmd.env("FENCEGATE_SIGNING_KEYS", "short");
     let err = expect_invalid(cmd);
-    for needle in [
-        "signing_keys[0] is 5 bytes",
-        "min_ttl (10m) is above max_ttl (1m)",
-        "default_ttl",
-        "max_body_bytes",
-        "max_waiters_per_lock",
-    ] {
-        assert!(err.contains(needle), "{needle:?} missing from:\n{err}");
-    }
+    fencegate_testkit::assert_mentions(
+        &err,
+        &[
+            "signing_keys[0] is 5 bytes",
+            "min_ttl (10m) is above max_ttl (1m)",
+            "default_ttl",
+            "max_body_bytes",
+            "max_waiters_per_lock",
+        ],
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1437,13 +1439,14 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
         .map(|s| s.trim_end_matches(';').to_owned())
         .collect();
     assert_eq!(servers, upstreams, "the upstream servers are the replicas");
-    for needle in [
-        "proxy_request_buffering off;",
-        "client_max_body_size 0;",
-        "proxy_set_header Host $http_host;",
-    ] {
-        assert!(conf.contains(needle), "{conf_path} lacks {needle}");
-    }
+    fencegate_testkit::assert_mentions(
+        &conf,
+        &[
+            "proxy_request_buffering off;",
+            "client_max_body_size 0;",
+            "proxy_set_header Host $http_host;",
+        ],
+    );
     let dir = tempdir();
     let mut local = conf.clone();
     for u in &upstreams {
@@ -1455,8 +1458,8 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
         .port();
     let local = local.replace("listen 9000;", &format!("listen 127.0.0.1:{port};"));
     let file = write(dir.path(), "nginx.conf", &local);
-    let out = Command::new("nginx")
-        .arg("-t")
+    let mut cmd = Command::new("nginx");
+    cmd.arg("-t")
         .arg("-p")
         .arg(dir.path())
         .arg("-e")
@@ -1464,12 +1467,9 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
         .arg("-c")
         .arg(&file)
         .arg("-g")
-        .arg(format!("pid {};", dir.path().join("nginx.pid").display()))
-        .output()
-        .expect("nginx runs (scripts/install-test-tools.sh installs nginx-light)");
-    assert!(
-        out.status.success(),
-        "nginx -t refuses {conf_path}: {}",
-        String::from_utf8_lossy(&out.stderr)
+        .arg(format!("pid {};", dir.path().join("nginx.pid").display()));
+    succeeds(
+        &mut cmd,
+        &format!("nginx -t on {conf_path} (scripts/install-test-tools.sh installs nginx-light)"),
     );
 }

@@ -11,6 +11,7 @@ use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 use support::harness::{BUCKET, Env, Harness};
 use support::s3::*;
+use support::xml_value;
 
 /// (3 s / 0.99 + 1 s) · 1.01.
 const LOCK_DELAY: Duration = Duration::from_millis(4_070);
@@ -44,12 +45,7 @@ async fn put_at(url: &str, key: &str, token: u64, body: &str) -> (u16, String) {
         .expect("the proxy answers");
     let status = r.status().as_u16();
     let text = r.text().await.unwrap_or_default();
-    let code = text
-        .split("<Code>")
-        .nth(1)
-        .and_then(|s| s.split("</Code>").next())
-        .unwrap_or("")
-        .to_owned();
+    let code = xml_value(&text, "Code").unwrap_or_default();
     (status, code)
 }
 

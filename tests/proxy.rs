@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use support::harness::{Env, Harness};
 use support::s3::*;
+use support::xml_value;
 
 const BUCKET: &str = "bkt";
 
@@ -1394,12 +1395,7 @@ async fn writes_the_store_refuses_leave_the_object_as_it_was(kind: BackendKind) 
     let error_of = |resp: reqwest::Response| async move {
         let status = resp.status().as_u16();
         let body = resp.text().await.expect("body");
-        let code = body
-            .split("<Code>")
-            .nth(1)
-            .and_then(|r| r.split("</Code>").next())
-            .unwrap_or_default()
-            .to_owned();
+        let code = xml_value(&body, "Code").unwrap_or_default();
         (status, code, body)
     };
 

@@ -12,11 +12,11 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::harness::{BUCKET, Env, Harness};
 use support::s3::*;
-use support::{Api, Service, fencegate, locksvc_cmd, run_cmd};
+use support::{Api, Service, fencegate, locksvc_cmd, output_of, output_text, run_cmd};
 
 /// The lock and the bucket it fences.
 const LOCK: &str = "primary";
@@ -36,21 +36,6 @@ async fn locksvc_with(dir: &Path, credential_ttl: &str) -> Service {
     tokio::task::spawn_blocking(move || Service::start(cmd))
         .await
         .expect("locksvc")
-}
-
-async fn output(mut cmd: Command) -> Output {
-    tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .expect("joined")
-        .expect("ran")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The env file's `KEY='value'` lines.
@@ -234,8 +219,8 @@ async fn a_role_outlives_credential_ttl_through_files_its_processes_read() {
             .env_remove("AWS_SECRET_ACCESS_KEY");
         cmd
     };
-    let out = output(aws_cp()).await;
-    assert!(out.status.success(), "{}", text(&out));
+    let out = output_of(aws_cp()).await;
+    assert!(out.status.success(), "{}", output_text(&out));
     assert_eq!(
         stored(&e.backend, BUCKET, "wal/3").await.map(|(b, _)| b),
         Some(b"from the aws CLI".to_vec())
@@ -257,18 +242,18 @@ async fn a_role_outlives_credential_ttl_through_files_its_processes_read() {
     }
     let mut cp = fencegate();
     cp.args(["credential-process", "--env-file"]).arg(&env);
-    let out = output(cp).await;
+    let out = output_of(cp).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out).contains("no lease holds this role now"),
+        output_text(&out).contains("no lease holds this role now"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
-    let out = output(aws_cp()).await;
+    let out = output_of(aws_cp()).await;
     assert!(
         !out.status.success(),
         "no lease, no credentials: {}",
-        text(&out)
+        output_text(&out)
     );
 }
 
@@ -325,8 +310,8 @@ async fn role_files_follow_the_lease_while_the_command_stops() {
     );
     let mut cp = fencegate();
     cp.args(["credential-process", "--env-file"]).arg(&env);
-    let out = output(cp).await;
-    assert!(out.status.success(), "{}", text(&out));
+    let out = output_of(cp).await;
+    assert!(out.status.success(), "{}", output_text(&out));
     // The lease service dies: the lease runs out within its 2 s, and
     // the files go with it, while the command is still stopping.
     svc.kill9();
@@ -387,14 +372,14 @@ async fn taking_the_lease_fences_the_old_holder_before_it_writes() {
         cmd
     };
     // The window the fence closes: a new holder that has not written.
-    let out = output(new_primary(&["--no-fence"])).await;
-    assert!(out.status.success(), "{}", text(&out));
+    let out = output_of(new_primary(&["--no-fence"])).await;
+    assert!(out.status.success(), "{}", output_text(&out));
     put_token(&e, &zombie, "wal/2")
         .await
         .expect("without --fence, the zombie still writes until the new holder does");
 
-    let out = output(new_primary(&[])).await;
-    assert!(out.status.success(), "{}", text(&out));
+    let out = output_of(new_primary(&[])).await;
+    assert!(out.status.success(), "{}", output_text(&out));
     let newest: u64 = std::fs::read_to_string(&noted)
         .expect("the new primary ran")
         .trim()
@@ -543,7 +528,7 @@ async fn an_unwritable_credentials_file_stops_run_before_it_holds_anything() {
         (not_a_dir.join("role.env"), "is not a directory"),
     ];
     for (path, why) in cases {
-        let out = output(run_cmd(
+        let out = output_of(run_cmd(
             &svc.url,
             &[
                 "--lock",
@@ -555,11 +540,12 @@ async fn an_unwritable_credentials_file_stops_run_before_it_holds_anything() {
             ],
         ))
         .await;
-        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
         assert!(
-            text(&out).contains(&path.display().to_string()) && text(&out).contains(why),
+            output_text(&out).contains(&path.display().to_string())
+                && output_text(&out).contains(why),
             "{}",
-            text(&out)
+            output_text(&out)
         );
         let url = svc.url.clone();
         let (_, st) = tokio::task::spawn_blocking(move || Api::new(&url).status(LOCK))

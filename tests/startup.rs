@@ -57,12 +57,7 @@ impl Started {
     /// (`(locksvc http://..., backend http://...)`), read as the harness
     /// reads it.
     fn banner_url(&self, label: &str) -> String {
-        self.first
-            .split(&format!("{label} http://"))
-            .nth(1)
-            .and_then(|rest| rest.split([',', ')', ' ']).next())
-            .map(|addr| format!("http://{addr}"))
-            .unwrap_or_else(|| panic!("no {label} address in {:?}", self.first))
+        labelled_url(&self.first, label)
     }
 
     /// Its stderr so far, once it contains `needle` (panics after 10 s).
@@ -212,16 +207,17 @@ fn under_a_low_open_file_limit_dev_lowers_its_caps_and_says_so() {
     let log = dev.stderr_with("open-file limit");
     // 1024 each needs 64 + 2 * 64 (refusals) + 1024 + 3 * 1024 files; 256
     // leaves 64 for connections: 16 + 3 * 16.
-    for needle in [
-        "WARN",
-        "the open-file limit is 256",
-        "max_connections = 1024 on the lease service and 1024 on the proxy",
-        "about 4288 open files",
-        "serving at most 16 connections on the lease service and 16 on the proxy",
-        "ulimit -n 4288",
-    ] {
-        assert!(log.contains(needle), "{needle:?} in:\n{log}");
-    }
+    fencegate_testkit::assert_mentions(
+        &log,
+        &[
+            "WARN",
+            "the open-file limit is 256",
+            "max_connections = 1024 on the lease service and 1024 on the proxy",
+            "about 4288 open files",
+            "serving at most 16 connections on the lease service and 16 on the proxy",
+            "ulimit -n 4288",
+        ],
+    );
 
     // The lowered cap is the one in force: clients over it get the cap's
     // 503, long before the 1024 configured.

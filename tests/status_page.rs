@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 use support::harness::{BUCKET, Harness};
 use support::s3::{BACKEND_KEY, BackendKind, CLIENT_KEY, error_of, proxy_cmd, signed};
-use support::{SIGNING_KEY, Service};
+use support::{SIGNING_KEY, Service, succeeds};
 
 /// The lease service's API key in these tests.
 const API_KEY: &str = "ops-api-key-0123456789";
@@ -82,24 +82,21 @@ fn start_locksvc(dir: &Path) -> Service {
 /// `--screenshot=...`; returns stdout.
 fn chromium(url: &str, args: &[String]) -> String {
     let profile = tempfile::tempdir().expect("profile dir");
-    let out = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--hide-scrollbars",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(args)
-        .arg(url)
-        .output()
-        .expect("chromium runs (the test script installs Debian's chromium)");
-    assert!(
-        out.status.success(),
-        "chromium failed on {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut cmd = Command::new("chromium");
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.path().display()))
+    .args(args)
+    .arg(url);
+    let out = succeeds(
+        &mut cmd,
+        &format!("chromium on {url} (the test script installs Debian's chromium)"),
     );
     String::from_utf8(out.stdout).expect("utf-8 DOM")
 }

@@ -677,20 +677,18 @@ mod tests {
         )
         .expect("parses");
         let p = c.problems();
-        for needle in [
-            "backend.endpoint",
-            "backend.access_key",
-            "signing_keys[0]",
-            "scopes[0].lock",
-            "both cover",
-            "virtual_host_domains",
-            "clients[0].access_key",
-        ] {
-            assert!(
-                p.iter().any(|s| s.contains(needle)),
-                "missing {needle:?} in {p:?}"
-            );
-        }
+        fencegate_testkit::assert_mentions(
+            &p.join("\n"),
+            &[
+                "backend.endpoint",
+                "backend.access_key",
+                "signing_keys[0]",
+                "scopes[0].lock",
+                "both cover",
+                "virtual_host_domains",
+                "clients[0].access_key",
+            ],
+        );
     }
 
     #[test]
@@ -764,13 +762,14 @@ mod tests {
             ..ProxyConfig::default()
         };
         let p = c.problems();
-        for needle in [
-            "but locksvc_url is not",
-            "header_read_timeout_secs",
-            "max_connections",
-        ] {
-            assert!(p.iter().any(|s| s.contains(needle)), "{needle:?}: {p:?}");
-        }
+        fencegate_testkit::assert_mentions(
+            &p.join("\n"),
+            &[
+                "but locksvc_url is not",
+                "header_read_timeout_secs",
+                "max_connections",
+            ],
+        );
         c.locksvc_url = Some("http://127.0.0.1:7070".into());
         let p = c.problems();
         assert!(p.iter().any(|s| s.contains("is plain http")), "{p:?}");

@@ -7,3 +7,12 @@
 pub mod proptest;
 #[cfg(feature = "s3")]
 pub mod s3;
+
+/// Fails unless `text` contains every one of `needles`, naming the first
+/// missing one and showing `text`.
+#[track_caller]
+pub fn assert_mentions(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+}

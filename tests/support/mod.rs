@@ -99,6 +99,54 @@ pub fn listening_url(first: &str) -> String {
         .to_owned()
 }
 
+/// The text of the first `<tag>` element in an S3 XML answer.
+pub fn xml_value(xml: &str, tag: &str) -> Option<String> {
+    let (_, rest) = xml.split_once(&format!("<{tag}>"))?;
+    let (value, _) = rest.split_once(&format!("</{tag}>"))?;
+    Some(value.to_owned())
+}
+
+/// A finished command's stdout then stderr, as text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `cmd` to its end off the async runtime's threads.
+pub async fn output_of(mut cmd: Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output().expect("runs"))
+        .await
+        .expect("joined")
+}
+
+/// The `http://host:port` that follows `label` in a banner, as `fencegate
+/// dev` prints them: `(locksvc http://..., backend http://...)`.
+pub fn labelled_url(banner: &str, label: &str) -> String {
+    banner
+        .split(&format!("{label} http://"))
+        .nth(1)
+        .and_then(|rest| rest.split([',', ')', ' ']).next())
+        .map(|addr| format!("http://{addr}"))
+        .unwrap_or_else(|| panic!("no {label} address in {banner:?}"))
+}
+
+/// Runs `cmd` to its end and fails the test unless it succeeded: `what`
+/// names the command in a failure, with its stderr.
+pub fn succeeds(cmd: &mut Command, what: &str) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what} does not run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// Starts `cmd` with stdin closed and its stdout and stderr piped.
 pub fn spawn_piped(cmd: &mut Command) -> Child {
     cmd.stdin(Stdio::null())
@@ -165,12 +213,7 @@ impl Service {
     /// The `http://host:port` that follows `label` in the banner, as
     /// `fencegate dev` prints them: `(locksvc http://..., backend http://...)`.
     pub fn banner_url(&self, label: &str) -> String {
-        self.banner
-            .split(&format!("{label} http://"))
-            .nth(1)
-            .and_then(|rest| rest.split([',', ')', ' ']).next())
-            .map(|addr| format!("http://{addr}"))
-            .unwrap_or_else(|| panic!("no {label} address in {:?}", self.banner))
+        labelled_url(&self.banner, label)
     }
 
     pub fn pid(&self) -> i32 {

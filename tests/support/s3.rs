@@ -190,16 +190,12 @@ fn rgw_user() -> (String, (String, String)) {
     let n = RGW_USERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let tenant = format!("t{n}");
     let key = (format!("rgw-key-{n}"), format!("rgw-secret-{n}-0123456789"));
-    let out = Command::new(ceph_rgw_script())
-        .arg("user")
-        .arg(&cluster.dir)
-        .args([&tenant, &key.0, &key.1])
-        .output()
-        .expect("ceph-rgw.sh user runs");
-    assert!(
-        out.status.success(),
-        "cannot create an RGW user: {}",
-        String::from_utf8_lossy(&out.stderr)
+    super::succeeds(
+        Command::new(ceph_rgw_script())
+            .arg("user")
+            .arg(&cluster.dir)
+            .args([&tenant, &key.0, &key.1]),
+        "ceph-rgw.sh user (creating an RGW user)",
     );
     (cluster.endpoint.clone(), key)
 }

@@ -218,9 +218,10 @@ mod tests {
             ..c
         };
         let p = short.problems(store);
-        for needle in ["lock_delay", "replica_id", "request_timeout"] {
-            assert!(p.iter().any(|s| s.contains(needle)), "{needle}: {p:?}");
-        }
+        fencegate_testkit::assert_mentions(
+            &p.join("\n"),
+            &["lock_delay", "replica_id", "request_timeout"],
+        );
     }
 
     #[test]
