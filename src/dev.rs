@@ -150,15 +150,8 @@ impl DevConfig {
 
     /// The settings, or one error listing every problem.
     pub fn validated(self) -> anyhow::Result<DevConfig> {
-        let problems = self.problems();
-        if problems.is_empty() {
-            Ok(self)
-        } else {
-            anyhow::bail!(
-                "invalid dev configuration:\n  - {}",
-                problems.join("\n  - ")
-            )
-        }
+        fencegate_net::problems::none("dev", self.problems())?;
+        Ok(self)
     }
 
     /// The embedded lease service's config.

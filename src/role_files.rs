@@ -93,12 +93,17 @@ impl RoleFiles {
     /// Writes every file for `lease`, which is good until about `ttl` from
     /// `now` unless renewed.
     pub fn write(&self, lease: &LeaseInfo, ttl: Duration, now: SystemTime) -> anyhow::Result<()> {
+        // Each file says whose it is, so that `remove` can tell.
+        let header = format!(
+            "# Written by fencegate run for lock {} (token {}); rewritten on every renewal, removed when the lease ends.\n",
+            lease.lock, lease.token
+        );
         if let Some(p) = &self.aws_credentials {
             replace(
                 p,
                 &format!(
-                    "# Written by fencegate run for lock {} (token {}); rewritten on every renewal, removed when the lease ends.\n[default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
-                    lease.lock, lease.token, lease.s3_access_key_id, lease.s3_secret_access_key
+                    "{header}[default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+                    lease.s3_access_key_id, lease.s3_secret_access_key
                 ),
             )?;
         }
@@ -107,9 +112,7 @@ impl RoleFiles {
                 SystemTime::UNIX_EPOCH + Duration::from_millis(lease.s3_credentials_expire_at_ms);
             let refresh_by = humantime::format_rfc3339_seconds((now + ttl).min(expires));
             let mut text = format!(
-                "# Written by fencegate run for lock {} (token {}); rewritten on every renewal, removed when the lease ends.\nAWS_ACCESS_KEY_ID={}\nAWS_SECRET_ACCESS_KEY={}\nFENCING_TOKEN={}\nFENCING_TOKEN_NUMBER={}\nFENCEGATE_LOCK={}\n{REFRESH_BY}={}\n",
-                lease.lock,
-                lease.token,
+                "{header}AWS_ACCESS_KEY_ID={}\nAWS_SECRET_ACCESS_KEY={}\nFENCING_TOKEN={}\nFENCING_TOKEN_NUMBER={}\nFENCEGATE_LOCK={}\n{REFRESH_BY}={}\n",
                 quoted(&lease.s3_access_key_id),
                 quoted(&lease.s3_secret_access_key),
                 quoted(&lease.fencing_token),
@@ -126,8 +129,8 @@ impl RoleFiles {
             replace(
                 p,
                 &format!(
-                    "# Written by fencegate run for lock {} (token {}); rewritten on every renewal, removed when the lease ends.\n[global]\nrepo1-s3-key={}\nrepo1-s3-key-secret={}\n",
-                    lease.lock, lease.token, lease.s3_access_key_id, lease.s3_secret_access_key
+                    "{header}[global]\nrepo1-s3-key={}\nrepo1-s3-key-secret={}\n",
+                    lease.s3_access_key_id, lease.s3_secret_access_key
                 ),
             )?;
         }

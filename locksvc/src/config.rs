@@ -546,15 +546,8 @@ impl LocksvcConfig {
 
     /// Fails with every problem listed, or returns the config unchanged.
     pub fn validated(self) -> anyhow::Result<LocksvcConfig> {
-        let problems = self.problems();
-        if problems.is_empty() {
-            Ok(self)
-        } else {
-            anyhow::bail!(
-                "invalid locksvc configuration:\n  - {}",
-                problems.join("\n  - ")
-            )
-        }
+        fencegate_net::problems::none("locksvc", self.problems())?;
+        Ok(self)
     }
 }
 

@@ -16,6 +16,7 @@
 //!   [`ServerOptions::header_read_timeout`] of its first byte (of the
 //!   accept, for the first request), and a keep-alive connection with no
 //!   request in flight is closed after [`ServerOptions::idle_timeout`];
+//! - reporting a configuration's problems all at once ([`problems`]);
 //! - TLS termination ([`tls`]), and the TLS configuration of fencegate's own
 //!   HTTP clients ([`tls::ClientTls`]);
 //! - graceful shutdown: stop accepting, let in-flight requests finish (up to
@@ -34,6 +35,7 @@
 mod answer;
 pub mod browser;
 pub mod conn;
+pub mod problems;
 mod refuse;
 mod slots;
 pub mod tls;

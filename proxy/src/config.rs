@@ -634,15 +634,8 @@ impl ProxyConfig {
 
     /// Fails with every problem listed, or returns the config unchanged.
     pub fn validated(self) -> anyhow::Result<ProxyConfig> {
-        let problems = self.problems();
-        if problems.is_empty() {
-            Ok(self)
-        } else {
-            anyhow::bail!(
-                "invalid proxy configuration:\n  - {}",
-                problems.join("\n  - ")
-            )
-        }
+        fencegate_net::problems::none("proxy", self.problems())?;
+        Ok(self)
     }
 }
 

@@ -223,14 +223,13 @@ pub fn upload_scope_changed(upload_id: &str, was: &str, now: &str) -> S3Error {
 
 /// 404: an upload the proxy did not create (so has no token for).
 pub fn unknown_upload(upload_id: &str) -> S3Error {
-    let mut e = S3Error::with_message(
+    standard(
         S3ErrorCode::NoSuchUpload,
+        StatusCode::NOT_FOUND,
         format!(
             "upload {upload_id} was not created through this proxy (or was completed or aborted); start a new one with a Fencing-Token"
         ),
-    );
-    e.set_status_code(StatusCode::NOT_FOUND);
-    e
+    )
 }
 
 /// 403: a write outside every configured scope.
@@ -243,7 +242,6 @@ pub fn unscoped(bucket: &str, key: &str, configured: &[String]) -> S3Error {
     )
 }
 
-/// 503: the store changed under the proxy; the client should retry.
 /// 503 for a backend that did not answer in `timeout`; `write` says the
 /// request was an object write, which may still land.
 pub fn backend_timeout(timeout: std::time::Duration, write: bool) -> S3Error {
@@ -258,15 +256,20 @@ pub fn backend_timeout(timeout: std::time::Duration, write: bool) -> S3Error {
     } else {
         msg.push_str("; retry");
     }
-    let mut e = S3Error::with_message(S3ErrorCode::ServiceUnavailable, msg);
-    e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
-    e
+    standard(
+        S3ErrorCode::ServiceUnavailable,
+        StatusCode::SERVICE_UNAVAILABLE,
+        msg,
+    )
 }
 
+/// 503 SlowDown: nothing was done; the client should retry.
 pub fn retry(msg: impl Into<String>) -> S3Error {
-    let mut e = S3Error::with_message(S3ErrorCode::SlowDown, msg.into());
-    e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
-    e
+    standard(
+        S3ErrorCode::SlowDown,
+        StatusCode::SERVICE_UNAVAILABLE,
+        msg.into(),
+    )
 }
 
 /// 503: the backend is not safe to write to in fenced mode.
@@ -276,22 +279,23 @@ pub fn unsafe_backend(bucket: &str, why: &str) -> S3Error {
 
 /// 501: an operation fencegate does not forward.
 pub fn not_forwarded(op: &str) -> S3Error {
-    let mut e = S3Error::with_message(
+    standard(
         S3ErrorCode::NotImplemented,
+        StatusCode::NOT_IMPLEMENTED,
         format!(
             "fencegate does not forward {op}: it would change the bucket without a fence; do it on the backend directly"
         ),
-    );
-    e.set_status_code(StatusCode::NOT_IMPLEMENTED);
-    e
+    )
 }
 
 /// 503 for our own storage (the proxy database) failing: the write was not
 /// forwarded, and the client should retry.
 pub fn storage(msg: impl Into<String>) -> S3Error {
-    let mut e = S3Error::with_message(S3ErrorCode::ServiceUnavailable, msg.into());
-    e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
-    e
+    standard(
+        S3ErrorCode::ServiceUnavailable,
+        StatusCode::SERVICE_UNAVAILABLE,
+        msg.into(),
+    )
 }
 
 /// Makes a backend error safe to return: a failure to reach the backend

@@ -99,22 +99,19 @@ impl Harness {
 
     /// TOML lines added to every proxy's top-level config.
     pub fn proxy_config(mut self, extra: &str) -> Harness {
-        self.proxy_extra.push_str(extra);
-        self.proxy_extra.push('\n');
+        add_lines(&mut self.proxy_extra, extra);
         self
     }
 
     /// Lines of every proxy's `[backend]` (such as `timeout_secs = 1`).
     pub fn backend_options(mut self, lines: &str) -> Harness {
-        self.backend_options.push_str(lines);
-        self.backend_options.push('\n');
+        add_lines(&mut self.backend_options, lines);
         self
     }
 
     /// Lines of every proxy's `[cluster]`, over the harness's defaults.
     pub fn cluster_options(mut self, lines: &str) -> Harness {
-        self.cluster_options.push_str(lines);
-        self.cluster_options.push('\n');
+        add_lines(&mut self.cluster_options, lines);
         self
     }
 
@@ -344,4 +341,10 @@ impl Env {
     pub fn etcd(&self) -> &EtcdCluster {
         self.etcd.as_ref().expect("the harness has no etcd cluster")
     }
+}
+
+/// Appends `lines` to a TOML fragment, ending the line.
+fn add_lines(toml: &mut String, lines: &str) {
+    toml.push_str(lines);
+    toml.push('\n');
 }

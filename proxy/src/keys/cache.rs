@@ -341,19 +341,20 @@ impl<K: Hash + Eq, V> ScanResistantCache<K, V> {
     /// without evictions cannot grow the queues without bound.
     fn compact(&mut self) {
         if self.main.len() > 2 * self.main_len + 64 {
-            let main = std::mem::take(&mut self.main);
-            self.main = main
-                .into_iter()
-                .filter(|&p| self.valid(p, Segment::Main))
-                .collect();
+            self.main = self.live_of(&self.main, Segment::Main);
         }
         if self.window.len() > 2 * self.window_len + 64 {
-            let window = std::mem::take(&mut self.window);
-            self.window = window
-                .into_iter()
-                .filter(|&p| self.valid(p, Segment::Window))
-                .collect();
+            self.window = self.live_of(&self.window, Segment::Window);
         }
+    }
+
+    /// The positions of `queue` still valid in `segment`, in order.
+    fn live_of(&self, queue: &VecDeque<Position>, segment: Segment) -> VecDeque<Position> {
+        queue
+            .iter()
+            .copied()
+            .filter(|&p| self.valid(p, segment))
+            .collect()
     }
 }
 
