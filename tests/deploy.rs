@@ -73,6 +73,31 @@ fn describe(cmd: &Command, out: &Output) -> String {
     )
 }
 
+/// The environment of replica `name` (`svc` in a compose file) after
+/// checking that it runs `fencegate <command>`, that its command and
+/// environment pass `--check`, and that `endpoints_var` lists exactly the
+/// etcd members' `client_urls`.
+fn valid_replica(
+    name: &str,
+    svc: &Yaml,
+    command: &str,
+    endpoints_var: &str,
+    client_urls: &[String],
+) -> BTreeMap<String, String> {
+    let args = command_in_repo(name, svc);
+    assert_eq!(args[0], command);
+    let env = environment(svc);
+    let mut cmd = clean_fencegate();
+    cmd.args(&args).arg("--check").envs(&env);
+    expect_valid(cmd);
+    let endpoints: Vec<&str> = env
+        .get(endpoints_var)
+        .map(|e| e.split(',').collect())
+        .unwrap_or_else(|| panic!("{name} is not on etcd (no {endpoints_var})"));
+    assert_eq!(endpoints, client_urls, "{name}'s etcd endpoints");
+    env
+}
+
 fn expect_valid(mut cmd: Command) {
     let out = output(&mut cmd);
     assert!(
@@ -1314,17 +1339,13 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
     let proxy_env = environment(service(&doc, "proxy1"));
     for name in ["locksvc1", "locksvc2"] {
         let svc = service(&doc, name);
-        let args = command_in_repo(name, svc);
-        assert_eq!(args[0], "locksvc");
-        let env = environment(svc);
-        let mut cmd = clean_fencegate();
-        cmd.args(&args).arg("--check").envs(&env);
-        expect_valid(cmd);
-        let endpoints: Vec<&str> = env
-            .get("FENCEGATE_ETCD_ENDPOINTS")
-            .map(|e| e.split(',').collect())
-            .unwrap_or_else(|| panic!("{name} does not turn the etcd backend on"));
-        assert_eq!(endpoints, client_urls, "{name}'s etcd endpoints");
+        let env = valid_replica(
+            name,
+            svc,
+            "locksvc",
+            "FENCEGATE_ETCD_ENDPOINTS",
+            &client_urls,
+        );
         assert_eq!(
             env.get("FENCEGATE_SIGNING_KEYS"),
             proxy_env.get("FENCEGATE_SIGNING_KEYS"),
@@ -1362,17 +1383,13 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
     let mut upstreams = Vec::new();
     for name in ["proxy1", "proxy2"] {
         let svc = service(&doc, name);
-        let args = command_in_repo(name, svc);
-        assert_eq!(args[0], "proxy");
-        let env = environment(svc);
-        let mut cmd = clean_fencegate();
-        cmd.args(&args).arg("--check").envs(&env);
-        expect_valid(cmd);
-        let endpoints: Vec<&str> = env
-            .get("FENCEGATE_CLUSTER_ENDPOINTS")
-            .map(|e| e.split(',').collect())
-            .unwrap_or_else(|| panic!("{name} is not a replica (no FENCEGATE_CLUSTER_ENDPOINTS)"));
-        assert_eq!(endpoints, client_urls, "{name}'s etcd endpoints");
+        let env = valid_replica(
+            name,
+            svc,
+            "proxy",
+            "FENCEGATE_CLUSTER_ENDPOINTS",
+            &client_urls,
+        );
         ids.push(env.get("FENCEGATE_REPLICA_ID").cloned().unwrap_or_default());
         // It asks the lease service through both of its replicas (the
         // file's services, on the ports they listen on), so one replica's

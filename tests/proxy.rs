@@ -1525,19 +1525,15 @@ async fn a_backend_that_ignores_conditions_is_refused_unless_accepted() {
 /// of a dropped listener could be taken by anything meanwhile) and closes
 /// every connection unanswered. Its URL, and how many connections it took.
 async fn silent_lease_service() -> (String, Arc<AtomicUsize>) {
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", silent.local_addr().expect("addr"));
     let taken = Arc::new(AtomicUsize::new(0));
     let counted = taken.clone();
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = silent.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            drop(conn);
-        }
-    });
-    (url, taken)
+    let addr = fencegate_testkit::tcp::server(move |conn| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        drop(conn);
+        async {}
+    })
+    .await;
+    (format!("http://{addr}"), taken)
 }
 
 /// With `accept_unsigned_tokens` and `locksvc_url`, plain tokens are checked

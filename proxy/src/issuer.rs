@@ -164,39 +164,31 @@ mod tests {
     /// A lease service that answers every status question after 50 ms
     /// with token 7 held, counting the questions.
     async fn slow_lease_service() -> (String, Arc<AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
         let asked = Arc::new(AtomicUsize::new(0));
         let count = asked.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut c, _)) = listener.accept().await else {
-                    return;
-                };
-                let count = count.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    let mut head = Vec::new();
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match c.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
+        let addr = fencegate_testkit::tcp::server(move |mut c| {
+            let count = count.clone();
+            async move {
+                let mut buf = vec![0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
-                    count.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    let body = r#"{"lock":"db","held":true,"owner":"a","token":7,"expires_at_ms":1,"waiting":0,"last_token":7}"#;
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = c.write_all(answer.as_bytes()).await;
-                });
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                let body = r#"{"lock":"db","held":true,"owner":"a","token":7,"expires_at_ms":1,"waiting":0,"last_token":7}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = c.write_all(answer.as_bytes()).await;
             }
-        });
-        (url, asked)
+        })
+        .await;
+        (format!("http://{addr}"), asked)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,12 +1,14 @@
 //! What the test suites and the bench share, so that each is written once:
 //! the proptest configuration (`proptest`), the S3 client every test and
 //! benchmark starts from, and the SigV4 signing setup of hand-made
-//! requests (`s3`). Never a dependency of a product crate.
+//! requests (`s3`); hand-written servers that play a peer (`tcp`). Never a dependency of a product crate.
 
 #[cfg(feature = "proptest")]
 pub mod proptest;
 #[cfg(feature = "s3")]
 pub mod s3;
+#[cfg(feature = "tcp")]
+pub mod tcp;
 
 /// Fails unless `text` contains every one of `needles`, naming the first
 /// missing one and showing `text`.

@@ -1669,16 +1669,21 @@ mod tests {
         find(&reqs, |q| matches!(q, Request::Ack { token: 2, .. }));
     }
 
+    /// At `at`, the renewal is due and finds the registration gone.
+    fn lose_registration(r: &mut Replica, at: u64) {
+        r.handle_timeout(at);
+        let reqs = drain(r);
+        let renew = find(&reqs, |q| matches!(q, Request::KeepAlive { .. }));
+        r.handle_answer(renew, Answer::LeaseGone, at + 1);
+    }
+
     #[test]
     fn a_lost_registration_cuts_everything_and_unconfirms_every_max() {
         let mut r = live(1);
         let Admit::Admitted(_w) = r.begin_write("L", 1, 10) else {
             panic!("admitted")
         };
-        r.handle_timeout(1_000);
-        let reqs = drain(&mut r);
-        let renew = find(&reqs, |q| matches!(q, Request::KeepAlive { .. }));
-        r.handle_answer(renew, Answer::LeaseGone, 1_001);
+        lose_registration(&mut r, 1_000);
         let events: Vec<_> = std::iter::from_fn(|| r.poll_event()).collect();
         assert!(events.contains(&Event::CutAll), "{events:?}");
         assert!(matches!(
@@ -1694,10 +1699,7 @@ mod tests {
         let Admit::Admitted(old) = r.begin_write("L", 1, 10) else {
             panic!("admitted")
         };
-        r.handle_timeout(1_000);
-        let reqs = drain(&mut r);
-        let renew = find(&reqs, |q| matches!(q, Request::KeepAlive { .. }));
-        r.handle_answer(renew, Answer::LeaseGone, 1_001);
+        lose_registration(&mut r, 1_000);
         // Rejoin: grant, register, load, watch.
         let load = registered_at(&mut r, 1_001);
         r.handle_answer(
