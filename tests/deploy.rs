@@ -74,16 +74,19 @@ fn describe(cmd: &Command, out: &Output) -> String {
 }
 
 /// The environment of replica `name` (`svc` in a compose file) after
-/// checking that it runs `fencegate <command>`, that its command and
-/// environment pass `--check`, and that `endpoints_var` lists exactly the
-/// etcd members' `client_urls`.
+/// checking that it runs `fencegate <command>` (`locksvc` or `proxy`),
+/// that its command and environment pass `--check`, and that the
+/// variable that puts it on etcd lists exactly the members' `client_urls`.
 fn valid_replica(
     name: &str,
     svc: &Yaml,
     command: &str,
-    endpoints_var: &str,
     client_urls: &[String],
 ) -> BTreeMap<String, String> {
+    let endpoints_var = match command {
+        "locksvc" => "FENCEGATE_ETCD_ENDPOINTS",
+        _ => "FENCEGATE_CLUSTER_ENDPOINTS",
+    };
     let args = command_in_repo(name, svc);
     assert_eq!(args[0], command);
     let env = environment(svc);
@@ -1339,13 +1342,7 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
     let proxy_env = environment(service(&doc, "proxy1"));
     for name in ["locksvc1", "locksvc2"] {
         let svc = service(&doc, name);
-        let env = valid_replica(
-            name,
-            svc,
-            "locksvc",
-            "FENCEGATE_ETCD_ENDPOINTS",
-            &client_urls,
-        );
+        let env = valid_replica(name, svc, "locksvc", &client_urls);
         assert_eq!(
             env.get("FENCEGATE_SIGNING_KEYS"),
             proxy_env.get("FENCEGATE_SIGNING_KEYS"),
@@ -1383,13 +1380,7 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
     let mut upstreams = Vec::new();
     for name in ["proxy1", "proxy2"] {
         let svc = service(&doc, name);
-        let env = valid_replica(
-            name,
-            svc,
-            "proxy",
-            "FENCEGATE_CLUSTER_ENDPOINTS",
-            &client_urls,
-        );
+        let env = valid_replica(name, svc, "proxy", &client_urls);
         ids.push(env.get("FENCEGATE_REPLICA_ID").cloned().unwrap_or_default());
         // It asks the lease service through both of its replicas (the
         // file's services, on the ports they listen on), so one replica's

@@ -1525,9 +1525,7 @@ async fn a_backend_that_ignores_conditions_is_refused_unless_accepted() {
 /// of a dropped listener could be taken by anything meanwhile) and closes
 /// every connection unanswered. Its URL, and how many connections it took.
 async fn silent_lease_service() -> (String, Arc<AtomicUsize>) {
-    let taken = Arc::new(AtomicUsize::new(0));
-    let counted = taken.clone();
-    let addr = fencegate_testkit::tcp::server(move |conn| {
+    let (addr, taken) = fencegate_testkit::tcp::counting_server(|conn, counted| {
         counted.fetch_add(1, Ordering::SeqCst);
         drop(conn);
         async {}

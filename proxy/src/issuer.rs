@@ -164,10 +164,7 @@ mod tests {
     /// A lease service that answers every status question after 50 ms
     /// with token 7 held, counting the questions.
     async fn slow_lease_service() -> (String, Arc<AtomicUsize>) {
-        let asked = Arc::new(AtomicUsize::new(0));
-        let count = asked.clone();
-        let addr = fencegate_testkit::tcp::server(move |mut c| {
-            let count = count.clone();
+        let (addr, asked) = fencegate_testkit::tcp::counting_server(|mut c, count| {
             async move {
                 let mut buf = vec![0u8; 4096];
                 let mut head = Vec::new();

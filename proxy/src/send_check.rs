@@ -270,21 +270,16 @@ mod tests {
     /// A server answering every request head with an empty 200, counting
     /// the bytes it received.
     async fn server() -> (String, Arc<AtomicUsize>) {
-        let received = Arc::new(AtomicUsize::new(0));
-        let seen = received.clone();
-        let addr = fencegate_testkit::tcp::server(move |mut s| {
-            let seen = seen.clone();
-            async move {
-                let mut buf = vec![0u8; 4096];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    seen.fetch_add(n, Ordering::AcqRel);
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
-                    if s.write_all(ok).await.is_err() {
-                        return;
-                    }
+        let (addr, received) = fencegate_testkit::tcp::counting_server(|mut s, seen| async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+                seen.fetch_add(n, Ordering::AcqRel);
+                let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                if s.write_all(ok).await.is_err() {
+                    return;
                 }
             }
         })

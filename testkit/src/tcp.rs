@@ -2,6 +2,8 @@
 //! answers late or never, a store that counts bytes.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use tokio::net::{TcpListener, TcpStream};
 
 /// A server on an OS-chosen port of 127.0.0.1 that hands every
@@ -20,4 +22,18 @@ where
         }
     });
     addr
+}
+
+/// [`server`] whose handler is given a counter (of requests, bytes or
+/// connections: the handler decides what it counts); the address and the
+/// counter.
+pub async fn counting_server<F, Fut>(serve: F) -> (SocketAddr, Arc<AtomicUsize>)
+where
+    F: Fn(TcpStream, Arc<AtomicUsize>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let count = Arc::new(AtomicUsize::new(0));
+    let counter = count.clone();
+    let addr = server(move |conn| serve(conn, counter.clone())).await;
+    (addr, count)
 }

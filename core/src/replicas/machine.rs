@@ -1669,21 +1669,23 @@ mod tests {
         find(&reqs, |q| matches!(q, Request::Ack { token: 2, .. }));
     }
 
-    /// At `at`, the renewal is due and finds the registration gone.
-    fn lose_registration(r: &mut Replica, at: u64) {
-        r.handle_timeout(at);
+    /// A write of token 1 to `L` is admitted at 10; at 1,000 the renewal
+    /// is due and finds the registration gone. The write, still in flight.
+    fn write_then_lose_registration(r: &mut Replica) -> WriteId {
+        let Admit::Admitted(w) = r.begin_write("L", 1, 10) else {
+            panic!("admitted")
+        };
+        r.handle_timeout(1_000);
         let reqs = drain(r);
         let renew = find(&reqs, |q| matches!(q, Request::KeepAlive { .. }));
-        r.handle_answer(renew, Answer::LeaseGone, at + 1);
+        r.handle_answer(renew, Answer::LeaseGone, 1_001);
+        w
     }
 
     #[test]
     fn a_lost_registration_cuts_everything_and_unconfirms_every_max() {
         let mut r = live(1);
-        let Admit::Admitted(_w) = r.begin_write("L", 1, 10) else {
-            panic!("admitted")
-        };
-        lose_registration(&mut r, 1_000);
+        let _in_flight = write_then_lose_registration(&mut r);
         let events: Vec<_> = std::iter::from_fn(|| r.poll_event()).collect();
         assert!(events.contains(&Event::CutAll), "{events:?}");
         assert!(matches!(
@@ -1696,10 +1698,7 @@ mod tests {
     #[test]
     fn a_rejoined_replica_admits_nothing_while_an_old_write_is_in_flight() {
         let mut r = live(1);
-        let Admit::Admitted(old) = r.begin_write("L", 1, 10) else {
-            panic!("admitted")
-        };
-        lose_registration(&mut r, 1_000);
+        let old = write_then_lose_registration(&mut r);
         // Rejoin: grant, register, load, watch.
         let load = registered_at(&mut r, 1_001);
         r.handle_answer(
