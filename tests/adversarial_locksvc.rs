@@ -391,8 +391,8 @@ locks = ["*"]
         .expect("runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("api_keys[0] names no locks"), "{err}");
-    assert!(err.contains("api_keys[1].locks[0] = \"db?\""), "{err}");
+    fencegate_testkit::assert_mentions(&err, &["api_keys[0] names no locks"]);
+    fencegate_testkit::assert_mentions(&err, &["api_keys[1].locks[0] = \"db?\""]);
 }
 
 #[test]

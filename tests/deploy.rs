@@ -393,7 +393,7 @@ fn a_typo_in_any_example_config_is_refused() {
     let mut cmd = check_cmd("proxy", &repo().join("config/proxy-minio.toml"));
     cmd.envs(SECRETS).args(["--backend", "minio:9000"]);
     let err = expect_invalid(cmd);
-    assert!(err.contains("must start with http:// or https://"), "{err}");
+    fencegate_testkit::assert_mentions(&err, &["must start with http:// or https://"]);
 }
 
 #[test]

@@ -772,7 +772,7 @@ async fn a_client_silent_mid_body_times_out_and_frees_its_key() {
         .expect("read");
     let answer = String::from_utf8_lossy(&answer[..n]).to_string();
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-    assert!(answer.contains("RequestTimeout"), "{answer}");
+    fencegate_testkit::assert_mentions(&answer, &["RequestTimeout"]);
     assert!(
         started.elapsed() >= Duration::from_millis(900),
         "answered only after the idle timeout: {:?}",

@@ -187,7 +187,7 @@ async fn a_raise_through_one_replica_refuses_lower_tokens_on_every_replica_for_n
             let id = m["id"].as_str().expect("member id");
             assert!(page.contains(id), "member {id} is not on the page");
         }
-        assert!(page.contains("data-kind=\"stale\""), "{page}");
+        fencegate_testkit::assert_mentions(&page, &["data-kind=\"stale\""]);
     })
     .await;
 }

@@ -336,7 +336,7 @@ async fn a_zombie_write_is_an_event_on_the_status_page_in_a_real_browser() {
         head.headers()
     );
     let dom = chromium(&page_url, &["--dump-dom".to_owned()]);
-    assert!(dom.contains("<title>fencegate proxy</title>"), "{dom}");
+    fencegate_testkit::assert_mentions(&dom, &["<title>fencegate proxy</title>"]);
     let card = event_card(&dom, "stale");
     assert_eq!(field(card, "token"), Some(zombie.to_string().as_str()));
     assert_eq!(field(card, "max"), Some(holder.to_string().as_str()));

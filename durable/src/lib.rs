@@ -506,7 +506,7 @@ mod tests {
         // Written by another process (a copy over it, in place).
         std::fs::write(&path, b"not ours").expect("overwrite");
         let why = w.check().expect_err("foreign write");
-        assert!(why.contains("written by another process"), "{why}");
+        fencegate_testkit::assert_mentions(&why, &["written by another process"]);
         assert!(w.check().is_err() && w.lost().is_some(), "lost for good");
 
         // Deleted, and replaced.
