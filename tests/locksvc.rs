@@ -625,8 +625,7 @@ fn the_lease_cli_renews_and_releases_with_the_signed_token() {
     assert_eq!(code, Some(0), "{err}");
     let released: Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(released["released"], true, "{released}");
-    let (_, st) = Api::new(&svc.url).status("cli");
-    assert_eq!(st["held"], false, "{st}");
+    Api::new(&svc.url).assert_free("cli", "the CLI released it");
 }
 
 #[test]

@@ -59,8 +59,7 @@ fn exports_the_token_passes_the_exit_status_and_releases() {
         assert!(number.parse::<u64>().is_ok_and(|n| n > 0), "{env}");
     }
     assert_eq!(parts[2], "nightly");
-    let (_, st) = Api::new(&svc.url).status("nightly");
-    assert_eq!(st["held"], false, "the lease is released after CMD: {st}");
+    Api::new(&svc.url).assert_free("nightly", "the lease is released after CMD");
 }
 
 /// `FENCEGATE_S3_ENDPOINT` is a default for the runs that take
@@ -142,8 +141,7 @@ fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code), "{command}: {stderr}");
         fencegate_testkit::assert_mentions(&stderr, &["cannot start"]);
-        let (_, st) = Api::new(&svc.url).status("job");
-        assert_eq!(st["held"], false, "the lease is released: {st}");
+        Api::new(&svc.url).assert_free("job", "the lease is released");
     }
 }
 
@@ -331,8 +329,7 @@ fn renews_with_its_signed_token_past_the_ttl_and_releases_at_the_end() {
     );
     let status = run.wait().expect("run exits");
     assert_eq!(status.code(), Some(0));
-    let (_, st) = api.status("long");
-    assert_eq!(st["held"], false, "released after CMD: {st}");
+    api.assert_free("long", "released after CMD");
     let m = Metrics::fetch(&format!("{}/metrics", svc.url));
     assert!(
         m.count("fencegate_locksvc_renewals_total", &[]) >= 3,

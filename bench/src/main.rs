@@ -621,88 +621,90 @@ async fn main() -> anyhow::Result<()> {
     };
 
     if do_small {
-        match small::run(&ctx, &small_opts).await {
-            Ok(r) => {
-                small::print(&r);
-                let note = chart::note(
-                    &report.machine.nproc,
-                    &report.machine.cpu_model,
-                    &report.machine.loadavg_start,
-                    &fencegate.display().to_string(),
-                );
-                match chart::draw(&r, &chart_path, &note) {
-                    Ok(()) => {
-                        println!("chart: {}", chart_path.display());
-                        report.chart = Some(chart_path.display().to_string());
-                    }
-                    Err(e) => report.failures.push(format!("small chart: {e:#}")),
+        keep(
+            "small",
+            small::run(&ctx, &small_opts).await,
+            small::print,
+            &mut report.results.small,
+            &mut report.failures,
+        );
+        if let Some(r) = &report.results.small {
+            let note = chart::note(
+                &report.machine.nproc,
+                &report.machine.cpu_model,
+                &report.machine.loadavg_start,
+                &fencegate.display().to_string(),
+            );
+            match chart::draw(r, &chart_path, &note) {
+                Ok(()) => {
+                    println!("chart: {}", chart_path.display());
+                    report.chart = Some(chart_path.display().to_string());
                 }
-                report.results.small = Some(r);
+                Err(e) => report.failures.push(format!("small chart: {e:#}")),
             }
-            Err(e) => report.failures.push(format!("small: {e:#}")),
         }
         checkpoint(&mut report)?;
     }
     if do_large {
-        match large::run(&ctx, &large_opts).await {
-            Ok(r) => {
-                large::print(&r);
-                report.results.large = Some(r);
-            }
-            Err(e) => report.failures.push(format!("large: {e:#}")),
-        }
+        keep(
+            "large",
+            large::run(&ctx, &large_opts).await,
+            large::print,
+            &mut report.results.large,
+            &mut report.failures,
+        );
         checkpoint(&mut report)?;
     }
     if do_rt {
-        match roundtrips::run(&ctx, rt_puts).await {
-            Ok(r) => {
-                roundtrips::print(&r);
-                report.results.roundtrips = Some(r);
-            }
-            Err(e) => report.failures.push(format!("roundtrips: {e:#}")),
-        }
+        keep(
+            "roundtrips",
+            roundtrips::run(&ctx, rt_puts).await,
+            roundtrips::print,
+            &mut report.results.roundtrips,
+            &mut report.failures,
+        );
         checkpoint(&mut report)?;
     }
     if do_leases {
-        match leases::run(&fencegate, tmp, &lease_opts(with_etcd)).await {
-            Ok(r) => {
-                leases::print(&r);
-                report.results.leases = Some(r);
-            }
-            Err(e) => report.failures.push(format!("locksvc/etcd: {e:#}")),
-        }
+        keep(
+            "locksvc/etcd",
+            leases::run(&fencegate, tmp, &lease_opts(with_etcd)).await,
+            leases::print,
+            &mut report.results.leases,
+            &mut report.failures,
+        );
         checkpoint(&mut report)?;
     }
     if do_growth {
-        match growth::run(&growth_opts, &fencegate, tmp).await {
-            Ok(r) => {
-                growth::print(&r);
-                report.results.growth = Some(r);
-            }
-            Err(e) => report.failures.push(format!("growth: {e:#}")),
-        }
+        keep(
+            "growth",
+            growth::run(&growth_opts, &fencegate, tmp).await,
+            growth::print,
+            &mut report.results.growth,
+            &mut report.failures,
+        );
         checkpoint(&mut report)?;
     }
 
     if do_ha {
-        match ha::run(&fencegate, tmp, &ha_opts).await {
-            Ok(r) => {
-                ha::print(&r);
-                report.results.ha = Some(r);
-            }
-            Err(e) => report.failures.push(format!("ha: {e:#}")),
-        }
+        keep(
+            "ha",
+            ha::run(&fencegate, tmp, &ha_opts).await,
+            ha::print,
+            &mut report.results.ha,
+            &mut report.failures,
+        );
         checkpoint(&mut report)?;
     }
 
     if do_replicas {
-        match replicas::run(&ctx, &replica_opts).await {
-            Ok(r) => {
-                replicas::print(&r);
-                report.results.replicas = Some(r);
-            }
-            Err(e) => report.failures.push(format!("replicas: {e:#}")),
-        }
+        keep(
+            "replicas",
+            replicas::run(&ctx, &replica_opts).await,
+            replicas::print,
+            &mut report.results.replicas,
+            &mut report.failures,
+        );
         checkpoint(&mut report)?;
     }
 
@@ -735,4 +737,22 @@ async fn main() -> anyhow::Result<()> {
         report.failures.len()
     );
     Ok(())
+}
+
+/// One benchmark's outcome: its report printed and kept in `slot`, or why
+/// it failed in `failures` (the others still run).
+fn keep<R>(
+    name: &str,
+    outcome: anyhow::Result<R>,
+    print: fn(&R),
+    slot: &mut Option<R>,
+    failures: &mut Vec<String>,
+) {
+    match outcome {
+        Ok(r) => {
+            print(&r);
+            *slot = Some(r);
+        }
+        Err(e) => failures.push(format!("{name}: {e:#}")),
+    }
 }

@@ -391,6 +391,13 @@ impl Api {
         }
     }
 
+    /// Fails unless no lease holds `lock`; `why` says what freed it.
+    #[track_caller]
+    pub fn assert_free(&self, lock: &str, why: &str) {
+        let (_, st) = self.status(lock);
+        assert_eq!(st["held"], false, "{why}: {st}");
+    }
+
     pub fn status(&self, lock: &str) -> (u16, Value) {
         self.raw("GET", &fencegate_lease_api::path::status(lock), None)
     }
