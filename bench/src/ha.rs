@@ -372,15 +372,11 @@ pub fn print(r: &HaReport) {
     );
     for l in &r.levels {
         println!(
-            "{:<15} {:>4} | {:>10.1} {:>8.3} {:>8.3} | {:>10.1} {:>8.3} {:>8.3} | {:>10.1} {:>8.3} | {:>7.3} {:>7.3} | {} {} {}",
+            "{:<15} {:>4} | {} | {} | {:>10.1} {:>8.3} | {:>7.3} {:>7.3} | {} {} {}",
             format!("{:?}", l.workload),
             l.concurrency,
-            l.locksvc_etcd.median_ops_per_sec,
-            l.locksvc_etcd.latency.p50_ms,
-            l.locksvc_etcd.latency.p99_ms,
-            l.raw_etcd.median_ops_per_sec,
-            l.raw_etcd.latency.p50_ms,
-            l.raw_etcd.latency.p99_ms,
+            SeriesSummary::cells(Some(&l.locksvc_etcd)),
+            SeriesSummary::cells(Some(&l.raw_etcd)),
             l.locksvc_sqlite.median_ops_per_sec,
             l.locksvc_sqlite.latency.p50_ms,
             l.ratio_over_raw_etcd,

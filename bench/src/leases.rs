@@ -594,22 +594,15 @@ pub fn print(r: &LeaseReport) {
         "ratio"
     );
     for l in &r.levels {
-        let (eo, e50, e99) = l.etcd.as_ref().map_or((f64::NAN, f64::NAN, f64::NAN), |e| {
-            (e.median_ops_per_sec, e.latency.p50_ms, e.latency.p99_ms)
-        });
         println!(
-            "{:<15} {:>4} | {:>10.1} {:>8.3} {:>8.3} {:>7.0} {:>8.3} {:>6.1} | {:>10.1} {:>8.3} {:>8.3} | {:>7.3}",
+            "{:<15} {:>4} | {} {:>7.0} {:>8.3} {:>6.1} | {} | {:>7.3}",
             format!("{:?}", l.workload),
             l.concurrency,
-            l.locksvc.median_ops_per_sec,
-            l.locksvc.latency.p50_ms,
-            l.locksvc.latency.p99_ms,
+            SeriesSummary::cells(Some(&l.locksvc)),
             l.locksvc_engine.fsyncs,
             l.locksvc_engine.mean_fsync_ms,
             l.locksvc_engine.mean_batch,
-            eo,
-            e50,
-            e99,
+            SeriesSummary::cells(l.etcd.as_ref()),
             l.ratio_locksvc_over_etcd.unwrap_or(f64::NAN)
         );
         for (name, s) in [("locksvc", Some(&l.locksvc)), ("etcd", l.etcd.as_ref())] {

@@ -401,6 +401,17 @@ pub struct SeriesSummary {
     pub first_error: Option<String>,
 }
 
+impl SeriesSummary {
+    /// Its table cells: median ops/s, p50 ms, p99 ms (`NaN` for a series
+    /// that did not run).
+    pub fn cells(s: Option<&SeriesSummary>) -> String {
+        let (ops, p50, p99) = s.map_or((f64::NAN, f64::NAN, f64::NAN), |s| {
+            (s.median_ops_per_sec, s.latency.p50_ms, s.latency.p99_ms)
+        });
+        format!("{ops:>10.1} {p50:>8.3} {p99:>8.3}")
+    }
+}
+
 /// Formats a ratio for tables.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b == 0.0 { f64::NAN } else { a / b }

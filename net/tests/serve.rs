@@ -401,12 +401,7 @@ async fn tls_with_a_generated_ca_and_plain_http_to_the_tls_port_gets_a_clear_400
         .await
         .expect("plain HTTP gets an answer");
     assert_eq!(resp.status(), 400);
-    assert!(
-        resp.text()
-            .await
-            .expect("body")
-            .contains("use an https:// URL")
-    );
+    fencegate_testkit::assert_mentions(&resp.text().await.expect("body"), &["use an https:// URL"]);
     let resp = client
         .post(server.url("https", "/echo"))
         .body("twelve bytes")

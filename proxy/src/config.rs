@@ -651,6 +651,12 @@ fn split_list(s: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// Fails unless `c`'s problems mention every one of `needles`.
+    #[track_caller]
+    fn assert_problems(c: &ProxyConfig, needles: &[&str]) {
+        fencegate_testkit::assert_mentions(&c.problems().join("\n"), needles);
+    }
+
     #[test]
     fn every_problem_is_listed_at_once() {
         let c: ProxyConfig = toml::from_str(
@@ -669,9 +675,8 @@ mod tests {
             "#,
         )
         .expect("parses");
-        let p = c.problems();
-        fencegate_testkit::assert_mentions(
-            &p.join("\n"),
+        assert_problems(
+            &c,
             &[
                 "backend.endpoint",
                 "backend.access_key",
@@ -754,9 +759,8 @@ mod tests {
             max_connections: 0,
             ..ProxyConfig::default()
         };
-        let p = c.problems();
-        fencegate_testkit::assert_mentions(
-            &p.join("\n"),
+        assert_problems(
+            &c,
             &[
                 "but locksvc_url is not",
                 "header_read_timeout_secs",
@@ -764,14 +768,9 @@ mod tests {
             ],
         );
         c.locksvc_url = Some("http://127.0.0.1:7070".into());
-        let p = c.problems();
-        assert!(p.iter().any(|s| s.contains("is plain http")), "{p:?}");
+        assert_problems(&c, &["is plain http"]);
         c.locksvc_url = Some("https://127.0.0.1:7070".into());
-        let p = c.problems();
-        assert!(
-            p.iter().any(|s| s.contains("ca.crt: cannot read it")),
-            "{p:?}"
-        );
+        assert_problems(&c, &["ca.crt: cannot read it"]);
         // "" is unset, as the example configs show it.
         let c: ProxyConfig =
             toml::from_str("locksvc_ca_file = \"\"\n[tls]\ncert_file = \"\"").expect("parses");
