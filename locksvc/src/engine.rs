@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::proof::HeldToken;
 use crate::store::{Durability, LeaseRow, Store};
 use fencegate_core::line::{LineFull, Lines, Served, Waiter};
-use fencegate_core::{AcquireStep, Grant, KeyDigest, Lease, LockName, LockTable, Timestamp};
+use fencegate_core::{AcquireStep, Grant, Held, Lease, LockName, LockTable, Timestamp};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -434,16 +434,14 @@ impl EngineState {
         grant.lease
     }
 
-    fn grant(
+    /// What the table's answer to an acquire becomes: a grant recorded in
+    /// `batch`, or the holder's refusal.
+    fn granted(
         &mut self,
-        lock: &LockName,
-        owner: &str,
-        key: Option<KeyDigest>,
-        ttl: Duration,
-        now: Timestamp,
+        answer: Result<Grant, Held>,
         batch: &mut Batch,
     ) -> Result<Lease, EngineError> {
-        match self.table.acquire(lock, owner, key, ttl, now) {
+        match answer {
             Ok(grant) => Ok(self.record(grant, batch)),
             Err(held) => Err(EngineError::Held {
                 holder: held.holder,
@@ -496,7 +494,8 @@ impl EngineState {
                     }
                     // Free (so the line is empty), or the holder's own retry.
                     _ => {
-                        let result = self.grant(&lock, &owner, key, ttl, now, batch);
+                        let answer = self.table.acquire(&lock, &owner, key, ttl, now);
+                        let result = self.granted(answer, batch);
                         batch.replies.push(Pending::Lease(reply, result));
                         return;
                     }
