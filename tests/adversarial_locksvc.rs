@@ -52,9 +52,7 @@ fn assert_still_held(api: &Api, lock: &str, lease: &Value) {
 
 #[test]
 fn a_stale_holder_gets_nothing_with_the_current_number() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     let (_, alice) = api.acquire("backups", "alice", 300);
     wait_until_ms(alice["expires_at_ms"].as_u64().expect("expiry") + 50);
     let (s, bob) = api.acquire("backups", "bob", 30_000);
@@ -85,9 +83,7 @@ fn a_stale_holder_gets_nothing_with_the_current_number() {
 
 #[test]
 fn forged_or_foreign_signed_tokens_are_refused_with_403() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     let (_, bob) = api.acquire("backups", "bob", 30_000);
     let (_, carol) = api.acquire("other", "carol", 30_000);
     let n = token_of(&bob);
@@ -133,9 +129,7 @@ fn forged_or_foreign_signed_tokens_are_refused_with_403() {
 
 #[test]
 fn a_third_client_cannot_release_with_the_published_number() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     let (_, bob) = api.acquire("backups", "bob", 30_000);
     let (_, st) = api.status("backups");
     let published = st["token"].as_u64().expect("status publishes the number");
@@ -160,9 +154,7 @@ fn a_third_client_cannot_release_with_the_published_number() {
 
 #[test]
 fn reacquiring_with_the_holders_name_needs_its_idempotency_key() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     // A lease taken without a key is given back to nobody, not even by name.
     let (_, alice) = api.acquire("plain", "alice", 30_000);
     let (s, v) = api.acquire("plain", "alice", 30_000);
@@ -333,9 +325,9 @@ fn a_scoped_api_key_reaches_only_its_locks() {
 #[test]
 fn every_bad_key_scope_is_reported_at_start() {
     let dir = tempdir();
-    let config = dir.path().join("bad.toml");
-    std::fs::write(
-        &config,
+    let config = write_file(
+        dir.path(),
+        "bad.toml",
         r#"
 [[api_keys]]
 key = "first-key-0123"
@@ -349,8 +341,7 @@ locks = []
 key = "short"
 locks = ["*"]
 "#,
-    )
-    .expect("write config");
+    );
     let out = fencegate()
         .args(["locksvc", "--check", "--config"])
         .arg(&config)
@@ -396,9 +387,7 @@ locks = ["*"]
 
 #[test]
 fn every_answer_tells_the_truth_about_the_lease() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     let key = "client-secret-0123456789";
 
     // Every field of a grant.

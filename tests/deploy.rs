@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use support::{SIGNING_KEY, Service, fencegate, succeeds, tempdir};
+use support::{SIGNING_KEY, Service, fencegate, succeeds, tempdir, write_file};
 
 /// The secrets the example configs leave to the environment.
 const SECRETS: [(&str, &str); 4] = [
@@ -123,12 +123,6 @@ fn expect_invalid(mut cmd: Command) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("temp file written");
-    path
-}
-
 // ---------------------------------------------------------------------------
 // config/*.toml
 
@@ -216,7 +210,7 @@ fn accepted_fields(service: &str, header: Option<&str>) -> Vec<String> {
         Some(h) => format!("{h}\n{probe} = 1\n"),
         None => format!("{probe} = 1\n"),
     };
-    let mut cmd = check_cmd(service, &write(dir.path(), "probe.toml", &text));
+    let mut cmd = check_cmd(service, &write_file(dir.path(), "probe.toml", &text));
     cmd.envs(SECRETS);
     let err = expect_invalid(cmd);
     let marker = format!("unknown field `{probe}`");
@@ -365,7 +359,7 @@ fn commented_out_options_are_real_and_valid_when_enabled() {
             .file_name()
             .and_then(|n| n.to_str())
             .expect("UTF-8 file name");
-        let enabled = write(dir.path(), name, &enabled.join("\n"));
+        let enabled = write_file(dir.path(), name, enabled.join("\n"));
         let mut cmd = check_cmd(service_of(&file), &enabled);
         cmd.envs(SECRETS);
         expect_valid(cmd);
@@ -381,7 +375,7 @@ fn a_typo_in_any_example_config_is_refused() {
             .and_then(|n| n.to_str())
             .expect("UTF-8 file name");
         let text = format!("listne = \"127.0.0.1:1\"\n{}", read(&file));
-        let mut cmd = check_cmd(service_of(&file), &write(dir.path(), name, &text));
+        let mut cmd = check_cmd(service_of(&file), &write_file(dir.path(), name, &text));
         cmd.envs(SECRETS);
         let err = expect_invalid(cmd);
         assert!(
@@ -399,7 +393,7 @@ fn a_typo_in_any_example_config_is_refused() {
 #[test]
 fn check_lists_every_problem_at_once() {
     let dir = tempdir();
-    let proxy = write(
+    let proxy = write_file(
         dir.path(),
         "proxy.toml",
         "[backend]\nendpoint = \"\"\n\n[[scopes]]\nbucket = \"b\"\nlock = \"no spaces\"\n",
@@ -416,7 +410,7 @@ fn check_lists_every_problem_at_once() {
         ],
     );
 
-    let locksvc = write(
+    let locksvc = write_file(
         dir.path(),
         "locksvc.toml",
         "min_ttl = \"10m\"\nmax_ttl = \"1m\"\nmax_body_bytes = 10\nmax_waiters_per_lock = 0\n",
@@ -1465,7 +1459,7 @@ fn ha_compose_runs_three_etcd_members_two_lease_replicas_and_two_proxy_replicas_
         .expect("a free port")
         .port();
     let local = local.replace("listen 9000;", &format!("listen 127.0.0.1:{port};"));
-    let file = write(dir.path(), "nginx.conf", &local);
+    let file = write_file(dir.path(), "nginx.conf", &local);
     let mut cmd = Command::new("nginx");
     cmd.arg("-t")
         .arg("-p")

@@ -3,7 +3,7 @@
 mod support;
 
 use std::process::Command;
-use support::Service;
+use support::{Service, write_file};
 
 /// The shell block between the walkthrough markers in README.md.
 fn walkthrough() -> String {
@@ -207,12 +207,11 @@ fn dev_refuses_two_services_on_one_port() {
 #[test]
 fn dev_lists_every_config_problem_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("dev.toml");
-    std::fs::write(
-        &config,
+    let config = write_file(
+        dir.path(),
+        "dev.toml",
         "data_dir = \"\"\nlocksvc_listen = \"127.0.0.1:7171\"\nproxy_listen = \"127.0.0.1:9100\"\nbackend_listen = \"127.0.0.1:9100\"\n",
-    )
-    .expect("write config");
+    );
     let out = support::fencegate()
         .args(["dev", "--check", "--config"])
         .arg(&config)

@@ -396,8 +396,7 @@ async fn a_proxy_database_lost_while_running_refuses_raises_and_a_restart_needs_
 
     // Without --create-db, a restart refuses; with it and a floor, a token
     // below the floor is stale even on a key never written.
-    let config = dir.path().join("restart.toml");
-    std::fs::write(&config, &toml).expect("config");
+    let config = write_file(dir.path(), "restart.toml", &toml);
     let mut cmd = fencegate();
     cmd.args(["proxy", "--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
@@ -479,8 +478,11 @@ async fn failed_requests_are_logged_once_a_second_with_a_count() {
     backend.create_bucket(BUCKET).await;
     let mnt = Mount::tmpfs("8m");
     let dir = tempdir();
-    let config = dir.path().join("proxy.toml");
-    std::fs::write(&config, proxy_toml(&backend, &mnt.path, BUCKET, "")).expect("config");
+    let config = write_file(
+        dir.path(),
+        "proxy.toml",
+        proxy_toml(&backend, &mnt.path, BUCKET, ""),
+    );
     let log = dir.path().join("proxy.log");
     let mut cmd = proxy_cmd(&config);
     cmd.stdin(Stdio::null());
@@ -616,12 +618,11 @@ impl OnExt4 {
     fn start(storage_timeout: &str) -> OnExt4 {
         let mnt = Mount::ext4();
         let dir = tempdir();
-        let config = dir.path().join("locksvc.toml");
-        std::fs::write(
-            &config,
+        let config = write_file(
+            dir.path(),
+            "locksvc.toml",
             format!("storage_timeout = \"{storage_timeout}\"\n"),
-        )
-        .expect("config");
+        );
         let config = config.display().to_string();
         let svc = start_locksvc_at(
             &mnt.path.join("locksvc.db"),
@@ -821,8 +822,7 @@ async fn a_lost_proxy_write_ahead_log_admits_no_stale_token() {
     let db = dir.path().join("proxy.db");
     remove_log(&db);
 
-    let config = dir.path().join("restart.toml");
-    std::fs::write(&config, &toml).expect("config");
+    let config = write_file(dir.path(), "restart.toml", &toml);
     let cmd = |extra: &[&str]| {
         let mut cmd = fencegate();
         cmd.args(["proxy", "--listen", "127.0.0.1:0"])
@@ -870,8 +870,7 @@ fn only_a_database_of_the_right_kind_is_put_in_place() {
     svc.terminate();
     let before = std::fs::read(&db).expect("db");
 
-    let empty_file = dir.path().join("empty-file.db");
-    std::fs::write(&empty_file, b"").expect("empty");
+    let empty_file = write_file(dir.path(), "empty-file.db", b"");
     let empty_db = dir.path().join("empty.db");
     rusqlite::Connection::open(&empty_db)
         .expect("open")
@@ -886,12 +885,11 @@ fn only_a_database_of_the_right_kind_is_put_in_place() {
              INSERT INTO fences VALUES ('bkt', 99);",
         )
         .expect("proxy db");
-    let not_sqlite = dir.path().join("junk.db");
-    std::fs::write(
-        &not_sqlite,
+    let not_sqlite = write_file(
+        dir.path(),
+        "junk.db",
         b"this is not a database at all, not even close",
-    )
-    .expect("junk");
+    );
     for (backup, says) in [
         (&empty_file, "no fencegate tables"),
         (&empty_db, "no fencegate tables"),

@@ -11,9 +11,7 @@ use support::*;
 
 #[test]
 fn reference_scenario_a_then_b_after_expiry() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
 
     let (s, a) = api.acquire("backup", "A", 1500);
     assert_eq!(s, 200, "{a}");
@@ -50,9 +48,7 @@ fn reference_scenario_a_then_b_after_expiry() {
 
 #[test]
 fn a_thousand_alternating_grants_strictly_increase() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     let mut last = 0;
     for i in 0..1000 {
         let owner = if i % 2 == 0 { "A" } else { "B" };
@@ -176,9 +172,7 @@ fn a_lease_live_at_a_crash_keeps_its_remaining_time() {
 
 #[test]
 fn waiters_are_served_in_arrival_order() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     let (_, a) = api.acquire("line", "A", 30_000);
     let spawn_waiter = |owner: &'static str| {
         let api = api.clone();
@@ -244,9 +238,7 @@ fn waiters_are_served_in_arrival_order() {
 
 #[test]
 fn a_waiter_gets_the_lock_when_the_lease_expires() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     let (_, a) = api.acquire("exp", "A", 1000);
     let (s, b) = api.acquire_wait("exp", "B", 1000, 10_000);
     assert_eq!(s, 200, "{b}");
@@ -285,9 +277,7 @@ fn api_keys_are_required_when_configured() {
 
 #[test]
 fn bad_input_gets_a_json_4xx_on_every_endpoint() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, svc, api) = fresh_locksvc();
     let big = format!(r#"{{"owner":"{}"}}"#, "x".repeat(20_000));
     let long_lock = "l".repeat(129);
     let keys = fencegate_core::TokenKeys::new(vec![SIGNING_KEY.as_bytes().to_vec()]).expect("key");
@@ -542,9 +532,7 @@ fn bad_input_gets_a_json_4xx_on_every_endpoint() {
 
 #[test]
 fn metrics_count_grants_refusals_and_fsyncs() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, svc, api) = fresh_locksvc();
     let (_, a) = api.acquire("m", "A", 5000);
     api.acquire("m", "B", 5000);
     assert_eq!(api.renew("m", signed_of(&a), 5000).0, 200);
@@ -630,9 +618,7 @@ fn the_lease_cli_renews_and_releases_with_the_signed_token() {
 
 #[test]
 fn release_ends_a_lease_live_or_expired_and_never_a_newer_one() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (_dir, _svc, api) = fresh_locksvc();
     // Released twice: the second is a retry, not an error.
     let (_, a) = api.acquire("r", "A", 10_000);
     assert_eq!(api.release("r", signed_of(&a)).0, 200);

@@ -186,8 +186,7 @@ secret_key = "backend-secret"
     };
     let expected = format!("locksvc_url: {}", mixed.message());
     let start = |config_text: String, env: Option<&str>| {
-        let config = dir.path().join("proxy.toml");
-        std::fs::write(&config, config_text).expect("config");
+        let config = write_file(dir.path(), "proxy.toml", config_text);
         let mut cmd = proxy_cmd(&config);
         if let Some(list) = env {
             cmd.env("FENCEGATE_LOCKSVC_URL", list);

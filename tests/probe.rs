@@ -12,6 +12,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
 use support::s3::*;
+use support::write_file;
 
 const BUCKET: &str = "bkt";
 
@@ -95,8 +96,11 @@ async fn probe(config: &Path, args: &[&str]) -> Output {
 async fn store(backend: Backend, extra: &str) -> (Backend, tempfile::TempDir, std::path::PathBuf) {
     backend.create_bucket(BUCKET).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("proxy.toml");
-    std::fs::write(&config, proxy_toml(&backend, dir.path(), BUCKET, extra)).expect("write");
+    let config = write_file(
+        dir.path(),
+        "proxy.toml",
+        proxy_toml(&backend, dir.path(), BUCKET, extra),
+    );
     (backend, dir, config)
 }
 
@@ -321,8 +325,11 @@ async fn a_weak_store_that_refuses_the_right_etag_still_takes_overwrites() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_without_a_bucket_says_how_to_name_one() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("empty.toml");
-    std::fs::write(&config, "[backend]\nendpoint = \"http://127.0.0.1:9\"\n").expect("write");
+    let config = write_file(
+        dir.path(),
+        "empty.toml",
+        "[backend]\nendpoint = \"http://127.0.0.1:9\"\n",
+    );
     let out = probe(&config, &[]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(

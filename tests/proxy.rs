@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use support::harness::{Env, Harness};
 use support::s3::*;
-use support::xml_value;
+use support::{write_file, xml_value};
 
 const BUCKET: &str = "bkt";
 
@@ -1471,8 +1471,11 @@ async fn a_backend_that_ignores_conditions_is_refused_unless_accepted() {
     let backend = Backend::start_ignoring_conditions().await;
     backend.create_bucket(BUCKET).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("weak.toml");
-    std::fs::write(&config, proxy_toml(&backend, dir.path(), BUCKET, "")).expect("write");
+    let config = write_file(
+        dir.path(),
+        "weak.toml",
+        proxy_toml(&backend, dir.path(), BUCKET, ""),
+    );
     let out = tokio::task::spawn_blocking(move || proxy_cmd(&config).output())
         .await
         .expect("joined")

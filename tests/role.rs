@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::harness::{BUCKET, Env, Harness};
 use support::s3::*;
-use support::{Api, Service, fencegate, locksvc_cmd, output_of, output_text, run_cmd};
+use support::{Api, Service, fencegate, locksvc_cmd, output_of, output_text, run_cmd, write_file};
 
 /// The lock and the bucket it fences.
 const LOCK: &str = "primary";
@@ -202,8 +202,7 @@ async fn a_role_outlives_credential_ttl_through_files_its_processes_read() {
         ),
     )
     .expect("write");
-    let src = dir.path().join("segment");
-    std::fs::write(&src, "from the aws CLI").expect("write");
+    let src = write_file(dir.path(), "segment", "from the aws CLI");
     let aws_cp = || {
         let mut cmd = Command::new(venv_bin("aws"));
         support::without_fencegate_env(&mut cmd);
@@ -521,8 +520,7 @@ async fn the_fence_endpoint_takes_only_the_signed_token_and_replicas_share_it() 
 async fn an_unwritable_credentials_file_stops_run_before_it_holds_anything() {
     let dir = tempfile::tempdir().expect("tempdir");
     let svc = locksvc_with(dir.path(), "24h").await;
-    let not_a_dir = dir.path().join("plain-file");
-    std::fs::write(&not_a_dir, "x").expect("write");
+    let not_a_dir = write_file(dir.path(), "plain-file", "x");
     let cases: [(PathBuf, &str); 2] = [
         (dir.path().join("missing/role.env"), "does not exist"),
         (not_a_dir.join("role.env"), "is not a directory"),

@@ -129,8 +129,7 @@ fn an_s3_endpoint_in_the_environment_needs_no_credentials_flag() {
 fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
     let dir = tempdir();
     let svc = start_locksvc(dir.path());
-    let not_executable = dir.path().join("data.txt");
-    std::fs::write(&not_executable, "not a program").expect("write");
+    let not_executable = write_file(dir.path(), "data.txt", "not a program");
     for (command, code) in [
         ("/nonexistent/backup-tool".to_owned(), 127),
         (not_executable.display().to_string(), 126),
@@ -194,9 +193,7 @@ fn the_command_is_stopped_when_the_lease_service_is_gone() {
 
 #[test]
 fn the_command_is_stopped_when_the_lease_is_taken_after_a_pause() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (dir, svc, api) = fresh_locksvc();
     let pidfile = dir.path().join("child.pid");
     let termfile = dir.path().join("got-term");
     // The child survives SIGTERM (its trap only records it), so only the
@@ -298,9 +295,7 @@ fn wait_with_deadline(
 
 #[test]
 fn renews_with_its_signed_token_past_the_ttl_and_releases_at_the_end() {
-    let dir = tempdir();
-    let svc = start_locksvc(dir.path());
-    let api = Api::new(&svc.url);
+    let (dir, svc, api) = fresh_locksvc();
     let out = dir.path().join("token.txt");
     // The command outlives its 1 s TTL three times over: only renewals keep
     // the lease.

@@ -701,13 +701,12 @@ fn cpu_time(pid: u32) -> Duration {
 #[test]
 fn out_of_file_descriptors_the_lease_service_does_not_spin_and_recovers() {
     let dir = tempdir();
-    let config = dir.path().join("locksvc.toml");
     // A cap far above the descriptor limit, so accept() hits EMFILE.
-    std::fs::write(
-        &config,
+    let config = write_file(
+        dir.path(),
+        "locksvc.toml",
         "header_read_timeout = \"60s\"\nmax_connections = 1000\n",
-    )
-    .expect("write");
+    );
     let mut cmd = Command::new("sh");
     support::without_fencegate_env(&mut cmd);
     cmd.args(["-c", "ulimit -n 64 && exec \"$0\" \"$@\""])

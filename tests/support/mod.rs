@@ -266,6 +266,22 @@ pub fn locksvc_cmd(dir: &Path, extra_env: &[(&str, &str)]) -> Command {
     cmd
 }
 
+/// A lease service of the test's own in a new directory, and a client of
+/// it: keep the directory and the service alive while the test runs.
+pub fn fresh_locksvc() -> (tempfile::TempDir, Service, Api) {
+    let dir = tempdir();
+    let svc = start_locksvc(dir.path());
+    let api = Api::new(&svc.url);
+    (dir, svc, api)
+}
+
+/// Writes `text` to the file `name` in `dir`; its path.
+pub fn write_file(dir: &Path, name: &str, text: impl AsRef<[u8]>) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("temp file written");
+    path
+}
+
 pub fn start_locksvc(dir: &Path) -> Service {
     Service::start(locksvc_cmd(dir, &[]))
 }
