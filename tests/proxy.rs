@@ -471,7 +471,7 @@ async fn a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_afte
     };
     direct_put("behind", "1").await.expect("direct");
     direct_put("newer", "5").await.expect("direct");
-    let requests = || std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
+    let requests = || std::mem::take(&mut *seen.lock());
     requests();
 
     e.put("fresh", &signed(BUCKET, 1), "new key")
@@ -1150,7 +1150,8 @@ async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
 }
 
 async fn concurrent_writers_never_lower_a_stored_token(kind: BackendKind) {
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
     let e = Arc::new(env(kind).await);
     let keys: Vec<String> = std::iter::once("shared".to_owned())
         .chain((0..6).map(|i| format!("k{i}")))
@@ -1170,12 +1171,7 @@ async fn concurrent_writers_never_lower_a_stored_token(kind: BackendKind) {
                     let key = if i % 2 == 0 { "shared" } else { key.as_str() };
                     let payload = format!("w{w}-i{i}-t{token}");
                     match e.put(key, &signed(BUCKET, token), &payload).await {
-                        Ok(()) => {
-                            acked
-                                .lock()
-                                .expect("lock")
-                                .push((key.to_owned(), token, payload))
-                        }
+                        Ok(()) => acked.lock().push((key.to_owned(), token, payload)),
                         Err((Some(409), code, _)) if code == "FencingTokenStale" => {}
                         Err((Some(503), _, _)) => {} // retryable conflict: not acknowledged
                         Err(other) => panic!("unexpected answer {other:?}"),
@@ -1187,7 +1183,7 @@ async fn concurrent_writers_never_lower_a_stored_token(kind: BackendKind) {
     for w in writers {
         w.await.expect("writer");
     }
-    let acked = acked.lock().expect("lock").clone();
+    let acked = acked.lock().clone();
     // Every key with an acknowledged write was watched more than once.
     let written: Vec<String> = keys
         .iter()
@@ -1872,7 +1868,7 @@ async fn copy_source_conditions_are_never_dropped(kind: BackendKind) {
         );
         assert_eq!(stored(&e.backend, BUCKET, "dst").await, None, "{what}");
     }
-    let requests = || std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
+    let requests = || std::mem::take(&mut *seen.lock());
     requests();
     fenced!(copy().copy_source_if_match(&etag), token)
         .send()

@@ -7,11 +7,12 @@
 
 mod support;
 
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use support::*;
@@ -33,7 +34,7 @@ fn start(mut cmd: Command) -> Started {
     let Some(Ok(first)) = lines.next() else {
         let _ = child.wait();
         let _ = stderr_done.join();
-        let log = stderr.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let log = stderr.lock().clone();
         panic!("exited before its first line:\n{log}");
     };
     let stdout = std::thread::spawn(move || lines.map_while(Result::ok).collect());
@@ -64,11 +65,7 @@ impl Started {
     fn stderr_with(&self, needle: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let log = self
-                .stderr
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
+            let log = self.stderr.lock().clone();
             if log.contains(needle) {
                 return log;
             }
@@ -94,13 +91,7 @@ impl Started {
             .expect("once")
             .join()
             .expect("stderr");
-        let stderr = self
-            .stderr
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .lines()
-            .map(str::to_owned)
-            .collect();
+        let stderr = self.stderr.lock().lines().map(str::to_owned).collect();
         (stdout, stderr)
     }
 }

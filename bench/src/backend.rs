@@ -6,12 +6,13 @@
 use fencegate_proxy::devstore::DevStore;
 use http::Request;
 use hyper::body::Incoming;
+use parking_lot::Mutex;
 use s3s::dto::*;
 use s3s::service::{S3Service, S3ServiceBuilder};
 use s3s::{S3, S3Request, S3Response, S3Result};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 pub const BACKEND_KEY: (&str, &str) = ("bench-backend-key", "bench-backend-secret-123");
 pub const CLIENT_KEY: (&str, &str) = ("bench-client-key", "bench-client-secret-123");
@@ -50,12 +51,7 @@ impl Counts {
 
 impl Counters {
     fn op(&self, name: &'static str) {
-        *self
-            .ops
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(name)
-            .or_default() += 1;
+        *self.ops.lock().entry(name).or_default() += 1;
     }
 
     pub fn snapshot(&self) -> Counts {
@@ -64,7 +60,6 @@ impl Counters {
             ops: self
                 .ops
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect(),

@@ -16,10 +16,11 @@ use crate::nginx::NginxProc;
 use crate::util::{Cpu, Series, SeriesSummary, ratio, timed_round};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -201,11 +202,7 @@ async fn round(
                 .key(&key)
                 .body(ByteStream::from(body));
             if let Some(etags) = &etags {
-                let last = etags
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&key)
-                    .cloned();
+                let last = etags.lock().get(&key).cloned();
                 put = match last {
                     Some(etag) => put.if_match(etag),
                     None => put.if_none_match("*"),
@@ -222,10 +219,7 @@ async fn round(
                 let etag = out
                     .e_tag()
                     .ok_or_else(|| anyhow::anyhow!("the store gave {key} no ETag"))?;
-                etags
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key, etag.to_owned());
+                etags.lock().insert(key, etag.to_owned());
             }
             Ok(())
         }

@@ -155,20 +155,17 @@ impl Batch {
 /// load balancer should watch; `/health` stays liveness).
 #[derive(Debug, Default)]
 pub struct Readiness {
-    problem: std::sync::Mutex<Option<String>>,
+    problem: parking_lot::Mutex<Option<String>>,
 }
 
 impl Readiness {
     /// Why the service is not ready, if it is not.
     pub fn problem(&self) -> Option<String> {
-        self.problem
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.problem.lock().clone()
     }
 
     fn set(&self, problem: Option<String>) {
-        *self.problem.lock().unwrap_or_else(|p| p.into_inner()) = problem;
+        *self.problem.lock() = problem;
     }
 }
 

@@ -45,7 +45,7 @@ pub struct Backend {
     /// adds a store's dialect.
     write_config: aws_sdk_s3::Config,
     /// One write client per dialect in use (one per store, in practice).
-    dialects: std::sync::Mutex<std::collections::HashMap<Dialect, aws_sdk_s3::Client>>,
+    dialects: parking_lot::Mutex<std::collections::HashMap<Dialect, aws_sdk_s3::Client>>,
     reads: Reads,
     /// The lean forwarder of PutObject (see `lean`), when the endpoint
     /// allows one.
@@ -187,7 +187,7 @@ impl Backend {
         if dialect == Dialect::AWS {
             return self.client.clone();
         }
-        let mut dialects = self.dialects.lock().unwrap_or_else(|p| p.into_inner());
+        let mut dialects = self.dialects.lock();
         dialects
             .entry(dialect)
             .or_insert_with(|| {

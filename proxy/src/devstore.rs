@@ -26,6 +26,7 @@
 use base64::Engine as _;
 use bytes::Bytes;
 use futures::Stream;
+use parking_lot::Mutex;
 use s3s::checksum::ChecksumHasher;
 use s3s::crypto::{Checksum as _, Md5};
 use s3s::dto::*;
@@ -33,7 +34,7 @@ use s3s::stream::{ByteStream, RemainingLength};
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// Wraps the body of an input that announces digests (PutObject,
@@ -252,13 +253,13 @@ struct Verdict(Arc<Mutex<Option<String>>>);
 
 impl Verdict {
     fn set(&self, why: String) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        *self.0.lock() = Some(why);
     }
 
     /// s3s-fs answers a failed body with a 500; the client sent a body that
     /// does not match its digest, which is its mistake: 400 BadDigest.
     fn overrule<T>(&self, r: S3Result<T>) -> S3Result<T> {
-        let why = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let why = self.0.lock().take();
         match (r, why) {
             (Err(_), Some(why)) => Err(S3Error::with_message(S3ErrorCode::BadDigest, why)),
             (r, _) => r,

@@ -27,11 +27,11 @@
 //! server opens around each request and the gate fills in as it learns.
 
 use crate::op::Op;
+use parking_lot::Mutex;
 use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Mutex;
 
 /// Longest key kept in an event (longer ones are cut, marked with `…`).
 const MAX_KEY_CHARS: usize = 1024;
@@ -339,7 +339,7 @@ impl FenceEvents {
         self.fill_owners(&mut event);
         let k = pool(event.kind, event.verified);
         let (log, held_back) = {
-            let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ring = self.ring.lock();
             let budget = ring.log[k].take(std::time::Instant::now());
             ring.recorded += 1;
             event.seq = ring.recorded;
@@ -402,7 +402,7 @@ impl FenceEvents {
     /// The newest `limit` kept events of every kind, newest first, and
     /// how many were recorded in all.
     pub fn recent(&self, limit: usize) -> (Vec<FenceEvent>, u64) {
-        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let ring = self.ring.lock();
         let ring_recorded = ring.recorded;
         let mut newest: Vec<&FenceEvent> = ring
             .events
@@ -457,7 +457,7 @@ impl FenceEvents {
     /// the lease service). Bounded: a few tokens per lock, a few thousand
     /// locks.
     pub fn learn_owner(&self, lock: &str, token: u64, owner: String) {
-        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        let mut owners = self.owners.lock();
         let Owners { by_lock, order } = &mut *owners;
         if !by_lock.contains_key(lock) {
             if by_lock.len() >= OWNER_LOCKS
@@ -479,7 +479,7 @@ impl FenceEvents {
 
     /// The owner `token` of `lock` was issued to, if learned.
     pub fn owner_of(&self, lock: &str, token: u64) -> Option<String> {
-        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        let owners = self.owners.lock();
         owners
             .by_lock
             .get(lock)?
@@ -714,13 +714,7 @@ mod tests {
         }
         assert_eq!(events.owner_of("db", 0), None);
         assert_eq!(events.owner_of("db", 99).as_deref(), Some("o99"));
-        let n = events
-            .owners
-            .lock()
-            .expect("lock")
-            .by_lock
-            .get("db")
-            .map(VecDeque::len);
+        let n = events.owners.lock().by_lock.get("db").map(VecDeque::len);
         assert_eq!(n, Some(OWNERS_PER_LOCK));
     }
 }

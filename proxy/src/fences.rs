@@ -47,8 +47,9 @@ use crate::state::db::Db;
 use crate::state_error::StateError;
 use dashmap::DashMap;
 use fencegate_core::fence::{Verdict, decide, reached};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use tokio::sync::{Mutex as AsyncMutex, OwnedRwLockReadGuard, RwLock};
 use tokio_util::sync::CancellationToken;
 
@@ -78,10 +79,7 @@ impl ScopeFence {
     }
 
     fn current_cancel(&self) -> CancellationToken {
-        self.cancel
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.cancel.lock().clone()
     }
 }
 
@@ -387,8 +385,7 @@ impl Fences {
                     }
                     // Either way the old epoch is over: writes admitted from
                     // now on get a fresh cancellation.
-                    *fence.cancel.lock().unwrap_or_else(|p| p.into_inner()) =
-                        CancellationToken::new();
+                    *fence.cancel.lock() = CancellationToken::new();
                     drop(exclusive);
                     persisted?;
                     raised = true;

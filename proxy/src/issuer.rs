@@ -20,8 +20,9 @@
 //! client certificate if it requires one): the question names no secret,
 //! but a forged "yes" would let a made-up number raise a scope's max.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Locks whose last question is remembered; beyond, those with no question
@@ -114,7 +115,7 @@ impl Issuer {
         if current? != Some(token) {
             return Ok(Answer::NotIssued);
         }
-        let mut confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut confirmed = self.confirmed.lock();
         let best = confirmed.entry(lock.to_owned()).or_insert(token);
         *best = (*best).max(token);
         Ok(Answer::Issued(Issued { token }))
@@ -122,7 +123,7 @@ impl Issuer {
 
     /// The question slot of `lock`.
     fn slot(&self, lock: &str) -> Arc<tokio::sync::Mutex<Option<Asked>>> {
-        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut asked = self.asked.lock();
         if asked.len() >= LOCKS_ASKED && !asked.contains_key(lock) {
             asked.retain(|_, s| Arc::strong_count(s) > 1);
         }
@@ -147,11 +148,7 @@ impl Issuer {
     /// global, so a lower number than the confirmed one may belong to
     /// another lock; only the exact number counts.)
     fn already_confirmed(&self, lock: &str, token: u64) -> bool {
-        self.confirmed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(lock)
-            == Some(&token)
+        self.confirmed.lock().get(lock) == Some(&token)
     }
 }
 

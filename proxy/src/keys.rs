@@ -18,10 +18,11 @@
 mod cache;
 
 use cache::ScanResistantCache;
+use parking_lot::Mutex;
 use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 /// What the proxy knows of a stored object.
@@ -95,14 +96,13 @@ impl Keys {
         let (id, lock) = JOINED.with_borrow_mut(|joined| {
             joined.clear();
             joined.extend([bucket, "/", key]);
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            let mut locks = self.locks.lock();
             if let Some((id, lock)) = locks.get_key_value(joined.as_str()) {
                 return (id.clone(), lock.clone());
             }
             let id = self
                 .cache
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
                 .key(joined.as_str())
                 .cloned()
                 .unwrap_or_else(|| KeyId(Arc::from(joined.as_str())));
@@ -121,18 +121,18 @@ impl Keys {
 
     /// Number of keys currently locked or waited for.
     pub fn locked(&self) -> usize {
-        self.locks.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.locks.lock().len()
     }
 
     /// Number of keys in the cache.
     pub fn cached(&self) -> usize {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.cache.lock().len()
     }
 
     /// The keys a write holds or waits for now, as `(bucket, key)`, at
     /// most `limit` of them in name order, and how many there are.
     pub fn busy(&self, limit: usize) -> (Vec<(String, String)>, usize) {
-        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let locks = self.locks.lock();
         let mut keys: Vec<(String, String)> = locks
             .keys()
             .map(|id| {
@@ -159,26 +159,26 @@ impl KeyGuard {
 
     /// What the proxy last knew of this key, if it remembers.
     pub fn known(&self) -> Option<Known> {
-        let mut cache = self.keys.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.keys.cache.lock();
         cache.get(&self.id).cloned()
     }
 
     /// Records what the store now holds.
     pub fn remember(&self, known: Known) {
-        let mut cache = self.keys.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.keys.cache.lock();
         cache.insert(self.id.clone(), known);
     }
 
     /// Forgets the key (after an unexpected answer from the store).
     pub fn forget(&self) {
-        let mut cache = self.keys.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.keys.cache.lock();
         cache.remove(&self.id);
     }
 }
 
 impl Drop for KeyGuard {
     fn drop(&mut self) {
-        let mut locks = self.keys.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut locks = self.keys.locks.lock();
         self.guard = None;
         // The map and `self.lock` are the only holders: nobody waits.
         if Arc::strong_count(&self.lock) == 2 {

@@ -30,7 +30,7 @@ struct Router {
     viewers: Arc<crate::access::Viewers>,
     answered: Arc<fencegate_net::browser::AllowedHosts>,
     /// The log of failed requests, once a second.
-    failures: Arc<std::sync::Mutex<fencegate_durable::Throttle>>,
+    failures: Arc<parking_lot::Mutex<fencegate_durable::Throttle>>,
 }
 
 impl Router {
@@ -195,11 +195,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                 if status.is_server_error() {
                     // Once a second with a count of the rest: an outage of
                     // etcd or the lease service fails every request.
-                    let ready = this
-                        .failures
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .ready();
+                    let ready = this.failures.lock().ready();
                     if let Some(not_logged) = ready {
                         tracing::warn!(%method, %path, %status, elapsed = ?started.elapsed(), not_logged, "request failed (and {not_logged} more since the last line)");
                     }

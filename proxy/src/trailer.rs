@@ -36,13 +36,14 @@ use crate::header_names as names;
 use bytes::Bytes;
 use futures::Stream;
 use http::HeaderMap;
+use parking_lot::Mutex;
 use s3s::checksum::ChecksumHasher;
 use s3s::crypto::Checksum as _;
 use s3s::dto::StreamingBlob;
 use s3s::stream::{ByteStream, RemainingLength};
 use s3s::{StdError, TrailingHeaders};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// The checksums a trailer can carry, as `x-amz-trailer` names them.
@@ -73,7 +74,7 @@ pub struct Verdict(Arc<Mutex<Option<(s3s::S3ErrorCode, String)>>>);
 
 impl Verdict {
     fn set(&self, code: s3s::S3ErrorCode, why: String) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((code, why));
+        *self.0.lock() = Some((code, why));
     }
 
     /// The client's error, if the body failed its checksum (`BadDigest`) or
@@ -81,7 +82,6 @@ impl Verdict {
     pub fn failed(&self) -> Option<s3s::S3Error> {
         self.0
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .clone()
             .map(|(code, why)| s3s::S3Error::with_message(code, why))
     }

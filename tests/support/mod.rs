@@ -53,11 +53,12 @@ pub mod harness;
 pub use etcd::{LeaseBackend, lease_backend};
 pub mod relay;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const SIGNING_KEY: &str = "test-signing-key-0123456789";
@@ -163,7 +164,7 @@ pub fn collect_stderr(child: &mut Child) -> (Arc<Mutex<String>>, std::thread::Jo
     let (pipe, log) = (child.stderr.take().expect("stderr piped"), text.clone());
     let done = std::thread::spawn(move || {
         for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+            let mut log = log.lock();
             log.push_str(&line);
             log.push('\n');
         }

@@ -167,22 +167,24 @@ pub async fn throttled_relay(target: String, per_tick: usize) -> (String, Arc<At
 /// (`"PUT /bkt/key"`), in order. It reads request heads only where a new
 /// request can start, so it serves clients that send one request at a time
 /// per connection and a `Content-Length` body (the proxy's backend client).
-pub async fn recording_relay(target: String) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+pub async fn recording_relay(target: String) -> (String, Arc<parking_lot::Mutex<Vec<String>>>) {
     recording(target, false).await
 }
 
 /// [`recording_relay`] that records each request's whole head (request
 /// line and headers) instead of its method and path.
-pub async fn recording_relay_heads(target: String) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+pub async fn recording_relay_heads(
+    target: String,
+) -> (String, Arc<parking_lot::Mutex<Vec<String>>>) {
     recording(target, true).await
 }
 
 async fn recording(
     target: String,
     whole_heads: bool,
-) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+) -> (String, Arc<parking_lot::Mutex<Vec<String>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let seen: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
     let log = seen.clone();
     let url = relay(target, move |client, target| {
         let log = log.clone();
@@ -218,13 +220,11 @@ async fn recording(
                         let mut parts = line.split(' ');
                         let method = parts.next().unwrap_or("");
                         let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
-                        log.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(if whole_heads {
-                                text.clone()
-                            } else {
-                                format!("{method} {path}")
-                            });
+                        log.lock().push(if whole_heads {
+                            text.clone()
+                        } else {
+                            format!("{method} {path}")
+                        });
                         body_left = super::content_length(&text);
                         head.clear();
                     }

@@ -123,7 +123,7 @@ fn start_rgw_cluster() -> RgwCluster {
     // does not start, they are the panic's message, which every RGW test
     // of this binary then repeats (a CI log shows a failure's message
     // before any other output).
-    let said: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>> =
+    let said: std::sync::Arc<parking_lot::Mutex<std::collections::VecDeque<String>>> =
         std::sync::Arc::default();
     let stderr = BufReader::new(child.stderr.take().expect("stderr piped"));
     let stderr_done = {
@@ -131,7 +131,7 @@ fn start_rgw_cluster() -> RgwCluster {
         std::thread::spawn(move || {
             for line in stderr.lines().map_while(Result::ok) {
                 eprintln!("{line}");
-                let mut said = said.lock().unwrap_or_else(|p| p.into_inner());
+                let mut said = said.lock();
                 if said.len() == 80 {
                     said.pop_front();
                 }
@@ -154,7 +154,7 @@ fn start_rgw_cluster() -> RgwCluster {
                 while !stderr_done.is_finished() && std::time::Instant::now() < until {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                let said = said.lock().unwrap_or_else(|p| p.into_inner());
+                let said = said.lock();
                 panic!(
                     "Ceph RGW did not start (tests/support/ceph-rgw.sh: {status:?}); the end of what it said:\n{}",
                     Vec::from(said.clone()).join("\n")

@@ -105,7 +105,7 @@ struct Inner {
     /// never goes back, unless the cluster was restored from a backup.
     highest_revision: std::sync::atomic::AtomicI64,
     /// Set once a revision went back: this replica then grants nothing.
-    rewound: std::sync::Mutex<Option<String>>,
+    rewound: parking_lot::Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for EtcdLeases {
@@ -194,7 +194,7 @@ impl EtcdLeases {
     /// Refuses everything once etcd's revision went back (see
     /// [`Self::saw_revision`]).
     pub(super) fn refuse_if_rewound(&self) -> Result<(), EngineError> {
-        match &*self.inner.rewound.lock().unwrap_or_else(|p| p.into_inner()) {
+        match &*self.inner.rewound.lock() {
             Some(why) => Err(StorageError::Untrusted(why.clone()).into()),
             None => Ok(()),
         }
@@ -219,7 +219,7 @@ impl EtcdLeases {
             u32::from(self.inner.epoch) + 1
         );
         tracing::error!("{why}");
-        *self.inner.rewound.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+        *self.inner.rewound.lock() = Some(why.clone());
         Err(StorageError::Untrusted(why).into())
     }
 }

@@ -24,7 +24,7 @@ impl EtcdLeases {
                 max_waiters,
                 metrics,
                 highest_revision: std::sync::atomic::AtomicI64::new(0),
-                rewound: std::sync::Mutex::new(None),
+                rewound: parking_lot::Mutex::new(None),
             }),
         };
         let deadline = Instant::now() + startup;

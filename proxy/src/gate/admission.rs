@@ -12,8 +12,9 @@ use crate::keys::{KeyGuard, Keys, Known};
 use crate::metrics::{LockLabels, Metrics, Outcome};
 use crate::probe::ProbeReport;
 use crate::scope::Scope;
+use parking_lot::Mutex;
 use s3s::S3Result;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The object writes, each sent only by the write stage.
@@ -198,11 +199,7 @@ impl Admitter {
             }
             Err(FenceError::Storage(e)) => {
                 self.refuser.count(op, scope, Outcome::Unavailable);
-                let held_back = self
-                    .storage_failures
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .ready();
+                let held_back = self.storage_failures.lock().ready();
                 if let Some(held_back) = held_back {
                     tracing::error!(lock = %scope.lock, token, error = %e, not_logged = held_back, "cannot persist a raise of the fence in the proxy database; answering 503 (logged at most once a second)");
                 }

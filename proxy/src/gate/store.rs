@@ -10,9 +10,10 @@ use crate::errors;
 use crate::keys::Known;
 use crate::metrics::{Metrics, ProbeLabels};
 use crate::probe::{ProbeError, ProbeReport, probe};
+use parking_lot::Mutex;
 use s3s::S3Result;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The store's state: its client, what each bucket's probe found, and the
@@ -154,7 +155,6 @@ impl Store {
         let mut v: Vec<_> = self
             .probes
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .values()
             .map(|r| ProbeReport::clone(r))
             .collect();
@@ -166,7 +166,6 @@ impl Store {
     pub fn dialect_of(&self, bucket: &str) -> Dialect {
         self.probes
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .get(bucket)
             .map_or(Dialect::AWS, |r| r.dialect())
     }
@@ -178,11 +177,7 @@ impl Store {
 
     /// The report of `bucket`'s probe, if it was probed.
     pub fn probed(&self, bucket: &str) -> Option<Arc<ProbeReport>> {
-        self.probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(bucket)
-            .cloned()
+        self.probes.lock().get(bucket).cloned()
     }
 
     /// Probes `bucket` now (or returns the earlier report: shared, since
@@ -218,10 +213,7 @@ impl Store {
                 })
                 .set(i64::from(line.check.enforced()));
         }
-        self.probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(bucket.to_owned(), report.clone());
+        self.probes.lock().insert(bucket.to_owned(), report.clone());
         Ok(report)
     }
 

@@ -16,9 +16,9 @@ use crate::header_names::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
 use crate::sigv4::{Hex64, Sink, hmac_of, is_sha256_hex};
 use hmac::Mac;
 use http::{HeaderMap, HeaderValue, Method};
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
-use std::sync::Mutex;
 use std::time::SystemTime;
 
 /// What every request is signed as.
@@ -170,7 +170,7 @@ impl Signer {
 
     /// The signing key for `date`, derived once per day.
     fn signing_key(&self, date: &str) -> [u8; 32] {
-        let mut day = self.day.lock().unwrap_or_else(|p| p.into_inner());
+        let mut day = self.day.lock();
         if let Some((d, key)) = day.as_ref()
             && d == date
         {

@@ -22,9 +22,10 @@
 use crate::state_error::StateError;
 use crate::tokens::upload::UploadBinding;
 use fencegate_durable::{Claim, Opening, Watch};
+use parking_lot::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// What the file is called in messages.
 const KIND: fencegate_durable::Kind = fencegate_durable::Kind::Proxy;
@@ -130,10 +131,10 @@ impl Db {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
         // A poisoned lock means a panic mid-call; the connection itself is
         // still consistent (SQLite transactions), so keep using it.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     /// A read.

@@ -45,10 +45,11 @@ use fencegate_etcd::etcd_client::{
     WatchOptions,
 };
 use fencegate_etcd::{CallError, Etcd};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -319,8 +320,8 @@ impl Cluster {
         format!("{}{rest}", self.inner.prefix)
     }
 
-    fn driven(&self) -> std::sync::MutexGuard<'_, Driven> {
-        self.inner.driven.lock().unwrap_or_else(|p| p.into_inner())
+    fn driven(&self) -> parking_lot::MutexGuard<'_, Driven> {
+        self.inner.driven.lock()
     }
 
     /// Feeds one input to the machine and carries out what it asks: cuts
@@ -506,11 +507,7 @@ impl Cluster {
 
     /// Why etcd's state went back, if this replica saw it do so.
     pub fn went_back(&self) -> Option<String> {
-        self.inner
-            .went_back
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.went_back.lock().clone()
     }
 
     /// Notes the revision of an answer: one below a revision seen before
@@ -524,11 +521,7 @@ impl Cluster {
         if rev >= seen || rev <= 0 {
             return;
         }
-        let mut went = self
-            .inner
-            .went_back
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut went = self.inner.went_back.lock();
         if went.is_none() {
             let why = format!(
                 "etcd's revision went back from {seen} to {rev}: its data was restored from an older snapshot (or a member lost its disk). \
@@ -567,13 +560,7 @@ impl Cluster {
             if self.admits() {
                 return Ok(());
             }
-            if let Some(e) = self
-                .inner
-                .refused
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-            {
+            if let Some(e) = self.inner.refused.lock().clone() {
                 anyhow::bail!(
                     "etcd refused this replica: {e} (check cluster.username / {} and the user's permissions on the prefix)",
                     config::ENV_CLUSTER_PASSWORD
@@ -707,8 +694,7 @@ impl Cluster {
             if let CallError::Refused(err) = &e
                 && !e.lease_gone()
             {
-                *self.inner.refused.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some(err.to_string());
+                *self.inner.refused.lock() = Some(err.to_string());
             }
             failed(&e)
         });
