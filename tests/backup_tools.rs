@@ -126,9 +126,7 @@ async fn rclone_backup_job_under_fencegate_run_and_a_stale_rerun(kind: BackendKi
     let out = output_of(e.shell(job)).await;
     assert!(out.status.success(), "backup job: {}", output_text(&out));
     assert_eq!(
-        stored(&e.backend, BUCKET, "nightly/report.txt")
-            .await
-            .map(|(b, _)| b),
+        stored_body(&e.backend, BUCKET, "nightly/report.txt").await,
         Some(b"night one, from A".to_vec())
     );
 
@@ -244,9 +242,7 @@ async fn aws_cli_with_lease_bound_credentials(kind: BackendKind) {
     let (a_key, a_secret) = saved_credentials(&e);
     assert!(a_key.starts_with("fgk2."), "{a_key}");
     assert_eq!(
-        stored(&e.backend, BUCKET, "aws/file.txt")
-            .await
-            .map(|(b, _)| b),
+        stored_body(&e.backend, BUCKET, "aws/file.txt").await,
         Some(b"from A".to_vec())
     );
 
@@ -271,9 +267,7 @@ async fn aws_cli_with_lease_bound_credentials(kind: BackendKind) {
         output_text(&out)
     );
     assert_eq!(
-        stored(&e.backend, BUCKET, "aws/file.txt")
-            .await
-            .map(|(b, _)| b),
+        stored_body(&e.backend, BUCKET, "aws/file.txt").await,
         Some(b"from B".to_vec())
     );
 }

@@ -143,10 +143,7 @@ async fn curl_every_write_is_fenced(kind: BackendKind) {
     };
     assert_eq!(go(copy(&stale)).await.0, 409);
     assert_eq!(go(copy(&current)).await.0, 200);
-    assert_eq!(
-        stored(&e.backend, BUCKET, "c/copy").await,
-        Some((b"curl body".to_vec(), Some(5)))
-    );
+    assert_stored(&e.backend, BUCKET, "c/copy", b"curl body", 5).await;
 
     // DeleteObject.
     assert_eq!(
@@ -238,10 +235,7 @@ async fn curl_every_write_is_fenced(kind: BackendKind) {
     ])
     .await;
     assert_eq!(s, 200, "{body}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "c/mpu").await,
-        Some((b"part one".to_vec(), Some(5)))
-    );
+    assert_stored(&e.backend, BUCKET, "c/mpu", b"part one", 5).await;
 
     // Signed with --aws-sigv4 (curl sends no payload hash unless told).
     let user = format!("{}:{}", CLIENT_KEY.0, CLIENT_KEY.1);
@@ -265,10 +259,7 @@ async fn curl_every_write_is_fenced(kind: BackendKind) {
     assert_eq!(go(signed_put(&stale)).await.0, 409);
     let (s, body) = go(signed_put(&current)).await;
     assert_eq!(s, 200, "{body}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "c/signed").await,
-        Some((b"signed body".to_vec(), Some(5)))
-    );
+    assert_stored(&e.backend, BUCKET, "c/signed", b"signed body", 5).await;
 }
 
 /// Sends a request and returns the ETag response header.
@@ -344,14 +335,8 @@ async fn virtual_hosted_style_is_fenced_like_path_style(kind: BackendKind) {
     )
     .await;
     assert_eq!(s, 200, "{body}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "v/put").await,
-        Some((b"vhost body".to_vec(), Some(5)))
-    );
-    assert_eq!(
-        stored(&e.backend, BUCKET, "v/signed").await,
-        Some((b"signed vhost".to_vec(), Some(5)))
-    );
+    assert_stored(&e.backend, BUCKET, "v/put", b"vhost body", 5).await;
+    assert_stored(&e.backend, BUCKET, "v/signed", b"signed vhost", 5).await;
     // Reads and listings by virtual host see the same bucket.
     let (s, body) = go(None, "GET", "v/put", "", false).await;
     assert_eq!((s, body.as_str()), (200, "vhost body"));
@@ -372,10 +357,7 @@ async fn virtual_hosted_style_is_fenced_like_path_style(kind: BackendKind) {
     )
     .await;
     assert_eq!(s, 200, "{body}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "_fencegate/health").await,
-        Some((b"mine".to_vec(), Some(5)))
-    );
+    assert_stored(&e.backend, BUCKET, "_fencegate/health", b"mine", 5).await;
     // A stale delete by virtual host is refused too.
     let (s, _) = go(Some(signed(BUCKET, 4)), "DELETE", "v/put", "", false).await;
     assert_eq!(s, 409);

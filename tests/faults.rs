@@ -677,11 +677,15 @@ async fn a_sigstopped_upload_is_cut_and_the_new_holder_wins() {
         out.status
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        stored(&s.backend, BUCKET, "paused.bin").await,
-        Some((b"from B".to_vec(), Some(b.token))),
-        "the object is B's"
-    );
+    assert_stored_as(
+        &s.backend,
+        BUCKET,
+        "paused.bin",
+        b"from B",
+        b.token,
+        "the object is B's",
+    )
+    .await;
 }
 
 /// A client that hangs up once its whole body is sent (it was killed, or it
@@ -786,10 +790,7 @@ async fn a_client_silent_mid_body_times_out_and_frees_its_key() {
         put(&http, &proxy.url, "silent.bin", &token, "the retry").await,
         Some(200)
     );
-    assert_eq!(
-        stored(&backend, BUCKET, "silent.bin").await,
-        Some((b"the retry".to_vec(), Some(3)))
-    );
+    assert_stored(&backend, BUCKET, "silent.bin", b"the retry", 3).await;
     drop(conn);
 }
 
@@ -1305,10 +1306,7 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
         Some(200)
     );
     assert_eq!(put(&http, &proxy.url, "slow", &t, "stale").await, Some(409));
-    assert_eq!(
-        stored(&backend, BUCKET, "slow").await,
-        Some((b"newer".to_vec(), Some(2)))
-    );
+    assert_stored(&backend, BUCKET, "slow", b"newer", 2).await;
 }
 
 /// A large upload is read ahead of a slow store: its client sends fast,
@@ -1409,10 +1407,7 @@ async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
         None,
         "the stale object never appears"
     );
-    assert_eq!(
-        stored(&backend, BUCKET, "other").await,
-        Some((b"new holder".to_vec(), Some(2)))
-    );
+    assert_stored(&backend, BUCKET, "other", b"new holder", 2).await;
 }
 
 /// A DELETE the store holds past the timeout keeps its key until the store
@@ -1453,11 +1448,15 @@ async fn a_delete_that_timed_out_keeps_its_key_until_the_store_answers() {
         started.elapsed()
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        stored(&backend, BUCKET, "gone").await,
-        Some((b"again".to_vec(), Some(1))),
-        "the write after the delete stands"
-    );
+    assert_stored_as(
+        &backend,
+        BUCKET,
+        "gone",
+        b"again",
+        1,
+        "the write after the delete stands",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -253,11 +253,17 @@ async fn a_stale_write_the_store_still_holds_is_decided_before_a_raise_elsewhere
     assert_eq!(put(b, "other", 2, "new holder").await.0, 200);
     let raise = started.elapsed();
     // Admitted only once the held write was decided: it is in the store.
-    assert_eq!(
-        stored(&env.backend, BUCKET, "held").await,
-        Some((b"HELD-BY-THE-STORE".to_vec(), Some(1))),
-        "token 2 was admitted on b before a's token-1 write was decided (after {raise:?})"
-    );
+    assert_stored_as(
+        &env.backend,
+        BUCKET,
+        "held",
+        b"HELD-BY-THE-STORE",
+        1,
+        &format!(
+            "token 2 was admitted on b before a's token-1 write was decided (after {raise:?})"
+        ),
+    )
+    .await;
     assert!(raise >= hold / 2, "{raise:?}");
     assert_eq!(held.await.expect("joined").expect("answered"), 200);
 }
@@ -824,11 +830,17 @@ async fn a_replica_draining_a_slow_store_keeps_the_raise_waiting_instead_of_bein
     assert!(holdups.contains("draining"), "{view}");
     assert_eq!(raise.await.expect("joined"), 200);
     let waited = started.elapsed();
-    assert_eq!(
-        stored(&env.backend, BUCKET, "held").await,
-        Some((b"SLOW-STORE".to_vec(), Some(1))),
-        "token 2 was admitted on b before a's token-1 write was decided (after {waited:?})"
-    );
+    assert_stored_as(
+        &env.backend,
+        BUCKET,
+        "held",
+        b"SLOW-STORE",
+        1,
+        &format!(
+            "token 2 was admitted on b before a's token-1 write was decided (after {waited:?})"
+        ),
+    )
+    .await;
     assert!(waited >= hold - Duration::from_secs(1), "{waited:?}");
     assert_eq!(status(b).await["evictions"], 0, "a was alive: not evicted");
     assert_eq!(held.await.expect("joined"), 200);

@@ -176,10 +176,7 @@ async fn the_probe_tells_the_truth(kind: BackendKind, expected: [&str; 9]) {
         .await
         .unwrap_or_else(|e| panic!("{kind:?} {body}: {e:?}"));
     }
-    assert_eq!(
-        stored(&backend, BUCKET, "k").await,
-        Some((b"an overwrite".to_vec(), Some(1)))
-    );
+    assert_stored(&backend, BUCKET, "k", b"an overwrite", 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,10 +312,7 @@ async fn a_weak_store_that_refuses_the_right_etag_still_takes_overwrites() {
         error_of(&stale),
         (Some(409), "FencingTokenStale".to_owned())
     );
-    assert_eq!(
-        stored(&backend, BUCKET, "k").await,
-        Some((b"two".to_vec(), Some(2)))
-    );
+    assert_stored(&backend, BUCKET, "k", b"two", 2).await;
 }
 
 /// Without a bucket to probe, the command says how to name one.

@@ -139,18 +139,19 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     let token = signed(BUCKET, 1);
     let (status, text) = trailer_put(&e, "t", &token, b"hello", b"hello", b"hello".len()).await;
     assert_eq!(status, 200, "{text}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "t").await,
-        Some((b"hello".to_vec(), Some(1)))
-    );
+    assert_stored(&e.backend, BUCKET, "t", b"hello", 1).await;
     let (status, text) = trailer_put(&e, "t", &token, b"hellO", b"hello", b"hellO".len()).await;
     assert_eq!(status, 400, "{text}");
     fencegate_testkit::assert_mentions(&text, &["BadDigest"]);
-    assert_eq!(
-        stored(&e.backend, BUCKET, "t").await,
-        Some((b"hello".to_vec(), Some(1))),
-        "the object is as it was"
-    );
+    assert_stored_as(
+        &e.backend,
+        BUCKET,
+        "t",
+        b"hello",
+        1,
+        "the object is as it was",
+    )
+    .await;
     let (status, text) = trailer_put(&e, "new", &token, b"hellO", b"hello", b"hellO".len()).await;
     assert_eq!(status, 400, "{text}");
     assert_eq!(stored(&e.backend, BUCKET, "new").await, None);
@@ -195,11 +196,15 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
                 trailer_put_with(&e, key, &token, b"hellO", &trailer, announced, 5).await;
             assert_eq!(status, 400, "{trailer:?} announced {announced}: {text}");
         }
-        assert_eq!(
-            stored(&e.backend, BUCKET, "t").await,
-            Some((b"hello".to_vec(), Some(1))),
-            "the object is as it was after {trailer:?}"
-        );
+        assert_stored_as(
+            &e.backend,
+            BUCKET,
+            "t",
+            b"hello",
+            1,
+            &format!("the object is as it was after {trailer:?}"),
+        )
+        .await;
         assert_eq!(stored(&e.backend, BUCKET, "two").await, None);
     }
     let right_sha = sha256_b64(b"hellO");
@@ -217,10 +222,7 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     )
     .await;
     assert_eq!(status, 200, "both values right: {text}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "two").await,
-        Some((b"hellO".to_vec(), Some(1)))
-    );
+    assert_stored(&e.backend, BUCKET, "two", b"hellO", 1).await;
 
     // An empty body: a sender never reads a body of length 0, so its
     // trailer is checked before anything is sent.
@@ -230,11 +232,15 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     assert_eq!(stored(&e.backend, BUCKET, "empty").await, None);
     let (status, text) = trailer_put(&e, "t", &token, b"", b"x", 0).await;
     assert_eq!(status, 400, "{text}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "t").await,
-        Some((b"hello".to_vec(), Some(1))),
-        "the object is as it was"
-    );
+    assert_stored_as(
+        &e.backend,
+        BUCKET,
+        "t",
+        b"hello",
+        1,
+        "the object is as it was",
+    )
+    .await;
     let (status, text) = trailer_put(&e, "empty", &token, b"", b"", 0).await;
     assert_eq!(
         status, 200,
@@ -253,11 +259,15 @@ async fn a_body_unlike_its_trailing_checksum_writes_nothing(kind: BackendKind) {
     assert_eq!(stored(&e.backend, BUCKET, "long").await, None);
     let (status, text) = trailer_put(&e, "t", &token, b"hellohello", b"hellohello", 5).await;
     assert_eq!(status, 400, "{text}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "t").await,
-        Some((b"hello".to_vec(), Some(1))),
-        "the object is as it was"
-    );
+    assert_stored_as(
+        &e.backend,
+        BUCKET,
+        "t",
+        b"hello",
+        1,
+        "the object is as it was",
+    )
+    .await;
 
     // An upload's part, the same way.
     let up = fenced!(
@@ -386,16 +396,10 @@ async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_noth
     let before = edge().await;
     let token = signed(BUCKET, 1);
     e.put("sdk", &token, "by the sdk").await.expect("sdk put");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "sdk").await,
-        Some((b"by the sdk".to_vec(), Some(1)))
-    );
+    assert_stored(&e.backend, BUCKET, "sdk", b"by the sdk", 1).await;
     let (status, text) = hand_signed_put(&e, "hashed", &token, b"mine", b"mine", true).await;
     assert_eq!(status, 200, "{text}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "hashed").await,
-        Some((b"mine".to_vec(), Some(1)))
-    );
+    assert_stored(&e.backend, BUCKET, "hashed", b"mine", 1).await;
     assert_eq!(edge().await - before, 2.0, "both went through the edge");
 
     // A new key (its small body held, then sent) and a key the proxy
@@ -406,11 +410,15 @@ async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_noth
     assert_eq!(stored(&e.backend, BUCKET, "swapped").await, None);
     let (status, text) = hand_signed_put(&e, "hashed", &token, b"MINE", b"mind", true).await;
     assert_eq!(status, 400, "{text}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "hashed").await,
-        Some((b"mine".to_vec(), Some(1))),
-        "the streamed body unlike its hash never landed"
-    );
+    assert_stored_as(
+        &e.backend,
+        BUCKET,
+        "hashed",
+        b"mine",
+        1,
+        "the streamed body unlike its hash never landed",
+    )
+    .await;
     assert_eq!(edge().await - before, 4.0, "verified by the edge");
 
     // An empty body, which no sender reads: its hash is checked before
@@ -421,11 +429,15 @@ async fn signed_puts_take_the_edge_and_a_body_unlike_its_signed_hash_writes_noth
     assert_eq!(stored(&e.backend, BUCKET, "emptied").await, None);
     let (status, text) = hand_signed_put(&e, "hashed", &token, b"mine", b"", true).await;
     assert_eq!(status, 400, "{text}");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "hashed").await,
-        Some((b"mine".to_vec(), Some(1))),
-        "the empty body unlike its hash never landed"
-    );
+    assert_stored_as(
+        &e.backend,
+        BUCKET,
+        "hashed",
+        b"mine",
+        1,
+        "the empty body unlike its hash never landed",
+    )
+    .await;
     let (status, text) = hand_signed_put(&e, "empty", &token, b"", b"", true).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(
@@ -495,10 +507,7 @@ async fn a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_afte
         ["PUT /bkt/behind", "HEAD /bkt/behind", "PUT /bkt/behind"],
         "refused, read, sent again"
     );
-    assert_eq!(
-        stored(&e.backend, BUCKET, "behind").await,
-        Some((b"over it".to_vec(), Some(1)))
-    );
+    assert_stored(&e.backend, BUCKET, "behind", b"over it", 1).await;
 
     let err = e
         .put("newer", &signed(BUCKET, 2), "stale")
@@ -513,10 +522,7 @@ async fn a_new_key_costs_one_round_trip_and_an_unknown_existing_key_is_read_afte
         )
     );
     assert_eq!(requests(), ["PUT /bkt/newer", "HEAD /bkt/newer"]);
-    assert_eq!(
-        stored(&e.backend, BUCKET, "newer").await,
-        Some((b"written behind the proxy".to_vec(), Some(5)))
-    );
+    assert_stored(&e.backend, BUCKET, "newer", b"written behind the proxy", 5).await;
 }
 
 /// PutObject goes through the lean forwarder (not the SDK): the object's
@@ -666,11 +672,15 @@ async fn reference_scenario_and_the_unfenced_negative(kind: BackendKind) {
             Some(b_number.to_string())
         )
     );
-    assert_eq!(
-        stored(&e.backend, BUCKET, "report.db").await,
-        Some((b"from B".to_vec(), Some(b_number))),
-        "the object holds B's data and B's token"
-    );
+    assert_stored_as(
+        &e.backend,
+        BUCKET,
+        "report.db",
+        b"from B",
+        b_number,
+        "the object holds B's data and B's token",
+    )
+    .await;
 
     // The negative: the same late write straight to the store overwrites B.
     e.backend
@@ -683,9 +693,7 @@ async fn reference_scenario_and_the_unfenced_negative(kind: BackendKind) {
         .await
         .expect("an unfenced store accepts anything");
     assert_eq!(
-        stored(&e.backend, BUCKET, "report.db")
-            .await
-            .map(|(b, _)| b),
+        stored_body(&e.backend, BUCKET, "report.db").await,
         Some(b"late A".to_vec()),
         "without the fence, A's late write destroys B's"
     );
@@ -802,10 +810,7 @@ async fn every_write_operation_is_fenced(kind: BackendKind) {
         "stale copy"
     );
     fenced!(copy(), t(10)).send().await.expect("copy");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "copy").await,
-        Some((b"source".to_vec(), Some(10)))
-    );
+    assert_stored(&e.backend, BUCKET, "copy", b"source", 10).await;
 
     // DeleteObject
     let del = || c.delete_object().bucket(BUCKET).key("copy");
@@ -1050,11 +1055,15 @@ async fn multipart_token_binds_at_create_and_a_new_holder_stops_complete(kind: B
         .await
         .expect_err("stale complete");
     assert_eq!(err, (Some(409), "FencingTokenStale".to_owned()));
-    assert_eq!(
-        stored(&e.backend, BUCKET, "big").await,
-        Some((b"new holder".to_vec(), Some(2))),
-        "the old upload never lands"
-    );
+    assert_stored_as(
+        &e.backend,
+        BUCKET,
+        "big",
+        b"new holder",
+        2,
+        "the old upload never lands",
+    )
+    .await;
 
     // The binding survives a proxy restart: a restarted proxy still knows
     // the upload's token and still refuses it.
@@ -1142,11 +1151,15 @@ async fn epoch_barrier_cuts_a_stale_streaming_upload(kind: BackendKind) {
     );
 
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        stored(&e.backend, BUCKET, "epoch").await,
-        Some((b"token 2".to_vec(), Some(2))),
-        "the token-1 object never appears"
-    );
+    assert_stored_as(
+        &e.backend,
+        BUCKET,
+        "epoch",
+        b"token 2",
+        2,
+        "the token-1 object never appears",
+    )
+    .await;
 }
 
 async fn concurrent_writers_never_lower_a_stored_token(kind: BackendKind) {
@@ -1255,10 +1268,7 @@ async fn forged_tokens_are_refused_and_leave_max_unchanged(kind: BackendKind) {
         Some(3),
         "no forged token raised the max"
     );
-    assert_eq!(
-        stored(&e.backend, BUCKET, "k").await,
-        Some((b"genuine".to_vec(), Some(3)))
-    );
+    assert_stored(&e.backend, BUCKET, "k", b"genuine", 3).await;
 }
 
 async fn client_errors_get_clear_s3_errors_and_write_nothing(kind: BackendKind) {
@@ -1409,11 +1419,15 @@ async fn writes_the_store_refuses_leave_the_object_as_it_was(kind: BackendKind) 
             .expect("sent");
         let (status, code, body) = error_of(r).await;
         assert_eq!((status, code.as_str()), (400, "BadDigest"), "{body}");
-        assert_eq!(
-            stored(&e.backend, BUCKET, "k").await,
-            Some((b"original".to_vec(), Some(1))),
-            "a body refused for its digest replaced nothing"
-        );
+        assert_stored_as(
+            &e.backend,
+            BUCKET,
+            "k",
+            b"original",
+            1,
+            "a body refused for its digest replaced nothing",
+        )
+        .await;
     }
 
     let r = http
@@ -1456,10 +1470,7 @@ async fn writes_the_store_refuses_leave_the_object_as_it_was(kind: BackendKind) 
 
     // The proxy still knows the key: the holder's next write goes through.
     e.put("k", &token, "second").await.expect("next write");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "k").await,
-        Some((b"second".to_vec(), Some(1)))
-    );
+    assert_stored(&e.backend, BUCKET, "k", b"second", 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1567,10 +1578,7 @@ async fn plain_tokens_wait_for_a_reachable_lease_service() {
     // Below the max, a plain token is stale without asking anyone.
     let r = put("4".into()).await.expect("sent");
     assert_eq!(r.status().as_u16(), 409);
-    assert_eq!(
-        stored(&backend, BUCKET, "k").await,
-        Some((b"x".to_vec(), Some(5)))
-    );
+    assert_stored(&backend, BUCKET, "k", b"x", 5).await;
 }
 
 /// `locksvc_url` may list the replicas of a lease service: a plain token is
@@ -1628,10 +1636,7 @@ async fn plain_tokens_are_checked_with_the_next_lease_service_replica() {
     assert_eq!(r.status(), 403);
     fencegate_testkit::assert_mentions(&r.text().await.expect("body"), &["FencingTokenNotIssued"]);
     assert_eq!(stored(&backend, BUCKET, "made-up").await, None);
-    assert_eq!(
-        stored(&backend, BUCKET, "plain").await,
-        Some((b"x".to_vec(), Some(number)))
-    );
+    assert_stored(&backend, BUCKET, "plain", b"x", number).await;
 }
 
 /// The multipart checks of the probe are optional: a store without
@@ -1664,10 +1669,7 @@ async fn a_backend_without_multipart_is_probed_and_served() {
     .send()
     .await
     .expect("a fenced PUT goes through");
-    assert_eq!(
-        stored(&backend, BUCKET, "k").await,
-        Some((b"served".to_vec(), Some(1)))
-    );
+    assert_stored(&backend, BUCKET, "k", b"served", 1).await;
     // What the backend lacks is 501, not a 503 that invites retries.
     assert_refused!(
         fenced!(
@@ -1755,10 +1757,7 @@ async fn a_refused_upload_leaves_its_connection_usable() {
         answers.starts_with("HTTP/1.1 409"),
         "the refused upload's answer comes first: {answers}"
     );
-    assert_eq!(
-        stored(&e.backend, BUCKET, "k").await,
-        Some((b"current".to_vec(), Some(2)))
-    );
+    assert_stored(&e.backend, BUCKET, "k", b"current", 2).await;
 }
 
 /// An upload keeps the fence scope it was created in: after the scopes are
@@ -1874,10 +1873,7 @@ async fn copy_source_conditions_are_never_dropped(kind: BackendKind) {
         .send()
         .await
         .expect("a copy whose source condition holds");
-    assert_eq!(
-        stored(&e.backend, BUCKET, "dst").await,
-        Some((b"the source".to_vec(), Some(1)))
-    );
+    assert_stored(&e.backend, BUCKET, "dst", b"the source", 1).await;
     // What the store reads, per the probe: forwarded under that name only.
     let copy_head = requests()
         .into_iter()

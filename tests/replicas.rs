@@ -99,10 +99,7 @@ async fn a_stale_put_through_the_other_replica_fails_at_the_store_and_is_redecid
         1.0,
         "the store refused replica 1's condition, which then re-decided"
     );
-    assert_eq!(
-        stored(&r.backend, BUCKET, "k").await,
-        Some((b"bob".to_vec(), Some(2)))
-    );
+    assert_stored(&r.backend, BUCKET, "k", b"bob", 2).await;
 }
 
 /// Object-level refusal: replica 1 has no state for the key; it sends the
@@ -128,10 +125,7 @@ async fn a_replica_that_never_saw_the_key_refuses_by_the_stored_token(kind: Back
         Some(1),
         "replica 1 never saw token 2"
     );
-    assert_eq!(
-        stored(&r.backend, BUCKET, "k").await,
-        Some((b"bob".to_vec(), Some(2)))
-    );
+    assert_stored(&r.backend, BUCKET, "k", b"bob", 2).await;
 }
 
 async fn a_stale_copy_through_the_other_replica_is_refused(kind: BackendKind) {
@@ -154,10 +148,7 @@ async fn a_stale_copy_through_the_other_replica_is_refused(kind: BackendKind) {
         .await
         .expect_err("alice's stale copy");
     assert_eq!(error_of(&e), (Some(409), "FencingTokenStale".to_owned()));
-    assert_eq!(
-        stored(&r.backend, BUCKET, "k").await,
-        Some((b"bob".to_vec(), Some(2)))
-    );
+    assert_stored(&r.backend, BUCKET, "k", b"bob", 2).await;
 }
 
 async fn a_stale_delete_through_the_other_replica_is_refused(kind: BackendKind) {
@@ -176,10 +167,7 @@ async fn a_stale_delete_through_the_other_replica_is_refused(kind: BackendKind) 
         .await
         .expect_err("alice's stale delete");
     assert_eq!(error_of(&e), (Some(409), "FencingTokenStale".to_owned()));
-    assert_eq!(
-        stored(&r.backend, BUCKET, "k").await,
-        Some((b"bob".to_vec(), Some(2)))
-    );
+    assert_stored(&r.backend, BUCKET, "k", b"bob", 2).await;
 }
 
 /// An upload alice created before bob's write, completed after it through
@@ -224,10 +212,7 @@ async fn a_stale_complete_through_the_other_replica_is_refused(kind: BackendKind
     .await
     .expect_err("alice's stale complete");
     assert_eq!(error_of(&e), (Some(409), "FencingTokenStale".to_owned()));
-    assert_eq!(
-        stored(&r.backend, BUCKET, "k").await,
-        Some((b"bob".to_vec(), Some(2)))
-    );
+    assert_stored(&r.backend, BUCKET, "k", b"bob", 2).await;
 }
 
 /// What an ETag condition cannot see. An ETag is a hash of the content, not
@@ -268,10 +253,7 @@ async fn a_delayed_write_over_identical_bytes_lands_through_the_other_replica(ki
     let (a, b) = tokio::join!(alice("pack-diff"), bob("pack-diff", "pack v2"));
     b.expect("bob via r2");
     stale(a, "alice's delayed write over different bytes");
-    assert_eq!(
-        stored(&r.backend, BUCKET, "pack-diff").await,
-        Some((b"pack v2".to_vec(), Some(2)))
-    );
+    assert_stored(&r.backend, BUCKET, "pack-diff", b"pack v2", 2).await;
 
     // Identical bytes: the ETag alice's write is conditioned on still
     // matches, and her stale write replaces bob's.
@@ -325,9 +307,13 @@ async fn with_shared_fences_the_delayed_write_is_decided_before_the_newer_holder
         bob_done >= HOLD,
         "bob was admitted after {bob_done:?}, before alice's held write was decided"
     );
-    assert_eq!(
-        stored(&r.backend, BUCKET, "pack-same").await,
-        Some((b"pack v1".to_vec(), Some(2))),
-        "the newer holder's write is what stays"
-    );
+    assert_stored_as(
+        &r.backend,
+        BUCKET,
+        "pack-same",
+        b"pack v1",
+        2,
+        "the newer holder's write is what stays",
+    )
+    .await;
 }

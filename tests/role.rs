@@ -221,7 +221,7 @@ async fn a_role_outlives_credential_ttl_through_files_its_processes_read() {
     let out = output_of(aws_cp()).await;
     assert!(out.status.success(), "{}", output_text(&out));
     assert_eq!(
-        stored(&e.backend, BUCKET, "wal/3").await.map(|(b, _)| b),
+        stored_body(&e.backend, BUCKET, "wal/3").await,
         Some(b"from the aws CLI".to_vec())
     );
 

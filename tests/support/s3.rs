@@ -742,6 +742,33 @@ pub async fn stored(backend: &Backend, bucket: &str, key: &str) -> Option<(Vec<u
 }
 
 /// The token metadata of an object (HEAD straight to the backend).
+/// Fails unless the backend holds `body` at `bucket/key`, tagged with
+/// `token`.
+pub async fn assert_stored(backend: &Backend, bucket: &str, key: &str, body: &[u8], token: u64) {
+    assert_stored_as(backend, bucket, key, body, token, "").await;
+}
+
+/// [`assert_stored`], saying `why` on failure.
+pub async fn assert_stored_as(
+    backend: &Backend,
+    bucket: &str,
+    key: &str,
+    body: &[u8],
+    token: u64,
+    why: &str,
+) {
+    assert_eq!(
+        stored(backend, bucket, key).await,
+        Some((body.to_vec(), Some(token))),
+        "{bucket}/{key}: {why}"
+    );
+}
+
+/// The body the backend holds at `bucket/key`, token or not.
+pub async fn stored_body(backend: &Backend, bucket: &str, key: &str) -> Option<Vec<u8>> {
+    stored(backend, bucket, key).await.map(|(body, _)| body)
+}
+
 pub async fn stored_token(backend: &Backend, bucket: &str, key: &str) -> Option<u64> {
     match read_token(&backend.direct(), bucket, key).await {
         Ok(Read::Token(t)) => Some(t),
