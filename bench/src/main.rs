@@ -621,13 +621,8 @@ async fn main() -> anyhow::Result<()> {
     };
 
     if do_small {
-        keep(
-            "small",
-            small::run(&ctx, &small_opts).await,
-            small::print,
-            &mut report.results.small,
-            &mut report.failures,
-        );
+        report.results.small =
+            report.kept("small", small::run(&ctx, &small_opts).await, small::print);
         if let Some(r) = &report.results.small {
             let note = chart::note(
                 &report.machine.nproc,
@@ -646,64 +641,45 @@ async fn main() -> anyhow::Result<()> {
         checkpoint(&mut report)?;
     }
     if do_large {
-        keep(
-            "large",
-            large::run(&ctx, &large_opts).await,
-            large::print,
-            &mut report.results.large,
-            &mut report.failures,
-        );
+        report.results.large =
+            report.kept("large", large::run(&ctx, &large_opts).await, large::print);
         checkpoint(&mut report)?;
     }
     if do_rt {
-        keep(
+        report.results.roundtrips = report.kept(
             "roundtrips",
             roundtrips::run(&ctx, rt_puts).await,
             roundtrips::print,
-            &mut report.results.roundtrips,
-            &mut report.failures,
         );
         checkpoint(&mut report)?;
     }
     if do_leases {
-        keep(
+        report.results.leases = report.kept(
             "locksvc/etcd",
             leases::run(&fencegate, tmp, &lease_opts(with_etcd)).await,
             leases::print,
-            &mut report.results.leases,
-            &mut report.failures,
         );
         checkpoint(&mut report)?;
     }
     if do_growth {
-        keep(
+        report.results.growth = report.kept(
             "growth",
             growth::run(&growth_opts, &fencegate, tmp).await,
             growth::print,
-            &mut report.results.growth,
-            &mut report.failures,
         );
         checkpoint(&mut report)?;
     }
 
     if do_ha {
-        keep(
-            "ha",
-            ha::run(&fencegate, tmp, &ha_opts).await,
-            ha::print,
-            &mut report.results.ha,
-            &mut report.failures,
-        );
+        report.results.ha = report.kept("ha", ha::run(&fencegate, tmp, &ha_opts).await, ha::print);
         checkpoint(&mut report)?;
     }
 
     if do_replicas {
-        keep(
+        report.results.replicas = report.kept(
             "replicas",
             replicas::run(&ctx, &replica_opts).await,
             replicas::print,
-            &mut report.results.replicas,
-            &mut report.failures,
         );
         checkpoint(&mut report)?;
     }
@@ -739,20 +715,19 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One benchmark's outcome: its report printed and kept in `slot`, or why
-/// it failed in `failures` (the others still run).
-fn keep<R>(
-    name: &str,
-    outcome: anyhow::Result<R>,
-    print: fn(&R),
-    slot: &mut Option<R>,
-    failures: &mut Vec<String>,
-) {
-    match outcome {
-        Ok(r) => {
-            print(&r);
-            *slot = Some(r);
+impl Report {
+    /// One benchmark's report, printed, or `None` with why it failed
+    /// among the failures (the others still run).
+    fn kept<R>(&mut self, name: &str, outcome: anyhow::Result<R>, print: fn(&R)) -> Option<R> {
+        match outcome {
+            Ok(r) => {
+                print(&r);
+                Some(r)
+            }
+            Err(e) => {
+                self.failures.push(format!("{name}: {e:#}"));
+                None
+            }
         }
-        Err(e) => failures.push(format!("{name}: {e:#}")),
     }
 }
