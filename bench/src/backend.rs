@@ -257,28 +257,16 @@ pub fn sdk_client(endpoint: &str, key: (&str, &str)) -> aws_sdk_s3::Client {
 /// The proxy configuration: no `[[scopes]]` (bucket `bench` is fenced by
 /// lock `bench`), signed tokens, the probe on [`BUCKET`].
 pub fn proxy_toml(backend_endpoint: &str, db: &std::path::Path) -> String {
-    format!(
-        r#"
-db = "{db}"
-signing_keys = ["{key}"]
-probe_bucket = "{BUCKET}"
-
-[backend]
-endpoint = "{backend_endpoint}"
-access_key = "{bk}"
-secret_key = "{bs}"
-
-[[clients]]
-access_key = "{ck}"
-secret_key = "{cs}"
-"#,
-        db = db.display(),
-        key = crate::util::SIGNING_KEY,
-        bk = BACKEND_KEY.0,
-        bs = BACKEND_KEY.1,
-        ck = CLIENT_KEY.0,
-        cs = CLIENT_KEY.1,
-    )
+    fencegate_testkit::config::ProxyToml {
+        db,
+        signing_key: crate::util::SIGNING_KEY,
+        probe_bucket: BUCKET,
+        endpoint: backend_endpoint,
+        backend_key: BACKEND_KEY,
+        client_key: CLIENT_KEY,
+        extra: "",
+    }
+    .text()
 }
 
 /// A fresh `fencegate proxy` process (the release binary) in front of
@@ -313,16 +301,10 @@ impl ProxyProc {
             &config,
             proxy_toml(&backend.endpoint, &dir.path().join("proxy.db")) + &extra,
         )?;
-        let mut cmd = std::process::Command::new(fencegate);
-        cmd.args([
-            "proxy",
-            "--create-db",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(&config)
-        .env("FENCEGATE_LOG", "warn");
+        let cmd = fencegate_testkit::config::proxy_command(
+            std::process::Command::new(fencegate),
+            &config,
+        );
         let log = dir.path().join("proxy.log");
         let proc =
             tokio::task::spawn_blocking(move || crate::util::Proc::start_fencegate(cmd, log))

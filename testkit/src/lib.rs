@@ -1,8 +1,10 @@
 //! What the test suites and the bench share, so that each is written once:
 //! the proptest configuration (`proptest`), the S3 client every test and
 //! benchmark starts from, and the SigV4 signing setup of hand-made
-//! requests (`s3`); hand-written servers that play a peer (`tcp`). Never a dependency of a product crate.
+//! requests (`s3`); hand-written servers that play a peer (`tcp`); the proxy config they
+//! start from (`config`). Never a dependency of a product crate.
 
+pub mod config;
 #[cfg(feature = "proptest")]
 pub mod proptest;
 #[cfg(feature = "s3")]

@@ -495,30 +495,16 @@ pub struct Proxy {
 /// The default proxy config for tests: client keys, anonymous allowed,
 /// signed tokens required, probe on `bucket`.
 pub fn proxy_toml(backend: &Backend, dir: &Path, bucket: &str, extra: &str) -> String {
-    format!(
-        r#"
-db = "{db}"
-allow_anonymous = true
-signing_keys = ["{SIGNING_KEY}"]
-probe_bucket = "{bucket}"
-{extra}
-
-[backend]
-endpoint = "{endpoint}"
-access_key = "{bk}"
-secret_key = "{bs}"
-
-[[clients]]
-access_key = "{ck}"
-secret_key = "{cs}"
-"#,
-        db = dir.join("proxy.db").display(),
-        endpoint = backend.endpoint,
-        bk = backend.key.0,
-        bs = backend.key.1,
-        ck = CLIENT_KEY.0,
-        cs = CLIENT_KEY.1,
-    )
+    fencegate_testkit::config::ProxyToml {
+        db: &dir.join("proxy.db"),
+        signing_key: SIGNING_KEY,
+        probe_bucket: bucket,
+        endpoint: &backend.endpoint,
+        backend_key: (&backend.key.0, &backend.key.1),
+        client_key: CLIENT_KEY,
+        extra: &format!("allow_anonymous = true\n{extra}"),
+    }
+    .text()
 }
 
 /// [`proxy_toml`] with the backend reached at `endpoint` (a relay in front
@@ -538,17 +524,7 @@ pub fn proxy_toml_to(
 }
 
 pub fn proxy_cmd(config: &Path) -> Command {
-    let mut cmd = fencegate();
-    cmd.args([
-        "proxy",
-        "--create-db",
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-    ])
-    .arg(config)
-    .env("FENCEGATE_LOG", "warn");
-    cmd
+    fencegate_testkit::config::proxy_command(fencegate(), config)
 }
 
 impl Proxy {
