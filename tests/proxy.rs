@@ -1610,15 +1610,7 @@ async fn plain_tokens_are_checked_with_the_next_lease_service_replica() {
     )
     .await;
     let http = reqwest::Client::new();
-    let lease: serde_json::Value = http
-        .post(format!("{}/v1/locks/{BUCKET}/acquire", locksvc.url))
-        .json(&serde_json::json!({"owner": "alice", "ttl_ms": 60_000}))
-        .send()
-        .await
-        .expect("acquire")
-        .json()
-        .await
-        .expect("lease");
+    let lease = support::alice_lease(&http, &locksvc.url, BUCKET).await;
     let number = lease["token"].as_u64().expect("token");
     let put = |key: &str, token: u64| {
         http.put(format!("{}/{BUCKET}/{key}", proxy.url))

@@ -420,20 +420,13 @@ async fn proxy_over_https_serves_s3_and_checks_plain_tokens_with_the_lease_servi
         .expect("TLS")
         .build()
         .expect("client");
-    let lease: serde_json::Value = pki
+    let with_certificate = pki
         .client_tls(true)
         .http_client()
         .expect("TLS")
         .build()
-        .expect("client")
-        .post(format!("{}/v1/locks/{BUCKET}/acquire", locksvc.url))
-        .json(&serde_json::json!({"owner": "alice", "ttl_ms": 60_000}))
-        .send()
-        .await
-        .expect("acquire over https")
-        .json()
-        .await
-        .expect("lease");
+        .expect("client");
+    let lease = alice_lease(&with_certificate, &locksvc.url, BUCKET).await;
     let number = lease["token"].as_u64().expect("token");
     let signed = lease["fencing_token"].as_str().expect("signed").to_owned();
 

@@ -148,6 +148,19 @@ pub fn succeeds(cmd: &mut Command, what: &str) -> std::process::Output {
     out
 }
 
+/// A lease of `lock` for `alice` (60 s) from the lease service at
+/// `locksvc`, asked by `http`; the lease's JSON.
+pub async fn alice_lease(http: &reqwest::Client, locksvc: &str, lock: &str) -> Value {
+    http.post(format!("{locksvc}/v1/locks/{lock}/acquire"))
+        .json(&json!({"owner": "alice", "ttl_ms": 60_000}))
+        .send()
+        .await
+        .expect("acquire")
+        .json()
+        .await
+        .expect("lease")
+}
+
 /// Starts `cmd` with stdin closed and its stdout and stderr piped.
 pub fn spawn_piped(cmd: &mut Command) -> Child {
     cmd.stdin(Stdio::null())
