@@ -459,6 +459,16 @@ impl LockTable {
 mod tests {
     use super::*;
 
+    /// A new table and the lock `name`.
+    fn table_and(name: &str) -> (LockTable, LockName) {
+        (LockTable::new(), lock(name))
+    }
+
+    /// When the live lease of `l` expires, seen at `at`.
+    fn expiry(t: &LockTable, l: &LockName, at: u64) -> Option<Timestamp> {
+        t.live(l, Timestamp(at)).map(|x| x.expires_at)
+    }
+
     fn lock(s: &str) -> LockName {
         LockName::new(s).expect("valid lock name")
     }
@@ -483,37 +493,48 @@ mod tests {
         );
         assert_eq!(renew(None, 3, 0), RenewStep::NotHolder, "released");
 
-        let release =
-            |current, token, now, issued| ReleaseStep::of(current, token, Timestamp(now), issued);
-        assert_eq!(
-            release(Some(&lease), 3, 200, true),
-            ReleaseStep::Remove,
-            "expired too"
-        );
-        assert_eq!(
-            release(Some(&lease), 2, 200, true),
-            ReleaseStep::NotHolder,
-            "newer granted"
-        );
-        assert_eq!(
-            release(Some(&lease), 4, 99, true),
-            ReleaseStep::NotHolder,
-            "another is live"
-        );
-        assert_eq!(
-            release(Some(&lease), 4, 100, true),
-            ReleaseStep::AlreadyEnded
-        );
-        assert_eq!(
-            release(None, 4, 0, true),
-            ReleaseStep::AlreadyEnded,
-            "a retry"
-        );
-        assert_eq!(
-            release(None, 4, 0, false),
-            ReleaseStep::NotHolder,
-            "never issued"
-        );
+        for (current, token, now, issued, step, why) in [
+            (
+                Some(&lease),
+                3,
+                200,
+                true,
+                ReleaseStep::Remove,
+                "expired too",
+            ),
+            (
+                Some(&lease),
+                2,
+                200,
+                true,
+                ReleaseStep::NotHolder,
+                "newer granted",
+            ),
+            (
+                Some(&lease),
+                4,
+                99,
+                true,
+                ReleaseStep::NotHolder,
+                "another is live",
+            ),
+            (
+                Some(&lease),
+                4,
+                100,
+                true,
+                ReleaseStep::AlreadyEnded,
+                "it ended",
+            ),
+            (None, 4, 0, true, ReleaseStep::AlreadyEnded, "a retry"),
+            (None, 4, 0, false, ReleaseStep::NotHolder, "never issued"),
+        ] {
+            assert_eq!(
+                ReleaseStep::of(current, token, Timestamp(now), issued),
+                step,
+                "{why}"
+            );
+        }
     }
 
     #[test]
@@ -574,8 +595,7 @@ mod tests {
 
     #[test]
     fn renewal_keeps_the_token_and_extends() {
-        let mut t = LockTable::new();
-        let l = lock("x");
+        let (mut t, l) = table_and("x");
         t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
         let r = t.renew(&l, 1, TTL, Timestamp(9_000)).expect("live");
         assert_eq!((r.token, r.expires_at), (1, Timestamp(19_000)));
@@ -584,8 +604,7 @@ mod tests {
 
     #[test]
     fn expired_lease_cannot_be_renewed_even_if_nobody_took_it() {
-        let mut t = LockTable::new();
-        let l = lock("x");
+        let (mut t, l) = table_and("x");
         t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
         let lost = t.renew(&l, 1, TTL, Timestamp(10_000)).expect_err("expired");
         assert_eq!(lost.current, None);
@@ -593,8 +612,7 @@ mod tests {
 
     #[test]
     fn same_owner_after_expiry_or_release_gets_a_new_token() {
-        let mut t = LockTable::new();
-        let l = lock("x");
+        let (mut t, l) = table_and("x");
         t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
         let again = t
             .acquire(&l, "A", None, TTL, Timestamp(10_000))
@@ -610,8 +628,7 @@ mod tests {
 
     #[test]
     fn reacquire_with_the_same_key_is_idempotent_and_tells_the_truth() {
-        let mut t = LockTable::new();
-        let l = lock("x");
+        let (mut t, l) = table_and("x");
         let k = KeyDigest::of(b"alice-secret-0123456789");
         t.acquire(&l, "A", Some(k), TTL, Timestamp(0))
             .expect("free");
@@ -625,16 +642,12 @@ mod tests {
             .acquire(&l, "A", Some(k), Duration::from_secs(1), Timestamp(2_000))
             .expect("own lease");
         assert_eq!(short.lease.expires_at, Timestamp(3_000));
-        assert_eq!(
-            t.live(&l, Timestamp(2_500)).map(|x| x.expires_at),
-            Some(Timestamp(3_000))
-        );
+        assert_eq!(expiry(&t, &l, 2_500), Some(Timestamp(3_000)));
     }
 
     #[test]
     fn the_holders_name_without_its_key_is_refused() {
-        let mut t = LockTable::new();
-        let l = lock("x");
+        let (mut t, l) = table_and("x");
         let k = KeyDigest::of(b"alice-secret-0123456789");
         t.acquire(&l, "A", Some(k), TTL, Timestamp(0))
             .expect("free");
@@ -657,16 +670,12 @@ mod tests {
         let m = lock("y");
         t.acquire(&m, "A", None, TTL, Timestamp(0)).expect("free");
         assert!(t.acquire(&m, "A", None, TTL, Timestamp(1)).is_err());
-        assert_eq!(
-            t.live(&m, Timestamp(1)).map(|x| x.expires_at),
-            Some(Timestamp(10_000))
-        );
+        assert_eq!(expiry(&t, &m, 1), Some(Timestamp(10_000)));
     }
 
     #[test]
     fn a_shorter_renewal_shortens_the_lease() {
-        let mut t = LockTable::new();
-        let l = lock("x");
+        let (mut t, l) = table_and("x");
         t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
         let r = t
             .renew(&l, 1, Duration::from_secs(1), Timestamp(2_000))
@@ -682,8 +691,7 @@ mod tests {
 
     #[test]
     fn release_by_a_stale_holder_is_refused() {
-        let mut t = LockTable::new();
-        let l = lock("x");
+        let (mut t, l) = table_and("x");
         t.acquire(&l, "A", None, TTL, Timestamp(0)).expect("free");
         t.acquire(&l, "B", None, TTL, Timestamp(20_000))
             .expect("expired");
