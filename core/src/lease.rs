@@ -464,6 +464,16 @@ mod tests {
         (LockTable::new(), lock(name))
     }
 
+    /// A table where `A` holds `x` from 0 for `TTL` under the idempotency
+    /// key digest returned.
+    fn held_with_key() -> (LockTable, LockName, KeyDigest) {
+        let (mut t, l) = table_and("x");
+        let k = KeyDigest::of(b"alice-secret-0123456789");
+        t.acquire(&l, "A", Some(k), TTL, Timestamp(0))
+            .expect("free");
+        (t, l, k)
+    }
+
     /// When the live lease of `l` expires, seen at `at`.
     fn expiry(t: &LockTable, l: &LockName, at: u64) -> Option<Timestamp> {
         t.live(l, Timestamp(at)).map(|x| x.expires_at)
@@ -628,10 +638,7 @@ mod tests {
 
     #[test]
     fn reacquire_with_the_same_key_is_idempotent_and_tells_the_truth() {
-        let (mut t, l) = table_and("x");
-        let k = KeyDigest::of(b"alice-secret-0123456789");
-        t.acquire(&l, "A", Some(k), TTL, Timestamp(0))
-            .expect("free");
+        let (mut t, l, k) = held_with_key();
         let again = t
             .acquire(&l, "A", Some(k), TTL, Timestamp(1_000))
             .expect("own lease");
@@ -647,10 +654,7 @@ mod tests {
 
     #[test]
     fn the_holders_name_without_its_key_is_refused() {
-        let (mut t, l) = table_and("x");
-        let k = KeyDigest::of(b"alice-secret-0123456789");
-        t.acquire(&l, "A", Some(k), TTL, Timestamp(0))
-            .expect("free");
+        let (mut t, l, k) = held_with_key();
         for (key, why) in [
             (None, "no key"),
             (Some(KeyDigest::of(b"guessed-0123456789")), "another key"),
