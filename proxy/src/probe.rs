@@ -786,7 +786,6 @@ impl Prober<'_> {
         if_match: Option<&str>,
     ) -> Result<Answer, ProbeError> {
         let (bucket, key) = (self.bucket, self.key.as_str());
-        let failed = |what: &str, e: s3s::S3Error| ProbeError::Store(format!("{what}: {e}"));
         let created = self
             .timed(
                 self.client
@@ -796,7 +795,7 @@ impl Prober<'_> {
                     .send(),
             )
             .await?
-            .map_err(|e| failed("CreateMultipartUpload", crate::backend::sdk_error(e)))?;
+            .map_err(|e| store_failed("CreateMultipartUpload", crate::backend::sdk_error(e)))?;
         let upload_id = created.upload_id().unwrap_or_default().to_owned();
         let a = self
             .complete_upload(&upload_id, if_none_match, if_match)
@@ -826,7 +825,6 @@ impl Prober<'_> {
         if_match: Option<&str>,
     ) -> Result<Answer, ProbeError> {
         let (bucket, key) = (self.bucket, self.key.as_str());
-        let failed = |what: &str, e: s3s::S3Error| ProbeError::Store(format!("{what}: {e}"));
         let part = self
             .timed(
                 self.client
@@ -839,7 +837,7 @@ impl Prober<'_> {
                     .send(),
             )
             .await?
-            .map_err(|e| failed("UploadPart", crate::backend::sdk_error(e)))?;
+            .map_err(|e| store_failed("UploadPart", crate::backend::sdk_error(e)))?;
         let parts = CompletedMultipartUpload::builder()
             .parts(
                 CompletedPart::builder()
@@ -859,6 +857,11 @@ impl Prober<'_> {
             .set_if_match(if_match.map(str::to_owned));
         answer(self.timed(req.send()).await?)
     }
+}
+
+/// A store call `what` that failed with `e`.
+fn store_failed(what: &str, e: s3s::S3Error) -> ProbeError {
+    ProbeError::Store(format!("{what}: {e}"))
 }
 
 /// A check of one request that the store should refuse.
