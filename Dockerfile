@@ -41,6 +41,7 @@ COPY lease-api lease-api
 COPY locksvc locksvc
 COPY proxy proxy
 COPY bench bench
+COPY testkit testkit
 COPY src src
 
 # The registry and target caches survive between builds (BuildKit); the
