@@ -11,6 +11,7 @@
 mod client;
 mod credential_process;
 mod dev;
+mod election_cmd;
 mod failure;
 mod fence_client;
 mod lease_cmd;
@@ -55,6 +56,10 @@ enum Command {
     /// Take, renew, release or inspect a lease.
     #[command(subcommand)]
     Lease(lease_cmd::LeaseCommand),
+    /// Read an etcd election a lock follows (Patroni's leader key, etcd's
+    /// election and lock recipes).
+    #[command(subcommand)]
+    Election(election_cmd::ElectionCommand),
     /// Run a command while holding a lease; stop it if the lease is lost.
     Run(run_cmd::RunArgs),
     /// Print the role's current lease-bound credentials for an AWS
@@ -113,6 +118,7 @@ fn main() -> ExitCode {
                 .map_err(Failure::from),
             Command::Dev(args) => dev::dev(args).await.map(|()| 0).map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
+            Command::Election(cmd) => election_cmd::run(cmd).await.map(|()| 0),
             Command::Run(args) => run_cmd::run(args).await,
             Command::CredentialProcess(args) => credential_process::credential_process(&args)
                 .map(|()| 0)

@@ -324,6 +324,7 @@ fn example_configs_show_every_option() {
                 ("[[clients]]", "clients"),
                 ("[[viewers]]", "viewers"),
                 ("[cluster]", "cluster"),
+                ("[[elections]]", "elections"),
             ],
             "locksvc" => &[("[[api_keys]]", "api_keys"), ("[etcd]", "etcd")],
             _ => &[],

@@ -1,5 +1,6 @@
-//! fencegate's etcd client, shared by the lease service (`locksvc::etcd`)
-//! and the proxy's replicas (`proxy::cluster`): one client per member,
+//! fencegate's etcd client, shared by the lease service (`locksvc::etcd`),
+//! the proxy's replicas (`proxy::cluster`) and the elections locks may
+//! follow ([`election`]): one client per member,
 //! connected when first needed (with etcd auth, connecting is a request,
 //! which a member that is down at start would fail), and every call bounded
 //! by `request_timeout` in all, failing over from a silent member to the
@@ -8,6 +9,8 @@
 //! up.
 
 pub use etcd_client;
+
+pub mod election;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use std::future::Future;

@@ -87,6 +87,11 @@ pub struct ProxyConfig {
     /// Empty: every bucket is its own scope, fenced by the lock named like
     /// the bucket.
     pub scopes: Vec<ScopeConfig>,
+    /// Locks whose tokens an election the cluster already runs issues
+    /// (Patroni's leader key, etcd's election and lock recipes), instead
+    /// of the lease service: the token is the holder key's
+    /// `create_revision`, checked with the election on every write.
+    pub elections: Vec<crate::election::ElectionConfig>,
     /// What happens to writes outside every configured scope.
     pub unscoped_writes: UnscopedPolicy,
     /// Bucket for the start-up probe of conditional writes. Default: the
@@ -293,6 +298,7 @@ impl Default for ProxyConfig {
             allow_anonymous: false,
             signing_keys: Vec::new(),
             accept_unsigned_tokens: None,
+            elections: Vec::new(),
             locksvc_url: None,
             locksvc_api_key: None,
             locksvc_ca_file: None,
@@ -507,7 +513,20 @@ impl ProxyConfig {
                 ));
             }
         }
-        if self.signing_keys.is_empty() && self.accept_unsigned_tokens != Some(true) {
+        let mut elected = std::collections::HashSet::new();
+        for (i, e) in self.elections.iter().enumerate() {
+            p.extend(e.problems(i));
+            if !elected.insert(e.lock.as_str()) {
+                p.push(format!(
+                    "elections[{i}]: lock {} follows another election already; one election per lock",
+                    e.lock
+                ));
+            }
+        }
+        if self.signing_keys.is_empty()
+            && self.accept_unsigned_tokens != Some(true)
+            && self.elections.is_empty()
+        {
             p.push(format!(
                 "signing_keys is empty: set the lease service's keys (or {ENV_SIGNING_KEYS}) so only tokens it signed are accepted, or accept_unsigned_tokens = true to accept plain numbers from clients you trust"
             ));

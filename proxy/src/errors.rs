@@ -182,7 +182,9 @@ pub fn rejected(r: &Rejection) -> S3Error {
         | Rejection::NotText
         | Rejection::Disagree { .. } => Code::InvalidToken.error(r.to_string()),
         Rejection::Unsigned => Code::TokenUnsigned.error(r.to_string()),
-        Rejection::NotIssued { .. } => Code::TokenNotIssued.error(r.to_string()),
+        Rejection::NotIssued { .. }
+        | Rejection::NotTheElections { .. }
+        | Rejection::NotElected(_) => Code::TokenNotIssued.error(r.to_string()),
         Rejection::Verify(fencegate_core::token::VerifyError::WrongLock { .. }) => {
             Code::TokenWrongLock.error(r.to_string())
         }

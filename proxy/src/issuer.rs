@@ -1,4 +1,6 @@
-//! Plain tokens checked with the lease service that issued them.
+//! Plain tokens checked with whoever issued them: the lease service, or
+//! for a lock that follows an election (`[[elections]]`, see
+//! [`crate::election`]), the election itself.
 //!
 //! A plain decimal token carries no signature, so the proxy cannot tell a
 //! number the lease service issued from one a client made up. With
@@ -16,10 +18,18 @@
 //! service one call per lock at a time, and a holder's write waits for at
 //! most the question out and its own.
 //!
+//! An election's answer is never remembered: each write at or above its
+//! lock's max is checked against the election as it stands then, so a
+//! leader that lost its key is refused at once, before its successor has
+//! written anything. The lease service's "yes" is remembered (its tokens
+//! are only ever superseded by higher ones, which the fence refuses).
+//!
 //! An `https://` lease service is reached with `locksvc_ca_file` (and a
 //! client certificate if it requires one): the question names no secret,
 //! but a forged "yes" would let a made-up number raise a scope's max.
 
+use crate::election::{Election, Elections, Seat, Shows};
+use fencegate_core::LockName;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,10 +39,12 @@ use std::time::Instant;
 /// out are forgotten.
 const LOCKS_ASKED: usize = 4096;
 
-/// The lease service, as the proxy asks it about plain tokens.
+/// Who the proxy asks about plain tokens: the lease service, and the
+/// elections of the locks that follow one.
 #[derive(Debug)]
 pub struct Issuer {
-    api: fencegate_lease_api::Client,
+    api: Option<fencegate_lease_api::Client>,
+    elections: Elections,
     /// The highest token confirmed per lock.
     confirmed: Mutex<HashMap<String, u64>>,
     /// Per lock, the last question asked; its lock is held while one is
@@ -40,11 +52,11 @@ pub struct Issuer {
     asked: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Asked>>>>>,
 }
 
-/// A question about a lock and its answer: the lock's current token.
+/// A question about a lock and its answer: who holds it now.
 #[derive(Debug, Clone)]
 struct Asked {
     sent: Instant,
-    current: Result<Option<u64>, String>,
+    current: Result<Shows, String>,
 }
 
 /// What the lease service said about a plain token.
@@ -54,6 +66,9 @@ pub enum Answer {
     Issued(Issued),
     /// The lock's current token is another one (or none is held).
     NotIssued,
+    /// The lock's election shows another holder, or none: why, naming the
+    /// election and what it holds.
+    NotElected(String),
 }
 
 /// The lease service's word that it issued a token: what makes a plain
@@ -79,19 +94,34 @@ impl Issued {
 
 impl Issuer {
     /// Asks the lease service `api` (its TLS and timeout are the
-    /// client's).
-    pub fn new(api: fencegate_lease_api::Client) -> Issuer {
+    /// client's), if given, and each lock's election in `elections`.
+    pub fn new(api: Option<fencegate_lease_api::Client>, elections: Elections) -> Issuer {
         Issuer {
             api,
+            elections,
             confirmed: Mutex::new(HashMap::new()),
             asked: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Whether the lease service issued `token` for `lock` (asked unless
-    /// already confirmed). An error means it could not be asked.
-    pub async fn check(&self, lock: &str, token: u64) -> Result<Answer, String> {
-        if self.already_confirmed(lock, token) {
+    /// Where `lock`'s election keeps its holder, if the lock follows one.
+    pub fn election_of(&self, lock: &LockName) -> Option<&Seat> {
+        self.elections.of(lock).map(Election::seat)
+    }
+
+    /// Whether a plain token of `lock` can be checked here: the lock
+    /// follows an election, or the lease service is configured.
+    pub fn checks(&self, lock: &LockName) -> bool {
+        self.api.is_some() || self.elections.of(lock).is_some()
+    }
+
+    /// Whether `token` is `lock`'s current token: issued by the lease
+    /// service (asked unless already confirmed) or shown by the lock's
+    /// election (always asked). An error means it could not be asked.
+    pub async fn check(&self, lock: &LockName, token: u64) -> Result<Answer, String> {
+        let election = self.elections.of(lock);
+        let lock = lock.as_str();
+        if election.is_none() && self.already_confirmed(lock, token) {
             return Ok(Answer::Issued(Issued { token }));
         }
         let arrived = Instant::now();
@@ -103,7 +133,10 @@ impl Issuer {
             Some(a) if a.sent >= arrived => a.current.clone(),
             _ => {
                 let sent = Instant::now();
-                let current = self.ask(lock).await;
+                let current = match election {
+                    Some(e) => e.shows().await,
+                    None => self.ask(lock).await,
+                };
                 *last = Some(Asked {
                     sent,
                     current: current.clone(),
@@ -112,8 +145,35 @@ impl Issuer {
             }
         };
         drop(last);
-        if current? != Some(token) {
-            return Ok(Answer::NotIssued);
+        let shows = current.map_err(|why| match election {
+            Some(el) => format!("{} cannot be read: {why}", el.seat()),
+            None => why,
+        })?;
+        match (&shows, election) {
+            (Shows::Held { revision, .. }, _) if *revision == token => {}
+            (_, None) => return Ok(Answer::NotIssued),
+            (Shows::Vacant, Some(e)) => {
+                return Ok(Answer::NotElected(format!(
+                    "{} has no holder: nobody leads lock {lock} now, so no token {token} is admitted",
+                    e.seat()
+                )));
+            }
+            (
+                Shows::Held {
+                    key,
+                    holder,
+                    revision,
+                },
+                Some(e),
+            ) => {
+                return Ok(Answer::NotElected(format!(
+                    "token {token} is not the holder's: {} shows {holder:?} holding lock {lock} with the key {key}, created at revision {revision}",
+                    e.seat()
+                )));
+            }
+        }
+        if election.is_some() {
+            return Ok(Answer::Issued(Issued { token }));
         }
         let mut confirmed = self.confirmed.lock();
         let best = confirmed.entry(lock.to_owned()).or_insert(token);
@@ -130,18 +190,28 @@ impl Issuer {
         asked.entry(lock.to_owned()).or_default().clone()
     }
 
-    /// The current token of `lock`, from the lease service.
-    async fn ask(&self, lock: &str) -> Result<Option<u64>, String> {
-        let body = self.api.status(lock, None).await.map_err(|e| match e {
+    /// Who holds `lock` now, from the lease service.
+    async fn ask(&self, lock: &str) -> Result<Shows, String> {
+        let Some(api) = &self.api else {
+            return Err("no lease service is configured (locksvc_url)".into());
+        };
+        let body = api.status(lock, None).await.map_err(|e| match e {
             fencegate_lease_api::ClientError::Refused { status, error } => format!(
                 "the lease service at {} answered {status} {}: {}",
-                self.api.base(),
+                api.base(),
                 error.code.as_str(),
                 error.message
             ),
             other => other.to_string(),
         })?;
-        Ok(body.token)
+        Ok(match body.token {
+            Some(revision) => Shows::Held {
+                key: String::new(),
+                holder: body.owner.unwrap_or_default(),
+                revision,
+            },
+            None => Shows::Vacant,
+        })
     }
 
     /// Whether `token` is the last token confirmed for `lock`. (Tokens are
@@ -188,15 +258,20 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_flood_of_made_up_numbers_asks_one_question_at_a_time() {
         let (url, asked) = slow_lease_service().await;
-        let issuer = Arc::new(Issuer::new(fencegate_lease_api::Client::new(
-            reqwest::Client::new(),
-            &url,
-            None,
-        )));
+        let issuer = Arc::new(Issuer::new(
+            Some(fencegate_lease_api::Client::new(
+                reqwest::Client::new(),
+                &url,
+                None,
+            )),
+            Elections::default(),
+        ));
+        let db = LockName::new("db").expect("lock");
         let flood: Vec<_> = (0..200u64)
             .map(|n| {
                 let issuer = issuer.clone();
-                tokio::spawn(async move { issuer.check("db", 1000 + n).await })
+                let db = db.clone();
+                tokio::spawn(async move { issuer.check(&db, 1000 + n).await })
             })
             .collect();
         for f in flood {
@@ -209,7 +284,7 @@ mod tests {
         // The holder's own number is still confirmed, with a question of
         // its own.
         assert_eq!(
-            issuer.check("db", 7).await,
+            issuer.check(&db, 7).await,
             Ok(Answer::Issued(Issued { token: 7 }))
         );
     }

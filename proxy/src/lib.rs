@@ -18,7 +18,9 @@
 //!   only sender of object writes;
 //! - [`scope`]: which lock fences a bucket/key;
 //! - [`tokens`]: the `Fencing-Token` header and its verification;
-//!   [`issuer`]: plain tokens checked with the lease service;
+//!   [`issuer`]: plain tokens checked with the lease service, or with the
+//!   lock's election ([`election`]: Patroni's leader key, etcd's election
+//!   and lock recipes);
 //! - [`fences`]: max_token per lock and the epoch barrier;
 //! - [`keys`]: per-key serialization and the ETag cache;
 //! - [`body`]: request bodies a newer epoch can cut; [`trailer`]:
@@ -50,6 +52,7 @@ pub mod devstore;
 mod dialect;
 mod early;
 pub mod edge;
+mod election;
 mod errors;
 mod events;
 pub mod fences;

@@ -45,6 +45,18 @@ pub fn named_lock(headers: &HeaderMap, access_key: Option<&str>) -> Option<LockN
     }
 }
 
+/// The one `Fencing-Token` header's text, if the request has one.
+fn header_text(headers: &HeaderMap) -> Result<Option<&str>, Rejection> {
+    let mut values = headers.get_all(crate::header_names::FENCING_TOKEN).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(Rejection::Repeated);
+    }
+    value.to_str().map(Some).map_err(|_| Rejection::NotText)
+}
+
 /// A token the proxy may admit and write with. Its field is private: only
 /// this module makes one (see the module docs), so holding one is proof.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +149,12 @@ pub enum Rejection {
     #[error("{0}")]
     Verify(VerifyError),
     #[error(
+        "lock {lock} follows {seat}: send the holder key's create_revision as a plain Fencing-Token (what `fencegate election token` prints), not a lease service's token or credentials"
+    )]
+    NotTheElections { lock: String, seat: String },
+    #[error("{0}")]
+    NotElected(String),
+    #[error(
         "the Fencing-Token header names token {header}, but the lease credentials are bound to token {credentials}"
     )]
     Disagree { header: u64, credentials: u64 },
@@ -157,15 +175,10 @@ impl TokenPolicy {
         headers: &HeaderMap,
         lock: &LockName,
     ) -> Result<Option<Presented>, Rejection> {
-        let mut values = headers.get_all(crate::header_names::FENCING_TOKEN).iter();
-        let Some(value) = values.next() else {
-            return Ok(None);
-        };
-        if values.next().is_some() {
-            return Err(Rejection::Repeated);
+        match header_text(headers)? {
+            Some(text) => self.verify(text, lock).map(Some),
+            None => Ok(None),
         }
-        let text = value.to_str().map_err(|_| Rejection::NotText)?;
-        self.verify(text, lock).map(Some)
     }
 
     /// The token of a request: from the `Fencing-Token` header and/or the
@@ -200,6 +213,33 @@ impl TokenPolicy {
             // The credentials vouch for the number the header repeats.
             (_, Some(c)) => Ok(Some(Presented::Vouched(VerifiedToken { number: c }))),
             (h, None) => Ok(h),
+        }
+    }
+
+    /// The token of a write to a lock that follows an election: a plain
+    /// number, the holder key's `create_revision`, that only the election
+    /// can vouch for. A signed token or lease-bound credentials are the
+    /// lease service's and name no election's holder: refused.
+    pub fn elected(
+        &self,
+        headers: &HeaderMap,
+        access_key: Option<&str>,
+        lock: &LockName,
+        seat: &str,
+    ) -> Result<Option<Unvouched>, Rejection> {
+        let not_its = || Rejection::NotTheElections {
+            lock: lock.to_string(),
+            seat: seat.to_owned(),
+        };
+        if let Some(Ok(_)) = access_key.map(fencegate_core::credentials::parse_access_key) {
+            return Err(not_its());
+        }
+        let Some(text) = header_text(headers)? else {
+            return Ok(None);
+        };
+        match FencingToken::parse(text.trim()).map_err(Rejection::Malformed)? {
+            FencingToken::Plain(number) => Ok(Some(Unvouched { number })),
+            FencingToken::Signed(_) => Err(not_its()),
         }
     }
 

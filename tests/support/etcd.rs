@@ -294,6 +294,25 @@ impl EtcdCluster {
         Some(String::from_utf8_lossy(&bytes).into_owned())
     }
 
+    /// Puts `value` at `key` (as `etcdctl put` would) through the first
+    /// member's JSON gateway; the key's `create_revision`.
+    pub fn put(&self, key: &str, value: &str) -> u64 {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let put: serde_json::Value = reqwest::blocking::Client::new()
+            .post(format!("{}/v3/kv/put", self.members[0].client_url))
+            .json(&serde_json::json!({ "key": b64.encode(key), "value": b64.encode(value) }))
+            .send()
+            .and_then(|r| r.json())
+            .unwrap_or_else(|e| panic!("etcd put: {e}"));
+        assert!(put["header"]["revision"].is_string(), "etcd put: {put}");
+        let read = self.gateway("range", key);
+        read["kvs"][0]["create_revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("{key} after a put: {read}"))
+    }
+
     /// Deletes `key` (as an operator would with `etcdctl del`), through
     /// the first member's JSON gateway.
     pub fn delete(&self, key: &str) {

@@ -200,9 +200,10 @@ impl Gate {
                     keys,
                     config.unsigned_tokens_accepted() && config.locksvc_url.is_none(),
                 ),
-                lease_service
-                    .filter(|_| config.unsigned_tokens_accepted())
-                    .map(Issuer::new),
+                issuer(
+                    lease_service.filter(|_| config.unsigned_tokens_accepted()),
+                    &config.elections,
+                )?,
                 fences.clone(),
                 refuser.clone(),
             ),
@@ -345,4 +346,30 @@ impl Gate {
             self.fences.max(scope.fence()),
         ))
     }
+}
+
+/// Who checks plain tokens: the lease service (with `locksvc_url` and
+/// `accept_unsigned_tokens`) and each `[[elections]]` lock's election;
+/// `None` when neither is configured.
+fn issuer(
+    lease_service: Option<fencegate_lease_api::Client>,
+    elections: &[crate::election::ElectionConfig],
+) -> anyhow::Result<Option<Issuer>> {
+    let mut by_lock = std::collections::HashMap::new();
+    for (i, e) in elections.iter().enumerate() {
+        let lock = fencegate_core::LockName::new(&e.lock)
+            .map_err(|why| anyhow::anyhow!("elections[{i}].lock: {why}"))?;
+        let seat = e.seat().ok_or_else(|| {
+            anyhow::anyhow!("elections[{i}] names no single etcd_key or etcd_prefix")
+        })?;
+        let etcd = fencegate_etcd::Etcd::new(&e.connection())?;
+        by_lock.insert(lock, crate::election::Election::new(seat, etcd));
+    }
+    if lease_service.is_none() && by_lock.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Issuer::new(
+        lease_service,
+        crate::election::Elections::new(by_lock),
+    )))
 }

@@ -127,19 +127,38 @@ impl TokenCheck {
                 },
             )
         };
-        let presented = self
-            .policy
-            .in_request(req.headers, req.access_key, &scope.lock)
-            .map_err(refuse)?;
-        let unvouched = match presented {
-            None => return Ok(None),
-            Some(Presented::Vouched(token)) => {
-                crate::events::note_verified();
-                return Ok(Some(token));
+        let election = self
+            .issuer
+            .as_ref()
+            .and_then(|i| i.election_of(&scope.lock));
+        let unvouched = match election {
+            // A lock that follows an election: only the election vouches.
+            Some(seat) => {
+                let presented = self
+                    .policy
+                    .elected(req.headers, req.access_key, &scope.lock, &seat.to_string())
+                    .map_err(refuse)?;
+                match presented {
+                    None => return Ok(None),
+                    Some(u) => u,
+                }
             }
-            Some(Presented::Unvouched(u)) => u,
+            None => {
+                let presented = self
+                    .policy
+                    .in_request(req.headers, req.access_key, &scope.lock)
+                    .map_err(refuse)?;
+                match presented {
+                    None => return Ok(None),
+                    Some(Presented::Vouched(token)) => {
+                        crate::events::note_verified();
+                        return Ok(Some(token));
+                    }
+                    Some(Presented::Unvouched(u)) => u,
+                }
+            }
         };
-        let Some(issuer) = &self.issuer else {
+        let Some(issuer) = self.issuer.as_ref().filter(|i| i.checks(&scope.lock)) else {
             return Err(refuse(Rejection::Unsigned));
         };
         if let Some(below) = unvouched.below(self.fences.max(scope.fence())) {
@@ -147,11 +166,15 @@ impl TokenCheck {
         }
         let token = unvouched.number();
         // Boxed: an HTTP call, rare, and large (see `Call`).
-        match Box::pin(issuer.check(scope.lock.as_str(), token)).await {
+        let asked = match election {
+            Some(seat) => seat.to_string(),
+            None => "the lease service".to_owned(),
+        };
+        match Box::pin(issuer.check(&scope.lock, token)).await {
             Ok(Answer::Issued(proof)) => {
                 let Some(verified) = unvouched.issued(proof) else {
                     return Err(errors::retry(format!(
-                        "the lease service confirmed another token than {token}; retry"
+                        "{asked} confirmed another token than {token}; retry"
                     )));
                 };
                 crate::events::note_verified();
@@ -163,6 +186,10 @@ impl TokenCheck {
                 token,
                 lock: scope.lock.to_string(),
             })),
+            Ok(Answer::NotElected(why)) => Err(refuse(Rejection::NotElected(why))),
+            Err(e) if election.is_some() => Err(errors::retry(format!(
+                "cannot check token {token} with {asked} ({e}); nothing is admitted until it answers; retry"
+            ))),
             Err(e) => Err(errors::retry(format!(
                 "cannot check plain token {token} with the lease service ({e}); retry, or send the signed fencing_token"
             ))),

@@ -1,0 +1,82 @@
+//! Reading an election the cluster runs in etcd: who holds it, and the
+//! holder's fencing token, the `create_revision` of its key.
+//!
+//! - **A leader key** (Patroni's `/<namespace>/<scope>/leader`, bound to
+//!   the leader's etcd lease): whoever the key names holds.
+//! - **A prefix** (etcd's election and lock recipes: `etcdctl elect`,
+//!   `etcdctl lock`, Go's `concurrency` package): each candidate puts a
+//!   key under the prefix; the key with the lowest `create_revision` holds.
+//!
+//! etcd revisions only grow, and a new holder's key is created after the
+//! old one's was deleted or expired, so each new holder has a higher
+//! token than every holder before it.
+
+use crate::{CallError, Etcd};
+use etcd_client::{GetOptions, SortOrder, SortTarget};
+
+/// Where an election keeps its holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seat {
+    /// One key: whoever it names holds (Patroni's leader key).
+    Key(String),
+    /// A prefix: the key under it with the lowest `create_revision` holds.
+    Prefix(String),
+}
+
+impl std::fmt::Display for Seat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seat::Key(k) => write!(f, "the etcd leader key {k}"),
+            Seat::Prefix(p) => write!(f, "the etcd election under {p}"),
+        }
+    }
+}
+
+/// What an election shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shows {
+    /// Held through the key `key`, whose value names the `holder`, created
+    /// at `revision`: the holder's token.
+    Held {
+        key: String,
+        holder: String,
+        revision: u64,
+    },
+    /// Nobody holds it.
+    Vacant,
+}
+
+/// Who holds the election at `seat` now, read linearizably (etcd's
+/// default read, answered by the leader with a quorum).
+pub async fn shows(etcd: &Etcd, seat: &Seat) -> Result<Shows, String> {
+    let (key, options) = match seat {
+        Seat::Key(k) => (k.clone(), None),
+        Seat::Prefix(p) => (
+            p.clone(),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1),
+            ),
+        ),
+    };
+    let answer = etcd
+        .call(|mut c| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { c.get(key, options).await }
+        })
+        .await;
+    let (got, _) = answer.map_err(|e| match e {
+        CallError::Unavailable(why) => why,
+        CallError::Refused(e) => format!("etcd refused the read: {e}"),
+    })?;
+    let Some(kv) = got.kvs().first() else {
+        return Ok(Shows::Vacant);
+    };
+    Ok(Shows::Held {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        holder: String::from_utf8_lossy(kv.value()).into_owned(),
+        revision: u64::try_from(kv.create_revision()).unwrap_or(0),
+    })
+}

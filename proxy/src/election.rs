@@ -1,0 +1,225 @@
+//! Locks whose holder an election decides: an election the cluster
+//! already runs in etcd (`[[elections]]`: Patroni's leader key, etcd's
+//! election and lock recipes) issues the lock's tokens, not the lease
+//! service. The token is the holder key's `create_revision`
+//! ([`fencegate_etcd::election`] reads it), so the fence rule of `core`
+//! applies unchanged.
+//!
+//! The proxy verifies, never trusts: a token at or above its lock's max is
+//! admitted only if a linearizable read of the election shows it as the
+//! holder's, then and there. No answer is remembered, so a holder that lost
+//! the election is refused as soon as its key is gone, before its successor
+//! writes. The questions are asked by [`crate::issuer::Issuer`], one per
+//! lock at a time.
+
+use fencegate_core::LockName;
+use fencegate_etcd::Etcd;
+pub use fencegate_etcd::election::{Seat, Shows};
+use std::collections::HashMap;
+
+/// One lock's election.
+#[derive(Debug)]
+pub struct Election {
+    seat: Seat,
+    etcd: Etcd,
+}
+
+impl Election {
+    pub fn new(seat: Seat, etcd: Etcd) -> Election {
+        Election { seat, etcd }
+    }
+
+    /// Where it keeps its holder, for messages.
+    pub fn seat(&self) -> &Seat {
+        &self.seat
+    }
+
+    /// Who holds it now.
+    pub async fn shows(&self) -> Result<Shows, String> {
+        fencegate_etcd::election::shows(&self.etcd, &self.seat).await
+    }
+}
+
+/// The elections of the configured locks.
+#[derive(Debug, Default)]
+pub struct Elections {
+    by_lock: HashMap<LockName, Election>,
+}
+
+impl Elections {
+    pub fn new(by_lock: HashMap<LockName, Election>) -> Elections {
+        Elections { by_lock }
+    }
+
+    /// The election that issues `lock`'s tokens, if one does.
+    pub fn of(&self, lock: &LockName) -> Option<&Election> {
+        self.by_lock.get(lock)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_lock.is_empty()
+    }
+}
+
+/// One `[[elections]]` table of the proxy config: a lock whose tokens an
+/// etcd election issues.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElectionConfig {
+    /// The lock a scope names (by default, a bucket's lock is the bucket's
+    /// name).
+    pub lock: String,
+    /// A leader key: whoever it names holds the lock (Patroni:
+    /// `/<namespace>/<scope>/leader`, by default `/service/<scope>/leader`).
+    #[serde(default)]
+    pub etcd_key: Option<String>,
+    /// An election or lock prefix (etcd's recipes: `etcdctl elect NAME`
+    /// puts keys under `NAME/`): the key under it with the lowest
+    /// `create_revision` holds.
+    #[serde(default)]
+    pub etcd_prefix: Option<String>,
+    /// Client URLs of the election's etcd members.
+    pub endpoints: Vec<String>,
+    /// etcd user, if etcd auth is on.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Its password (never printed).
+    #[serde(default)]
+    pub password: Option<Password>,
+    /// PEM CA certificate(s) for `https://` endpoints.
+    #[serde(default, deserialize_with = "fencegate_net::tls::optional_path")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate for etcd's mutual TLS (with `key_file`).
+    #[serde(default, deserialize_with = "fencegate_net::tls::optional_path")]
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(default, deserialize_with = "fencegate_net::tls::optional_path")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// Longest one read of the election may take; then the write gets 503.
+    #[serde(default = "default_request_timeout", with = "humantime_serde")]
+    pub request_timeout: std::time::Duration,
+}
+
+fn default_request_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(2)
+}
+
+/// A password: read from the config, never printed.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Password(String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl ElectionConfig {
+    /// Where the election keeps its holder, if exactly one seat is named.
+    pub fn seat(&self) -> Option<Seat> {
+        match (&self.etcd_key, &self.etcd_prefix) {
+            (Some(k), None) => Some(Seat::Key(k.clone())),
+            (None, Some(p)) => Some(Seat::Prefix(p.clone())),
+            _ => None,
+        }
+    }
+
+    /// How to reach its etcd.
+    pub fn connection(&self) -> fencegate_etcd::Connection {
+        let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+        fencegate_etcd::Connection {
+            endpoints: self.endpoints.clone(),
+            credentials: nonempty(&self.username)
+                .zip(nonempty(&self.password.as_ref().map(|p| p.0.clone()))),
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            request_timeout: self.request_timeout,
+            connect_timeout: self.request_timeout.min(std::time::Duration::from_secs(1)),
+        }
+    }
+
+    /// Every problem, each prefixed `elections[i]`.
+    pub fn problems(&self, i: usize) -> Vec<String> {
+        let table = format!("elections[{i}]");
+        let mut p = Vec::new();
+        if let Err(e) = LockName::new(&self.lock) {
+            p.push(format!("{table}.lock {:?}: {e}", self.lock));
+        }
+        match (&self.etcd_key, &self.etcd_prefix) {
+            (Some(k), None) | (None, Some(k)) if !k.is_empty() => {}
+            (Some(_), Some(_)) => p.push(format!(
+                "{table}: etcd_key and etcd_prefix are both set; name one: the leader key (Patroni) or the election's prefix"
+            )),
+            _ => p.push(format!(
+                "{table}: name the election: etcd_key (a leader key, such as Patroni's /service/<scope>/leader) or etcd_prefix (etcd's election and lock recipes)"
+            )),
+        }
+        if self.endpoints.is_empty() {
+            p.push(format!(
+                "{table}.endpoints is empty: list the election's etcd members"
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            p.push(format!("{table}.request_timeout must be above 0"));
+        }
+        if self.username.is_some() != self.password.is_some() {
+            p.push(format!("{table}.username and {table}.password go together"));
+        }
+        p.extend(self.connection().problems(&table));
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(text: &str) -> crate::config::ProxyConfig {
+        toml::from_str(text).expect("parses")
+    }
+
+    #[test]
+    fn an_election_names_one_seat_and_its_members() {
+        let c = parsed(
+            "accept_unsigned_tokens = true\n[[elections]]\nlock = \"pg\"\netcd_key = \"/service/main/leader\"\nendpoints = [\"http://127.0.0.1:2379\"]\nusername = \"u\"\npassword = \"hunter2-secret\"\n",
+        );
+        assert!(!format!("{c:?}").contains("hunter2"), "the password is printed");
+        assert_eq!(
+            c.elections[0].seat(),
+            Some(Seat::Key("/service/main/leader".into()))
+        );
+        assert!(
+            c.elections[0].problems(0).is_empty(),
+            "{:?}",
+            c.elections[0].problems(0)
+        );
+
+        let c = parsed(
+            "accept_unsigned_tokens = true\n\
+             [[elections]]\nlock = \"pg\"\netcd_key = \"/a\"\netcd_prefix = \"/b/\"\nendpoints = []\n\
+             [[elections]]\nlock = \"pg\"\nendpoints = [\"127.0.0.1:2379\"]\n\
+             [[elections]]\nlock = \"no such lock!\"\netcd_prefix = \"/c/\"\nendpoints = [\"http://e:2379\"]\nrequest_timeout = \"0s\"\n",
+        );
+        fencegate_testkit::assert_mentions(
+            &c.problems().join("\n"),
+            &[
+                "elections[0]: etcd_key and etcd_prefix are both set",
+                "elections[0].endpoints is empty",
+                "elections[1]: name the election",
+                "elections[1].endpoints: \"127.0.0.1:2379\" must start with http://",
+                "elections[1]: lock pg follows another election already",
+                "elections[2].lock \"no such lock!\"",
+                "elections[2].request_timeout must be above 0",
+            ],
+        );
+        // Unknown keys are refused, as everywhere in the config.
+        assert!(
+            toml::from_str::<crate::config::ProxyConfig>(
+                "[[elections]]\nlock = \"pg\"\netcd_kye = \"/a\"\nendpoints = []\n"
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! Locks whose tokens an etcd election issues (`[[elections]]`): Patroni's
+//! leader key and etcd's election recipe, on a real etcd and a real
+//! proxy process. The token is the holder key's `create_revision`; the
+//! proxy reads the election itself and admits nothing on a client's word.
+
+#[macro_use]
+mod support;
+
+use support::etcd::EtcdCluster;
+use support::harness::BUCKET;
+use support::s3::*;
+
+/// One etcd member, a store with the bucket, and a proxy whose bucket's
+/// lock follows the election at `seat` (a TOML line) on that etcd.
+struct Setup {
+    etcd: EtcdCluster,
+    backend: Backend,
+    proxy: Proxy,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn start(seat: &str) -> Setup {
+        let etcd = blocking(|| EtcdCluster::start(1));
+        let backend = Backend::start(BackendKind::S3Fs).await;
+        backend.create_bucket(BUCKET).await;
+        let dir = support::tempdir();
+        let proxy = proxy_following(&backend, dir.path(), &etcd.endpoints(), seat).await;
+        Setup {
+            etcd,
+            backend,
+            proxy,
+            _dir: dir,
+        }
+    }
+
+    /// The body a PUT with `token` writes.
+    async fn assert_written_with(&self, key: &str, token: u64) {
+        let body = format!("written with {token}");
+        assert_stored(&self.backend, BUCKET, key, body.as_bytes(), token).await;
+    }
+}
+
+/// A proxy whose bucket's lock follows the election at `seat` (a TOML
+/// line: `etcd_key = "..."` or `etcd_prefix = "..."`) on `endpoints`.
+async fn proxy_following(
+    backend: &Backend,
+    dir: &std::path::Path,
+    endpoints: &str,
+    seat: &str,
+) -> Proxy {
+    let endpoints: Vec<&str> = endpoints.split(',').collect();
+    let elections = format!(
+        "[[elections]]\nlock = \"{BUCKET}\"\n{seat}\nendpoints = {endpoints:?}\nrequest_timeout = \"1s\"\n"
+    );
+    Proxy::start(&proxy_toml(backend, dir, BUCKET, &elections), dir).await
+}
+
+/// `f`, which blocks (etcd's JSON gateway is asked with a blocking
+/// client), off the runtime's async work.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// An anonymous PUT of `key` with `Fencing-Token: token`: the status, the
+/// body and `Fencing-Max-Token`.
+async fn put(proxy: &Proxy, key: &str, token: &str) -> (u16, String, Option<String>) {
+    let r = reqwest::Client::new()
+        .put(format!("{}/{BUCKET}/{key}", proxy.url))
+        .header("fencing-token", token)
+        .body(format!("written with {token}"))
+        .send()
+        .await
+        .expect("the proxy answers");
+    let max = r
+        .headers()
+        .get("fencing-max-token")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (r.status().as_u16(), r.text().await.unwrap_or_default(), max)
+}
+
+/// A PUT with `token` the proxy admits.
+async fn admitted(proxy: &Proxy, key: &str, token: &str) {
+    let (status, text, _) = put(proxy, key, token).await;
+    assert_eq!(status, 200, "{key} with {token}: {text}");
+}
+
+/// A PUT with `token` the proxy refuses (403), its message naming each of
+/// `needles`.
+async fn refused(proxy: &Proxy, key: &str, token: &str, needles: &[&str]) {
+    let (status, text, _) = put(proxy, key, token).await;
+    assert_eq!(status, 403, "{key} with {token}: {text}");
+    fencegate_testkit::assert_mentions(&text, needles);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_key_issues_the_tokens_and_a_deposed_leader_is_refused() {
+    let leader = "/service/pg/leader";
+    let setup = Setup::start(&format!("etcd_key = \"{leader}\"")).await;
+    let Setup {
+        etcd,
+        backend,
+        proxy,
+        ..
+    } = &setup;
+
+    // No leader: nothing is admitted, and the refusal says why.
+    refused(proxy, "wal/1", "5", &[leader, "no holder"]).await;
+    assert_eq!(stored(backend, BUCKET, "wal/1").await, None);
+
+    // node-a leads: its key's create_revision is its token.
+    let a = blocking(|| etcd.put(leader, "node-a"));
+    admitted(proxy, "wal/1", &a.to_string()).await;
+    setup.assert_written_with("wal/1", a).await;
+
+    // A number above the holder's is not the holder's: refused, naming
+    // what the election shows.
+    let forged = (a + 50).to_string();
+    refused(proxy, "wal/2", &forged, &[leader, "node-a"]).await;
+    assert_eq!(stored(backend, BUCKET, "wal/2").await, None);
+
+    // A signed token of the lease service is not this lock's.
+    refused(proxy, "wal/2", &signed(BUCKET, a + 1), &[leader]).await;
+
+    // Failover: node-a's key is gone, node-b's is created. node-a is
+    // refused at once, before node-b has written anything.
+    blocking(|| etcd.delete(leader));
+    let b = blocking(|| etcd.put(leader, "node-b"));
+    assert!(b > a, "a new leader key has a higher revision");
+    refused(proxy, "wal/2", &a.to_string(), &["node-b"]).await;
+    admitted(proxy, "wal/2", &b.to_string()).await;
+    // From now on node-a's token is below the max: stale.
+    let (status, text, max) = put(proxy, "wal/3", &a.to_string()).await;
+    assert_eq!(status, 409, "{text}");
+    assert_eq!(max, Some(b.to_string()));
+    assert_eq!(stored(backend, BUCKET, "wal/3").await, None);
+    setup.assert_written_with("wal/1", a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_prefix_the_lowest_create_revision_holds() {
+    let setup = Setup::start("etcd_prefix = \"/elect/pg/\"").await;
+    let Setup { etcd, proxy, .. } = &setup;
+    let first = blocking(|| etcd.put("/elect/pg/694d8a", "first"));
+    let second = blocking(|| etcd.put("/elect/pg/694d8b", "second"));
+    // The second candidate waits: its token is not the holder's.
+    refused(proxy, "k", &second.to_string(), &["first"]).await;
+    admitted(proxy, "k", &first.to_string()).await;
+    // The first resigns: the second holds, and the first is stale.
+    blocking(|| etcd.delete("/elect/pg/694d8a"));
+    admitted(proxy, "k", &second.to_string()).await;
+    let (status, text, max) = put(proxy, "k", &first.to_string()).await;
+    assert_eq!(status, 409, "{text}");
+    assert_eq!(max, Some(second.to_string()));
+    setup.assert_written_with("k", second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_that_cannot_be_read_admits_nothing() {
+    let backend = Backend::start(BackendKind::S3Fs).await;
+    backend.create_bucket(BUCKET).await;
+    let dir = support::tempdir();
+    // A port nothing listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let proxy = proxy_following(
+        &backend,
+        dir.path(),
+        &format!("http://{dead}"),
+        "etcd_key = \"/service/pg/leader\"",
+    )
+    .await;
+    let (status, text, _) = put(&proxy, "k", "7").await;
+    assert_eq!(status, 503, "{text}");
+    fencegate_testkit::assert_mentions(&text, &["/service/pg/leader"]);
+    assert_eq!(stored(&backend, BUCKET, "k").await, None);
+}
+
+/// Fails unless `out` exited with `code`; its stdout and stderr.
+fn exits(out: &std::process::Output, code: i32) -> String {
+    let text = support::output_text(out);
+    assert_eq!(out.status.code(), Some(code), "{text}");
+    text
+}
+
+/// `fencegate election token` prints the holder's token for the holder's
+/// identity, and fails with exit 3 for anyone else or when nobody holds.
+#[test]
+fn the_cli_prints_the_token_only_to_the_holder() {
+    let etcd = EtcdCluster::start(1);
+    let leader = "/service/cli/leader";
+    let token = |identity: &str| {
+        support::fencegate()
+            .args(["election", "token", "--endpoints", &etcd.endpoints()])
+            .args(["--key", leader, "--identity", identity])
+            .output()
+            .expect("runs")
+    };
+    let vacant = token("node-a");
+    fencegate_testkit::assert_mentions(&exits(&vacant, 3), &["no holder"]);
+    let a = etcd.put(leader, "node-a");
+    let held = token("node-a");
+    exits(&held, 0);
+    assert_eq!(String::from_utf8_lossy(&held.stdout).trim(), a.to_string());
+    let other = token("node-b");
+    fencegate_testkit::assert_mentions(&exits(&other, 3), &["node-a", leader]);
+}
