@@ -238,8 +238,7 @@ mod tests {
 
     #[test]
     fn counter_and_leases_round_trip_and_counter_never_lowers() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("l.db");
+        let (_dir, path) = fencegate_testkit::temp_path("l.db");
         let lease = Lease {
             lock: LockName::new("x").expect("valid"),
             owner: "A".into(),
@@ -261,8 +260,7 @@ mod tests {
 
     #[test]
     fn a_database_without_the_key_column_is_upgraded() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("old.db");
+        let (_dir, path) = fencegate_testkit::temp_path("old.db");
         {
             let conn = Connection::open(&path).expect("open");
             conn.execute_batch(

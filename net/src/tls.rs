@@ -200,22 +200,36 @@ impl TlsConfig {
             _ => builder.with_no_client_auth(),
         };
         let mut config = builder.with_single_cert(certs, key).map_err(|e| {
-            vec![match e {
-                rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-                    key_what: "tls.key_file",
-                    key: key_path.clone(),
-                    cert_what: "tls.cert_file",
-                    cert: cert_path.clone(),
-                },
-                e => TlsError::Unusable {
-                    what: "tls.key_file",
-                    path: key_path.clone(),
-                    detail: e.to_string(),
-                },
-            }]
+            vec![pair_refused(
+                e,
+                ("tls.key_file", key_path),
+                ("tls.cert_file", cert_path),
+            )]
         })?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Some(Arc::new(config)))
+    }
+}
+
+/// Why rustls refused a certificate and its key: they are not a pair, or
+/// the key is unusable. Each is named with what it is in the config.
+fn pair_refused(
+    e: rustls::Error,
+    (key_what, key): (&'static str, &PathBuf),
+    (cert_what, cert): (&'static str, &PathBuf),
+) -> TlsError {
+    match e {
+        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+            key_what,
+            key: key.clone(),
+            cert_what,
+            cert: cert.clone(),
+        },
+        e => TlsError::Unusable {
+            what: key_what,
+            path: key.clone(),
+            detail: e.to_string(),
+        },
     }
 }
 
@@ -256,19 +270,7 @@ impl ClientTls {
                 let der = load_key("client key", key)?;
                 builder
                     .with_client_auth_cert(certs, der)
-                    .map_err(|e| match e {
-                        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-                            key_what: "client key",
-                            key: key.clone(),
-                            cert_what: "client certificate",
-                            cert: cert.clone(),
-                        },
-                        e => TlsError::Unusable {
-                            what: "client key",
-                            path: key.clone(),
-                            detail: e.to_string(),
-                        },
-                    })
+                    .map_err(|e| pair_refused(e, ("client key", key), ("client certificate", cert)))
             }
             _ => Err(TlsError::Incomplete(
                 "a client certificate needs both its certificate and its key file".into(),

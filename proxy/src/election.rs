@@ -185,7 +185,10 @@ mod tests {
         let c = parsed(
             "accept_unsigned_tokens = true\n[[elections]]\nlock = \"pg\"\netcd_key = \"/service/main/leader\"\nendpoints = [\"http://127.0.0.1:2379\"]\nusername = \"u\"\npassword = \"hunter2-secret\"\n",
         );
-        assert!(!format!("{c:?}").contains("hunter2"), "the password is printed");
+        assert!(
+            !format!("{c:?}").contains("hunter2"),
+            "the password is printed"
+        );
         assert_eq!(
             c.elections[0].seat(),
             Some(Seat::Key("/service/main/leader".into()))

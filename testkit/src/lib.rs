@@ -20,3 +20,11 @@ pub fn assert_mentions(text: &str, needles: &[&str]) {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
 }
+
+/// A new temporary directory and the path of `name` in it (not created):
+/// keep the directory while the path is used.
+pub fn temp_path(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(name);
+    (dir, path)
+}

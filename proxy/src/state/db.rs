@@ -321,8 +321,7 @@ mod tests {
 
     #[test]
     fn max_never_lowers_and_survives_reopen() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("p.db");
+        let (_dir, path) = fencegate_testkit::temp_path("p.db");
         {
             let db = Db::open(&path, Opening::CreateIfMissing, 0).expect("open");
             db.raise("b", 5).expect("raise");
@@ -375,8 +374,7 @@ mod tests {
 
     #[test]
     fn a_run_is_unclean_until_it_says_otherwise() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("p.db");
+        let (_dir, path) = fencegate_testkit::temp_path("p.db");
         let open = || Db::open(&path, Opening::CreateIfMissing, 0).expect("open");
         assert!(open().begin_run().expect("first"), "no run before");
         assert!(
