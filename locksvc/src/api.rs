@@ -916,19 +916,22 @@ mod tests {
         // A POST with neither body nor type is told which body it lacks;
         // a wrong method is still a 405.
         let (s, v) = send(&app, "POST", path, &[LOCAL], "").await;
-        assert_eq!(
-            (s, v["error"]["code"].as_str()),
-            (400, Some("InvalidRequest")),
-            "{v}"
-        );
+        assert_refusal((s, &v), 400, "InvalidRequest");
         let (s, v) = send(&app, "POST", "/v1/locks/db", &[LOCAL], "").await;
-        assert_eq!(
-            (s, v["error"]["code"].as_str()),
-            (405, Some("MethodNotAllowed")),
-            "{v}"
-        );
+        assert_refusal((s, &v), 405, "MethodNotAllowed");
         drop(app);
         engine.stop();
+    }
+
+    /// Fails unless the answer `(status, body)` is a refusal with
+    /// `status` and the error `code`.
+    #[track_caller]
+    fn assert_refusal((s, v): (u16, &serde_json::Value), status: u16, code: &str) {
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{v}"
+        );
     }
 
     #[tokio::test]
@@ -964,22 +967,14 @@ mod tests {
         // authenticated (a site cannot send a Bearer key without asking).
         let form = [LOCAL, ("content-type", "application/x-www-form-urlencoded")];
         let (s, v) = send(&app, "POST", "/v1/locks/db/acquire", &form, ACQUIRE).await;
-        assert_eq!(
-            (s, v["error"]["code"].as_str()),
-            (401, Some("Unauthorized")),
-            "{v}"
-        );
+        assert_refusal((s, &v), 401, "Unauthorized");
         let keyed = [
             LOCAL,
             bearer,
             ("content-type", "application/x-www-form-urlencoded"),
         ];
         let (s, v) = send(&app, "POST", "/v1/locks/db/acquire", &keyed, ACQUIRE).await;
-        assert_eq!(
-            (s, v["error"]["code"].as_str()),
-            (415, Some("UnsupportedMediaType")),
-            "{v}"
-        );
+        assert_refusal((s, &v), 415, "UnsupportedMediaType");
         drop(app);
         engine.stop();
     }

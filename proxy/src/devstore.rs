@@ -102,34 +102,14 @@ impl S3 for DevStore {
         list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
     }
 
-    forward_s3! { fs => std::convert::identity; check_key;
+    forward_s3! { fs => std::convert::identity; check = crate::object_key::require_all;
         delete_object: DeleteObjectInput => DeleteObjectOutput;
         create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
         list_parts: ListPartsInput => ListPartsOutput;
         complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
         abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
-    }
-
-    async fn copy_object(
-        &self,
-        req: S3Request<CopyObjectInput>,
-    ) -> S3Result<S3Response<CopyObjectOutput>> {
-        crate::object_key::require(&req.input.key)?;
-        if let CopySource::Bucket { key, .. } = &req.input.copy_source {
-            crate::object_key::require(key)?;
-        }
-        self.fs.copy_object(req).await
-    }
-
-    async fn upload_part_copy(
-        &self,
-        req: S3Request<UploadPartCopyInput>,
-    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        crate::object_key::require(&req.input.key)?;
-        if let CopySource::Bucket { key, .. } = &req.input.copy_source {
-            crate::object_key::require(key)?;
-        }
-        self.fs.upload_part_copy(req).await
+        copy_object: CopyObjectInput => CopyObjectOutput;
+        upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
     }
 
     async fn delete_objects(

@@ -7,9 +7,15 @@
 /// attribute cannot see into a macro invocation.
 #[macro_export]
 macro_rules! forward_s3 {
-    // `check_key;`: the request's object key must pass
-    // `object_key::require` first (the dev store's own check).
-    ($target:ident => $map:path; check_key; $($name:ident: $input:ty => $output:ty;)*) => {
+    // `check = path;`: each request's input passes `path` first (the dev
+    // store's own key check, `object_key::require_all`).
+    ($target:ident => $map:path; check = $check:path; $($rest:tt)*) => {
+        $crate::forward_s3!(@each $target, $map, $check; $($rest)*);
+    };
+    ($target:ident => $map:path; $($rest:tt)*) => {
+        $crate::forward_s3!(@each $target, $map, $crate::object_key::unchecked; $($rest)*);
+    };
+    (@each $target:ident, $map:path, $check:path; $($name:ident: $input:ty => $output:ty;)*) => {
         $(
             fn $name<'life0, 'async_trait>(
                 &'life0 self,
@@ -20,23 +26,9 @@ macro_rules! forward_s3 {
                 Self: 'async_trait,
             {
                 Box::pin(async move {
-                    $crate::object_key::require(&req.input.key)?;
+                    $check(&req.input)?;
                     $map(self.$target().$name(req).await)
                 })
-            }
-        )*
-    };
-    ($target:ident => $map:path; $($name:ident: $input:ty => $output:ty;)*) => {
-        $(
-            fn $name<'life0, 'async_trait>(
-                &'life0 self,
-                req: s3s::S3Request<$input>,
-            ) -> std::pin::Pin<Box<dyn std::future::Future<Output = s3s::S3Result<s3s::S3Response<$output>>> + Send + 'async_trait>>
-            where
-                'life0: 'async_trait,
-                Self: 'async_trait,
-            {
-                Box::pin(async move { $map(self.$target().$name(req).await) })
             }
         )*
     };

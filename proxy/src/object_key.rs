@@ -98,9 +98,79 @@ pub fn require(key: &str) -> s3s::S3Result<()> {
     })
 }
 
+/// A request input that names object keys: its own key and, for a copy,
+/// the source's.
+pub trait NamesKeys {
+    /// Every object key the request names.
+    fn keys(&self) -> impl Iterator<Item = &str>;
+}
+
+/// Every key `input` names passes [`require`].
+pub fn require_all(input: &impl NamesKeys) -> s3s::S3Result<()> {
+    input.keys().try_for_each(require)
+}
+
+/// For requests that name no key, or are not checked here.
+pub fn unchecked<T>(_: &T) -> s3s::S3Result<()> {
+    Ok(())
+}
+
+macro_rules! names_its_key {
+    ($($input:ty),*) => {$(
+        impl NamesKeys for $input {
+            fn keys(&self) -> impl Iterator<Item = &str> {
+                std::iter::once(self.key.as_str())
+            }
+        }
+    )*};
+}
+
+names_its_key!(
+    s3s::dto::DeleteObjectInput,
+    s3s::dto::CreateMultipartUploadInput,
+    s3s::dto::ListPartsInput,
+    s3s::dto::CompleteMultipartUploadInput,
+    s3s::dto::AbortMultipartUploadInput
+);
+
+macro_rules! names_its_key_and_source {
+    ($($input:ty),*) => {$(
+        impl NamesKeys for $input {
+            fn keys(&self) -> impl Iterator<Item = &str> {
+                let source = match &self.copy_source {
+                    s3s::dto::CopySource::Bucket { key, .. } => Some(&**key),
+                    _ => None,
+                };
+                std::iter::once(self.key.as_str()).chain(source)
+            }
+        }
+    )*};
+}
+
+names_its_key_and_source!(s3s::dto::CopyObjectInput, s3s::dto::UploadPartCopyInput);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_names_its_key_and_its_source() {
+        let copy = |key: &str, source: &str| {
+            s3s::dto::CopyObjectInput::builder()
+                .bucket("b".into())
+                .key(key.into())
+                .copy_source(s3s::dto::CopySource::Bucket {
+                    bucket: "b".into(),
+                    key: source.into(),
+                    version_id: None,
+                })
+                .build()
+                .expect("input")
+        };
+        assert!(require_all(&copy("a", "b")).is_ok());
+        assert!(require_all(&copy("../x", "b")).is_err(), "its key");
+        assert!(require_all(&copy("a", "../x")).is_err(), "its source");
+    }
 
     #[test]
     fn ordinary_keys_pass() {
