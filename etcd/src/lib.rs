@@ -19,6 +19,36 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// An etcd password, from a config file or the environment: never
+/// printed (`Debug` shows `<redacted>`), so a config that is logged or
+/// shown in an error does not leak it.
+#[derive(Clone, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Password(String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl From<String> for Password {
+    fn from(s: String) -> Password {
+        Password(s)
+    }
+}
+
+impl AsRef<str> for Password {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// `Some` non-empty text (a config may show an unset option as `""`).
+pub fn nonempty<S: AsRef<str>>(s: &Option<S>) -> Option<&str> {
+    s.as_ref().map(AsRef::as_ref).filter(|s| !s.is_empty())
+}
+
 /// How to reach a cluster.
 #[derive(Debug, Clone, Default)]
 pub struct Connection {

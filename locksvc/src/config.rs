@@ -4,6 +4,7 @@
 
 pub use crate::auth::ApiKey;
 use crate::auth::LockPattern;
+use fencegate_etcd::nonempty;
 use fencegate_net::tls::TlsConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -132,7 +133,8 @@ pub struct LocksvcConfig {
 }
 
 /// The `[etcd]` table: where the locks live when they are not in SQLite.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+/// Its `Debug` never shows the password.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtcdConfig {
     /// Client URLs of the cluster's members (`http://host:2379`, or
@@ -155,7 +157,7 @@ pub struct EtcdConfig {
     pub username: Option<String>,
     /// Its password. Override with `FENCEGATE_ETCD_PASSWORD`, so it need
     /// not live in a file.
-    pub password: Option<String>,
+    pub password: Option<fencegate_etcd::Password>,
     /// PEM CA certificate(s) to trust for `https://` endpoints instead of
     /// the system roots.
     #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
@@ -202,32 +204,12 @@ impl Default for EtcdConfig {
     }
 }
 
-impl std::fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the password.
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("prefix", &self.prefix)
-            .field("epoch", &self.epoch)
-            .field("username", &self.username)
-            .field("ca_file", &self.ca_file)
-            .field("cert_file", &self.cert_file)
-            .field("request_timeout", &self.request_timeout)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Environment variables of the `[etcd]` table.
 pub const ENV_ETCD_ENDPOINTS: &str = "FENCEGATE_ETCD_ENDPOINTS";
 pub const ENV_ETCD_PREFIX: &str = "FENCEGATE_ETCD_PREFIX";
 pub const ENV_ETCD_EPOCH: &str = "FENCEGATE_ETCD_EPOCH";
 pub const ENV_ETCD_USERNAME: &str = "FENCEGATE_ETCD_USERNAME";
 pub const ENV_ETCD_PASSWORD: &str = "FENCEGATE_ETCD_PASSWORD";
-
-/// `Some` non-empty string (a config may show an unset option as `""`).
-fn nonempty(s: &Option<String>) -> Option<&str> {
-    s.as_deref().filter(|s| !s.is_empty())
-}
 
 impl EtcdConfig {
     /// The user and password to authenticate with, if both are set.
@@ -273,7 +255,7 @@ impl EtcdConfig {
             c.username = Some(v);
         }
         if let Some(v) = var(ENV_ETCD_PASSWORD) {
-            c.password = Some(v);
+            c.password = Some(v.into());
         }
     }
 

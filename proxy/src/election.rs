@@ -85,7 +85,7 @@ pub struct ElectionConfig {
     pub username: Option<String>,
     /// Its password (never printed).
     #[serde(default)]
-    pub password: Option<Password>,
+    pub password: Option<fencegate_etcd::Password>,
     /// PEM CA certificate(s) for `https://` endpoints.
     #[serde(default, deserialize_with = "fencegate_net::tls::optional_path")]
     pub ca_file: Option<std::path::PathBuf>,
@@ -104,17 +104,6 @@ fn default_request_timeout() -> std::time::Duration {
     std::time::Duration::from_secs(2)
 }
 
-/// A password: read from the config, never printed.
-#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
-#[serde(transparent)]
-pub struct Password(String);
-
-impl std::fmt::Debug for Password {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
 impl ElectionConfig {
     /// Where the election keeps its holder, if exactly one seat is named.
     pub fn seat(&self) -> Option<Seat> {
@@ -127,11 +116,11 @@ impl ElectionConfig {
 
     /// How to reach its etcd.
     pub fn connection(&self) -> fencegate_etcd::Connection {
-        let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
         fencegate_etcd::Connection {
             endpoints: self.endpoints.clone(),
-            credentials: nonempty(&self.username)
-                .zip(nonempty(&self.password.as_ref().map(|p| p.0.clone()))),
+            credentials: fencegate_etcd::nonempty(&self.username)
+                .zip(fencegate_etcd::nonempty(&self.password))
+                .map(|(u, p)| (u.to_owned(), p.to_owned())),
             ca_file: self.ca_file.clone(),
             cert_file: self.cert_file.clone(),
             key_file: self.key_file.clone(),

@@ -2,6 +2,7 @@
 //! through etcd. Without the table the proxy is one replica on SQLite.
 
 use fencegate_core::replicas::Timing;
+use fencegate_etcd::nonempty;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -50,7 +51,7 @@ pub struct ClusterConfig {
     /// `FENCEGATE_CLUSTER_USERNAME`.
     pub username: Option<String>,
     /// Its password. Override with `FENCEGATE_CLUSTER_PASSWORD`.
-    pub password: Option<String>,
+    pub password: Option<fencegate_etcd::Password>,
     /// PEM CA certificate(s) for `https://` endpoints.
     #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
     pub ca_file: Option<PathBuf>,
@@ -90,10 +91,6 @@ impl Default for ClusterConfig {
     }
 }
 
-fn nonempty(v: &Option<String>) -> Option<&str> {
-    v.as_deref().filter(|s| !s.is_empty())
-}
-
 impl ClusterConfig {
     /// Applies the `FENCEGATE_CLUSTER_*` and `FENCEGATE_REPLICA_ID`
     /// overrides; setting endpoints creates the table.
@@ -117,7 +114,7 @@ impl ClusterConfig {
             c.username = Some(v);
         }
         if let Some(v) = var(ENV_CLUSTER_PASSWORD) {
-            c.password = Some(v);
+            c.password = Some(v.into());
         }
     }
 
@@ -222,6 +219,20 @@ mod tests {
             &p.join("\n"),
             &["lock_delay", "replica_id", "request_timeout"],
         );
+    }
+
+    #[test]
+    fn the_password_is_never_printed() {
+        let mut cluster = None;
+        ClusterConfig::apply_env(&mut cluster, &|k: &str| match k {
+            ENV_CLUSTER_ENDPOINTS => Some("http://e:2379".into()),
+            ENV_CLUSTER_PASSWORD => Some("hunter2-secret".into()),
+            _ => None,
+        });
+        let c = cluster.expect("the endpoints create the table");
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        let conn = c.connection();
+        assert_eq!(conn.credentials, None, "no user: no credentials");
     }
 
     #[test]
