@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 use support::harness::{BUCKET, Harness};
 use support::s3::{BACKEND_KEY, BackendKind, CLIENT_KEY, error_of, proxy_cmd, signed};
-use support::{SIGNING_KEY, Service, succeeds};
+use support::{SIGNING_KEY, Service, succeeds, write_file};
 
 /// The lease service's API key in these tests.
 const API_KEY: &str = "ops-api-key-0123456789";
@@ -473,12 +473,21 @@ fn metric_names(expr: &str) -> Vec<String> {
 }
 
 /// A proxy configured by `toml`, its log written to `log`.
-fn proxy_logging(toml: &str, dir: &Path, env: &[(&str, &str)], log: &Path) -> Service {
-    let config = dir.join("proxy.toml");
-    std::fs::write(&config, toml).expect("config");
-    let mut cmd = proxy_cmd(&config);
-    cmd.envs(env.iter().copied());
-    Service::start_logging(cmd, std::fs::File::create(log).expect("log file"))
+async fn proxy_logging(
+    toml: String,
+    dir: &Path,
+    env: &'static [(&'static str, &'static str)],
+    log: &Path,
+) -> Service {
+    let (dir, log) = (dir.to_owned(), log.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let config = write_file(&dir, "proxy.toml", toml);
+        let mut cmd = proxy_cmd(&config);
+        cmd.envs(env.iter().copied());
+        Service::start_logging(cmd, std::fs::File::create(&log).expect("log file"))
+    })
+    .await
+    .expect("proxy")
 }
 
 /// An anonymous PutObject of `key` with `token`: the status.
@@ -504,19 +513,8 @@ async fn fence_events_are_json_log_lines_with_format_json() {
     let scopes =
         format!("[[scopes]]\nbucket = \"{BUCKET}\"\nprefix = \"db/\"\nlock = \"{BUCKET}\"");
     let toml = support::s3::proxy_toml(&backend, dir.path(), BUCKET, &scopes);
-    let proxy = tokio::task::spawn_blocking({
-        let (d, l) = (dir.path().to_owned(), log.clone());
-        move || {
-            proxy_logging(
-                &toml,
-                &d,
-                &[("FENCEGATE_LOG_FORMAT", "json"), ("FENCEGATE_LOG", "info")],
-                &l,
-            )
-        }
-    })
-    .await
-    .expect("proxy");
+    let json_logs = &[("FENCEGATE_LOG_FORMAT", "json"), ("FENCEGATE_LOG", "info")];
+    let proxy = proxy_logging(toml, dir.path(), json_logs, &log).await;
     let client = http();
     assert_eq!(
         raw_put(&client, &proxy.url, "db/k", &signed(BUCKET, 2)).await,
@@ -589,12 +587,7 @@ async fn a_burst_of_100k_refusals_keeps_memory_and_the_event_list_bounded() {
     let backend = Harness::new(BackendKind::S3Fs).backend().await;
     let log = dir.path().join("proxy.log");
     let toml = support::s3::proxy_toml(&backend, dir.path(), BUCKET, "");
-    let proxy = tokio::task::spawn_blocking({
-        let (d, l) = (dir.path().to_owned(), log.clone());
-        move || proxy_logging(&toml, &d, &[], &l)
-    })
-    .await
-    .expect("proxy");
+    let proxy = proxy_logging(toml, dir.path(), &[], &log).await;
     let client = http();
     assert_eq!(
         raw_put(&client, &proxy.url, "k", &signed(BUCKET, 2)).await,
