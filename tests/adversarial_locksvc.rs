@@ -324,11 +324,7 @@ fn a_scoped_api_key_reaches_only_its_locks() {
 
 #[test]
 fn every_bad_key_scope_is_reported_at_start() {
-    let dir = tempdir();
-    let config = write_file(
-        dir.path(),
-        "bad.toml",
-        r#"
+    let bad = r#"
 [[api_keys]]
 key = "first-key-0123"
 locks = ["db a", "backup-*", "x:y"]
@@ -340,8 +336,9 @@ locks = []
 [[api_keys]]
 key = "short"
 locks = ["*"]
-"#,
-    );
+"#;
+    let dir = tempdir();
+    let config = write_file(dir.path(), "bad.toml", bad);
     let out = fencegate()
         .args(["locksvc", "--check", "--config"])
         .arg(&config)

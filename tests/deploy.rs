@@ -393,12 +393,9 @@ fn a_typo_in_any_example_config_is_refused() {
 
 #[test]
 fn check_lists_every_problem_at_once() {
+    let bad = "[backend]\nendpoint = \"\"\n\n[[scopes]]\nbucket = \"b\"\nlock = \"no spaces\"\n";
     let dir = tempdir();
-    let proxy = write_file(
-        dir.path(),
-        "proxy.toml",
-        "[backend]\nendpoint = \"\"\n\n[[scopes]]\nbucket = \"b\"\nlock = \"no spaces\"\n",
-    );
+    let proxy = write_file(dir.path(), "proxy.toml", bad);
     let mut cmd = check_cmd("proxy", &proxy);
     cmd.envs(SECRETS).env("FENCEGATE_SIGNING_KEYS", "short");
     let err = expect_invalid(cmd);

@@ -570,12 +570,9 @@ fn stuck_heads_and_the_cap(url: &str, health: &str, refusal: &str) {
 
 #[test]
 fn the_lease_service_closes_stuck_heads_and_refuses_over_the_cap_then_recovers() {
+    let limits = "header_read_timeout = \"1s\"\nidle_timeout = \"60s\"\nmax_connections = 4\nmax_connections_per_address = 4\n";
     let dir = tempdir();
-    let svc = locksvc_with(
-        dir.path(),
-        "header_read_timeout = \"1s\"\nidle_timeout = \"60s\"\nmax_connections = 4\nmax_connections_per_address = 4\n",
-        &[],
-    );
+    let svc = locksvc_with(dir.path(), limits, &[]);
     stuck_heads_and_the_cap(&svc.url, "/health", r#""code":"TooManyConnections""#);
 }
 
@@ -693,13 +690,10 @@ fn cpu_time(pid: u32) -> Duration {
 
 #[test]
 fn out_of_file_descriptors_the_lease_service_does_not_spin_and_recovers() {
-    let dir = tempdir();
     // A cap far above the descriptor limit, so accept() hits EMFILE.
-    let config = write_file(
-        dir.path(),
-        "locksvc.toml",
-        "header_read_timeout = \"60s\"\nmax_connections = 1000\n",
-    );
+    let limits = "header_read_timeout = \"60s\"\nmax_connections = 1000\n";
+    let dir = tempdir();
+    let config = write_file(dir.path(), "locksvc.toml", limits);
     let mut cmd = Command::new("sh");
     support::without_fencegate_env(&mut cmd);
     cmd.args(["-c", "ulimit -n 64 && exec \"$0\" \"$@\""])
