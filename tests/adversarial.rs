@@ -1052,14 +1052,7 @@ async fn uploads_answer_only_to_their_creator(kind: BackendKind) {
     let owner = e.proxy().client();
     let mallory = sdk_client(&e.proxy().url, MALLORY_KEY);
     let t = signed(BUCKET, 3);
-    let up = fenced!(
-        owner.create_multipart_upload().bucket(BUCKET).key("mpu"),
-        t.clone()
-    )
-    .send()
-    .await
-    .expect("create");
-    let id = up.upload_id().expect("id").to_owned();
+    let id = create_upload(&owner, "mpu", &t).await;
     let part = |c: &aws_sdk_s3::Client| {
         c.upload_part()
             .bucket(BUCKET)
@@ -1533,14 +1526,7 @@ async fn clients_without_the_lease_cannot_hold_the_body_budget() {
     let holder = signed(BUCKET, 2);
     e.put_signed("k", &holder, "v").await.expect("write");
     let client = e.proxy().client();
-    let upload = fenced!(
-        client.create_multipart_upload().bucket(BUCKET).key("big"),
-        holder.clone()
-    )
-    .send()
-    .await
-    .expect("create");
-    let upload_id = upload.upload_id().expect("id").to_owned();
+    let upload_id = create_upload(&client, "big", &holder).await;
     let part = fenced!(
         client
             .upload_part()

@@ -1021,14 +1021,7 @@ async fn multipart_token_binds_at_create_and_a_new_holder_stops_complete(kind: B
     let e = env(kind).await;
     let c = e.proxy().client();
     // As s3cmd does it: the token only on Create.
-    let up = fenced!(
-        c.create_multipart_upload().bucket(BUCKET).key("big"),
-        signed(BUCKET, 1)
-    )
-    .send()
-    .await
-    .expect("create");
-    let id = up.upload_id().expect("id").to_owned();
+    let id = create_upload(&c, "big", &signed(BUCKET, 1)).await;
     let part = |n: i32| {
         c.upload_part()
             .bucket(BUCKET)
@@ -1759,14 +1752,7 @@ async fn a_refused_upload_leaves_its_connection_usable() {
 async fn an_open_upload_does_not_follow_its_key_into_another_scope() {
     let mut e = env(BackendKind::S3Fs).await;
     let c = e.proxy().client();
-    let up = fenced!(
-        c.create_multipart_upload().bucket(BUCKET).key("scoped/big"),
-        signed(BUCKET, 7)
-    )
-    .send()
-    .await
-    .expect("create");
-    let id = up.upload_id().expect("id").to_owned();
+    let id = create_upload(&c, "scoped/big", &signed(BUCKET, 7)).await;
 
     e.proxies[0].kill9();
     let toml = proxy_toml(

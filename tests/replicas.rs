@@ -178,14 +178,7 @@ async fn a_stale_complete_through_the_other_replica_is_refused(kind: BackendKind
         .await
         .expect("alice via r1");
     let c = r.proxies[0].client();
-    let up = fenced!(
-        c.create_multipart_upload().bucket(BUCKET).key("k"),
-        signed(BUCKET, 1)
-    )
-    .send()
-    .await
-    .expect("create");
-    let id = up.upload_id().expect("id").to_owned();
+    let id = create_upload(&c, "k", &signed(BUCKET, 1)).await;
     let part = fenced!(
         c.upload_part()
             .bucket(BUCKET)

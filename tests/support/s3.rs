@@ -740,6 +740,20 @@ pub async fn assert_stored_as(
     );
 }
 
+/// Creates a multipart upload of `key` in [`BUCKET`](super::harness::BUCKET)
+/// through `client` with `Fencing-Token: token`; its upload id.
+pub async fn create_upload(client: &aws_sdk_s3::Client, key: &str, token: &str) -> String {
+    let req = client
+        .create_multipart_upload()
+        .bucket(super::harness::BUCKET)
+        .key(key);
+    let created = fenced!(req, token.to_owned())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create an upload of {key}: {e:?}"));
+    created.upload_id().expect("upload id").to_owned()
+}
+
 /// The body the backend holds at `bucket/key`, token or not.
 pub async fn stored_body(backend: &Backend, bucket: &str, key: &str) -> Option<Vec<u8>> {
     stored(backend, bucket, key).await.map(|(body, _)| body)
