@@ -1628,20 +1628,10 @@ async fn clients_without_the_lease_cannot_hold_the_body_budget() {
     .await
     .expect("the holder's DeleteObjects");
     assert_eq!(out.deleted().len(), 1, "{out:?}");
-    fenced!(
-        client
-            .complete_multipart_upload()
-            .bucket(BUCKET)
-            .key("big")
-            .upload_id(&upload_id)
-            .multipart_upload(fencegate_testkit::s3::completed_parts([Some(
-                part.e_tag().expect("etag")
-            )]),),
-        holder
-    )
-    .send()
-    .await
-    .expect("the holder's Complete");
+    let e_tag = part.e_tag().expect("etag");
+    complete_upload(&client, "big", &upload_id, &[e_tag], &holder)
+        .await
+        .expect("the holder's Complete");
     assert_stored(&e.backend, BUCKET, "big", b"part one", 2).await;
     drop(held);
 }

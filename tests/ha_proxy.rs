@@ -334,20 +334,10 @@ async fn a_killed_replica_is_waited_out_once_its_uploads_continue_elsewhere_and_
     .send()
     .await
     .expect("a part through the other replica");
-    fenced!(
-        b.client()
-            .complete_multipart_upload()
-            .bucket(BUCKET)
-            .key("mp")
-            .upload_id(&id)
-            .multipart_upload(fencegate_testkit::s3::completed_parts([Some(
-                part.e_tag().expect("etag")
-            )])),
-        signed(BUCKET, 3)
-    )
-    .send()
-    .await
-    .expect("completed through the other replica");
+    let e_tag = part.e_tag().expect("etag");
+    complete_upload(&b.client(), "mp", &id, &[e_tag], &signed(BUCKET, 3))
+        .await
+        .expect("completed through the other replica");
     assert_eq!(stored_token(&env.backend, BUCKET, "mp").await, Some(3));
     // The first raise after the death waits the dead replica out ...
     let started = Instant::now();

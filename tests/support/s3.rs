@@ -754,6 +754,32 @@ pub async fn create_upload(client: &aws_sdk_s3::Client, key: &str, token: &str) 
     created.upload_id().expect("upload id").to_owned()
 }
 
+/// Completes upload `id` of `key` in [`BUCKET`](super::harness::BUCKET)
+/// with parts `1..` of these ETags, through `client` with
+/// `Fencing-Token: token`.
+pub async fn complete_upload(
+    client: &aws_sdk_s3::Client,
+    key: &str,
+    id: &str,
+    e_tags: &[&str],
+    token: &str,
+) -> Result<
+    aws_sdk_s3::operation::complete_multipart_upload::CompleteMultipartUploadOutput,
+    aws_sdk_s3::error::SdkError<
+        aws_sdk_s3::operation::complete_multipart_upload::CompleteMultipartUploadError,
+        aws_smithy_runtime_api::client::orchestrator::HttpResponse,
+    >,
+> {
+    let parts = fencegate_testkit::s3::completed_parts(e_tags.iter().copied().map(Some));
+    let req = client
+        .complete_multipart_upload()
+        .bucket(super::harness::BUCKET)
+        .key(key)
+        .upload_id(id)
+        .multipart_upload(parts);
+    fenced!(req, token.to_owned()).send().await
+}
+
 /// The body the backend holds at `bucket/key`, token or not.
 pub async fn stored_body(backend: &Backend, bucket: &str, key: &str) -> Option<Vec<u8>> {
     stored(backend, bucket, key).await.map(|(body, _)| body)
