@@ -952,14 +952,11 @@ async fn held_store(
 
 /// A TCP relay that can hold back the backend's answers.
 async fn delaying_relay(target: String, delay_ms: Arc<AtomicU64>) -> String {
-    use support::relay::{connect, relay};
+    use support::relay::relayed;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    relay(target, move |client, target| {
+    relayed(target, move |(mut cr, mut cw, mut sr, mut sw)| {
         let delay_ms = delay_ms.clone();
         async move {
-            let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
-                return;
-            };
             let up = tokio::spawn(async move {
                 let _ = tokio::io::copy(&mut cr, &mut sw).await;
                 let _ = sw.shutdown().await;

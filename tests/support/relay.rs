@@ -40,6 +40,25 @@ pub async fn connect(client: TcpStream, target: &str) -> Option<Sides> {
     Some((client_read, client_write, store_read, store_write))
 }
 
+/// [`relay`] that connects each client to the store first (a client the
+/// store does not answer is dropped) and hands `serve` both sides.
+pub async fn relayed<F, Fut>(target: String, serve: F) -> String
+where
+    F: Fn(Sides) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let serve = Arc::new(serve);
+    relay(target, move |client, target| {
+        let serve = serve.clone();
+        async move {
+            if let Some(sides) = connect(client, &target).await {
+                serve(sides).await;
+            }
+        }
+    })
+    .await
+}
+
 /// What a [`holding_relay`] has seen of the request it holds.
 #[derive(Default)]
 pub struct Held {
@@ -72,12 +91,9 @@ pub async fn holding_relay(
     held: Arc<Held>,
 ) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    relay(target, move |client, target| {
+    relayed(target, move |(mut cr, mut cw, mut sr, mut sw)| {
         let held = held.clone();
         async move {
-            let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
-                return;
-            };
             let (seen_tx, seen_rx) = tokio::sync::watch::channel(false);
             // Client → store: every byte is delivered, after the hold when
             // the marker passes, even once the client is gone.
@@ -139,12 +155,9 @@ pub async fn throttled_relay(target: String, per_tick: usize) -> (String, Arc<At
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let passed = Arc::new(AtomicU64::new(0));
     let count = passed.clone();
-    let url = relay(target, move |client, target| {
+    let url = relayed(target, move |(mut cr, mut cw, mut sr, mut sw)| {
         let count = count.clone();
         async move {
-            let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
-                return;
-            };
             tokio::spawn(async move {
                 let mut buf = vec![0u8; per_tick];
                 while let Ok(n) = cr.read(&mut buf).await {
@@ -186,12 +199,9 @@ async fn recording(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let seen: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
     let log = seen.clone();
-    let url = relay(target, move |client, target| {
+    let url = relayed(target, move |(mut cr, mut cw, mut sr, mut sw)| {
         let log = log.clone();
         async move {
-            let Some((mut cr, mut cw, mut sr, mut sw)) = connect(client, &target).await else {
-                return;
-            };
             tokio::spawn(async move {
                 let _ = tokio::io::copy(&mut sr, &mut cw).await;
             });
@@ -321,24 +331,13 @@ impl Link {
                 let Some((cr, cw, sr, sw)) = connect(client, &target).await else {
                     return;
                 };
-                let up = {
+                // The delay of one direction, read afresh for each chunk.
+                let delay = |of: fn(&LinkState) -> &AtomicU64| {
                     let st = st.clone();
-                    delayed_pipe(
-                        cr,
-                        sw,
-                        move || st.request_delay_ms.load(Ordering::Acquire),
-                        ended.clone(),
-                    )
+                    move || of(&st).load(Ordering::Acquire)
                 };
-                let down = {
-                    let st = st.clone();
-                    delayed_pipe(
-                        sr,
-                        cw,
-                        move || st.delay_ms.load(Ordering::Acquire),
-                        ended.clone(),
-                    )
-                };
+                let up = delayed_pipe(cr, sw, delay(|s| &s.request_delay_ms), ended.clone());
+                let down = delayed_pipe(sr, cw, delay(|s| &s.delay_ms), ended.clone());
                 let watch_end = async move {
                     while !ended() {
                         tokio::time::sleep(Duration::from_millis(5)).await;
