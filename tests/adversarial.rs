@@ -226,11 +226,10 @@ async fn h1_keys_with_dot_or_empty_segments_are_refused_before_any_work(kind: Ba
         .bucket(BUCKET)
         .key("copy")
         .copy_source("bkt/../other/victim.txt");
-    let err = fenced!(copy, signed(BUCKET, 5))
-        .send()
-        .await
-        .expect_err("refused");
-    assert_eq!(error_of(&err), (Some(400), "InvalidArgument".into()));
+    assert_eq!(
+        refusal_of!(copy, signed(BUCKET, 5), "refused"),
+        (Some(400), "InvalidArgument".into())
+    );
     e.put_signed("keep", &signed(BUCKET, 5), "keep")
         .await
         .expect("a normal write");
@@ -246,11 +245,10 @@ async fn h1_keys_with_dot_or_empty_segments_are_refused_before_any_work(kind: Ba
             .build()
             .expect("delete"),
     );
-    let err = fenced!(batch, signed(BUCKET, 5))
-        .send()
-        .await
-        .expect_err("refused");
-    assert_eq!(error_of(&err), (Some(400), "InvalidArgument".into()));
+    assert_eq!(
+        refusal_of!(batch, signed(BUCKET, 5), "refused"),
+        (Some(400), "InvalidArgument".into())
+    );
     assert!(
         stored(&e.backend, BUCKET, "keep").await.is_some(),
         "no key of the batch was deleted"
@@ -1011,11 +1009,10 @@ async fn h8_delete_objects_takes_at_most_1000_keys(kind: BackendKind) {
             .build()
             .expect("delete"),
     );
-    let err = fenced!(batch, signed(BUCKET, 1))
-        .send()
-        .await
-        .expect_err("refused");
-    assert_eq!(error_of(&err), (Some(400), "MalformedXML".into()));
+    assert_eq!(
+        refusal_of!(batch, signed(BUCKET, 1), "refused"),
+        (Some(400), "MalformedXML".into())
+    );
     assert!(
         stored(&e.backend, BUCKET, "k0").await.is_some(),
         "nothing deleted"

@@ -662,6 +662,16 @@ macro_rules! fenced {
     }};
 }
 
+/// Sends `$builder` with `Fencing-Token: $token` and expects a refusal
+/// (`$why` says which): its status and S3 code.
+#[macro_export]
+macro_rules! refusal_of {
+    ($builder:expr, $token:expr, $why:expr) => {{
+        let e = fenced!($builder, $token).send().await.expect_err($why);
+        $crate::support::s3::error_of(&e)
+    }};
+}
+
 /// The S3 error code and HTTP status of an SDK error.
 pub fn error_of<E: aws_sdk_s3::error::ProvideErrorMetadata, R>(
     e: &aws_sdk_s3::error::SdkError<E, R>,
