@@ -161,14 +161,12 @@ async fn an_election_that_cannot_be_read_admits_nothing() {
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let dir = support::tempdir();
-    // A port nothing listens on.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
+    // A port nothing answers on.
+    let (_held, dead) = support::unserved();
     let proxy = proxy_following(
         &backend,
         dir.path(),
-        &format!("http://{dead}"),
+        &dead,
         "etcd_key = \"/service/pg/leader\"",
     )
     .await;

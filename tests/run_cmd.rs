@@ -25,15 +25,23 @@ fn read_pid(path: &std::path::Path) -> i32 {
     }
 }
 
+/// A file in `dir` and the shell command that writes `line` (its
+/// variables expanded by the shell) into it.
+fn echo_into(dir: &std::path::Path, line: &str) -> (std::path::PathBuf, String) {
+    let out = dir.join("env.txt");
+    let echo = format!("echo \"{line}\" > {}", out.display());
+    (out, echo)
+}
+
 #[test]
 fn exports_the_token_passes_the_exit_status_and_releases() {
     let dir = tempdir();
     let svc = start_locksvc(dir.path());
-    let out = dir.path().join("env.txt");
-    let script = format!(
-        "echo \"$FENCING_TOKEN $FENCING_TOKEN_NUMBER $FENCEGATE_LOCK\" > {}; exit 7",
-        out.display()
+    let (out, echo) = echo_into(
+        dir.path(),
+        "$FENCING_TOKEN $FENCING_TOKEN_NUMBER $FENCEGATE_LOCK",
     );
+    let script = format!("{echo}; exit 7");
     let status = run_cmd(
         &svc.url,
         &[
@@ -70,11 +78,7 @@ fn exports_the_token_passes_the_exit_status_and_releases() {
 fn an_s3_endpoint_in_the_environment_needs_no_credentials_flag() {
     let dir = tempdir();
     let svc = start_locksvc(dir.path());
-    let out = dir.path().join("env.txt");
-    let script = format!(
-        "echo \"[$AWS_ENDPOINT_URL] [$AWS_ACCESS_KEY_ID]\" > {}",
-        out.display()
-    );
+    let (out, script) = echo_into(dir.path(), "[$AWS_ENDPOINT_URL] [$AWS_ACCESS_KEY_ID]");
     let endpoint = "http://127.0.0.1:9";
     let run = |extra: &[&str]| {
         // No proxy listens at the endpoint: nothing to fence there.
@@ -350,8 +354,7 @@ fn renews_with_its_signed_token_past_the_ttl_and_releases_at_the_end() {
 fn an_acquire_moves_past_a_replica_that_dropped_it_only_with_an_idempotency_key() {
     let dir = tempdir();
     let svc = start_locksvc(dir.path());
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let dropped = format!("http://{}", silent.local_addr().expect("addr"));
+    let (silent, dropped) = unserved();
     std::thread::spawn(move || {
         for conn in silent.incoming() {
             drop(conn);
@@ -400,8 +403,7 @@ fn an_acquire_moves_past_a_replica_that_dropped_it_only_with_an_idempotency_key(
 fn an_unreachable_fence_endpoint_is_reported_while_it_is_retried() {
     let dir = tempdir();
     let svc = start_locksvc(dir.path());
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let fence = format!("http://{}", closed.local_addr().expect("addr"));
+    let (closed, fence) = unserved();
     drop(closed);
     let marker = dir.path().join("started");
     let log = dir.path().join("run.log");

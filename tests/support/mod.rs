@@ -161,6 +161,15 @@ pub async fn alice_lease(http: &reqwest::Client, locksvc: &str, lock: &str) -> V
         .expect("lease")
 }
 
+/// A port of 127.0.0.1 no service answers on: its listener, held so that
+/// nothing else takes the port (drop it for a refused connection), and its
+/// `http://` URL.
+pub fn unserved() -> (std::net::TcpListener, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    (listener, url)
+}
+
 /// Starts `cmd` with stdin closed and its stdout and stderr piped.
 pub fn spawn_piped(cmd: &mut Command) -> Child {
     cmd.stdin(Stdio::null())
