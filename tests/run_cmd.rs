@@ -300,13 +300,10 @@ fn wait_with_deadline(
 #[test]
 fn renews_with_its_signed_token_past_the_ttl_and_releases_at_the_end() {
     let (dir, svc, api) = fresh_locksvc();
-    let out = dir.path().join("token.txt");
     // The command outlives its 1 s TTL three times over: only renewals keep
     // the lease.
-    let script = format!(
-        "echo \"$FENCING_TOKEN_NUMBER\" > {}; sleep 3.5",
-        out.display()
-    );
+    let (out, echo) = echo_into(dir.path(), "$FENCING_TOKEN_NUMBER");
+    let script = format!("{echo}; sleep 3.5");
     let mut run = run_cmd(
         &svc.url,
         &["--lock", "long", "--ttl", "1s", "--", "sh", "-c", &script],
