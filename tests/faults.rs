@@ -1554,15 +1554,8 @@ timeout_secs = 2
     }
     assert_eq!(put_b("r", signed("backups", 2), "newer").await, Some(200));
     assert_eq!(put_b("r", t, "stale").await, Some(409));
-    let got = http
-        .get(url("r"))
-        .send()
-        .await
-        .expect("get")
-        .text()
-        .await
-        .expect("body");
-    assert_eq!(got, "newer");
+    let got = http.get(url("r")).send().await.expect("get");
+    assert_eq!(got.text().await.expect("body"), "newer");
 }
 
 /// The dev backend's keys (see src/dev.rs).
