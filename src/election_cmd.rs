@@ -51,6 +51,19 @@ pub struct TokenArgs {
     /// Longest the read may take.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// First raise the fence of --lock at this proxy (its S3 endpoint URL)
+    /// with the token, so that the old holder's writes are refused from now
+    /// on, before this holder writes anything (for Patroni's
+    /// `on_role_change` callback). The token is printed once the fence is
+    /// raised.
+    #[arg(long, requires = "lock")]
+    pub fence: Option<String>,
+    /// The lock that follows this election in the proxy's `[[elections]]`.
+    #[arg(long)]
+    pub lock: Option<String>,
+    /// PEM CA certificate(s) of an https:// --fence proxy.
+    #[arg(long)]
+    pub proxy_ca_file: Option<PathBuf>,
 }
 
 pub async fn run(cmd: ElectionCommand) -> Result<(), Failure> {
@@ -85,6 +98,27 @@ async fn token(a: TokenArgs) -> Result<(), Failure> {
         Shows::Held {
             holder, revision, ..
         } if holder == a.identity => {
+            if let (Some(proxy), Some(lock)) = (&a.fence, &a.lock) {
+                let tls = fencegate_net::tls::ClientTls {
+                    ca_file: a.proxy_ca_file.clone(),
+                    ..Default::default()
+                };
+                let until = tokio::time::Instant::now() + a.timeout;
+                let raised = crate::fence_client::raise(
+                    proxy,
+                    &tls,
+                    &revision.to_string(),
+                    Some(lock),
+                    until,
+                )
+                .await?;
+                if raised == crate::fence_client::Raised::NotFencedThere {
+                    return Err(anyhow::anyhow!(
+                        "{proxy} fences no scope with lock {lock}: check [[elections]] and the scopes there"
+                    )
+                    .into());
+                }
+            }
             println!("{revision}");
             Ok(())
         }

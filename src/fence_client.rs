@@ -19,17 +19,23 @@ pub enum Raised {
     NotFencedThere,
 }
 
-/// Raises the fence of the lock `fencing_token` names at the proxy at
-/// `proxy` (its S3 endpoint URL), trying until `until`. A raise may wait
+/// Raises the fence of the lock `fencing_token` names (a signed token), or
+/// of `lock` (a lock that follows an election, whose holder's plain token
+/// `fencing_token` is), at the proxy at `proxy` (its S3 endpoint URL),
+/// trying until `until`. A raise may wait
 /// at the proxy for older writes to drain (after an unclean restart, or for
 /// a replica that stopped answering), so one attempt may take long.
 pub async fn raise(
     proxy: &str,
     tls: &ClientTls,
     fencing_token: &str,
+    lock: Option<&str>,
     until: Instant,
 ) -> anyhow::Result<Raised> {
-    let url = format!("{}/_fencegate/fence", proxy.trim_end_matches('/'));
+    let mut url = format!("{}/_fencegate/fence", proxy.trim_end_matches('/'));
+    if let Some(lock) = lock {
+        url.push_str(&format!("?lock={lock}"));
+    }
     let http = tls
         .http_client()?
         .connect_timeout(Duration::from_secs(5))

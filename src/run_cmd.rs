@@ -217,7 +217,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         let tls = args.conn.tls.client_tls();
         let token = lease.fencing_token.clone();
         let fence =
-            crate::fence_client::raise(proxy, &tls, &token, Instant::now() + FENCE_PATIENCE);
+            crate::fence_client::raise(proxy, &tls, &token, None, Instant::now() + FENCE_PATIENCE);
         tokio::pin!(fence);
         let raised = loop {
             tokio::select! {

@@ -129,13 +129,52 @@ async fn a_leader_key_issues_the_tokens_and_a_deposed_leader_is_refused() {
     let b = blocking(|| etcd.put(leader, "node-b"));
     assert!(b > a, "a new leader key has a higher revision");
     refused(proxy, "wal/2", &a.to_string(), &["node-b"]).await;
-    admitted(proxy, "wal/2", &b.to_string()).await;
-    // From now on node-a's token is below the max: stale.
+    // node-a cannot raise the fence with its token either.
+    let (status, text) = raise_fence(proxy, &a.to_string()).await;
+    assert_eq!(status, 403, "{text}");
+    // node-b raises it as it takes over (Patroni's on_role_change), with
+    // the token the CLI reads for its identity: from then on node-a's
+    // token is below the max, stale, though node-b has written nothing.
+    let endpoints = etcd.endpoints();
+    let fenced = blocking(|| {
+        support::fencegate()
+            .args([
+                "election",
+                "token",
+                "--endpoints",
+                &endpoints,
+                "--key",
+                leader,
+            ])
+            .args([
+                "--identity",
+                "node-b",
+                "--fence",
+                &proxy.url,
+                "--lock",
+                BUCKET,
+            ])
+            .output()
+            .expect("runs")
+    });
+    assert_eq!(exits(&fenced, 0).trim(), b.to_string());
     let (status, text, max) = put(proxy, "wal/3", &a.to_string()).await;
     assert_eq!(status, 409, "{text}");
     assert_eq!(max, Some(b.to_string()));
+    admitted(proxy, "wal/2", &b.to_string()).await;
     assert_eq!(stored(backend, BUCKET, "wal/3").await, None);
     setup.assert_written_with("wal/1", a).await;
+}
+
+/// `POST /_fencegate/fence?lock=BUCKET` with `token`: the status and body.
+async fn raise_fence(proxy: &Proxy, token: &str) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .post(format!("{}/_fencegate/fence?lock={BUCKET}", proxy.url))
+        .header("fencing-token", token)
+        .send()
+        .await
+        .expect("the proxy answers");
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,7 +84,7 @@ impl hyper::service::Service<Request<Incoming>> for Router {
                     // Boxed: the pages' futures (the acquisition fence, the
                     // status) are twice a PutObject's, and held inline
                     // they would be every request's size, copied whole.
-                    return Ok(Box::pin(this.ops(endpoint, req.method(), req.headers())).await);
+                    return Ok(Box::pin(this.ops(endpoint, &req)).await);
                 }
                 // Read once, as s3s reads it (`presented`): a credential
                 // that cannot be read is refused, never counted either way.
@@ -378,15 +378,21 @@ impl Router {
     }
 }
 
+/// The `lock` parameter of a request's query, as sent (a lock name needs
+/// no escaping: `A-Z a-z 0-9 . _ -`).
+fn lock_param(uri: &http::Uri) -> Option<String> {
+    uri.query()?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == "lock")
+        .map(|(_, v)| v.to_owned())
+}
+
 impl Router {
-    async fn ops(
-        &self,
-        endpoint: &str,
-        method: &http::Method,
-        headers: &http::HeaderMap,
-    ) -> Response<Body> {
+    async fn ops<B>(&self, endpoint: &str, req: &Request<B>) -> Response<Body> {
+        let (method, headers) = (req.method(), req.headers());
         match endpoint {
-            "fence" => self.fence(method, headers).await,
+            "fence" => self.fence(method, headers, lock_param(req.uri())).await,
             "health" => json(StatusCode::OK, r#"{"status":"ok"}"#.into()),
             "ready" => match self.gate.not_ready() {
                 None => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
@@ -446,9 +452,16 @@ impl Router {
         }
     }
 
-    /// `POST /_fencegate/fence` with the new holder's signed token: raises
-    /// its lock's fence before the holder writes (`Gate::fence`: the stages composed).
-    async fn fence(&self, method: &http::Method, headers: &http::HeaderMap) -> Response<Body> {
+    /// `POST /_fencegate/fence` with the new holder's signed token (or, for
+    /// a lock that follows an election, `?lock=NAME` and the holder's
+    /// plain token): raises its lock's fence before the holder writes
+    /// (`Gate::fence`: the stages composed).
+    async fn fence(
+        &self,
+        method: &http::Method,
+        headers: &http::HeaderMap,
+        lock: Option<String>,
+    ) -> Response<Body> {
         if method != http::Method::POST {
             return json(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -459,7 +472,7 @@ impl Router {
                 .to_string(),
             );
         }
-        match self.gate.fence(headers).await {
+        match self.gate.fence(headers, lock.as_deref()).await {
             Ok((lock, token, max)) => json(
                 StatusCode::OK,
                 serde_json::json!({ "lock": lock, "token": token, "max_token": max }).to_string(),

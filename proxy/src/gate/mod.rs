@@ -286,13 +286,12 @@ impl Gate {
     /// lower token is refused from then on, on every replica. Only the
     /// signed token proves holding (a number is public); a lower token is
     /// stale (409). Answers the lock, the token and the max now.
-    pub async fn fence(&self, headers: &HeaderMap) -> S3Result<(String, u64, u64)> {
+    pub async fn fence(
+        &self,
+        headers: &HeaderMap,
+        lock_param: Option<&str>,
+    ) -> S3Result<(String, u64, u64)> {
         const OP: Op = Op::Fence;
-        // Without keys a token in the signed form cannot be verified, and
-        // a fence raised on anyone's say-so would lock the holder out.
-        if self.tokens.keys().is_none() {
-            return Err(errors::fence_unverifiable());
-        }
         let value = headers
             .get(crate::tokens::FENCING_TOKEN_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -302,12 +301,27 @@ impl Gate {
                     "send the lease's signed fencing_token in the Fencing-Token header"
                 )
             })?;
-        let lock = match fencegate_core::FencingToken::parse(value.trim()) {
-            Ok(fencegate_core::FencingToken::Signed(s)) => s.lock,
-            Ok(fencegate_core::FencingToken::Plain(_)) => {
+        let parsed = fencegate_core::FencingToken::parse(value.trim());
+        // A plain token names no lock: `?lock=` names one that follows an
+        // election, whose holder's token the election vouches for.
+        let elected = match &parsed {
+            Ok(fencegate_core::FencingToken::Plain(_)) => lock_param
+                .and_then(|l| fencegate_core::LockName::new(l).ok())
+                .filter(|l| self.tokens.follows_election(l)),
+            _ => None,
+        };
+        // Without keys a token in the signed form cannot be verified, and
+        // a fence raised on anyone's say-so would lock the holder out.
+        if elected.is_none() && self.tokens.keys().is_none() {
+            return Err(errors::fence_unverifiable());
+        }
+        let lock = match (elected, parsed) {
+            (Some(lock), _) => lock,
+            (None, Ok(fencegate_core::FencingToken::Signed(s))) => s.lock,
+            (None, Ok(fencegate_core::FencingToken::Plain(_))) => {
                 return Err(errors::rejected(&crate::tokens::Rejection::Unsigned));
             }
-            Err(e) => {
+            (None, Err(e)) => {
                 return Err(s3s::s3_error!(
                     InvalidRequest,
                     "the Fencing-Token header is not a fencing token ({e}): send the lease's signed fencing_token"

@@ -101,6 +101,13 @@ impl TokenCheck {
         }
     }
 
+    /// Whether `lock` follows an election (`[[elections]]`).
+    pub fn follows_election(&self, lock: &fencegate_core::LockName) -> bool {
+        self.issuer
+            .as_ref()
+            .is_some_and(|i| i.election_of(lock).is_some())
+    }
+
     /// The keys tokens and lease-bound credentials are verified with.
     pub fn keys(&self) -> Option<&TokenKeys> {
         self.policy.keys()
