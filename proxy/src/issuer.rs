@@ -145,10 +145,8 @@ impl Issuer {
             }
         };
         drop(last);
-        let shows = current.map_err(|why| match election {
-            Some(el) => format!("{} cannot be read: {why}", el.seat()),
-            None => why,
-        })?;
+        // The caller names who could not be asked.
+        let shows = current?;
         match (&shows, election) {
             (Shows::Held { revision, .. }, _) if *revision == token => {}
             (_, None) => return Ok(Answer::NotIssued),
