@@ -117,6 +117,8 @@ impl TokenCheck {
     /// plain token the proxy cannot vouch for is refused, unless the lease
     /// service (`locksvc_url`) confirms it issued it; below the scope's max
     /// it needs no confirmation, since admission answers it stale anyway.
+    /// A lock that follows an election takes only a plain token, which the
+    /// election must show as its holder's.
     pub async fn token(
         &self,
         scoped: &Scoped,
@@ -172,11 +174,11 @@ impl TokenCheck {
             return Ok(Some(below));
         }
         let token = unvouched.number();
-        // Boxed: an HTTP call, rare, and large (see `Call`).
         let asked = match election {
             Some(seat) => seat.to_string(),
             None => "the lease service".to_owned(),
         };
+        // Boxed: a call to another service, rare, and large (see `Call`).
         match Box::pin(issuer.check(&scope.lock, token)).await {
             Ok(Answer::Issued(proof)) => {
                 let Some(verified) = unvouched.issued(proof) else {
