@@ -244,3 +244,56 @@ fn the_cli_prints_the_token_only_to_the_holder() {
     let other = token("node-b");
     fencegate_testkit::assert_mentions(&exits(&other, 3), &["node-a", leader]);
 }
+
+/// An upload opened by a leader that is then deposed: its parts and its
+/// Complete are refused, with the token or without it (tools such as
+/// s3cmd send it on the Create only), though the new leader has written
+/// nothing; the upload's owner may still abort it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_of_a_deposed_leader_lands_nothing() {
+    let leader = "/service/mp/leader";
+    let setup = Setup::start(&format!("etcd_key = \"{leader}\"")).await;
+    let Setup {
+        etcd,
+        backend,
+        proxy,
+        ..
+    } = &setup;
+    let a = blocking(|| etcd.put(leader, "node-a")).to_string();
+    let c = proxy.client();
+    let id = create_upload(&c, "big", &a).await;
+    let part = |n: i32| {
+        c.upload_part()
+            .bucket(BUCKET)
+            .key("big")
+            .upload_id(&id)
+            .part_number(n)
+            .body(vec![b'p'; 1024].into())
+    };
+    let first = part(1).send().await.expect("a part while node-a leads");
+    blocking(|| etcd.delete(leader));
+    blocking(|| etcd.put(leader, "node-b"));
+    let late = part(2).send().await.expect_err("a part after node-a lost");
+    assert_eq!(error_of(&late).0, Some(403), "{late:?}");
+    let e_tag = first.e_tag().expect("etag");
+    let done = c
+        .complete_multipart_upload()
+        .bucket(BUCKET)
+        .key("big")
+        .upload_id(&id)
+        .multipart_upload(fencegate_testkit::s3::completed_parts([Some(e_tag)]))
+        .send()
+        .await
+        .expect_err("no Complete after node-a lost");
+    assert_eq!(error_of(&done).0, Some(403), "{done:?}");
+    let with_token = complete_upload(&c, "big", &id, &[e_tag], &a).await;
+    assert_eq!(error_of(&with_token.expect_err("refused")).0, Some(403));
+    assert_eq!(stored(backend, BUCKET, "big").await, None);
+    c.abort_multipart_upload()
+        .bucket(BUCKET)
+        .key("big")
+        .upload_id(&id)
+        .send()
+        .await
+        .expect("its owner may abort it");
+}

@@ -205,6 +205,42 @@ impl TokenCheck {
         }
     }
 
+    /// For a lock that follows an election, refuses a token an open
+    /// upload was bound to unless the election still shows it (or it is
+    /// below the max, which admission refuses as stale): a leader deposed
+    /// while its upload was open sends no more parts and completes nothing,
+    /// whether or not it repeats the token.
+    pub async fn still_elected(&self, scoped: &Scoped, token: VerifiedToken) -> S3Result<()> {
+        let (op, scope) = (scoped.op(), scoped.scope());
+        let Some(issuer) = self.issuer.as_ref() else {
+            return Ok(());
+        };
+        let Some(seat) = issuer.election_of(&scope.lock) else {
+            return Ok(());
+        };
+        let number = token.number();
+        if fencegate_core::fence::is_stale(self.fences.max(scope.fence()), number) {
+            return Ok(());
+        }
+        match Box::pin(issuer.check(&scope.lock, number)).await {
+            Ok(Answer::Issued(_)) => Ok(()),
+            Ok(Answer::NotElected(why)) => Err(self.refuser.refuse(
+                op,
+                scope,
+                Refusal::Token {
+                    presented: Some(number),
+                    why: &Rejection::NotElected(why),
+                },
+            )),
+            Ok(Answer::NotIssued) => Err(errors::retry(format!(
+                "{seat} gave no answer about token {number}; retry"
+            ))),
+            Err(e) => Err(errors::retry(format!(
+                "cannot check token {number} with {seat} ({e}); nothing is admitted until it answers; retry"
+            ))),
+        }
+    }
+
     /// Refuses the token if it is below its scope's max (a check before
     /// any key of a many-key request is touched; each key is then admitted
     /// on its own).

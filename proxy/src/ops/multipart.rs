@@ -177,6 +177,10 @@ impl UploadCall<'_> {
                 },
             ));
         }
+        // An abort changes no object: its owner may always free the parts.
+        if op != Op::AbortMultipartUpload {
+            gate.tokens.still_elected(&scoped, bound).await?;
+        }
         // Checked above, so that its refusal comes first; `bound` holds
         // the rule as well.
         let tokened =
