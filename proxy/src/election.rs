@@ -55,10 +55,6 @@ impl Elections {
     pub fn of(&self, lock: &LockName) -> Option<&Election> {
         self.by_lock.get(lock)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_lock.is_empty()
-    }
 }
 
 /// One `[[elections]]` table of the proxy config: a lock whose tokens an
