@@ -253,23 +253,10 @@ fn the_cli_prints_the_token_only_to_the_holder() {
 async fn an_upload_of_a_deposed_leader_lands_nothing() {
     let leader = "/service/mp/leader";
     let setup = Setup::start(&format!("etcd_key = \"{leader}\"")).await;
-    let Setup {
-        etcd,
-        backend,
-        proxy,
-        ..
-    } = &setup;
+    let (etcd, c) = (&setup.etcd, setup.proxy.client());
     let a = blocking(|| etcd.put(leader, "node-a")).to_string();
-    let c = proxy.client();
     let id = create_upload(&c, "big", &a).await;
-    let part = |n: i32| {
-        c.upload_part()
-            .bucket(BUCKET)
-            .key("big")
-            .upload_id(&id)
-            .part_number(n)
-            .body(vec![b'p'; 1024].into())
-    };
+    let part = |n: i32| part_of(&c, "big", &id, n).body(vec![b'p'; 1024].into());
     let first = part(1).send().await.expect("a part while node-a leads");
     blocking(|| etcd.delete(leader));
     blocking(|| etcd.put(leader, "node-b"));
@@ -288,7 +275,7 @@ async fn an_upload_of_a_deposed_leader_lands_nothing() {
     assert_eq!(error_of(&done).0, Some(403), "{done:?}");
     let with_token = complete_upload(&c, "big", &id, &[e_tag], &a).await;
     assert_eq!(error_of(&with_token.expect_err("refused")).0, Some(403));
-    assert_eq!(stored(backend, BUCKET, "big").await, None);
+    assert_eq!(stored(&setup.backend, BUCKET, "big").await, None);
     c.abort_multipart_upload()
         .bucket(BUCKET)
         .key("big")

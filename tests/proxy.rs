@@ -1023,11 +1023,7 @@ async fn multipart_token_binds_at_create_and_a_new_holder_stops_complete(kind: B
     // As s3cmd does it: the token only on Create.
     let id = create_upload(&c, "big", &signed(BUCKET, 1)).await;
     let part = |n: i32| {
-        c.upload_part()
-            .bucket(BUCKET)
-            .key("big")
-            .upload_id(&id)
-            .part_number(n)
+        part_of(&c, "big", &id, n)
             .body(ByteStream::from(vec![b'1'; 5 * 1024 * 1024]))
             .send()
     };

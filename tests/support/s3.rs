@@ -764,6 +764,22 @@ pub async fn create_upload(client: &aws_sdk_s3::Client, key: &str, token: &str) 
     created.upload_id().expect("upload id").to_owned()
 }
 
+/// Part `n` of upload `id` of `key` in [`BUCKET`](super::harness::BUCKET),
+/// to be given its body and sent.
+pub fn part_of(
+    client: &aws_sdk_s3::Client,
+    key: &str,
+    id: &str,
+    n: i32,
+) -> aws_sdk_s3::operation::upload_part::builders::UploadPartFluentBuilder {
+    client
+        .upload_part()
+        .bucket(super::harness::BUCKET)
+        .key(key)
+        .upload_id(id)
+        .part_number(n)
+}
+
 /// Completes upload `id` of `key` in [`BUCKET`](super::harness::BUCKET)
 /// with parts `1..` of these ETags, through `client` with
 /// `Fencing-Token: token`.
