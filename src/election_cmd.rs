@@ -1,56 +1,34 @@
-//! `fencegate election token`: the fencing token of an etcd election this
-//! process's identity holds, the `create_revision` of the holder's key,
-//! for a lock the proxy lets that election issue (`[[elections]]`).
+//! `fencegate election`: the client side of a lock that follows an etcd
+//! election (`[[elections]]` in the proxy's config).
+//!
+//! - `election token` prints the fencing token of an election this
+//!   process's identity holds: the `create_revision` of the holder's key,
+//!   signed for the lock with the election's key when one is given;
+//! - `election run` runs a command while the identity holds it
+//!   ([`crate::election_run`]).
 
+use crate::election::{ElectionArgs, not_held, token_text};
 use crate::failure::Failure;
 use clap::{Args, Subcommand};
-use fencegate_etcd::election::{Seat, Shows};
+use fencegate_etcd::election::Shows;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Debug, Subcommand)]
 pub enum ElectionCommand {
     /// Print the election's current token (its holder key's
-    /// create_revision) if IDENTITY holds it; exit 3 if another holds it or
-    /// nobody does.
+    /// create_revision, signed with --signing-key-file if given) if
+    /// IDENTITY holds it; exit 3 if another holds it or nobody does.
     Token(TokenArgs),
+    /// Run a command while IDENTITY holds the election: wait until it
+    /// does, raise the fence, keep the role files fresh, and stop the
+    /// command (exit 4) when the election moves on.
+    Run(crate::election_run::ElectionRunArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct TokenArgs {
-    /// Client URLs of the election's etcd members, comma separated.
-    #[arg(
-        long,
-        env = "FENCEGATE_ELECTION_ENDPOINTS",
-        value_delimiter = ',',
-        required = true
-    )]
-    pub endpoints: Vec<String>,
-    /// The leader key: whoever it names holds (Patroni:
-    /// /service/<scope>/leader, or /<namespace>/<scope>/leader).
-    #[arg(long, conflicts_with = "prefix", required_unless_present = "prefix")]
-    pub key: Option<String>,
-    /// The election or lock prefix (etcd's recipes: `etcdctl elect NAME`
-    /// puts keys under NAME/): the key with the lowest create_revision
-    /// holds.
-    #[arg(long)]
-    pub prefix: Option<String>,
-    /// Who this process is, as the holder's key names it (Patroni: the
-    /// member's `name`).
-    #[arg(long)]
-    pub identity: String,
-    /// etcd user, if etcd auth is on.
-    #[arg(long, env = "FENCEGATE_ELECTION_USERNAME")]
-    pub username: Option<String>,
-    /// Its password.
-    #[arg(long, env = "FENCEGATE_ELECTION_PASSWORD", hide_env_values = true)]
-    pub password: Option<String>,
-    /// PEM CA certificate(s) for https:// endpoints.
-    #[arg(long)]
-    pub ca_file: Option<PathBuf>,
-    /// Longest the read may take.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    #[command(flatten)]
+    pub election: ElectionArgs,
     /// First raise the fence of --lock at this proxy (its S3 endpoint URL)
     /// with the token, so that the old holder's writes are refused from now
     /// on, before this holder writes anything (for Patroni's
@@ -58,7 +36,9 @@ pub struct TokenArgs {
     /// raised.
     #[arg(long, requires = "lock")]
     pub fence: Option<String>,
-    /// The lock that follows this election in the proxy's `[[elections]]`.
+    /// The lock that follows this election in the proxy's `[[elections]]`
+    /// (needed with --fence and --signing-key-file: a signed token names
+    /// its lock).
     #[arg(long)]
     pub lock: Option<String>,
     /// PEM CA certificate(s) of an https:// --fence proxy.
@@ -66,52 +46,39 @@ pub struct TokenArgs {
     pub proxy_ca_file: Option<PathBuf>,
 }
 
-pub async fn run(cmd: ElectionCommand) -> Result<(), Failure> {
+pub async fn run(cmd: ElectionCommand) -> Result<u8, Failure> {
     match cmd {
-        ElectionCommand::Token(a) => token(a).await,
+        ElectionCommand::Token(a) => token(a).await.map(|()| 0),
+        ElectionCommand::Run(a) => crate::election_run::run(a).await,
     }
 }
 
 async fn token(a: TokenArgs) -> Result<(), Failure> {
-    let seat = match (a.key, a.prefix) {
-        (Some(k), None) => Seat::Key(k),
-        (None, Some(p)) => Seat::Prefix(p),
-        _ => return Err(anyhow::anyhow!("name the election: --key or --prefix").into()),
-    };
-    let connection = fencegate_etcd::Connection {
-        endpoints: a.endpoints,
-        credentials: a.username.zip(a.password),
-        ca_file: a.ca_file,
-        cert_file: None,
-        key_file: None,
-        request_timeout: a.timeout,
-        connect_timeout: a.timeout.min(Duration::from_secs(2)),
-    };
-    if let Some(p) = connection.problems("election").first() {
-        return Err(anyhow::anyhow!("{p}").into());
+    let seat = a.election.seat()?;
+    let keys = a.election.keys()?;
+    if keys.is_some() && a.lock.is_none() {
+        return Err(anyhow::anyhow!(
+            "--signing-key-file signs a token for one lock: name it with --lock"
+        )
+        .into());
     }
-    let etcd = fencegate_etcd::Etcd::new(&connection)?;
+    let etcd = a.election.etcd()?;
     let shows = fencegate_etcd::election::shows(&etcd, &seat)
         .await
         .map_err(|e| anyhow::anyhow!("cannot read {seat}: {e}"))?;
     match shows {
         Shows::Held {
             holder, revision, ..
-        } if holder == a.identity => {
+        } if holder == a.election.identity => {
+            let text = token_text(keys.as_ref(), a.lock.as_deref().unwrap_or(""), revision)?;
             if let (Some(proxy), Some(lock)) = (&a.fence, &a.lock) {
                 let tls = fencegate_net::tls::ClientTls {
                     ca_file: a.proxy_ca_file.clone(),
                     ..Default::default()
                 };
-                let until = tokio::time::Instant::now() + a.timeout;
-                let raised = crate::fence_client::raise(
-                    proxy,
-                    &tls,
-                    &revision.to_string(),
-                    Some(lock),
-                    until,
-                )
-                .await?;
+                let until = tokio::time::Instant::now() + a.election.timeout;
+                let raised =
+                    crate::fence_client::raise(proxy, &tls, &text, Some(lock), until).await?;
                 if raised == crate::fence_client::Raised::NotFencedThere {
                     return Err(anyhow::anyhow!(
                         "{proxy} fences no scope with lock {lock}: check [[elections]] and the scopes there"
@@ -119,17 +86,9 @@ async fn token(a: TokenArgs) -> Result<(), Failure> {
                     .into());
                 }
             }
-            println!("{revision}");
+            println!("{text}");
             Ok(())
         }
-        Shows::Held {
-            key,
-            holder,
-            revision,
-        } => Err(Failure::Held(format!(
-            "{seat} is held by {holder:?} (key {key}, token {revision}), not by {:?}",
-            a.identity
-        ))),
-        Shows::Vacant => Err(Failure::Held(format!("{seat} has no holder"))),
+        other => Err(not_held(&seat, &other, &a.election.identity)),
     }
 }

@@ -11,7 +11,9 @@
 mod client;
 mod credential_process;
 mod dev;
+mod election;
 mod election_cmd;
+mod election_run;
 mod failure;
 mod fence_client;
 mod lease_cmd;
@@ -118,7 +120,7 @@ fn main() -> ExitCode {
                 .map_err(Failure::from),
             Command::Dev(args) => dev::dev(args).await.map(|()| 0).map_err(Failure::from),
             Command::Lease(cmd) => lease_cmd::run(cmd).await.map(|()| 0),
-            Command::Election(cmd) => election_cmd::run(cmd).await.map(|()| 0),
+            Command::Election(cmd) => election_cmd::run(cmd).await,
             Command::Run(args) => run_cmd::run(args).await,
             Command::CredentialProcess(args) => credential_process::credential_process(&args)
                 .map(|()| 0)

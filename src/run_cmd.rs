@@ -448,7 +448,10 @@ async fn forward_and_finish(
 }
 
 /// The stop signal to CMD's process group, SIGKILL after `grace`.
-async fn stop(child: &mut Child, (signal, grace): (Signal, Duration)) -> Option<ExitStatus> {
+pub(crate) async fn stop(
+    child: &mut Child,
+    (signal, grace): (Signal, Duration),
+) -> Option<ExitStatus> {
     let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
         return child.wait().await.ok();
     };
@@ -477,7 +480,7 @@ async fn release(client: &Client, lock: &str, token: &FencingToken) {
 }
 
 /// `--stop-signal`: TERM, INT or QUIT, with or without `SIG`.
-fn stop_signal(s: &str) -> Result<Signal, String> {
+pub(crate) fn stop_signal(s: &str) -> Result<Signal, String> {
     match s.trim_start_matches("SIG").to_ascii_uppercase().as_str() {
         "TERM" => Ok(Signal::SIGTERM),
         "INT" => Ok(Signal::SIGINT),
@@ -487,7 +490,7 @@ fn stop_signal(s: &str) -> Result<Signal, String> {
 }
 
 /// The wall clock, for the expiry written to the role's env file.
-fn wall_clock() -> std::time::SystemTime {
+pub(crate) fn wall_clock() -> std::time::SystemTime {
     #[allow(
         clippy::disallowed_methods,
         reason = "an expiry other processes compare with their own clocks"
@@ -495,7 +498,7 @@ fn wall_clock() -> std::time::SystemTime {
     std::time::SystemTime::now()
 }
 
-fn exit_code(status: ExitStatus) -> u8 {
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(c), _) => u8::try_from(c).unwrap_or(1),
         (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),

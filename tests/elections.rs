@@ -284,3 +284,185 @@ async fn an_upload_of_a_deposed_leader_lands_nothing() {
         .await
         .expect("its owner may abort it");
 }
+
+/// The election's own key in the proxy's `[[elections]]` table, shared
+/// with the cluster's nodes (and not the lease service's test key).
+const ELECTION_KEY: &str = "the-pg-cluster-election-key";
+
+fn election_keys() -> fencegate_core::TokenKeys {
+    fencegate_core::TokenKeys::new(vec![ELECTION_KEY.as_bytes().to_vec()]).expect("keys")
+}
+
+/// `token` for the bucket's lock, signed with the election's key.
+fn election_signed(token: u64) -> String {
+    let lock = fencegate_core::LockName::new(BUCKET).expect("lock");
+    election_keys().sign(&lock, token).to_string()
+}
+
+/// A client signing with credentials bound to `token` by `keys`.
+fn bound_client(proxy: &Proxy, keys: &fencegate_core::TokenKeys, token: u64) -> aws_sdk_s3::Client {
+    let lock = fencegate_core::LockName::new(BUCKET).expect("lock");
+    let c = keys.credentials(&lock, token, 4_000_000_000);
+    sdk_client(&proxy.url, (&c.access_key, &c.secret_key))
+}
+
+/// With `signing_keys`, a plain number proves nothing (anyone who can read
+/// etcd, or guess, knows it): only a token or credentials signed with the
+/// election's key are taken, and still only while the election shows
+/// their number. The lease service's key signs nothing for this lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_signing_keys_only_signed_tokens_of_the_holder_write() {
+    let leader = "/service/signed/leader";
+    let setup = Setup::start(&format!(
+        "etcd_key = \"{leader}\"\nsigning_keys = [\"{ELECTION_KEY}\"]"
+    ))
+    .await;
+    let Setup {
+        etcd,
+        backend,
+        proxy,
+        ..
+    } = &setup;
+    let a = blocking(|| etcd.put(leader, "node-a"));
+
+    // The holder's number, plain: refused, naming what to send.
+    let (status, text, _) = put(proxy, "wal/1", &a.to_string()).await;
+    assert_eq!(status, 403, "{text}");
+    fencegate_testkit::assert_mentions(&text, &["FencingTokenUnsigned", "signing_keys", leader]);
+    // Signed with the lease service's key: the signature does not verify.
+    let (status, text, _) = put(proxy, "wal/1", &signed(BUCKET, a)).await;
+    assert_eq!(status, 403, "{text}");
+    // Signed with the election's key: admitted.
+    let (status, text, _) = put(proxy, "wal/1", &election_signed(a)).await;
+    assert_eq!(status, 200, "{text}");
+    let body = format!("written with {}", election_signed(a));
+    assert_stored(backend, BUCKET, "wal/1", body.as_bytes(), a).await;
+    // A signed number the election does not show: refused.
+    refused(proxy, "wal/2", &election_signed(a + 9), &[leader, "node-a"]).await;
+
+    // Credentials bound to the holder's token with the election's key
+    // write; the same made with the lease service's key do not.
+    let holder = bound_client(proxy, &election_keys(), a);
+    holder
+        .put_object()
+        .bucket(BUCKET)
+        .key("wal/2")
+        .body(b"by credentials".to_vec().into())
+        .send()
+        .await
+        .expect("the holder's credentials write");
+    assert_stored(backend, BUCKET, "wal/2", b"by credentials", a).await;
+    let lease_keyed = bound_client(proxy, &support::test_keys(), a);
+    let e = lease_keyed
+        .put_object()
+        .bucket(BUCKET)
+        .key("wal/3")
+        .body(b"x".to_vec().into())
+        .send()
+        .await
+        .expect_err("credentials of another key");
+    assert_eq!(error_of(&e).0, Some(403), "{e:?}");
+
+    // Failover: node-a's credentials and signed token stop at once.
+    blocking(|| etcd.delete(leader));
+    let b = blocking(|| etcd.put(leader, "node-b"));
+    let e = holder
+        .put_object()
+        .bucket(BUCKET)
+        .key("wal/3")
+        .body(b"late".to_vec().into())
+        .send()
+        .await
+        .expect_err("a deposed leader's credentials");
+    assert_eq!(error_of(&e).0, Some(403), "{e:?}");
+    refused(proxy, "wal/3", &election_signed(a), &["node-b"]).await;
+    // node-b raises the fence with a signed token: node-a is stale.
+    let (status, text) = raise_fence(proxy, &election_signed(b)).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text, max) = put(proxy, "wal/3", &election_signed(a)).await;
+    assert_eq!(status, 409, "{text}");
+    assert_eq!(max, Some(b.to_string()));
+    assert_eq!(stored(backend, BUCKET, "wal/3").await, None);
+}
+
+/// `fencegate election run`: waits until its identity holds, raises the
+/// fence, gives the command (and the role files) a token and credentials
+/// signed with the election's key, and stops the command, exiting 4 and
+/// removing the files, as soon as the election moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_run_holds_the_role_while_the_election_names_it() {
+    let leader = "/service/run/leader";
+    let setup = Setup::start(&format!(
+        "etcd_key = \"{leader}\"\nsigning_keys = [\"{ELECTION_KEY}\"]"
+    ))
+    .await;
+    let Setup {
+        etcd,
+        backend,
+        proxy,
+        ..
+    } = &setup;
+    let dir = support::tempdir();
+    let key_file = support::write_file(dir.path(), "election.key", format!("{ELECTION_KEY}\n"));
+    let env_file = dir.path().join("role.env");
+    let started = dir.path().join("started");
+    let mut run = support::spawn_piped(
+        support::fencegate()
+            .args(["election", "run", "--endpoints", &etcd.endpoints()])
+            .args(["--key", leader, "--identity", "node-a", "--lock", BUCKET])
+            .arg("--signing-key-file")
+            .arg(&key_file)
+            .arg("--env-file")
+            .arg(&env_file)
+            .args(["--s3-endpoint", &proxy.url, "--grace", "2s", "--"])
+            .args([
+                "sh",
+                "-c",
+                "echo \"$FENCING_TOKEN\" > \"$0\"; exec sleep 600",
+            ])
+            .arg(&started),
+    );
+
+    // Nobody holds, then node-b does: run waits, starting nothing.
+    blocking(|| etcd.put(leader, "node-b"));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(!started.exists(), "the command started before node-a held");
+    assert!(!env_file.exists(), "role files before node-a held");
+    assert!(
+        run.try_wait().expect("wait").is_none(),
+        "run gave up waiting"
+    );
+
+    // node-a takes over: the fence is raised to its token before the
+    // command starts, and the command gets the signed token.
+    blocking(|| etcd.delete(leader));
+    let a = blocking(|| etcd.put(leader, "node-a"));
+    support::wait_for_file(&started).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let token = std::fs::read_to_string(&started).expect("the command's token");
+    assert_eq!(token.trim(), election_signed(a));
+    assert_eq!(proxy.max_token(BUCKET).await, Some(a));
+    let role = support::role_env(&env_file);
+    assert_eq!(role["FENCING_TOKEN"], election_signed(a));
+    let c = sdk_client(
+        &proxy.url,
+        (&role["AWS_ACCESS_KEY_ID"], &role["AWS_SECRET_ACCESS_KEY"]),
+    );
+    c.put_object()
+        .bucket(BUCKET)
+        .key("wal/1")
+        .body(b"from the role".to_vec().into())
+        .send()
+        .await
+        .expect("the role's credentials write");
+    assert_stored(backend, BUCKET, "wal/1", b"from the role", a).await;
+
+    // The election moves on: run stops the command and exits 4, the role
+    // files gone first.
+    blocking(|| etcd.delete(leader));
+    let (stderr, done) = support::collect_stderr(&mut run);
+    let status = blocking(|| support::exits_within(&mut run, std::time::Duration::from_secs(20)));
+    let _ = done.join();
+    assert_eq!(status.code(), Some(4), "{}", stderr.lock());
+    assert!(!env_file.exists(), "the role files outlived the role");
+}

@@ -9,7 +9,6 @@ mod support;
 
 use aws_sdk_s3::primitives::ByteStream;
 use serde_json::Value;
-use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -36,29 +35,6 @@ async fn locksvc_with(dir: &Path, credential_ttl: &str) -> Service {
     tokio::task::spawn_blocking(move || Service::start(cmd))
         .await
         .expect("locksvc")
-}
-
-/// The env file's `KEY='value'` lines.
-fn env_file(path: &Path) -> HashMap<String, String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.trim_matches('\'').to_owned()))
-        .collect()
-}
-
-async fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A PUT through the proxy signed with `key`.
@@ -131,12 +107,12 @@ async fn a_role_outlives_credential_ttl_through_files_its_processes_read() {
     .stdin(Stdio::null())
     .spawn()
     .expect("the role's holder starts");
-    wait_for(&pgbr).await;
+    support::wait_for_file(&pgbr).await;
     for f in [&env, &aws, &pgbr] {
         let mode = std::fs::metadata(f).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{}", f.display());
     }
-    let first = env_file(&env);
+    let first = support::role_env(&env);
     let first_key = (
         first["AWS_ACCESS_KEY_ID"].clone(),
         first["AWS_SECRET_ACCESS_KEY"].clone(),
@@ -164,7 +140,7 @@ async fn a_role_outlives_credential_ttl_through_files_its_processes_read() {
         .await
         .expect_err("the first credentials have expired");
     assert_eq!(expired.0, Some(403), "{expired:?}");
-    let now = env_file(&env);
+    let now = support::role_env(&env);
     assert_ne!(
         now["AWS_ACCESS_KEY_ID"], first_key.0,
         "rewritten on renewal"
@@ -292,17 +268,17 @@ async fn role_files_follow_the_lease_while_the_command_stops() {
     .stdin(Stdio::null())
     .spawn()
     .expect("the role's holder starts");
-    wait_for(&env).await;
+    support::wait_for_file(&env).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(holder.id()).expect("pid")),
         nix::sys::signal::Signal::SIGTERM,
     )
     .expect("SIGTERM to run");
-    let before = env_file(&env)["FENCEGATE_CREDENTIALS_REFRESH_BY"].clone();
+    let before = support::role_env(&env)["FENCEGATE_CREDENTIALS_REFRESH_BY"].clone();
     // Past the 2 s lease, still stopping: refreshed, and it answers.
     tokio::time::sleep(Duration::from_millis(3_500)).await;
-    let now = env_file(&env)["FENCEGATE_CREDENTIALS_REFRESH_BY"].clone();
+    let now = support::role_env(&env)["FENCEGATE_CREDENTIALS_REFRESH_BY"].clone();
     assert_ne!(
         now, before,
         "the env file was refreshed while the command stops"

@@ -12,7 +12,8 @@
 //! token than every holder before it.
 
 use crate::{CallError, Etcd};
-use etcd_client::{GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, SortOrder, SortTarget, WatchOptions};
+use std::time::Duration;
 
 /// Where an election keeps its holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +50,11 @@ pub enum Shows {
 /// Who holds the election at `seat` now, read linearizably (etcd's
 /// default read, answered by the leader with a quorum).
 pub async fn shows(etcd: &Etcd, seat: &Seat) -> Result<Shows, String> {
+    read(etcd, seat).await.map(|(shows, _)| shows)
+}
+
+/// [`shows`], and the store's revision the read saw (to watch from).
+pub async fn read(etcd: &Etcd, seat: &Seat) -> Result<(Shows, i64), String> {
     let (key, options) = match seat {
         Seat::Key(k) => (k.clone(), None),
         Seat::Prefix(p) => (
@@ -71,12 +77,51 @@ pub async fn shows(etcd: &Etcd, seat: &Seat) -> Result<Shows, String> {
         CallError::Unavailable(why) => why,
         CallError::Refused(e) => format!("etcd refused the read: {e}"),
     })?;
+    let seen = got.header().map_or(0, |h| h.revision());
     let Some(kv) = got.kvs().first() else {
-        return Ok(Shows::Vacant);
+        return Ok((Shows::Vacant, seen));
     };
-    Ok(Shows::Held {
+    let shows = Shows::Held {
         key: String::from_utf8_lossy(kv.key()).into_owned(),
         holder: String::from_utf8_lossy(kv.value()).into_owned(),
         revision: u64::try_from(kv.create_revision()).unwrap_or(0),
-    })
+    };
+    Ok((shows, seen))
+}
+
+/// Waits until a key of `seat` is written or deleted after revision
+/// `seen` (a watch, not a poll), or until the watch ends for any reason (a
+/// compaction past `seen`, a cancel, a member gone), or `patience` passes
+/// with no word: a quiet stream may be a half-open connection. Either
+/// way the caller reads the election again; this only says when.
+pub async fn changed(
+    etcd: &Etcd,
+    seat: &Seat,
+    seen: i64,
+    patience: Duration,
+) -> Result<(), String> {
+    let (key, options) = match seat {
+        Seat::Key(k) => (k.clone(), WatchOptions::new()),
+        Seat::Prefix(p) => (p.clone(), WatchOptions::new().with_prefix()),
+    };
+    let options = options.with_start_revision(seen + 1);
+    let watched = async {
+        let mut client = etcd.client().await.map_err(|e| e.to_string())?;
+        let mut stream = client
+            .watch(key, Some(options))
+            .await
+            .map_err(|e| e.to_string())?;
+        loop {
+            match stream.message().await.map_err(|e| e.to_string())? {
+                Some(r) if r.compact_revision() > 0 || r.canceled() => return Ok(()),
+                Some(r) if !r.events().is_empty() => return Ok(()),
+                Some(_) => {}
+                None => return Ok(()),
+            }
+        }
+    };
+    match tokio::time::timeout(patience, watched).await {
+        Ok(r) => r.inspect_err(|_| etcd.prefer_next()),
+        Err(_) => Ok(()),
+    }
 }

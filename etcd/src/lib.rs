@@ -19,26 +19,26 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// An etcd password, from a config file or the environment: never
-/// printed (`Debug` shows `<redacted>`), so a config that is logged or
-/// shown in an error does not leak it.
+/// A secret from a config file or the environment (an etcd password, an
+/// election's signing key): never printed (`Debug` shows `<redacted>`), so
+/// a config that is logged or shown in an error does not leak it.
 #[derive(Clone, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(transparent)]
-pub struct Password(String);
+pub struct Secret(String);
 
-impl std::fmt::Debug for Password {
+impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("<redacted>")
     }
 }
 
-impl From<String> for Password {
-    fn from(s: String) -> Password {
-        Password(s)
+impl From<String> for Secret {
+    fn from(s: String) -> Secret {
+        Secret(s)
     }
 }
 
-impl AsRef<str> for Password {
+impl AsRef<str> for Secret {
     fn as_ref(&self) -> &str {
         &self.0
     }

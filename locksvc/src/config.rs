@@ -157,7 +157,7 @@ pub struct EtcdConfig {
     pub username: Option<String>,
     /// Its password. Override with `FENCEGATE_ETCD_PASSWORD`, so it need
     /// not live in a file.
-    pub password: Option<fencegate_etcd::Password>,
+    pub password: Option<fencegate_etcd::Secret>,
     /// PEM CA certificate(s) to trust for `https://` endpoints instead of
     /// the system roots.
     #[serde(deserialize_with = "fencegate_net::tls::optional_path")]

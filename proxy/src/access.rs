@@ -10,29 +10,55 @@
 use crate::config::ClientKey;
 use crate::errors;
 use crate::op::{Class, Op};
-use fencegate_core::TokenKeys;
 use fencegate_core::credentials::{CredentialError, is_lease_access_key};
+use fencegate_core::{LockName, TokenKeys};
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{S3Auth, SecretKey};
-use s3s::{S3Result, s3_error};
+use s3s::{S3Error, S3Result, s3_error};
 use std::collections::HashMap;
 
 /// The client keys from the config, and lease-bound keys derived from the
-/// signing keys (see `fencegate_core::credentials`).
+/// signing keys (see `fencegate_core::credentials`): the lease service's,
+/// or, for a lock that follows an election, that election's own.
 #[derive(Debug)]
 pub struct ClientAuth {
     keys: HashMap<String, SecretKey>,
     lease_keys: Option<TokenKeys>,
+    election_keys: HashMap<LockName, Option<TokenKeys>>,
 }
 
 impl ClientAuth {
-    pub fn new(clients: &[ClientKey], lease_keys: Option<TokenKeys>) -> ClientAuth {
+    pub fn new(
+        clients: &[ClientKey],
+        lease_keys: Option<TokenKeys>,
+        election_keys: HashMap<LockName, Option<TokenKeys>>,
+    ) -> ClientAuth {
         ClientAuth {
             keys: clients
                 .iter()
                 .map(|c| (c.access_key.clone(), SecretKey::from(c.secret_key.clone())))
                 .collect(),
             lease_keys,
+            election_keys,
+        }
+    }
+
+    /// The keys that derive the secret of credentials bound to `lock`: a
+    /// lock that follows an election takes only its election's (the lease
+    /// service issues nothing for it), others the lease service's.
+    fn keys_for(&self, lock: Option<&LockName>) -> Result<&TokenKeys, S3Error> {
+        match lock.and_then(|l| self.election_keys.get(l).map(|k| (l, k))) {
+            Some((_, Some(keys))) => Ok(keys),
+            Some((lock, None)) => Err(s3_error!(
+                InvalidAccessKeyId,
+                "lock {lock} follows an election without signing_keys: send the holder's plain Fencing-Token, or give the election signing_keys for credentials"
+            )),
+            None => self.lease_keys.as_ref().ok_or_else(|| {
+                s3_error!(
+                    InvalidAccessKeyId,
+                    "lease-bound credentials need the proxy to have signing_keys"
+                )
+            }),
         }
     }
 }
@@ -44,12 +70,8 @@ impl S3Auth for ClientAuth {
             return Ok(k.clone());
         }
         if is_lease_access_key(access_key) {
-            let Some(keys) = &self.lease_keys else {
-                return Err(s3_error!(
-                    InvalidAccessKeyId,
-                    "lease-bound credentials need the proxy to have signing_keys"
-                ));
-            };
+            let bound = fencegate_core::credentials::parse_access_key(access_key).ok();
+            let keys = self.keys_for(bound.as_ref().map(|b| &b.lock))?;
             // The secret is re-derived from the access key, with the
             // configured key its key id names (any of them, so credentials
             // keep working through a key rotation); if the client signed

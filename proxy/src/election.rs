@@ -11,6 +11,15 @@
 //! the election is refused as soon as its key is gone, before its successor
 //! writes. The questions are asked by [`crate::issuer::Issuer`], one per
 //! lock at a time.
+//!
+//! **Who may speak for the holder.** The election's number is public
+//! (etcd shows it to anyone who may read the key), so a plain token proves
+//! only that the sender read it. With `signing_keys`, the lock takes only
+//! tokens and credentials signed with them (what `fencegate election run`
+//! and `fencegate election token` mint where the key is): the signature
+//! says a node of the cluster sent it, and the election, read
+//! then and there, says it is the holder's. Neither is enough alone: a
+//! deposed leader still has the key.
 
 use fencegate_core::LockName;
 use fencegate_etcd::Etcd;
@@ -22,11 +31,18 @@ use std::collections::HashMap;
 pub struct Election {
     seat: Seat,
     etcd: Etcd,
+    keys: Option<fencegate_core::TokenKeys>,
 }
 
 impl Election {
-    pub fn new(seat: Seat, etcd: Etcd) -> Election {
-        Election { seat, etcd }
+    pub fn new(seat: Seat, etcd: Etcd, keys: Option<fencegate_core::TokenKeys>) -> Election {
+        Election { seat, etcd, keys }
+    }
+
+    /// The keys its tokens and credentials must be signed with, if it
+    /// has `signing_keys`; without, it takes plain numbers.
+    pub fn keys(&self) -> Option<&fencegate_core::TokenKeys> {
+        self.keys.as_ref()
     }
 
     /// Where it keeps its holder, for messages.
@@ -55,6 +71,14 @@ impl Elections {
     pub fn of(&self, lock: &LockName) -> Option<&Election> {
         self.by_lock.get(lock)
     }
+
+    /// Each lock's signing keys, for the credentials bound to it.
+    pub fn credential_keys(&self) -> HashMap<LockName, Option<fencegate_core::TokenKeys>> {
+        self.by_lock
+            .iter()
+            .map(|(lock, e)| (lock.clone(), e.keys.clone()))
+            .collect()
+    }
 }
 
 /// One `[[elections]]` table of the proxy config: a lock whose tokens an
@@ -81,7 +105,7 @@ pub struct ElectionConfig {
     pub username: Option<String>,
     /// Its password (never printed).
     #[serde(default)]
-    pub password: Option<fencegate_etcd::Password>,
+    pub password: Option<fencegate_etcd::Secret>,
     /// PEM CA certificate(s) for `https://` endpoints.
     #[serde(default, deserialize_with = "fencegate_net::tls::optional_path")]
     pub ca_file: Option<std::path::PathBuf>,
@@ -91,6 +115,13 @@ pub struct ElectionConfig {
     /// PEM private key of `cert_file`.
     #[serde(default, deserialize_with = "fencegate_net::tls::optional_path")]
     pub key_file: Option<std::path::PathBuf>,
+    /// Keys shared with the cluster's nodes (`fencegate election run
+    /// --signing-key-file`), at least 16 bytes each. When set, the lock
+    /// takes only tokens and credentials signed with one of them, never a
+    /// plain number; the first signs. Keep them apart from the lease
+    /// service's `signing_keys`.
+    #[serde(default)]
+    pub signing_keys: Vec<fencegate_etcd::Secret>,
     /// Longest one read of the election may take; then the write gets 503.
     #[serde(default = "default_request_timeout", with = "humantime_serde")]
     pub request_timeout: std::time::Duration,
@@ -108,6 +139,20 @@ impl ElectionConfig {
             (None, Some(p)) => Some(Seat::Prefix(p.clone())),
             _ => None,
         }
+    }
+
+    /// Its signing keys, if it has any (and they are valid: see
+    /// [`ElectionConfig::problems`]).
+    pub fn keys(&self) -> Option<fencegate_core::TokenKeys> {
+        if self.signing_keys.is_empty() {
+            return None;
+        }
+        fencegate_core::TokenKeys::new(
+            self.signing_keys
+                .iter()
+                .map(|k| k.as_ref().as_bytes().to_vec())
+                .collect(),
+        )
     }
 
     /// How to reach its etcd.
@@ -151,6 +196,18 @@ impl ElectionConfig {
         }
         if self.username.is_some() != self.password.is_some() {
             p.push(format!("{table}.username and {table}.password go together"));
+        }
+        for (k, key) in self.signing_keys.iter().enumerate() {
+            let len = key.as_ref().len();
+            if len < fencegate_core::token::MIN_KEY_LEN {
+                p.push(format!(
+                    "{table}.signing_keys[{k}] is {len} bytes; keys must be at least {} bytes",
+                    fencegate_core::token::MIN_KEY_LEN
+                ));
+            }
+        }
+        if !self.signing_keys.is_empty() && self.keys().is_none() && p.is_empty() {
+            p.push(format!("{table}.signing_keys are invalid"));
         }
         p.extend(self.connection().problems(&table));
         p

@@ -181,7 +181,9 @@ pub fn rejected(r: &Rejection) -> S3Error {
         | Rejection::Repeated
         | Rejection::NotText
         | Rejection::Disagree { .. } => Code::InvalidToken.error(r.to_string()),
-        Rejection::Unsigned => Code::TokenUnsigned.error(r.to_string()),
+        Rejection::Unsigned | Rejection::ElectionSigned { .. } => {
+            Code::TokenUnsigned.error(r.to_string())
+        }
         Rejection::NotIssued { .. }
         | Rejection::NotTheElections { .. }
         | Rejection::NotElected(_) => Code::TokenNotIssued.error(r.to_string()),

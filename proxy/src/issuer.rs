@@ -28,7 +28,7 @@
 //! client certificate if it requires one): the question names no secret,
 //! but a forged "yes" would let a made-up number raise a scope's max.
 
-use crate::election::{Election, Elections, Seat, Shows};
+use crate::election::{Election, Elections, Shows};
 use fencegate_core::LockName;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -104,9 +104,14 @@ impl Issuer {
         }
     }
 
-    /// Where `lock`'s election keeps its holder, if the lock follows one.
-    pub fn election_of(&self, lock: &LockName) -> Option<&Seat> {
-        self.elections.of(lock).map(Election::seat)
+    /// `lock`'s election, if the lock follows one.
+    pub fn election_of(&self, lock: &LockName) -> Option<&Election> {
+        self.elections.of(lock)
+    }
+
+    /// The elections of the locks that follow one.
+    pub fn elections(&self) -> &Elections {
+        &self.elections
     }
 
     /// Whether a plain token of `lock` can be checked here: the lock

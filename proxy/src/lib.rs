@@ -170,6 +170,7 @@ impl Proxy {
         builder.set_auth(access::ClientAuth::new(
             &config.clients,
             gate.tokens.keys().cloned(),
+            gate.tokens.election_keys(),
         ));
         builder.set_access(access::Access {
             allow_anonymous: config.allow_anonymous,
@@ -180,6 +181,7 @@ impl Proxy {
             Arc::new(access::ClientAuth::new(
                 &config.clients,
                 gate.tokens.keys().cloned(),
+                gate.tokens.election_keys(),
             )),
             Arc::new(hosts.clone()),
         );

@@ -152,6 +152,10 @@ pub enum Rejection {
         "lock {lock} follows {seat}: send the holder key's create_revision as a plain Fencing-Token (what `fencegate election token` prints), not a lease service's token or credentials"
     )]
     NotTheElections { lock: String, seat: String },
+    #[error(
+        "lock {lock} follows {seat} and takes only tokens signed with its signing_keys: send what `fencegate election run` or `fencegate election token --signing-key-file` gives, not a plain number"
+    )]
+    ElectionSigned { lock: String, seat: String },
     #[error("{0}")]
     NotElected(String),
     #[error(
@@ -216,30 +220,60 @@ impl TokenPolicy {
         }
     }
 
-    /// The token of a write to a lock that follows an election: a plain
-    /// number, the holder key's `create_revision`, that only the election
-    /// can vouch for. A signed token or lease-bound credentials are the
-    /// lease service's and name no election's holder: refused.
+    /// The token of a write to a lock that follows an election, as far as
+    /// the request proves it: only the election, asked then and there,
+    /// can vouch that the number is its holder's. Without `keys` the token
+    /// is a plain number, the holder key's `create_revision`; with them, it
+    /// must be signed with them, in the header or as credentials bound to
+    /// it (whose signature `access::ClientAuth` checked with the same
+    /// keys). A lease service's token or credentials name no election's
+    /// holder: refused.
     pub fn elected(
         &self,
-        headers: &HeaderMap,
-        access_key: Option<&str>,
+        (headers, access_key): (&HeaderMap, Option<&str>),
         lock: &LockName,
-        seat: &str,
+        (seat, keys): (&str, Option<&TokenKeys>),
     ) -> Result<Option<Unvouched>, Rejection> {
         let not_its = || Rejection::NotTheElections {
             lock: lock.to_string(),
             seat: seat.to_owned(),
         };
-        if let Some(Ok(_)) = access_key.map(fencegate_core::credentials::parse_access_key) {
-            return Err(not_its());
-        }
-        let Some(text) = header_text(headers)? else {
-            return Ok(None);
+        let bound = match access_key.map(fencegate_core::credentials::parse_access_key) {
+            Some(Ok(_)) if keys.is_none() => return Err(not_its()),
+            Some(Ok(bound)) if bound.lock != *lock => {
+                return Err(Rejection::Verify(VerifyError::WrongLock {
+                    expected: lock.to_string(),
+                    found: bound.lock.to_string(),
+                }));
+            }
+            Some(Ok(bound)) => Some(bound.token),
+            _ => None,
         };
-        match FencingToken::parse(text.trim()).map_err(Rejection::Malformed)? {
-            FencingToken::Plain(number) => Ok(Some(Unvouched { number })),
-            FencingToken::Signed(_) => Err(not_its()),
+        let header = match header_text(headers)? {
+            None => None,
+            Some(text) => match (
+                FencingToken::parse(text.trim()).map_err(Rejection::Malformed)?,
+                keys,
+            ) {
+                (FencingToken::Plain(number), None) => Some(number),
+                (FencingToken::Plain(_), Some(_)) => {
+                    return Err(Rejection::ElectionSigned {
+                        lock: lock.to_string(),
+                        seat: seat.to_owned(),
+                    });
+                }
+                (FencingToken::Signed(_), None) => return Err(not_its()),
+                (FencingToken::Signed(signed), Some(keys)) => {
+                    Some(keys.verify(&signed, lock).map_err(Rejection::Verify)?)
+                }
+            },
+        };
+        match (header, bound) {
+            (Some(h), Some(c)) if h != c => Err(Rejection::Disagree {
+                header: h,
+                credentials: c,
+            }),
+            (h, c) => Ok(c.or(h).map(|number| Unvouched { number })),
         }
     }
 

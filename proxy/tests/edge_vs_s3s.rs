@@ -114,7 +114,7 @@ fn judges() -> Judges {
         accepted: accepted.clone(),
         seen: seen.clone(),
     });
-    b.set_auth(ClientAuth::new(&clients(), None));
+    b.set_auth(ClientAuth::new(&clients(), None, Default::default()));
     b.set_access(Access {
         allow_anonymous: false,
         gate: gate(),
@@ -124,7 +124,10 @@ fn judges() -> Judges {
         s3s: b.build(),
         accepted,
         seen,
-        edge: Edge::new(Arc::new(ClientAuth::new(&clients(), None)), Arc::new(hosts)),
+        edge: Edge::new(
+            Arc::new(ClientAuth::new(&clients(), None, Default::default())),
+            Arc::new(hosts),
+        ),
     }
 }
 

@@ -675,3 +675,43 @@ pub fn read_response(s: &mut impl std::io::Read) -> Option<(u16, String)> {
     s.read_exact(&mut body).ok()?;
     Some((status, String::from_utf8_lossy(&body).into_owned()))
 }
+
+/// A role env file's `KEY='value'` lines (`fencegate run --env-file`).
+pub fn role_env(path: &Path) -> std::collections::HashMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('\'').to_owned()))
+        .collect()
+}
+
+/// Waits up to 20 s for `path` to exist.
+pub async fn wait_for_file(path: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// `child`'s exit status, if it exits within `limit`; else it is killed
+/// and the test fails.
+pub fn exits_within(child: &mut Child, limit: std::time::Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("the process did not exit within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

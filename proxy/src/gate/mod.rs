@@ -303,12 +303,16 @@ impl Gate {
             })?;
         let parsed = fencegate_core::FencingToken::parse(value.trim());
         // A plain token names no lock: `?lock=` names one that follows an
-        // election, whose holder's token the election vouches for.
+        // election, whose holder's token the election vouches for. A
+        // signed token of such a lock is the election's keys' to verify.
         let elected = match &parsed {
             Ok(fencegate_core::FencingToken::Plain(_)) => lock_param
                 .and_then(|l| fencegate_core::LockName::new(l).ok())
                 .filter(|l| self.tokens.follows_election(l)),
-            _ => None,
+            Ok(fencegate_core::FencingToken::Signed(s)) => {
+                Some(s.lock.clone()).filter(|l| self.tokens.follows_election(l))
+            }
+            Err(_) => None,
         };
         // Without keys a token in the signed form cannot be verified, and
         // a fence raised on anyone's say-so would lock the holder out.
@@ -377,7 +381,7 @@ fn issuer(
             anyhow::anyhow!("elections[{i}] names no single etcd_key or etcd_prefix")
         })?;
         let etcd = fencegate_etcd::Etcd::new(&e.connection())?;
-        by_lock.insert(lock, crate::election::Election::new(seat, etcd));
+        by_lock.insert(lock, crate::election::Election::new(seat, etcd, e.keys()));
     }
     if lease_service.is_none() && by_lock.is_empty() {
         return Ok(None);

@@ -108,6 +108,17 @@ impl TokenCheck {
             .is_some_and(|i| i.election_of(lock).is_some())
     }
 
+    /// The signing keys of each lock that follows an election, for the
+    /// credentials bound to it.
+    pub fn election_keys(
+        &self,
+    ) -> std::collections::HashMap<fencegate_core::LockName, Option<TokenKeys>> {
+        self.issuer
+            .as_ref()
+            .map(|i| i.elections().credential_keys())
+            .unwrap_or_default()
+    }
+
     /// The keys tokens and lease-bound credentials are verified with.
     pub fn keys(&self) -> Option<&TokenKeys> {
         self.policy.keys()
@@ -142,10 +153,14 @@ impl TokenCheck {
             .and_then(|i| i.election_of(&scope.lock));
         let unvouched = match election {
             // A lock that follows an election: only the election vouches.
-            Some(seat) => {
+            Some(election) => {
                 let presented = self
                     .policy
-                    .elected(req.headers, req.access_key, &scope.lock, &seat.to_string())
+                    .elected(
+                        (req.headers, req.access_key),
+                        &scope.lock,
+                        (&election.seat().to_string(), election.keys()),
+                    )
                     .map_err(refuse)?;
                 match presented {
                     None => return Ok(None),
@@ -175,7 +190,7 @@ impl TokenCheck {
         }
         let token = unvouched.number();
         let asked = match election {
-            Some(seat) => seat.to_string(),
+            Some(election) => election.seat().to_string(),
             None => "the lease service".to_owned(),
         };
         // Boxed: a call to another service, rare, and large (see `Call`).
@@ -215,7 +230,7 @@ impl TokenCheck {
         let Some(issuer) = self.issuer.as_ref() else {
             return Ok(());
         };
-        let Some(seat) = issuer.election_of(&scope.lock) else {
+        let Some(seat) = issuer.election_of(&scope.lock).map(|e| e.seat()) else {
             return Ok(());
         };
         let number = token.number();

@@ -51,7 +51,7 @@ pub struct ClusterConfig {
     /// `FENCEGATE_CLUSTER_USERNAME`.
     pub username: Option<String>,
     /// Its password. Override with `FENCEGATE_CLUSTER_PASSWORD`.
-    pub password: Option<fencegate_etcd::Password>,
+    pub password: Option<fencegate_etcd::Secret>,
     /// PEM CA certificate(s) for `https://` endpoints.
     #[serde(deserialize_with = "fencegate_net::tls::optional_path")]
     pub ca_file: Option<PathBuf>,
