@@ -23,6 +23,11 @@
 //!    4. With no successful read for `--lost-after`, the same: a node that
 //!    cannot see its election does not act as its holder.
 //!
+//! **Without a command** `run` is a sidecar beside the node's own
+//! election client (Patroni): it does 1, 2 and the role files of 3 for
+//! every term this node holds, removing the files between terms, until
+//! it is stopped (exit 0).
+//!
 //! Credentials need the election's signing key, which the proxy's
 //! `[[elections]]` table shares. Nothing here is trusted by the proxy on
 //! its own: every write is checked against the election when it arrives,
@@ -90,8 +95,10 @@ pub struct ElectionRunArgs {
     /// After the stop signal, how long CMD has to exit before SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, num_args = 1..)]
+    /// The command and its arguments. Without one, `run` is a sidecar:
+    /// it keeps the role files (and raises the fence) for every term this
+    /// node holds, until it is stopped.
+    #[arg(last = true, num_args = 0..)]
     pub command: Vec<String>,
 }
 
@@ -125,145 +132,227 @@ pub async fn run(a: ElectionRunArgs) -> Result<u8, Failure> {
         )
         .into());
     }
+    if a.command.is_empty() && a.s3_credentials {
+        return Err(anyhow::anyhow!(
+            "--s3-credentials exports credentials to a command: name one after --, or keep them in role files"
+        )
+        .into());
+    }
     if a.credential_ttl < Duration::from_secs(3) {
         return Err(anyhow::anyhow!("--credential-ttl must be at least 3s").into());
     }
     files.check()?;
-    let etcd = a.election.etcd()?;
-    let identity = a.election.identity.clone();
-
-    let (revision, mut seen) = wait_to_hold(&etcd, &seat, &identity).await;
-    tracing::info!(%seat, %identity, token = revision, "this node holds the election");
-    let token = token_text(keys.as_ref(), &a.lock, revision)?;
-
-    let fence_at = if a.no_fence {
-        None
-    } else {
-        a.fence.clone().or_else(|| a.s3_endpoint.clone())
+    let mut node = Node {
+        etcd: a.election.etcd()?,
+        seat,
+        lock,
+        keys,
+        files,
+        sigterm: signal(SignalKind::terminate()).map_err(anyhow::Error::from)?,
+        sigint: signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?,
     };
-    if let Some(proxy) = &fence_at {
+    if !a.command.is_empty() {
+        return match node.term(&a, true).await? {
+            Ended::Exited(code) => Ok(code),
+            Ended::Lost(why) => Err(Failure::LeaseLost(why)),
+        };
+    }
+    // No command: a sidecar that keeps the role files for each term this
+    // node holds, until it is stopped.
+    loop {
+        match node.term(&a, false).await? {
+            Ended::Exited(code) => return Ok(code),
+            Ended::Lost(why) => eprintln!("fencegate: {why}; waiting to hold again"),
+        }
+    }
+}
+
+/// How one term ended.
+enum Ended {
+    /// The command exited (or `run` was stopped): this exit status.
+    Exited(u8),
+    /// The election moved on.
+    Lost(String),
+}
+
+/// This node in the election, and what it keeps while it holds.
+struct Node {
+    etcd: Etcd,
+    seat: Seat,
+    lock: LockName,
+    keys: Option<TokenKeys>,
+    files: RoleFiles,
+    sigterm: tokio::signal::unix::Signal,
+    sigint: tokio::signal::unix::Signal,
+}
+
+impl Node {
+    /// One term: waits until this node holds, raises the fence, keeps the
+    /// role files (and runs the command, when `with_command`) until the
+    /// election moves on or `run` is stopped.
+    async fn term(&mut self, a: &ElectionRunArgs, with_command: bool) -> Result<Ended, Failure> {
+        let identity = a.election.identity.as_str();
+        let (revision, mut seen) = tokio::select! {
+            held = wait_to_hold(&self.etcd, &self.seat, identity) => held,
+            _ = self.sigterm.recv() => return Ok(Ended::Exited(0)),
+            _ = self.sigint.recv() => return Ok(Ended::Exited(0)),
+        };
+        tracing::info!(seat = %self.seat, identity, token = revision, "this node holds the election");
+        let token = token_text(self.keys.as_ref(), &a.lock, revision)?;
+        let what = a.command.first().map_or("the role files", String::as_str);
+        self.fence(a, &token, revision).await.map_err(|e| {
+            anyhow::anyhow!("{e:#}; {what:?} not started (--no-fence starts it without)")
+        })?;
+        let held = Held {
+            lock: self.lock.clone(),
+            token,
+            revision,
+            identity: identity.to_owned(),
+            keys: self.keys.clone(),
+            credential_ttl: a.credential_ttl,
+        };
+        let minted = held.mint();
+        if let Err(e) = self
+            .files
+            .write(&minted, held.refresh_every(), wall_clock())
+        {
+            self.files.remove(revision);
+            return Err(e.context(format!("{what:?} not started")).into());
+        }
+        let mut child = if with_command {
+            Some(self.spawn(a, &held, &minted)?)
+        } else {
+            None
+        };
+        let how = (a.stop_signal, a.grace);
+        let mut last_read = Instant::now();
+        let mut next_mint = Instant::now() + held.refresh_every();
+        let lost = loop {
+            tokio::select! {
+                status = async { child.as_mut()?.wait().await.ok() }, if child.is_some() => {
+                    self.files.remove(revision);
+                    return Ok(Ended::Exited(status.map_or(1, exit_code)));
+                }
+                _ = self.sigterm.recv() => break None,
+                _ = self.sigint.recv() => break None,
+                () = tokio::time::sleep_until(next_mint) => {
+                    next_mint = Instant::now() + held.refresh_every();
+                    if let Err(e) = self.files.write(&held.mint(), held.refresh_every(), wall_clock()) {
+                        tracing::warn!(error = format!("{e:#}"), "cannot write fresh credentials; the files keep the previous ones");
+                    }
+                }
+                changed = fencegate_etcd::election::changed(&self.etcd, &self.seat, seen, WATCH_PATIENCE.min(a.lost_after)) => {
+                    if let Err(e) = changed {
+                        tracing::warn!(error = %e, seat = %self.seat, "the watch of the election ended; reading it again");
+                        tokio::time::sleep(RETRY).await;
+                    }
+                    match fencegate_etcd::election::read(&self.etcd, &self.seat).await {
+                        Ok((Shows::Held { holder, revision: r, .. }, now_seen)) if holder == identity && r == revision => {
+                            seen = now_seen;
+                            last_read = Instant::now();
+                        }
+                        Ok((shows, _)) => break Some(not_held(&self.seat, &shows, identity).to_string()),
+                        Err(e) if last_read.elapsed() >= a.lost_after => {
+                            break Some(format!("no read of {} succeeded for {:?} (last error: {e})", self.seat, a.lost_after));
+                        }
+                        Err(e) => tracing::warn!(error = %e, seat = %self.seat, "cannot read the election; still holding until --lost-after"),
+                    }
+                }
+            }
+        };
+        // The role's other processes find no credentials from now on.
+        self.files.remove(revision);
+        let status = match child.as_mut() {
+            Some(child) => {
+                if let Some(why) = &lost {
+                    eprintln!(
+                        "fencegate: {} (token {revision}) no longer held by {identity:?}: {why}; stopping {what:?}",
+                        a.lock
+                    );
+                }
+                stop(child, how).await.map_or(1, exit_code)
+            }
+            None => 0,
+        };
+        Ok(match lost {
+            None => Ended::Exited(status),
+            Some(why) => Ended::Lost(format!(
+                "{} moved on from {identity:?} (token {revision}): {why}",
+                self.seat
+            )),
+        })
+    }
+
+    /// Raises the lock's fence at the proxy to this term's token, unless
+    /// told not to.
+    async fn fence(&self, a: &ElectionRunArgs, token: &str, revision: u64) -> anyhow::Result<()> {
+        let fence_at = if a.no_fence {
+            None
+        } else {
+            a.fence.clone().or_else(|| a.s3_endpoint.clone())
+        };
+        let Some(proxy) = fence_at else {
+            return Ok(());
+        };
         let tls = fencegate_net::tls::ClientTls {
             ca_file: a.proxy_ca_file.clone(),
             ..Default::default()
         };
         let until = Instant::now() + FENCE_PATIENCE;
-        match crate::fence_client::raise(proxy, &tls, &token, Some(&a.lock), until).await {
+        match crate::fence_client::raise(&proxy, &tls, token, Some(&a.lock), until).await {
             Ok(crate::fence_client::Raised::To(max)) => {
                 tracing::info!(lock = %a.lock, token = revision, max, proxy, "fence raised at the proxy");
+                Ok(())
             }
             Ok(crate::fence_client::Raised::NotFencedThere) => {
                 tracing::warn!(lock = %a.lock, proxy, "no scope of the proxy is fenced by this lock: nothing to fence there");
+                Ok(())
             }
-            Err(e) => {
-                return Err(anyhow::anyhow!(
-                    "cannot raise the fence of {} to token {revision} at {proxy}: {e:#}; {:?} not started (--no-fence starts it without)",
-                    a.lock,
-                    a.command[0]
-                )
-                .into());
-            }
+            Err(e) => Err(e.context(format!(
+                "cannot raise the fence of {} to token {revision} at {proxy}",
+                a.lock
+            ))),
         }
     }
 
-    let held = Held {
-        lock,
-        token,
-        revision,
-        identity: identity.clone(),
-        keys,
-        credential_ttl: a.credential_ttl,
-    };
-    let minted = held.mint();
-    if let Err(e) = files.write(&minted, held.refresh_every(), wall_clock()) {
-        files.remove(revision);
-        return Err(e.context(format!("{:?} not started", a.command[0])).into());
-    }
-    let mut command = Command::new(&a.command[0]);
-    command
-        .args(&a.command[1..])
-        .env("FENCING_TOKEN", &held.token)
-        .env("FENCING_TOKEN_NUMBER", revision.to_string())
-        .env("FENCEGATE_LOCK", &a.lock)
-        .env("FENCEGATE_OWNER", &identity)
-        .process_group(0);
-    if a.s3_credentials {
+    /// Starts the command with the term's token (and credentials).
+    fn spawn(
+        &self,
+        a: &ElectionRunArgs,
+        held: &Held,
+        minted: &crate::client::LeaseInfo,
+    ) -> Result<tokio::process::Child, Failure> {
+        let mut command = Command::new(&a.command[0]);
         command
-            .env("AWS_ACCESS_KEY_ID", &minted.s3_access_key_id)
-            .env("AWS_SECRET_ACCESS_KEY", &minted.s3_secret_access_key)
-            .env_remove("AWS_SESSION_TOKEN")
-            .env_remove("AWS_PROFILE");
-        if let Some(endpoint) = &a.s3_endpoint {
-            command.env("AWS_ENDPOINT_URL", endpoint);
+            .args(&a.command[1..])
+            .env("FENCING_TOKEN", &held.token)
+            .env("FENCING_TOKEN_NUMBER", held.revision.to_string())
+            .env("FENCEGATE_LOCK", &a.lock)
+            .env("FENCEGATE_OWNER", &held.identity)
+            .process_group(0);
+        if a.s3_credentials {
+            command
+                .env("AWS_ACCESS_KEY_ID", &minted.s3_access_key_id)
+                .env("AWS_SECRET_ACCESS_KEY", &minted.s3_secret_access_key)
+                .env_remove("AWS_SESSION_TOKEN")
+                .env_remove("AWS_PROFILE");
+            if let Some(endpoint) = &a.s3_endpoint {
+                command.env("AWS_ENDPOINT_URL", endpoint);
+            }
         }
-    }
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            files.remove(revision);
+        command.spawn().map_err(|e| {
+            self.files.remove(held.revision);
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
             };
-            return Err(Failure::CannotStart {
+            Failure::CannotStart {
                 message: format!("cannot start {:?}: {e}", a.command[0]),
                 code,
-            });
-        }
-    };
-    let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
-    let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
-    let how = (a.stop_signal, a.grace);
-    let mut last_read = Instant::now();
-    let mut next_mint = Instant::now() + held.refresh_every();
-    let lost = loop {
-        tokio::select! {
-            status = child.wait() => {
-                let status = status.map_err(anyhow::Error::from)?;
-                files.remove(revision);
-                return Ok(exit_code(status));
             }
-            _ = sigterm.recv() => break None,
-            _ = sigint.recv() => break None,
-            () = tokio::time::sleep_until(next_mint) => {
-                next_mint = Instant::now() + held.refresh_every();
-                if let Err(e) = files.write(&held.mint(), held.refresh_every(), wall_clock()) {
-                    tracing::warn!(error = format!("{e:#}"), "cannot write fresh credentials; the files keep the previous ones");
-                }
-            }
-            changed = fencegate_etcd::election::changed(&etcd, &seat, seen, WATCH_PATIENCE.min(a.lost_after)) => {
-                if let Err(e) = changed {
-                    tracing::warn!(error = %e, %seat, "the watch of the election ended; reading it again");
-                    tokio::time::sleep(RETRY).await;
-                }
-                match fencegate_etcd::election::read(&etcd, &seat).await {
-                    Ok((Shows::Held { holder, revision: r, .. }, now_seen)) if holder == identity && r == revision => {
-                        seen = now_seen;
-                        last_read = Instant::now();
-                    }
-                    Ok((shows, _)) => break Some(not_held(&seat, &shows, &identity).to_string()),
-                    Err(e) if last_read.elapsed() >= a.lost_after => {
-                        break Some(format!("no read of {seat} succeeded for {:?} (last error: {e})", a.lost_after));
-                    }
-                    Err(e) => tracing::warn!(error = %e, %seat, "cannot read the election; still holding until --lost-after"),
-                }
-            }
-        }
-    };
-    // The role's other processes find no credentials from now on.
-    files.remove(revision);
-    let Some(why) = lost else {
-        return Ok(stop(&mut child, how).await.map_or(1, exit_code));
-    };
-    eprintln!(
-        "fencegate: {} (token {revision}) no longer held by {identity:?}: {why}; stopping {:?}",
-        a.lock, a.command[0]
-    );
-    stop(&mut child, how).await;
-    Err(Failure::LeaseLost(format!(
-        "{seat} moved on from {identity:?} (token {revision}) while {:?} ran; it was stopped",
-        a.command[0]
-    )))
+        })
+    }
 }
 
 /// Reads the election until it names `identity`, waiting on a watch
