@@ -2,7 +2,7 @@
 //! election (`[[elections]]` in the proxy's config).
 //!
 //! - `election token` prints the fencing token of an election this
-//!   process's identity holds: the `create_revision` of the holder's key,
+//!   process's identity holds: the revision its term began at,
 //!   signed for the lock with the election's key when one is given;
 //! - `election run` runs a command while the identity holds it
 //!   ([`crate::election_run`]).
@@ -16,7 +16,7 @@ use std::path::PathBuf;
 #[derive(Debug, Subcommand)]
 pub enum ElectionCommand {
     /// Print the election's current token (its holder key's
-    /// create_revision, signed with --signing-key-file if given) if
+    /// term's revision, signed with --signing-key-file if given) if
     /// IDENTITY holds it; exit 3 if another holds it or nobody does.
     Token(TokenArgs),
     /// Run a command while IDENTITY holds the election: wait until it

@@ -7,7 +7,7 @@
 //!    `--identity`, `run` waits on a watch of its keys and reads again at
 //!    each change.
 //! 2. **Fence.** With `--fence URL` (default `--s3-endpoint`), the lock's
-//!    fence is raised at the proxy to the holder key's `create_revision`
+//!    fence is raised at the proxy to the revision its term began at
 //!    before CMD starts, so the old holder's writes are refused from then
 //!    on. The proxy checks that revision with the election itself.
 //! 3. **Run.** CMD gets `FENCING_TOKEN` (signed with `--signing-key-file`
@@ -356,7 +356,7 @@ impl Node {
 }
 
 /// Reads the election until it names `identity`, waiting on a watch
-/// between reads: its holder key's `create_revision`, and the revision
+/// between reads: the revision its term began at, and the revision
 /// the read saw.
 async fn wait_to_hold(etcd: &Etcd, seat: &Seat, identity: &str) -> (u64, i64) {
     let mut said = None;

@@ -1,6 +1,7 @@
 //! Locks whose tokens an etcd election issues (`[[elections]]`): Patroni's
 //! leader key and etcd's election recipe, on a real etcd and a real
-//! proxy process. The token is the holder key's `create_revision`; the
+//! proxy process. The token is the revision the holder's term began at
+//! (a leader key's `mod_revision`, a prefix's lowest `create_revision`); the
 //! proxy reads the election itself and admits nothing on a client's word.
 
 #[macro_use]
@@ -109,7 +110,7 @@ async fn a_leader_key_issues_the_tokens_and_a_deposed_leader_is_refused() {
     refused(proxy, "wal/1", "5", &[leader, "no holder"]).await;
     assert_eq!(stored(backend, BUCKET, "wal/1").await, None);
 
-    // node-a leads: its key's create_revision is its token.
+    // node-a leads: the revision its key was written at is its token.
     let a = blocking(|| etcd.put(leader, "node-a"));
     admitted(proxy, "wal/1", &a.to_string()).await;
     setup.assert_written_with("wal/1", a).await;
@@ -175,6 +176,33 @@ async fn raise_fence(proxy: &Proxy, token: &str) -> (u16, String) {
         .await
         .expect("the proxy answers");
     (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+/// Patroni 3.0.2's leader, frozen past its TTL, wakes and puts its name
+/// into the key its successor created, without creating it again: a new
+/// holder, so a new term with a higher token; the successor it displaced
+/// is refused from then on, and the old term's token is stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_key_taken_over_in_place_is_a_new_term() {
+    let leader = "/service/inplace/leader";
+    let setup = Setup::start(&format!("etcd_key = \"{leader}\"")).await;
+    let Setup { etcd, proxy, .. } = &setup;
+    let a = blocking(|| etcd.put(leader, "node-a"));
+    admitted(proxy, "wal/1", &a.to_string()).await;
+    blocking(|| etcd.delete(leader));
+    let b = blocking(|| etcd.put(leader, "node-b"));
+    admitted(proxy, "wal/1", &b.to_string()).await;
+    // node-a writes its name over node-b's key: one key, two holders.
+    let a2 = blocking(|| etcd.put(leader, "node-a"));
+    assert!(a2 > b, "the overwrite is a later revision");
+    refused(proxy, "wal/2", &b.to_string(), &["node-a"]).await;
+    admitted(proxy, "wal/2", &a2.to_string()).await;
+    for stale in [a, b] {
+        let (status, text, max) = put(proxy, "wal/3", &stale.to_string()).await;
+        assert_eq!(status, 409, "{text}");
+        assert_eq!(max, Some(a2.to_string()));
+    }
+    setup.assert_written_with("wal/2", a2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

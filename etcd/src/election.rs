@@ -1,15 +1,25 @@
 //! Reading an election the cluster runs in etcd: who holds it, and the
-//! holder's fencing token, the `create_revision` of its key.
+//! holder's fencing token, a revision of its key.
 //!
 //! - **A leader key** (Patroni's `/<namespace>/<scope>/leader`, bound to
-//!   the leader's etcd lease): whoever the key names holds.
+//!   the leader's etcd lease): whoever the key names holds, and the token
+//!   is the key's `mod_revision`, the revision of its last write. Not its
+//!   `create_revision`: a leader key can change hands without being
+//!   created again. Patroni 3.0.2 (Debian bookworm's) does it: a leader
+//!   frozen past its TTL wakes up and puts its name into the key its
+//!   successor created (observed in `tests/patroni/failover.sh`'s
+//!   development), so two holders would share one `create_revision`.
+//!   Every write of the key gets a new, higher `mod_revision`; the holder
+//!   writes it only when it takes the key or renews it after a lapse, each
+//!   a new term.
 //! - **A prefix** (etcd's election and lock recipes: `etcdctl elect`,
 //!   `etcdctl lock`, Go's `concurrency` package): each candidate puts a
-//!   key under the prefix; the key with the lowest `create_revision` holds.
+//!   key under the prefix, and only its own; the key with the lowest
+//!   `create_revision` holds, and that is the token, as the recipes define
+//!   it (a holder's `Proclaim` rewrites its value, not its term).
 //!
-//! etcd revisions only grow, and a new holder's key is created after the
-//! old one's was deleted or expired, so each new holder has a higher
-//! token than every holder before it.
+//! etcd revisions only grow, so each new holder has a higher token than
+//! every holder before it.
 
 use crate::{CallError, Etcd};
 use etcd_client::{GetOptions, SortOrder, SortTarget, WatchOptions};
@@ -36,8 +46,8 @@ impl std::fmt::Display for Seat {
 /// What an election shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shows {
-    /// Held through the key `key`, whose value names the `holder`, created
-    /// at `revision`: the holder's token.
+    /// Held through the key `key`, whose value names the `holder`, in the
+    /// term that began at `revision`: the holder's token.
     Held {
         key: String,
         holder: String,
@@ -81,10 +91,14 @@ pub async fn read(etcd: &Etcd, seat: &Seat) -> Result<(Shows, i64), String> {
     let Some(kv) = got.kvs().first() else {
         return Ok((Shows::Vacant, seen));
     };
+    let term = match seat {
+        Seat::Key(_) => kv.mod_revision(),
+        Seat::Prefix(_) => kv.create_revision(),
+    };
     let shows = Shows::Held {
         key: String::from_utf8_lossy(kv.key()).into_owned(),
         holder: String::from_utf8_lossy(kv.value()).into_owned(),
-        revision: u64::try_from(kv.create_revision()).unwrap_or(0),
+        revision: u64::try_from(term).unwrap_or(0),
     };
     Ok((shows, seen))
 }

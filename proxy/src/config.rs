@@ -89,8 +89,8 @@ pub struct ProxyConfig {
     pub scopes: Vec<ScopeConfig>,
     /// Locks whose tokens an election the cluster already runs issues
     /// (Patroni's leader key, etcd's election and lock recipes), instead
-    /// of the lease service: the token is the holder key's
-    /// `create_revision`, checked with the election on every write.
+    /// of the lease service: the token is the revision the holder's term
+    /// began at, checked with the election on every write.
     pub elections: Vec<crate::election::ElectionConfig>,
     /// What happens to writes outside every configured scope.
     pub unscoped_writes: UnscopedPolicy,

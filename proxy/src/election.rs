@@ -1,7 +1,7 @@
 //! Locks whose holder an election decides: an election the cluster
 //! already runs in etcd (`[[elections]]`: Patroni's leader key, etcd's
 //! election and lock recipes) issues the lock's tokens, not the lease
-//! service. The token is the holder key's `create_revision`
+//! service. The token is the revision the holder's term began at
 //! ([`fencegate_etcd::election`] reads it), so the fence rule of `core`
 //! applies unchanged.
 //!

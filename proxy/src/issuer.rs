@@ -170,7 +170,7 @@ impl Issuer {
                 Some(e),
             ) => {
                 return Ok(Answer::NotElected(format!(
-                    "token {token} is not the holder's: {} shows {holder:?} holding lock {lock} with the key {key}, created at revision {revision}",
+                    "token {token} is not the holder's: {} shows {holder:?} holding lock {lock} with the key {key}, in the term that began at revision {revision}",
                     e.seat()
                 )));
             }

@@ -149,7 +149,7 @@ pub enum Rejection {
     #[error("{0}")]
     Verify(VerifyError),
     #[error(
-        "lock {lock} follows {seat}: send the holder key's create_revision as a plain Fencing-Token (what `fencegate election token` prints), not a lease service's token or credentials"
+        "lock {lock} follows {seat}: send the holder's term (its key's revision) as a plain Fencing-Token (what `fencegate election token` prints), not a lease service's token or credentials"
     )]
     NotTheElections { lock: String, seat: String },
     #[error(
@@ -223,7 +223,7 @@ impl TokenPolicy {
     /// The token of a write to a lock that follows an election, as far as
     /// the request proves it: only the election, asked then and there,
     /// can vouch that the number is its holder's. Without `keys` the token
-    /// is a plain number, the holder key's `create_revision`; with them, it
+    /// is a plain number, the revision the holder's term began at; with them, it
     /// must be signed with them, in the header or as credentials bound to
     /// it (whose signature `access::ClientAuth` checked with the same
     /// keys). A lease service's token or credentials name no election's

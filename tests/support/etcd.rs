@@ -295,7 +295,8 @@ impl EtcdCluster {
     }
 
     /// Puts `value` at `key` (as `etcdctl put` would) through the first
-    /// member's JSON gateway; the key's `create_revision`.
+    /// member's JSON gateway; the revision of this write (the key's
+    /// `mod_revision`).
     pub fn put(&self, key: &str, value: &str) -> u64 {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -307,7 +308,7 @@ impl EtcdCluster {
             .unwrap_or_else(|e| panic!("etcd put: {e}"));
         assert!(put["header"]["revision"].is_string(), "etcd put: {put}");
         let read = self.gateway("range", key);
-        read["kvs"][0]["create_revision"]
+        read["kvs"][0]["mod_revision"]
             .as_str()
             .and_then(|r| r.parse().ok())
             .unwrap_or_else(|| panic!("{key} after a put: {read}"))
