@@ -17,6 +17,9 @@
 #     tests/pgbackrest/failover.sh fences a primary's backup repository
 #     across a failover; it starts its own servers on free ports, so the
 #     package's cluster (main, port 5432) is stopped
+#   - Patroni 3.0.2 (Debian patroni): tests/patroni/failover.sh runs a
+#     two-node Patroni cluster on the tests' etcd and fences its backups by
+#     Patroni's own leader key; the package's service is never started
 # Safe to run repeatedly; does nothing when all is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +49,7 @@ done
 [ "$ceph_missing" -eq 0 ] || missing+=(ceph-mon ceph-osd radosgw ceph-common)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || missing+=(postgresql-15)
 command -v pgbackrest >/dev/null 2>&1 || missing+=(pgbackrest)
+command -v patroni >/dev/null 2>&1 || missing+=(patroni)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${missing[*]} from Debian"
   SUDO=""
@@ -69,6 +73,11 @@ fi
 # one. Stop them anyway where systemd runs.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet ceph.target 2>/dev/null; then
   ${SUDO:-} systemctl stop ceph.target || true
+fi
+# The patroni package's service needs a config in /etc/patroni and starts
+# nothing without one; stop it anyway where systemd runs.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet patroni 2>/dev/null; then
+  ${SUDO:-} systemctl stop patroni || true
 fi
 # The postgresql package creates and starts a cluster "main" on 5432 (through
 # systemd or its init script); the test starts its own. Stop it either way.

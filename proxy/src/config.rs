@@ -485,9 +485,14 @@ impl ProxyConfig {
                 "backend.access_key and backend.secret_key are required (or {ENV_BACKEND_ACCESS_KEY} / {ENV_BACKEND_SECRET_KEY})"
             ));
         }
-        if self.clients.is_empty() && !self.allow_anonymous && self.signing_keys.is_empty() {
+        let elections_sign = self.elections.iter().any(|e| !e.signing_keys.is_empty());
+        if self.clients.is_empty()
+            && !self.allow_anonymous
+            && self.signing_keys.is_empty()
+            && !elections_sign
+        {
             p.push(format!(
-                "nobody could use the proxy: add [[clients]] (or {ENV_CLIENT_KEYS}), allow anonymous access, or set signing_keys so lease-bound credentials work"
+                "nobody could use the proxy: add [[clients]] (or {ENV_CLIENT_KEYS}), allow anonymous access, or set signing_keys (the lease service's, or an election's) so bound credentials work"
             ));
         }
         for (i, v) in self.viewers.iter().enumerate() {
