@@ -42,6 +42,7 @@ COPY locksvc locksvc
 COPY proxy proxy
 COPY bench bench
 COPY testkit testkit
+COPY zookeeper zookeeper
 COPY src src
 
 # The registry and target caches survive between builds (BuildKit); the

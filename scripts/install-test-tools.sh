@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the test suite talks to, if it is missing:
-#   - moto_server, boto3 and the aws CLI in ./.venv (PyPI)
+#   - moto_server, boto3, the aws CLI and kazoo in ./.venv (PyPI)
 #   - rclone, s3cmd, restic and curl (Debian)
 #   - etcd (Debian etcd-server 3.4): the lease service's etcd backend runs
 #     its tests on a 3-member cluster of it
@@ -17,6 +17,8 @@
 #     tests/pgbackrest/failover.sh fences a primary's backup repository
 #     across a failover; it starts its own servers on free ports, so the
 #     package's cluster (main, port 5432) is stopped
+#   - ZooKeeper 3.8 (Debian zookeeper, with a Java runtime): tests/zookeeper.rs
+#     fences writes by a kazoo lock; the tests start their own server
 #   - Patroni 3.0.2 (Debian patroni): tests/patroni/failover.sh runs a
 #     two-node Patroni cluster on the tests' etcd and fences its backups by
 #     Patroni's own leader key; the package's service is never started
@@ -24,10 +26,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/aws ] || ! .venv/bin/python -c 'import boto3' 2>/dev/null; then
-  echo "==> installing moto[server], boto3 and awscli into .venv"
+if [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/aws ] || ! .venv/bin/python -c 'import boto3, kazoo' 2>/dev/null; then
+  echo "==> installing moto[server], boto3, awscli and kazoo into .venv"
   python3 -m venv .venv
-  .venv/bin/pip install --quiet --disable-pip-version-check 'moto[server]' boto3 awscli
+  .venv/bin/pip install --quiet --disable-pip-version-check 'moto[server]' boto3 awscli kazoo
 fi
 
 missing=()
@@ -50,6 +52,7 @@ done
 [ -x /usr/lib/postgresql/15/bin/postgres ] || missing+=(postgresql-15)
 command -v pgbackrest >/dev/null 2>&1 || missing+=(pgbackrest)
 command -v patroni >/dev/null 2>&1 || missing+=(patroni)
+{ [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || missing+=(zookeeper)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${missing[*]} from Debian"
   SUDO=""
@@ -73,6 +76,11 @@ fi
 # one. Stop them anyway where systemd runs.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet ceph.target 2>/dev/null; then
   ${SUDO:-} systemctl stop ceph.target || true
+fi
+# The zookeeper package does not start a server by itself (Debian ships it
+# without an enabled service); stop one if systemd runs it.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet zookeeper 2>/dev/null; then
+  ${SUDO:-} systemctl stop zookeeper || true
 fi
 # The patroni package's service needs a config in /etc/patroni and starts
 # nothing without one; stop it anyway where systemd runs.

@@ -66,19 +66,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 /// An anonymous PUT of `key` with `Fencing-Token: token`: the status, the
 /// body and `Fencing-Max-Token`.
 async fn put(proxy: &Proxy, key: &str, token: &str) -> (u16, String, Option<String>) {
-    let r = reqwest::Client::new()
-        .put(format!("{}/{BUCKET}/{key}", proxy.url))
-        .header("fencing-token", token)
-        .body(format!("written with {token}"))
-        .send()
-        .await
-        .expect("the proxy answers");
-    let max = r
-        .headers()
-        .get("fencing-max-token")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    (r.status().as_u16(), r.text().await.unwrap_or_default(), max)
+    anonymous_put(proxy, (BUCKET, key), token, format!("written with {token}")).await
 }
 
 /// A PUT with `token` the proxy admits.

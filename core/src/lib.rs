@@ -14,7 +14,9 @@
 //! - [`token`]: how a token travels in the `Fencing-Token` header, plain or
 //!   signed with HMAC-SHA256;
 //! - [`credentials`]: how it travels in S3 credentials, for tools that
-//!   cannot send a header.
+//!   cannot send a header;
+//! - [`election`]: what an election the cluster already runs shows (its
+//!   holder and the token of its term).
 //!
 //! **Architecture invariant:** nothing here performs I/O, spawns, sleeps or
 //! reads a clock. Every function that depends on time takes `now` as an
@@ -23,6 +25,7 @@
 //! the lease service, with the same code.
 
 pub mod credentials;
+pub mod election;
 pub mod fence;
 pub mod fields;
 pub mod lease;

@@ -43,19 +43,7 @@ impl std::fmt::Display for Seat {
     }
 }
 
-/// What an election shows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Shows {
-    /// Held through the key `key`, whose value names the `holder`, in the
-    /// term that began at `revision`: the holder's token.
-    Held {
-        key: String,
-        holder: String,
-        revision: u64,
-    },
-    /// Nobody holds it.
-    Vacant,
-}
+pub use fencegate_core::election::Shows;
 
 /// Who holds the election at `seat` now, read linearizably (etcd's
 /// default read, answered by the leader with a quorum).

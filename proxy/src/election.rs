@@ -1,9 +1,10 @@
 //! Locks whose holder an election decides: an election the cluster
-//! already runs in etcd (`[[elections]]`: Patroni's leader key, etcd's
-//! election and lock recipes) issues the lock's tokens, not the lease
-//! service. The token is the revision the holder's term began at
-//! ([`fencegate_etcd::election`] reads it), so the fence rule of `core`
-//! applies unchanged.
+//! already runs (`[[elections]]`) issues the lock's tokens, not the lease
+//! service: in etcd, Patroni's leader key or etcd's election and lock
+//! recipes ([`fencegate_etcd::election`]); in ZooKeeper, the lock recipes
+//! of Curator and kazoo or a leader znode ([`fencegate_zookeeper`]). The
+//! token is the revision (or zxid) the holder's term began at, so the fence
+//! rule of `core` applies unchanged.
 //!
 //! The proxy verifies, never trusts: a token at or above its lock's max is
 //! admitted only if a linearizable read of the election shows it as the
@@ -22,21 +23,58 @@
 //! deposed leader still has the key.
 
 use fencegate_core::LockName;
+pub use fencegate_core::election::Shows;
 use fencegate_etcd::Etcd;
-pub use fencegate_etcd::election::{Seat, Shows};
+use fencegate_zookeeper::ZooKeeper;
 use std::collections::HashMap;
+
+/// Where an election keeps its holder, and in which store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seat {
+    Etcd(fencegate_etcd::election::Seat),
+    ZooKeeper(fencegate_zookeeper::Seat),
+}
+
+impl std::fmt::Display for Seat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seat::Etcd(s) => s.fmt(f),
+            Seat::ZooKeeper(s) => s.fmt(f),
+        }
+    }
+}
+
+/// The store an election is read from.
+#[derive(Debug)]
+enum Store {
+    Etcd(Etcd),
+    ZooKeeper(ZooKeeper),
+}
 
 /// One lock's election.
 #[derive(Debug)]
 pub struct Election {
     seat: Seat,
-    etcd: Etcd,
+    store: Store,
     keys: Option<fencegate_core::TokenKeys>,
 }
 
 impl Election {
-    pub fn new(seat: Seat, etcd: Etcd, keys: Option<fencegate_core::TokenKeys>) -> Election {
-        Election { seat, etcd, keys }
+    /// The election one `[[elections]]` table names (whose problems were
+    /// checked).
+    pub fn from_config(c: &ElectionConfig) -> anyhow::Result<Election> {
+        let seat = c
+            .seat()
+            .ok_or_else(|| anyhow::anyhow!("lock {} names no single election", c.lock))?;
+        let store = match &seat {
+            Seat::Etcd(_) => Store::Etcd(Etcd::new(&c.connection())?),
+            Seat::ZooKeeper(_) => Store::ZooKeeper(ZooKeeper::new(&c.endpoints, c.request_timeout)),
+        };
+        Ok(Election {
+            seat,
+            store,
+            keys: c.keys(),
+        })
     }
 
     /// The keys its tokens and credentials must be signed with, if it
@@ -50,9 +88,15 @@ impl Election {
         &self.seat
     }
 
-    /// Who holds it now.
+    /// Who holds it now, read linearizably.
     pub async fn shows(&self) -> Result<Shows, String> {
-        fencegate_etcd::election::shows(&self.etcd, &self.seat).await
+        match (&self.store, &self.seat) {
+            (Store::Etcd(etcd), Seat::Etcd(seat)) => {
+                fencegate_etcd::election::shows(etcd, seat).await
+            }
+            (Store::ZooKeeper(zk), Seat::ZooKeeper(seat)) => zk.shows(seat).await,
+            _ => Err(format!("{} is not in this election's store", self.seat)),
+        }
     }
 }
 
@@ -98,7 +142,17 @@ pub struct ElectionConfig {
     /// `create_revision` holds.
     #[serde(default)]
     pub etcd_prefix: Option<String>,
-    /// Client URLs of the election's etcd members.
+    /// A ZooKeeper lock's path (the lock recipes of Curator and kazoo):
+    /// the child with the lowest sequence number holds, its data names the
+    /// holder, its `czxid` is the token.
+    #[serde(default)]
+    pub zookeeper_lock: Option<String>,
+    /// A ZooKeeper leader znode: whoever its data names holds; its `mzxid`
+    /// is the token.
+    #[serde(default)]
+    pub zookeeper_node: Option<String>,
+    /// The election's servers: etcd client URLs (`http://host:2379`), or
+    /// ZooKeeper `host:port`.
     pub endpoints: Vec<String>,
     /// etcd user, if etcd auth is on.
     #[serde(default)]
@@ -134,9 +188,23 @@ fn default_request_timeout() -> std::time::Duration {
 impl ElectionConfig {
     /// Where the election keeps its holder, if exactly one seat is named.
     pub fn seat(&self) -> Option<Seat> {
-        match (&self.etcd_key, &self.etcd_prefix) {
-            (Some(k), None) => Some(Seat::Key(k.clone())),
-            (None, Some(p)) => Some(Seat::Prefix(p.clone())),
+        use fencegate_etcd::election::Seat as E;
+        use fencegate_zookeeper::Seat as Z;
+        let named: Vec<Seat> = [
+            self.etcd_key.clone().map(|k| Seat::Etcd(E::Key(k))),
+            self.etcd_prefix.clone().map(|p| Seat::Etcd(E::Prefix(p))),
+            self.zookeeper_lock
+                .clone()
+                .map(|p| Seat::ZooKeeper(Z::Lock(p))),
+            self.zookeeper_node
+                .clone()
+                .map(|p| Seat::ZooKeeper(Z::Node(p))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        match named.as_slice() {
+            [one] => Some(one.clone()),
             _ => None,
         }
     }
@@ -177,18 +245,38 @@ impl ElectionConfig {
         if let Err(e) = LockName::new(&self.lock) {
             p.push(format!("{table}.lock {:?}: {e}", self.lock));
         }
-        match (&self.etcd_key, &self.etcd_prefix) {
-            (Some(k), None) | (None, Some(k)) if !k.is_empty() => {}
-            (Some(_), Some(_)) => p.push(format!(
-                "{table}: etcd_key and etcd_prefix are both set; name one: the leader key (Patroni) or the election's prefix"
+        let named = [
+            &self.etcd_key,
+            &self.etcd_prefix,
+            &self.zookeeper_lock,
+            &self.zookeeper_node,
+        ];
+        match named.iter().filter(|n| n.is_some()).count() {
+            0 => p.push(format!(
+                "{table}: name the election: etcd_key (a leader key, such as Patroni's /service/<scope>/leader), etcd_prefix (etcd's election and lock recipes), zookeeper_lock (a Curator or kazoo lock's path) or zookeeper_node (a leader znode)"
             )),
+            1 => {
+                if named.iter().any(|n| n.as_deref() == Some("")) {
+                    p.push(format!("{table}: the election's key or path is empty"));
+                }
+            }
             _ => p.push(format!(
-                "{table}: name the election: etcd_key (a leader key, such as Patroni's /service/<scope>/leader) or etcd_prefix (etcd's election and lock recipes)"
+                "{table}: more than one of etcd_key, etcd_prefix, zookeeper_lock and zookeeper_node is set; name one"
             )),
+        }
+        for path in [&self.zookeeper_lock, &self.zookeeper_node]
+            .into_iter()
+            .flatten()
+        {
+            if !path.starts_with('/') || (path.len() > 1 && path.ends_with('/')) {
+                p.push(format!(
+                    "{table}: ZooKeeper path {path:?} must start with / and not end with /"
+                ));
+            }
         }
         if self.endpoints.is_empty() {
             p.push(format!(
-                "{table}.endpoints is empty: list the election's etcd members"
+                "{table}.endpoints is empty: list the election's etcd members or ZooKeeper servers"
             ));
         }
         if self.request_timeout.is_zero() {
@@ -209,7 +297,25 @@ impl ElectionConfig {
         if !self.signing_keys.is_empty() && self.keys().is_none() && p.is_empty() {
             p.push(format!("{table}.signing_keys are invalid"));
         }
-        p.extend(self.connection().problems(&table));
+        if matches!(self.seat(), Some(Seat::ZooKeeper(_))) {
+            p.extend(ZooKeeper::problems(&self.endpoints, &table));
+            let unsupported = [
+                ("username", self.username.is_some()),
+                ("password", self.password.is_some()),
+                ("ca_file", self.ca_file.is_some()),
+                ("cert_file", self.cert_file.is_some()),
+                ("key_file", self.key_file.is_some()),
+            ];
+            for (option, set) in unsupported {
+                if set {
+                    p.push(format!(
+                        "{table}.{option}: ZooKeeper elections are read without authentication or TLS (not built yet); remove it"
+                    ));
+                }
+            }
+        } else {
+            p.extend(self.connection().problems(&table));
+        }
         p
     }
 }
@@ -233,7 +339,9 @@ mod tests {
         );
         assert_eq!(
             c.elections[0].seat(),
-            Some(Seat::Key("/service/main/leader".into()))
+            Some(Seat::Etcd(fencegate_etcd::election::Seat::Key(
+                "/service/main/leader".into()
+            )))
         );
         assert!(
             c.elections[0].problems(0).is_empty(),
@@ -250,13 +358,25 @@ mod tests {
         fencegate_testkit::assert_mentions(
             &c.problems().join("\n"),
             &[
-                "elections[0]: etcd_key and etcd_prefix are both set",
+                "elections[0]: more than one of etcd_key, etcd_prefix",
                 "elections[0].endpoints is empty",
                 "elections[1]: name the election",
                 "elections[1].endpoints: \"127.0.0.1:2379\" must start with http://",
                 "elections[1]: lock pg follows another election already",
                 "elections[2].lock \"no such lock!\"",
                 "elections[2].request_timeout must be above 0",
+            ],
+        );
+        // ZooKeeper: host:port servers, no auth or TLS yet.
+        let c = parsed(
+            "accept_unsigned_tokens = true\n[[elections]]\nlock = \"solr\"\nzookeeper_lock = \"/locks/solr/\"\nendpoints = [\"http://zk1:2181\"]\nusername = \"u\"\npassword = \"p\"\n",
+        );
+        fencegate_testkit::assert_mentions(
+            &c.problems().join("\n"),
+            &[
+                "elections[0]: ZooKeeper path \"/locks/solr/\" must start with / and not end with /",
+                "elections[0].endpoints: \"http://zk1:2181\" is not host:port",
+                "elections[0].username: ZooKeeper elections are read without authentication",
             ],
         );
         // Unknown keys are refused, as everywhere in the config.

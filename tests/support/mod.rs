@@ -52,6 +52,7 @@ pub mod harness;
 )]
 pub use etcd::{LeaseBackend, lease_backend};
 pub mod relay;
+pub mod zookeeper;
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};

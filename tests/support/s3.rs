@@ -1045,3 +1045,26 @@ pub fn sigv4_headers(
     instructions.apply_to_request_http1x(&mut req);
     req.headers().clone()
 }
+
+/// An anonymous PUT of `bucket/key` through `proxy` with
+/// `Fencing-Token: token`: the status, the body and `Fencing-Max-Token`.
+pub async fn anonymous_put(
+    proxy: &Proxy,
+    (bucket, key): (&str, &str),
+    token: &str,
+    body: String,
+) -> (u16, String, Option<String>) {
+    let r = reqwest::Client::new()
+        .put(format!("{}/{bucket}/{key}", proxy.url))
+        .header("fencing-token", token)
+        .body(body)
+        .send()
+        .await
+        .expect("the proxy answers");
+    let max = r
+        .headers()
+        .get("fencing-max-token")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (r.status().as_u16(), r.text().await.unwrap_or_default(), max)
+}

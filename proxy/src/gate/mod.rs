@@ -377,11 +377,9 @@ fn issuer(
     for (i, e) in elections.iter().enumerate() {
         let lock = fencegate_core::LockName::new(&e.lock)
             .map_err(|why| anyhow::anyhow!("elections[{i}].lock: {why}"))?;
-        let seat = e.seat().ok_or_else(|| {
-            anyhow::anyhow!("elections[{i}] names no single etcd_key or etcd_prefix")
-        })?;
-        let etcd = fencegate_etcd::Etcd::new(&e.connection())?;
-        by_lock.insert(lock, crate::election::Election::new(seat, etcd, e.keys()));
+        let election = crate::election::Election::from_config(e)
+            .map_err(|why| anyhow::anyhow!("elections[{i}]: {why}"))?;
+        by_lock.insert(lock, election);
     }
     if lease_service.is_none() && by_lock.is_empty() {
         return Ok(None);
