@@ -36,14 +36,13 @@
 use crate::election::{ElectionArgs, not_held, token_text};
 use crate::failure::Failure;
 use crate::role_files::RoleFiles;
-use crate::run_cmd::{exit_code, stop, stop_signal, wall_clock};
+use crate::run_cmd::{exit_code, start_command, stop, stop_signal, wall_clock};
 use clap::Args;
 use fencegate_core::{LockName, TokenKeys};
 use fencegate_etcd::Etcd;
 use fencegate_etcd::election::{Seat, Shows};
 use nix::sys::signal::Signal;
 use std::time::Duration;
-use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
@@ -76,15 +75,8 @@ pub struct ElectionRunArgs {
     /// third of it while this node holds the election.
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     pub credential_ttl: Duration,
-    /// Keep the credentials in this AWS shared credentials file.
-    #[arg(long)]
-    pub aws_credentials_file: Option<std::path::PathBuf>,
-    /// Keep the credentials, token and lock in this `KEY='value'` file.
-    #[arg(long)]
-    pub env_file: Option<std::path::PathBuf>,
-    /// Keep the credentials in this pgBackRest config file.
-    #[arg(long)]
-    pub pgbackrest_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub role: crate::role_files::RoleFiles,
     /// With no successful read of the election for this long, act as if
     /// it were lost (Patroni's default TTL is 30 s).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -117,15 +109,10 @@ pub async fn run(a: ElectionRunArgs) -> Result<u8, Failure> {
     let keys = a.election.keys()?;
     let lock = LockName::new(&a.lock).map_err(|e| anyhow::anyhow!("--lock {:?}: {e}", a.lock))?;
     let files = RoleFiles {
-        aws_credentials: a.aws_credentials_file.clone(),
-        env: a.env_file.clone(),
-        pgbackrest: a.pgbackrest_file.clone(),
         endpoint: a.s3_endpoint.clone(),
+        ..a.role.clone()
     };
-    let wants_credentials = a.s3_credentials
-        || a.aws_credentials_file.is_some()
-        || a.pgbackrest_file.is_some()
-        || a.env_file.is_some();
+    let wants_credentials = a.s3_credentials || files.any();
     if wants_credentials && keys.is_none() {
         return Err(anyhow::anyhow!(
             "credentials (--s3-credentials and the role files) are signed with the election's key: give --signing-key-file"
@@ -220,7 +207,14 @@ impl Node {
             return Err(e.context(format!("{what:?} not started")).into());
         }
         let mut child = if with_command {
-            Some(self.spawn(a, &held, &minted)?)
+            let s3 = a.s3_credentials.then_some(a.s3_endpoint.as_deref());
+            match start_command(&a.command, &minted, s3) {
+                Ok(child) => Some(child),
+                Err(e) => {
+                    self.files.remove(revision);
+                    return Err(e);
+                }
+            }
         } else {
             None
         };
@@ -313,45 +307,6 @@ impl Node {
                 a.lock
             ))),
         }
-    }
-
-    /// Starts the command with the term's token (and credentials).
-    fn spawn(
-        &self,
-        a: &ElectionRunArgs,
-        held: &Held,
-        minted: &crate::client::LeaseInfo,
-    ) -> Result<tokio::process::Child, Failure> {
-        let mut command = Command::new(&a.command[0]);
-        command
-            .args(&a.command[1..])
-            .env("FENCING_TOKEN", &held.token)
-            .env("FENCING_TOKEN_NUMBER", held.revision.to_string())
-            .env("FENCEGATE_LOCK", &a.lock)
-            .env("FENCEGATE_OWNER", &held.identity)
-            .process_group(0);
-        if a.s3_credentials {
-            command
-                .env("AWS_ACCESS_KEY_ID", &minted.s3_access_key_id)
-                .env("AWS_SECRET_ACCESS_KEY", &minted.s3_secret_access_key)
-                .env_remove("AWS_SESSION_TOKEN")
-                .env_remove("AWS_PROFILE");
-            if let Some(endpoint) = &a.s3_endpoint {
-                command.env("AWS_ENDPOINT_URL", endpoint);
-            }
-        }
-        command.spawn().map_err(|e| {
-            self.files.remove(held.revision);
-            let code = if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
-            Failure::CannotStart {
-                message: format!("cannot start {:?}: {e}", a.command[0]),
-                code,
-            }
-        })
     }
 }
 

@@ -35,14 +35,27 @@ use std::time::{Duration, SystemTime};
 /// again (RFC 3339), read by `credential-process`.
 pub const REFRESH_BY: &str = "FENCEGATE_CREDENTIALS_REFRESH_BY";
 
-/// Where a role's credentials go, and what else the env file names.
-#[derive(Debug, Clone, Default)]
+/// Where a role's credentials go (the flags of `run` and `election run`),
+/// and what else the env file names.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct RoleFiles {
+    /// Keep the current credentials in this file, AWS shared credentials
+    /// format (`[default]`), for AWS_SHARED_CREDENTIALS_FILE.
+    #[arg(long = "aws-credentials-file", value_name = "FILE")]
     pub aws_credentials: Option<PathBuf>,
+    /// Keep the current credentials, token and lock in this file as
+    /// `KEY='value'` lines, for `. FILE` in a shell and for
+    /// `fencegate credential-process --env-file FILE`.
+    #[arg(long = "env-file", value_name = "FILE")]
     pub env: Option<PathBuf>,
+    /// Keep the current credentials in this pgBackRest config file
+    /// (`repo1-s3-key`, `repo1-s3-key-secret` under `[global]`), e.g. in
+    /// /etc/pgbackrest/conf.d/.
+    #[arg(long = "pgbackrest-file", value_name = "FILE")]
     pub pgbackrest: Option<PathBuf>,
     /// The proxy's S3 endpoint, written to the env file as
-    /// `AWS_ENDPOINT_URL`.
+    /// `AWS_ENDPOINT_URL` (from `--s3-endpoint`).
+    #[arg(skip)]
     pub endpoint: Option<String>,
 }
 
@@ -51,6 +64,11 @@ impl RoleFiles {
         [&self.aws_credentials, &self.env, &self.pgbackrest]
             .into_iter()
             .flatten()
+    }
+
+    /// Whether any file is named.
+    pub fn any(&self) -> bool {
+        self.paths().next().is_some()
     }
 
     /// Fails, before anything is held, if a file could not be written:

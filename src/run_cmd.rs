@@ -78,20 +78,8 @@ pub struct RunArgs {
     /// the new token from CMD's first write).
     #[arg(long)]
     pub no_fence: bool,
-    /// Keep the lease's current credentials in this file, AWS shared
-    /// credentials format (`[default]`), for AWS_SHARED_CREDENTIALS_FILE.
-    #[arg(long)]
-    pub aws_credentials_file: Option<std::path::PathBuf>,
-    /// Keep the lease's credentials, token and lock in this file as
-    /// `KEY='value'` lines, for `. FILE` in a shell and for
-    /// `fencegate credential-process --env-file FILE`.
-    #[arg(long)]
-    pub env_file: Option<std::path::PathBuf>,
-    /// Keep the lease's credentials in this pgBackRest config file
-    /// (`repo1-s3-key`, `repo1-s3-key-secret` under `[global]`), e.g. in
-    /// /etc/pgbackrest/conf.d/.
-    #[arg(long)]
-    pub pgbackrest_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub role: crate::role_files::RoleFiles,
     /// The signal that asks CMD to stop (TERM, INT or QUIT). PostgreSQL
     /// reads SIGTERM as a smart shutdown, which waits for every session to
     /// end; SIGINT is its fast shutdown.
@@ -119,7 +107,7 @@ pub fn usage_error(run: &clap::ArgMatches) -> Option<&'static str> {
     let typed = run.value_source("s3_endpoint") == Some(clap::parser::ValueSource::CommandLine);
     let used = run.get_flag("s3_credentials")
         || !run.get_flag("no_fence")
-        || run.get_one::<std::path::PathBuf>("env_file").is_some();
+        || run.get_one::<std::path::PathBuf>("env").is_some();
     (typed && !used).then_some(
         "--s3-endpoint is used to raise the fence, with --s3-credentials or in --env-file; with --no-fence and neither, drop --s3-endpoint",
     )
@@ -148,10 +136,8 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     }
     let files = RoleFiles {
-        aws_credentials: args.aws_credentials_file.clone(),
-        env: args.env_file.clone(),
-        pgbackrest: args.pgbackrest_file.clone(),
         endpoint: args.s3_endpoint.clone(),
+        ..args.role.clone()
     };
     // A file that cannot be written stops the role before it holds
     // anything.
@@ -265,43 +251,13 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         ))));
     }
 
-    let mut command = Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        .env("FENCING_TOKEN", &lease.fencing_token)
-        .env("FENCING_TOKEN_NUMBER", lease.token.to_string())
-        .env("FENCEGATE_LOCK", &lease.lock)
-        .env("FENCEGATE_OWNER", &owner)
-        .process_group(0);
-    if args.s3_credentials {
-        command
-            .env("AWS_ACCESS_KEY_ID", &lease.s3_access_key_id)
-            .env("AWS_SECRET_ACCESS_KEY", &lease.s3_secret_access_key)
-            .env_remove("AWS_SESSION_TOKEN")
-            .env_remove("AWS_PROFILE");
-        if std::env::var_os("AWS_DEFAULT_REGION").is_none()
-            && std::env::var_os("AWS_REGION").is_none()
-        {
-            command.env("AWS_DEFAULT_REGION", "us-east-1");
-        }
-        if let Some(endpoint) = &args.s3_endpoint {
-            command.env("AWS_ENDPOINT_URL", endpoint);
-        }
-    }
-    let mut child = match command.spawn() {
+    let s3 = args.s3_credentials.then_some(args.s3_endpoint.as_deref());
+    let mut child = match start_command(&args.command, &lease, s3) {
         Ok(child) => child,
         Err(e) => {
             files.remove(lease.token);
             let _ = client.release(&lease.lock, &proof).await;
-            let code = if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
-            return Err(Failure::CannotStart {
-                message: format!("cannot start {:?}: {e}", args.command[0]),
-                code,
-            });
+            return Err(e);
         }
     };
 
@@ -343,6 +299,49 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         "lease on {} (token {}) was lost while {:?} ran; it was stopped",
         lease.lock, lease.token, args.command[0]
     )))
+}
+
+/// Starts `argv` in a process group of its own, with the token of
+/// `lease` in its environment (`FENCING_TOKEN`, `FENCING_TOKEN_NUMBER`,
+/// `FENCEGATE_LOCK`, `FENCEGATE_OWNER`) and, when `s3` is given, its bound
+/// credentials as the AWS SDKs read them (and the endpoint, if any).
+/// Cannot start: 127 if `argv[0]` does not exist, 126 otherwise.
+pub(crate) fn start_command(
+    argv: &[String],
+    lease: &crate::client::LeaseInfo,
+    s3: Option<Option<&str>>,
+) -> Result<Child, Failure> {
+    let mut command = Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .env("FENCING_TOKEN", &lease.fencing_token)
+        .env("FENCING_TOKEN_NUMBER", lease.token.to_string())
+        .env("FENCEGATE_LOCK", &lease.lock)
+        .env("FENCEGATE_OWNER", &lease.owner)
+        .process_group(0);
+    if let Some(endpoint) = s3 {
+        command
+            .env("AWS_ACCESS_KEY_ID", &lease.s3_access_key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &lease.s3_secret_access_key)
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE");
+        if std::env::var_os("AWS_DEFAULT_REGION").is_none()
+            && std::env::var_os("AWS_REGION").is_none()
+        {
+            command.env("AWS_DEFAULT_REGION", "us-east-1");
+        }
+        if let Some(endpoint) = endpoint {
+            command.env("AWS_ENDPOINT_URL", endpoint);
+        }
+    }
+    command.spawn().map_err(|e| Failure::CannotStart {
+        message: format!("cannot start {:?}: {e}", argv[0]),
+        code: if e.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        },
+    })
 }
 
 /// A lease `run` holds, and when it must be renewed.

@@ -35,6 +35,15 @@ impl Setup {
         }
     }
 
+    /// A proxy whose lock follows the leader key `leader`, with the
+    /// election's own `signing_keys`.
+    async fn signed(leader: &str) -> Setup {
+        Setup::start(&format!(
+            "etcd_key = \"{leader}\"\nsigning_keys = [\"{ELECTION_KEY}\"]"
+        ))
+        .await
+    }
+
     /// The body a PUT with `token` writes.
     async fn assert_written_with(&self, key: &str, token: u64) {
         let body = format!("written with {token}");
@@ -73,6 +82,14 @@ async fn put(proxy: &Proxy, key: &str, token: &str) -> (u16, String, Option<Stri
 async fn admitted(proxy: &Proxy, key: &str, token: &str) {
     let (status, text, _) = put(proxy, key, token).await;
     assert_eq!(status, 200, "{key} with {token}: {text}");
+}
+
+/// A PUT with `token` the proxy refuses as stale (409), naming `max`.
+async fn stale(proxy: &Proxy, key: &str, token: impl ToString, max: u64) {
+    let token = token.to_string();
+    let (status, text, named) = put(proxy, key, &token).await;
+    assert_eq!(status, 409, "{key} with {token}: {text}");
+    assert_eq!(named, Some(max.to_string()));
 }
 
 /// A PUT with `token` the proxy refuses (403), its message naming each of
@@ -147,9 +164,7 @@ async fn a_leader_key_issues_the_tokens_and_a_deposed_leader_is_refused() {
             .expect("runs")
     });
     assert_eq!(exits(&fenced, 0).trim(), b.to_string());
-    let (status, text, max) = put(proxy, "wal/3", &a.to_string()).await;
-    assert_eq!(status, 409, "{text}");
-    assert_eq!(max, Some(b.to_string()));
+    stale(proxy, "wal/3", a, b).await;
     admitted(proxy, "wal/2", &b.to_string()).await;
     assert_eq!(stored(backend, BUCKET, "wal/3").await, None);
     setup.assert_written_with("wal/1", a).await;
@@ -185,10 +200,8 @@ async fn a_leader_key_taken_over_in_place_is_a_new_term() {
     assert!(a2 > b, "the overwrite is a later revision");
     refused(proxy, "wal/2", &b.to_string(), &["node-a"]).await;
     admitted(proxy, "wal/2", &a2.to_string()).await;
-    for stale in [a, b] {
-        let (status, text, max) = put(proxy, "wal/3", &stale.to_string()).await;
-        assert_eq!(status, 409, "{text}");
-        assert_eq!(max, Some(a2.to_string()));
+    for old in [a, b] {
+        stale(proxy, "wal/3", old, a2).await;
     }
     setup.assert_written_with("wal/2", a2).await;
 }
@@ -205,9 +218,7 @@ async fn under_a_prefix_the_lowest_create_revision_holds() {
     // The first resigns: the second holds, and the first is stale.
     blocking(|| etcd.delete("/elect/pg/694d8a"));
     admitted(proxy, "k", &second.to_string()).await;
-    let (status, text, max) = put(proxy, "k", &first.to_string()).await;
-    assert_eq!(status, 409, "{text}");
-    assert_eq!(max, Some(second.to_string()));
+    stale(proxy, "k", first, second).await;
     setup.assert_written_with("k", second).await;
 }
 
@@ -322,6 +333,37 @@ fn bound_client(proxy: &Proxy, keys: &fencegate_core::TokenKeys, token: u64) -> 
     sdk_client(&proxy.url, (&c.access_key, &c.secret_key))
 }
 
+/// A PUT of `key` by `client` lands `body`, tagged with `token`.
+async fn writes(
+    client: &aws_sdk_s3::Client,
+    backend: &Backend,
+    (key, body): (&str, &[u8]),
+    token: u64,
+) {
+    client
+        .put_object()
+        .bucket(BUCKET)
+        .key(key)
+        .body(body.to_vec().into())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{key}: {e:?}"));
+    assert_stored(backend, BUCKET, key, body, token).await;
+}
+
+/// A PUT of `key` by `client` is refused with `status`.
+async fn assert_put_refused(client: &aws_sdk_s3::Client, key: &str, status: u16) {
+    let e = client
+        .put_object()
+        .bucket(BUCKET)
+        .key(key)
+        .body(b"refused".to_vec().into())
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(error_of(&e).0, Some(status), "{e:?}");
+}
+
 /// With `signing_keys`, a plain number proves nothing (anyone who can read
 /// etcd, or guess, knows it): only a token or credentials signed with the
 /// election's key are taken, and still only while the election shows
@@ -329,16 +371,8 @@ fn bound_client(proxy: &Proxy, keys: &fencegate_core::TokenKeys, token: u64) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_signing_keys_only_signed_tokens_of_the_holder_write() {
     let leader = "/service/signed/leader";
-    let setup = Setup::start(&format!(
-        "etcd_key = \"{leader}\"\nsigning_keys = [\"{ELECTION_KEY}\"]"
-    ))
-    .await;
-    let Setup {
-        etcd,
-        backend,
-        proxy,
-        ..
-    } = &setup;
+    let setup = Setup::signed(leader).await;
+    let (etcd, backend, proxy) = (&setup.etcd, &setup.backend, &setup.proxy);
     let a = blocking(|| etcd.put(leader, "node-a"));
 
     // The holder's number, plain: refused, naming what to send.
@@ -359,45 +393,19 @@ async fn with_signing_keys_only_signed_tokens_of_the_holder_write() {
     // Credentials bound to the holder's token with the election's key
     // write; the same made with the lease service's key do not.
     let holder = bound_client(proxy, &election_keys(), a);
-    holder
-        .put_object()
-        .bucket(BUCKET)
-        .key("wal/2")
-        .body(b"by credentials".to_vec().into())
-        .send()
-        .await
-        .expect("the holder's credentials write");
-    assert_stored(backend, BUCKET, "wal/2", b"by credentials", a).await;
+    writes(&holder, backend, ("wal/2", b"by credentials"), a).await;
     let lease_keyed = bound_client(proxy, &support::test_keys(), a);
-    let e = lease_keyed
-        .put_object()
-        .bucket(BUCKET)
-        .key("wal/3")
-        .body(b"x".to_vec().into())
-        .send()
-        .await
-        .expect_err("credentials of another key");
-    assert_eq!(error_of(&e).0, Some(403), "{e:?}");
+    assert_put_refused(&lease_keyed, "wal/3", 403).await;
 
     // Failover: node-a's credentials and signed token stop at once.
     blocking(|| etcd.delete(leader));
     let b = blocking(|| etcd.put(leader, "node-b"));
-    let e = holder
-        .put_object()
-        .bucket(BUCKET)
-        .key("wal/3")
-        .body(b"late".to_vec().into())
-        .send()
-        .await
-        .expect_err("a deposed leader's credentials");
-    assert_eq!(error_of(&e).0, Some(403), "{e:?}");
+    assert_put_refused(&holder, "wal/3", 403).await;
     refused(proxy, "wal/3", &election_signed(a), &["node-b"]).await;
     // node-b raises the fence with a signed token: node-a is stale.
     let (status, text) = raise_fence(proxy, &election_signed(b)).await;
     assert_eq!(status, 200, "{text}");
-    let (status, text, max) = put(proxy, "wal/3", &election_signed(a)).await;
-    assert_eq!(status, 409, "{text}");
-    assert_eq!(max, Some(b.to_string()));
+    stale(proxy, "wal/3", election_signed(a), b).await;
     assert_eq!(stored(backend, BUCKET, "wal/3").await, None);
 }
 
@@ -408,16 +416,8 @@ async fn with_signing_keys_only_signed_tokens_of_the_holder_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn election_run_holds_the_role_while_the_election_names_it() {
     let leader = "/service/run/leader";
-    let setup = Setup::start(&format!(
-        "etcd_key = \"{leader}\"\nsigning_keys = [\"{ELECTION_KEY}\"]"
-    ))
-    .await;
-    let Setup {
-        etcd,
-        backend,
-        proxy,
-        ..
-    } = &setup;
+    let setup = Setup::signed(leader).await;
+    let (etcd, backend, proxy) = (&setup.etcd, &setup.backend, &setup.proxy);
     let dir = support::tempdir();
     let key_file = support::write_file(dir.path(), "election.key", format!("{ELECTION_KEY}\n"));
     let env_file = dir.path().join("role.env");
@@ -464,14 +464,7 @@ async fn election_run_holds_the_role_while_the_election_names_it() {
         &proxy.url,
         (&role["AWS_ACCESS_KEY_ID"], &role["AWS_SECRET_ACCESS_KEY"]),
     );
-    c.put_object()
-        .bucket(BUCKET)
-        .key("wal/1")
-        .body(b"from the role".to_vec().into())
-        .send()
-        .await
-        .expect("the role's credentials write");
-    assert_stored(backend, BUCKET, "wal/1", b"from the role", a).await;
+    writes(&c, backend, ("wal/1", b"from the role"), a).await;
 
     // The election moves on: run stops the command and exits 4, the role
     // files gone first.

@@ -10,22 +10,10 @@
 
 mod support;
 
-use std::process::Command;
 use support::etcd::EtcdCluster;
 
 #[test]
 fn a_patroni_clusters_backups_follow_its_leader_key() {
     let etcd = EtcdCluster::start(3);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/patroni/failover.sh");
-    let work = tempfile::tempdir().expect("tempdir");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg(env!("CARGO_BIN_EXE_fencegate"))
-        .arg(work.path())
-        .arg(etcd.endpoints())
-        .env_remove("FENCEGATE_LOG")
-        .output()
-        .expect("the failover script runs");
-    let log = support::output_text(&out);
-    assert!(out.status.success(), "{log}");
+    support::run_script("tests/patroni/failover.sh", &[etcd.endpoints()]);
 }

@@ -11,60 +11,24 @@
 # patroni, postgresql-15, pgbackrest, openssl, curl, python3 and boto3.
 set -Eeuo pipefail
 
-if [ $# -ne 3 ]; then
-  echo "usage: $0 FENCEGATE_BINARY WORKDIR ETCD_ENDPOINTS" >&2
-  exit 2
-fi
-STARTED=$(date +%s)
 HERE=$(cd "$(dirname "$0")" && pwd)
-FG_GIVEN=$(realpath "$1")
-WORK=$(realpath -m "$2")
+# shellcheck source=tests/pgbackrest/common.sh
+. "$HERE/../pgbackrest/common.sh" 3 "FENCEGATE_BINARY WORKDIR ETCD_ENDPOINTS" "$@"
 ETCD=$3
 ETCD_FIRST=${ETCD%%,*}
-PGW=$WORK/pg          # everything the postgres user owns
-LOGS=$WORK/logs       # service output (root)
-PGBIN=/usr/lib/postgresql/15/bin
 LOCK=pg-backups
-BUCKET=pgbackrest
 SCOPE=main
 LEADER_KEY=/service/$SCOPE/leader
-BACKEND_KEY=fencegate-backend
-BACKEND_SECRET=fencegate-backend-secret
-PY=$HERE/../../.venv/bin/python
-[ -x "$PY" ] || PY=python3
-
-# shellcheck source=tests/pgbackrest/common.sh
-. "$HERE/../pgbackrest/common.sh"
 
 [ "$(id -u)" -eq 0 ] || fail "run as root: Patroni and PostgreSQL are started as the postgres user"
-id postgres >/dev/null 2>&1 || fail "no postgres user: apt-get install -y postgresql-15"
-[ -x "$PGBIN/postgres" ] || fail "$PGBIN/postgres missing: apt-get install -y postgresql-15"
-command -v pgbackrest >/dev/null || fail "pgbackrest missing: apt-get install -y pgbackrest"
 command -v patroni >/dev/null || fail "patroni missing: apt-get install -y patroni"
-"$PY" -c 'import boto3' 2>/dev/null || fail "no boto3 for $PY (scripts/install-test-tools.sh installs it in .venv)"
-
-mkdir -p "$WORK"
-[ -z "$(ls -A "$WORK")" ] || fail "$WORK is not empty"
+require_tools
 
 # ---------------------------------------------------------------- helpers
-port_of() { if [ "$1" = a ]; then echo "$PORT_A"; else echo "$PORT_B"; fi; }
-psql_on() { # psql_on SIDE SQL
-  "${AS_PG[@]}" psql -X -q -At -v ON_ERROR_STOP=1 -h "$PGW/sock-$1" -p "$(port_of "$1")" -d postgres -c "$2"
-}
-pg_ready() { "${AS_PG[@]}" pg_isready -q -h "$PGW/sock-$1" -p "$(port_of "$1")"; }
 is_replica() { [ "$(psql_on "$1" 'SELECT pg_is_in_recovery()' 2>/dev/null)" = t ]; }
 is_primary() { [ "$(psql_on "$1" 'SELECT pg_is_in_recovery()' 2>/dev/null)" = f ]; }
 orders_on() { psql_on "$1" 'SELECT count(*) FROM orders' 2>/dev/null; }
 has_orders() { [ "$(orders_on "$1")" = "$2" ]; }
-# pgBackRest as one node: the shared config plus that node's conf.d.
-pgbr() {
-  local side=$1; shift
-  "${AS_PG[@]}" pgbackrest --config="$PGW/pgbackrest.conf" \
-    --config-include-path="$PGW/conf.d-$side" --stanza=main "$@"
-}
-s3check() { "$PY" "$WORK/s3check.py" "$BACKEND" "$@"; }
-# The token in the credentials file the node's sidecar keeps.
-token_of() { sed -n 's/.*(token \([0-9]*\)).*/\1/p' "$PGW/conf.d-$1/creds.conf"; }
 
 # Patroni's leader key as etcd holds it: "NAME MOD_REVISION", or "none 0".
 leader() {
@@ -79,21 +43,6 @@ PYEOF
 }
 leader_is() { [ "$(leader | cut -d' ' -f1)" = "$1" ]; }
 
-# One node's pgBackRest options (its PostgreSQL; lock and log paths of its
-# own, both nodes sharing this host).
-node_conf() { # node_conf SIDE PORT
-  cat <<EOF
-[global]
-log-path=$PGW/log-$1
-lock-path=$PGW/lock-$1
-spool-path=$PGW/spool-$1
-
-[main]
-pg1-path=$PGW/$1
-pg1-port=$2
-pg1-socket-path=$PGW/sock-$1
-EOF
-}
 
 # One Patroni member. The cluster's settings (bootstrap.dcs) are written by
 # the member that bootstraps; archive_command is each member's own (its
@@ -201,49 +150,14 @@ lock = "$LOCK"
 etcd_key = "$LEADER_KEY"
 endpoints = [$endpoints_toml]
 signing_keys = ["$(cat "$PGW/election.key")"]
-
-[tls]
-cert_file = "$WORK/tls/server.crt"
-key_file = "$WORK/tls/server.key"
-
-[backend]
-endpoint = "$BACKEND"
-region = "us-east-1"
-path_style = true
 EOF
-FENCEGATE_BACKEND_ACCESS_KEY=$BACKEND_KEY FENCEGATE_BACKEND_SECRET_KEY=$BACKEND_SECRET \
-  "$FG" proxy --create-db --config "$WORK/svc/proxy.toml" >"$LOGS/proxy.out" 2>"$LOGS/proxy.log" &
-PIDS+=($!)
-PROXY_ADDR=$(listen_addr "$LOGS/proxy.out" proxy)
-PROXY=https://127.0.0.1:${PROXY_ADDR##*:}
-wait_until 30 "the proxy's health over TLS" curl -fsS --cacert "$WORK/tls/ca.crt" "$PROXY/_fencegate/health"
+proxy_tls_and_backend >>"$WORK/svc/proxy.toml"
+start_proxy
 note "fencing proxy $PROXY: bucket $BUCKET, lock $LOCK following $LEADER_KEY on $ETCD"
 
 # ---------------------------------------------------------------- 2. cluster
 step "2. Patroni: node-a bootstraps and leads, node-b replicates; sidecars on both"
-mkdir -p "$PGW"/{conf.d-a,conf.d-b,log-a,log-b,lock-a,lock-b,spool-a,spool-b,sock-a,sock-b}
-PORT_A=$(free_port)
-PORT_B=$(free_port)
-cat >"$PGW/pgbackrest.conf" <<EOF
-[global]
-repo1-type=s3
-repo1-path=/repo
-repo1-s3-bucket=$BUCKET
-repo1-s3-endpoint=127.0.0.1
-repo1-s3-region=us-east-1
-repo1-s3-uri-style=path
-repo1-storage-host=127.0.0.1
-repo1-storage-port=${PROXY_ADDR##*:}
-repo1-storage-ca-file=$WORK/tls/ca.crt
-repo1-retention-full=10
-start-fast=y
-process-max=1
-archive-timeout=20
-log-level-console=info
-log-level-file=detail
-EOF
-node_conf a "$PORT_A" >"$PGW/conf.d-a/node.conf"
-node_conf b "$PORT_B" >"$PGW/conf.d-b/node.conf"
+two_sides archive-timeout=20
 patroni_yml a "$PORT_A" "$(free_port)" >"$PGW/patroni-a.yml"
 patroni_yml b "$PORT_B" "$(free_port)" >"$PGW/patroni-b.yml"
 chown -R postgres:postgres "$PGW"
@@ -266,11 +180,7 @@ TOKEN_A=$(token_of a)
 grep -q 'fence raised' "$LOGS/sidecar-a.log" || fail "node-a's sidecar did not raise the fence"
 note "node-a leads with token $TOKEN_A (its leader key's revision); the fence is at $TOKEN_A; node-b is a replica"
 
-pgbr a stanza-create >"$LOGS/a-stanza-create.log" 2>&1 || fail "stanza-create on node-a failed"
-pgbr a check >"$LOGS/a-check-1.log" 2>&1 || fail "check on node-a failed"
-pgbr a backup --type=full >"$LOGS/a-backup-1.log" 2>&1 || fail "a full backup on node-a failed"
-info_token=$(s3check tokens repo/backup/main/backup.info | awk '$1 == "repo/backup/main/backup.info" {print $2}')
-[ "$info_token" = "$TOKEN_A" ] || fail "backup.info carries token '$info_token', not node-a's $TOKEN_A"
+first_backup a "$TOKEN_A" node-a
 note "stanza-create, check and a full backup on node-a: the repo's objects carry token $TOKEN_A"
 
 # ---------------------------------------------------------------- 3. freeze

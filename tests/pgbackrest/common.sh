@@ -1,7 +1,30 @@
 # Shared by the end-to-end PostgreSQL tests (failover.sh here, and
-# tests/patroni/failover.sh): sourced after the caller sets STARTED, WORK,
-# LOGS, PGW, PGBIN, FG_GIVEN, PY, BUCKET, BACKEND_KEY and BACKEND_SECRET.
-# Every process started is recorded for cleanup; every wait is bounded.
+# tests/patroni/failover.sh), sourced as
+#
+#   . common.sh N "FENCEGATE_BINARY WORKDIR ..." "$@"
+#
+# (N: how many arguments the script takes; the first two are always the
+# binary under test and an empty work directory). Sets STARTED, FG_GIVEN,
+# WORK, PGW, LOGS, PGBIN, BUCKET and the backend's keys. Every process
+# started is recorded for cleanup; every wait is bounded.
+
+want=$1 usage=$2
+shift 2
+if [ $# -ne "$want" ]; then
+  echo "usage: $0 $usage" >&2
+  exit 2
+fi
+STARTED=$(date +%s)
+FG_GIVEN=$(realpath "$1")
+WORK=$(realpath -m "$2")
+PGW=$WORK/pg          # everything the postgres user owns
+LOGS=$WORK/logs       # service and holder output (root)
+PGBIN=/usr/lib/postgresql/15/bin
+BUCKET=pgbackrest
+# The unfenced backend: `fencegate dev`'s embedded s3s-fs, with the keys its
+# banner prints. Only the proxy under test and the scripts' checks use it.
+BACKEND_KEY=fencegate-backend
+BACKEND_SECRET=fencegate-backend-secret
 
 step() { printf '\n=== [%3ds] %s\n' "$(($(date +%s) - STARTED))" "$*"; }
 note() { printf '    %s\n' "$*"; }
@@ -229,3 +252,125 @@ def find(v):
 print(find(json.load(sys.stdin)))' "$1"
 }
 
+
+# Checks that the tools are here and WORK is empty; PY is the python
+# with boto3.
+require_tools() {
+  id postgres >/dev/null 2>&1 || fail "no postgres user: apt-get install -y postgresql-15"
+  [ -x "$PGBIN/postgres" ] || fail "$PGBIN/postgres missing: apt-get install -y postgresql-15"
+  command -v pgbackrest >/dev/null || fail "pgbackrest missing: apt-get install -y pgbackrest"
+  PY=$HERE/../../.venv/bin/python
+  [ -x "$PY" ] || PY=python3
+  "$PY" -c 'import boto3' 2>/dev/null || fail "no boto3 for $PY (scripts/install-test-tools.sh installs it in .venv)"
+  mkdir -p "$WORK"
+  [ -z "$(ls -A "$WORK")" ] || fail "$WORK is not empty"
+}
+
+# The [tls] and [backend] tables of the proxy under test.
+proxy_tls_and_backend() {
+  cat <<EOF
+[tls]
+cert_file = "$WORK/tls/server.crt"
+key_file = "$WORK/tls/server.key"
+
+[backend]
+endpoint = "$BACKEND"
+region = "us-east-1"
+path_style = true
+EOF
+}
+
+# Starts the proxy under test with $WORK/svc/proxy.toml (backend keys from
+# the environment, and whatever else the caller exports): PROXY_ADDR,
+# PROXY_PORT, PROXY (https://127.0.0.1:PORT, for pgBackRest's certificate).
+start_proxy() {
+  FENCEGATE_BACKEND_ACCESS_KEY=$BACKEND_KEY FENCEGATE_BACKEND_SECRET_KEY=$BACKEND_SECRET \
+    "$FG" proxy --create-db --config "$WORK/svc/proxy.toml" >"$LOGS/proxy.out" 2>"$LOGS/proxy.log" &
+  PIDS+=($!)
+  PROXY_ADDR=$(listen_addr "$LOGS/proxy.out" proxy)
+  PROXY_PORT=${PROXY_ADDR##*:}
+  PROXY=https://127.0.0.1:$PROXY_PORT
+  wait_until 30 "the proxy's health over TLS" curl -fsS --cacert "$WORK/tls/ca.crt" "$PROXY/_fencegate/health"
+}
+
+# ---------------------------------------------------------------- two sides
+# Two PostgreSQL servers, a and b, on this host: PORT_A, PORT_B.
+port_of() { if [ "$1" = a ]; then echo "$PORT_A"; else echo "$PORT_B"; fi; }
+psql_on() { # psql_on SIDE SQL
+  "${AS_PG[@]}" psql -X -q -At -v ON_ERROR_STOP=1 -h "$PGW/sock-$1" -p "$(port_of "$1")" -d postgres -c "$2"
+}
+pg_ready() { "${AS_PG[@]}" pg_isready -q -h "$PGW/sock-$1" -p "$(port_of "$1")"; }
+
+# pgBackRest as one side: the shared config plus that side's conf.d (its
+# pg1-* options and the credentials fencegate keeps there).
+pgbr() {
+  local side=$1; shift
+  "${AS_PG[@]}" pgbackrest --config="$PGW/pgbackrest.conf" \
+    --config-include-path="$PGW/conf.d-$side" --stanza=main "$@"
+}
+
+# The repository as the backend stores it, bypassing the proxy.
+s3check() { "$PY" "$WORK/s3check.py" "$BACKEND" "$@"; }
+# The token in the credentials file fencegate keeps for the side.
+token_of() { sed -n 's/.*(token \([0-9]*\)).*/\1/p' "$PGW/conf.d-$1/creds.conf"; }
+
+# One side's own pgBackRest options, in its conf.d: its PostgreSQL, and
+# lock and log paths of its own (both sides share this host, and A's frozen
+# backup keeps holding its lock). (config-include-path itself cannot be set
+# in a config file: every command, archive_command too, passes it.)
+node_conf() { # node_conf SIDE PORT
+  cat <<EOF
+[global]
+log-path=$PGW/log-$1
+lock-path=$PGW/lock-$1
+spool-path=$PGW/spool-$1
+
+[main]
+pg1-path=$PGW/$1
+pg1-port=$2
+pg1-socket-path=$PGW/sock-$1
+EOF
+}
+
+# The sides' directories and ports, the shared pgBackRest config (plus any
+# `option=value` given) and each side's conf.d/node.conf.
+two_sides() {
+  mkdir -p "$PGW"/{conf.d-a,conf.d-b,log-a,log-b,lock-a,lock-b,spool-a,spool-b,sock-a,sock-b}
+  PORT_A=$(free_port)
+  PORT_B=$(free_port)
+  # The repository goes through the proxy. pgBackRest speaks only HTTPS to S3,
+  # checks the certificate against repo1-s3-endpoint, and (2.45) ignores IP
+  # SANs: hence the certificate's DNS:127.0.0.1. The keys are not here: each
+  # side's conf.d/creds.conf holds its lease's, kept by fencegate run.
+  cat >"$PGW/pgbackrest.conf" <<EOF
+[global]
+repo1-type=s3
+repo1-path=/repo
+repo1-s3-bucket=$BUCKET
+repo1-s3-endpoint=127.0.0.1
+repo1-s3-region=us-east-1
+repo1-s3-uri-style=path
+repo1-storage-host=127.0.0.1
+repo1-storage-port=$PROXY_PORT
+repo1-storage-ca-file=$WORK/tls/ca.crt
+repo1-retention-full=10
+start-fast=y
+process-max=1
+log-level-console=info
+log-level-file=detail
+EOF
+  printf '%s\n' "$@" >>"$PGW/pgbackrest.conf"
+  node_conf a "$PORT_A" >"$PGW/conf.d-a/node.conf"
+  node_conf b "$PORT_B" >"$PGW/conf.d-b/node.conf"
+}
+
+# stanza-create, check and a full backup as SIDE (WHO in messages); fails
+# unless the repository's backup.info then carries TOKEN.
+first_backup() { # first_backup SIDE TOKEN WHO
+  pgbr "$1" stanza-create >"$LOGS/$1-stanza-create.log" 2>&1 || fail "stanza-create as $3 failed"
+  pgbr "$1" check >"$LOGS/$1-check-1.log" 2>&1 || fail "check as $3 failed"
+  pgbr "$1" backup --type=full >"$LOGS/$1-backup-1.log" 2>&1 || fail "the first full backup as $3 failed"
+  local info_token
+  info_token=$(s3check tokens repo/backup/main/backup.info | awk '$1 == "repo/backup/main/backup.info" {print $2}')
+  [ "$info_token" = "$2" ] || fail "backup.info carries token '$info_token', not $3's $2"
+}

@@ -10,75 +10,20 @@
 # boto3 (the repository's .venv, or python3 with boto3).
 set -Eeuo pipefail
 
-if [ $# -ne 2 ]; then
-  echo "usage: $0 FENCEGATE_BINARY WORKDIR" >&2
-  exit 2
-fi
-STARTED=$(date +%s)
 HERE=$(cd "$(dirname "$0")" && pwd)
-FG_GIVEN=$(realpath "$1")
-WORK=$(realpath -m "$2")
-PGW=$WORK/pg          # everything the postgres user owns
-LOGS=$WORK/logs       # service and holder output (root)
-PGBIN=/usr/lib/postgresql/15/bin
 LOCK=pg-primary
-BUCKET=pgbackrest
-# The unfenced backend: `fencegate dev`'s embedded s3s-fs, with the keys its
-# banner prints. Only the proxy under test and this script's checks use it.
-BACKEND_KEY=fencegate-backend
-BACKEND_SECRET=fencegate-backend-secret
-
-# The pieces every end-to-end PostgreSQL test here shares: logging and
-# failing, cleanup of what was started, the postgres user, TLS, the backend.
+# The pieces every end-to-end PostgreSQL test here shares: arguments,
+# logging and failing, cleanup of what was started, the postgres user, TLS,
+# the backend.
 # shellcheck source=tests/pgbackrest/common.sh
-. "$HERE/common.sh"
+. "$HERE/common.sh" 2 "FENCEGATE_BINARY WORKDIR" "$@"
 
 [ "$(id -u)" -eq 0 ] || fail "run as root: PostgreSQL and pgBackRest are started as the postgres user"
-id postgres >/dev/null 2>&1 || fail "no postgres user: apt-get install -y postgresql-15"
-[ -x "$PGBIN/postgres" ] || fail "$PGBIN/postgres missing: apt-get install -y postgresql-15"
-command -v pgbackrest >/dev/null || fail "pgbackrest missing: apt-get install -y pgbackrest"
-PY=$HERE/../../.venv/bin/python
-[ -x "$PY" ] || PY=python3
-"$PY" -c 'import boto3' 2>/dev/null || fail "no boto3 for $PY (scripts/install-test-tools.sh installs it in .venv)"
-
-mkdir -p "$WORK"
-[ -z "$(ls -A "$WORK")" ] || fail "$WORK is not empty"
+require_tools
 
 # ---------------------------------------------------------------- helpers
-psql_on() { # psql_on SIDE SQL
-  local side=$1; shift
-  "${AS_PG[@]}" psql -X -q -At -v ON_ERROR_STOP=1 -h "$PGW/sock-$side" -p "$(port_of "$side")" -d postgres -c "$1"
-}
-port_of() { if [ "$1" = a ]; then echo "$PORT_A"; else echo "$PORT_B"; fi; }
 
-# pgBackRest as one side of the role: the shared config plus that side's
-# conf.d (its pg1-* options and the credentials fencegate run keeps there).
-pgbr() {
-  local side=$1; shift
-  "${AS_PG[@]}" pgbackrest --config="$PGW/pgbackrest.conf" \
-    --config-include-path="$PGW/conf.d-$side" --stanza=main "$@"
-}
 
-# The repository as the backend stores it, bypassing the proxy.
-s3check() { "$PY" "$WORK/s3check.py" "$BACKEND" "$@"; }
-
-# One side's own pgBackRest options, in its conf.d: its PostgreSQL, and
-# lock and log paths of its own (both sides share this host, and A's frozen
-# backup keeps holding its lock). (config-include-path itself cannot be set
-# in a config file: every command, archive_command too, passes it.)
-node_conf() { # node_conf SIDE PORT
-  cat <<EOF
-[global]
-log-path=$PGW/log-$1
-lock-path=$PGW/lock-$1
-spool-path=$PGW/spool-$1
-
-[main]
-pg1-path=$PGW/$1
-pg1-port=$2
-pg1-socket-path=$PGW/sock-$1
-EOF
-}
 
 # Starts `fencegate run` holding the role for SIDE, as the postgres user.
 start_holder() { # start_holder SIDE PORT [run options]
@@ -95,10 +40,7 @@ start_holder() { # start_holder SIDE PORT [run options]
     >"$LOGS/holder-$side.log" 2>&1 &
 }
 
-pg_ready() { "${AS_PG[@]}" pg_isready -q -h "$PGW/sock-$1" -p "$(port_of "$1")"; }
 postmaster_pid() { head -n 1 "$PGW/$1/postmaster.pid"; }
-# The token in the credentials file fencegate run keeps for the side.
-token_of() { sed -n 's/.*(token \([0-9]*\)).*/\1/p' "$PGW/conf.d-$1/creds.conf"; }
 # ---------------------------------------------------------------- 1. services
 step "1. lease service, S3 backend and the TLS proxy"
 prepare_work
@@ -129,52 +71,13 @@ locksvc_ca_file = "$WORK/tls/ca.crt"
 [[scopes]]
 bucket = "$BUCKET"
 lock = "$LOCK"
-
-[tls]
-cert_file = "$WORK/tls/server.crt"
-key_file = "$WORK/tls/server.key"
-
-[backend]
-endpoint = "$BACKEND"
-region = "us-east-1"
-path_style = true
 EOF
-FENCEGATE_SIGNING_KEYS=$SIGNING_KEY FENCEGATE_BACKEND_ACCESS_KEY=$BACKEND_KEY \
-  FENCEGATE_BACKEND_SECRET_KEY=$BACKEND_SECRET "$FG" proxy --create-db --config "$WORK/svc/proxy.toml" >"$LOGS/proxy.out" 2>"$LOGS/proxy.log" &
-PIDS+=($!)
-PROXY_ADDR=$(listen_addr "$LOGS/proxy.out" proxy)
-PROXY_PORT=${PROXY_ADDR##*:}
-PROXY=https://127.0.0.1:$PROXY_PORT
-wait_until 30 "the proxy's health over TLS" curl -fsS --cacert "$WORK/tls/ca.crt" "$PROXY/_fencegate/health"
+proxy_tls_and_backend >>"$WORK/svc/proxy.toml"
+FENCEGATE_SIGNING_KEYS=$SIGNING_KEY start_proxy
 note "fencing proxy $PROXY (scope: bucket $BUCKET, lock $LOCK)"
 # ---------------------------------------------------------------- 2. primary A
 step "2. old primary A under fencegate run; stanza-create, check, full backup"
-mkdir -p "$PGW"/{conf.d-a,conf.d-b,log-a,log-b,lock-a,lock-b,spool-a,spool-b,sock-a,sock-b}
-PORT_A=$(free_port)
-PORT_B=$(free_port)
-# The repository goes through the proxy. pgBackRest speaks only HTTPS to S3,
-# checks the certificate against repo1-s3-endpoint, and (2.45) ignores IP
-# SANs: hence the certificate's DNS:127.0.0.1. The keys are not here: each
-# side's conf.d/creds.conf holds its lease's, kept by fencegate run.
-cat >"$PGW/pgbackrest.conf" <<EOF
-[global]
-repo1-type=s3
-repo1-path=/repo
-repo1-s3-bucket=$BUCKET
-repo1-s3-endpoint=127.0.0.1
-repo1-s3-region=us-east-1
-repo1-s3-uri-style=path
-repo1-storage-host=127.0.0.1
-repo1-storage-port=$PROXY_PORT
-repo1-storage-ca-file=$WORK/tls/ca.crt
-repo1-retention-full=10
-start-fast=y
-process-max=1
-log-level-console=info
-log-level-file=detail
-EOF
-node_conf a "$PORT_A" >"$PGW/conf.d-a/node.conf"
-node_conf b "$PORT_B" >"$PGW/conf.d-b/node.conf"
+two_sides
 chown -R postgres:postgres "$PGW"
 chmod 0700 "$PGW"
 "${AS_PG[@]}" initdb -D "$PGW/a" -U postgres --auth=trust --locale=C -E UTF8 --no-sync \
@@ -194,11 +97,7 @@ note "A holds $LOCK with token $TOKEN_A; postmaster $PM_A on port $PORT_A; holde
 [ "$(stat -c %U:%a "$PGW/conf.d-a/creds.conf")" = postgres:600 ] ||
   fail "creds.conf is $(stat -c %U:%a "$PGW/conf.d-a/creds.conf"), expected postgres:600"
 
-pgbr a stanza-create >"$LOGS/a-stanza-create.log" 2>&1 || fail "stanza-create as A failed"
-pgbr a check >"$LOGS/a-check-1.log" 2>&1 || fail "check as A failed"
-pgbr a backup --type=full >"$LOGS/a-backup-1.log" 2>&1 || fail "the first full backup as A failed"
-info_token=$(s3check tokens repo/backup/main/backup.info | awk '$1 == "repo/backup/main/backup.info" {print $2}')
-[ "$info_token" = "$TOKEN_A" ] || fail "backup.info carries token '$info_token', not A's $TOKEN_A"
+first_backup a "$TOKEN_A" A
 note "stanza-create, check and a full backup passed; the repo's objects carry token $TOKEN_A"
 
 # ---------------------------------------------------------------- 3. freeze A

@@ -716,3 +716,20 @@ pub fn exits_within(child: &mut Child, limit: std::time::Duration) -> std::proce
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Runs the end-to-end script `script` (a path in the repository) with
+/// the fencegate binary, a fresh work directory and `args`; fails the test
+/// with the script's whole output unless it exits 0.
+pub fn run_script(script: &str, args: &[String]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("bash")
+        .arg(&path)
+        .arg(env!("CARGO_BIN_EXE_fencegate"))
+        .arg(work.path())
+        .args(args)
+        .env_remove("FENCEGATE_LOG")
+        .output()
+        .unwrap_or_else(|e| panic!("{script} runs: {e}"));
+    assert!(out.status.success(), "{}", output_text(&out));
+}
