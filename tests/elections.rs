@@ -129,18 +129,22 @@ async fn a_leader_key_issues_the_tokens_and_a_deposed_leader_is_refused() {
     // A signed token of the lease service is not this lock's.
     refused(proxy, "wal/2", &signed(BUCKET, a + 1), &[leader]).await;
 
-    // Failover: node-a's key is gone, node-b's is created. node-a is
-    // refused at once, before node-b has written anything.
+    // node-a's key is gone (its lease expired): node-a is refused at once,
+    // each write checked with the election, and cannot raise the fence.
     blocking(|| etcd.delete(leader));
-    let b = blocking(|| etcd.put(leader, "node-b"));
-    assert!(b > a, "a new leader key has a higher revision");
-    refused(proxy, "wal/2", &a.to_string(), &["node-b"]).await;
-    // node-a cannot raise the fence with its token either.
+    refused(proxy, "wal/2", &a.to_string(), &[leader, "no holder"]).await;
     let (status, text) = raise_fence(proxy, &a.to_string()).await;
     assert_eq!(status, 403, "{text}");
-    // node-b raises it as it takes over (Patroni's on_role_change), with
-    // the token the CLI reads for its identity: from then on node-a's
-    // token is below the max, stale, though node-b has written nothing.
+    // node-b's key is created: the proxy, watching the election, raises
+    // the fence to its term though node-b has written nothing, and node-a
+    // is stale from then on.
+    let b = blocking(|| etcd.put(leader, "node-b"));
+    assert!(b > a, "a new leader key has a higher revision");
+    wait_for_max(proxy, b).await;
+    stale(proxy, "wal/2", a, b).await;
+    // node-b's on_role_change raises it too (Patroni's callback, for a
+    // proxy that cannot watch etcd), with the token the CLI reads for its
+    // identity.
     let endpoints = etcd.endpoints();
     let fenced = blocking(|| {
         support::fencegate()
@@ -198,7 +202,9 @@ async fn a_leader_key_taken_over_in_place_is_a_new_term() {
     // node-a writes its name over node-b's key: one key, two holders.
     let a2 = blocking(|| etcd.put(leader, "node-a"));
     assert!(a2 > b, "the overwrite is a later revision");
-    refused(proxy, "wal/2", &b.to_string(), &["node-a"]).await;
+    // A new term: the proxy's watch raises the fence to it, and node-b,
+    // whose key it was, is stale.
+    wait_for_max(proxy, a2).await;
     admitted(proxy, "wal/2", &a2.to_string()).await;
     for old in [a, b] {
         stale(proxy, "wal/3", old, a2).await;
@@ -285,10 +291,15 @@ async fn an_upload_of_a_deposed_leader_lands_nothing() {
     let id = create_upload(&c, "big", &a).await;
     let part = |n: i32| part_of(&c, "big", &id, n).body(vec![b'p'; 1024].into());
     let first = part(1).send().await.expect("a part while node-a leads");
+    // node-a's key goes: its parts are refused, each checked with the
+    // election.
     blocking(|| etcd.delete(leader));
-    blocking(|| etcd.put(leader, "node-b"));
     let late = part(2).send().await.expect_err("a part after node-a lost");
     assert_eq!(error_of(&late).0, Some(403), "{late:?}");
+    // node-b's term: the proxy raises the fence to it; node-a's Complete,
+    // with its token or without, is stale.
+    let b = blocking(|| etcd.put(leader, "node-b"));
+    wait_for_max(&setup.proxy, b).await;
     let e_tag = first.e_tag().expect("etag");
     let done = c
         .complete_multipart_upload()
@@ -299,9 +310,9 @@ async fn an_upload_of_a_deposed_leader_lands_nothing() {
         .send()
         .await
         .expect_err("no Complete after node-a lost");
-    assert_eq!(error_of(&done).0, Some(403), "{done:?}");
+    assert_eq!(error_of(&done).0, Some(409), "{done:?}");
     let with_token = complete_upload(&c, "big", &id, &[e_tag], &a).await;
-    assert_eq!(error_of(&with_token.expect_err("refused")).0, Some(403));
+    assert_eq!(error_of(&with_token.expect_err("refused")).0, Some(409));
     assert_eq!(stored(&setup.backend, BUCKET, "big").await, None);
     c.abort_multipart_upload()
         .bucket(BUCKET)
@@ -397,15 +408,17 @@ async fn with_signing_keys_only_signed_tokens_of_the_holder_write() {
     let lease_keyed = bound_client(proxy, &support::test_keys(), a);
     assert_put_refused(&lease_keyed, "wal/3", 403).await;
 
-    // Failover: node-a's credentials and signed token stop at once.
+    // node-a's key goes: its credentials and signed token stop at once.
     blocking(|| etcd.delete(leader));
-    let b = blocking(|| etcd.put(leader, "node-b"));
     assert_put_refused(&holder, "wal/3", 403).await;
-    refused(proxy, "wal/3", &election_signed(a), &["node-b"]).await;
-    // node-b raises the fence with a signed token: node-a is stale.
+    refused(proxy, "wal/3", &election_signed(a), &["no holder"]).await;
+    // node-b's term: node-a is stale. node-b may raise the fence with a
+    // signed token too (the proxy's watch may have done it already).
+    let b = blocking(|| etcd.put(leader, "node-b"));
     let (status, text) = raise_fence(proxy, &election_signed(b)).await;
     assert_eq!(status, 200, "{text}");
     stale(proxy, "wal/3", election_signed(a), b).await;
+    assert_put_refused(&holder, "wal/3", 409).await;
     assert_eq!(stored(backend, BUCKET, "wal/3").await, None);
 }
 
@@ -474,4 +487,54 @@ async fn election_run_holds_the_role_while_the_election_names_it() {
     let _ = done.join();
     assert_eq!(status.code(), Some(4), "{}", stderr.lock());
     assert!(!env_file.exists(), "the role files outlived the role");
+}
+
+/// Waits up to 10 s for the proxy's max of the bucket's lock to be `max`.
+async fn wait_for_max(proxy: &Proxy, max: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = proxy.max_token(BUCKET).await;
+        if now == Some(max) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fence never reached {max}: it is at {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The proxy watches the election itself: each new term raises the fence
+/// to its token at once, with no sidecar and before the holder writes, so
+/// the old leader's write in flight is cut and its later writes are stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_fences_each_new_term_itself_and_cuts_the_old_leaders_write() {
+    let leader = "/service/watch/leader";
+    let setup = Setup::start(&format!("etcd_key = \"{leader}\"")).await;
+    let (etcd, backend, proxy) = (&setup.etcd, &setup.backend, &setup.proxy);
+    let a = blocking(|| etcd.put(leader, "node-a"));
+    wait_for_max(proxy, a).await;
+
+    // node-a's upload is under way when it loses the key.
+    let upload = Stalled::start(
+        &proxy.url,
+        (BUCKET, "base.tar"),
+        &a.to_string(),
+        (64 * 1024, 256 * 1024),
+    );
+    proxy.wait_for_inflight_writes(1).await;
+    blocking(|| etcd.delete(leader));
+    let b = blocking(|| etcd.put(leader, "node-b"));
+    // node-b has written nothing; the proxy raised the fence on its own.
+    wait_for_max(proxy, b).await;
+    let _ = upload.rest.send(());
+    let code = upload.answer.await.expect("joined");
+    assert!(
+        matches!(code, 409 | 503 | 0),
+        "the old leader's upload got {code}"
+    );
+    assert_eq!(stored(backend, BUCKET, "base.tar").await, None);
+    stale(proxy, "wal/1", a, b).await;
+    admitted(proxy, "wal/1", &b.to_string()).await;
 }

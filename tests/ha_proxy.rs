@@ -49,33 +49,16 @@ async fn put_at(url: &str, key: &str, token: u64, body: &str) -> (u16, String) {
     (status, code)
 }
 
-/// A PUT of `total` bytes of which only `first` are sent until `rest` is
-/// signalled: a writer paused in the middle of its upload.
-struct Stalled {
-    rest: tokio::sync::oneshot::Sender<()>,
-    answer: tokio::task::JoinHandle<u16>,
-}
-
+/// A PUT with `token` (signed for the bucket's lock) of which only the
+/// first bytes go until `rest` is signalled.
 async fn stalled_put(p: &Proxy, key: &str, token: u64, first: usize, total: usize) -> Stalled {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let head = vec![b's'; first];
-    let tail = vec![b't'; total - first];
-    let body = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(head))]).chain(
-        futures::stream::once(async move {
-            let _ = rx.await;
-            Ok(bytes::Bytes::from(tail))
-        }),
-    );
-    let req = http()
-        .put(format!("{}/{BUCKET}/{key}", p.url))
-        .header("fencing-token", signed(BUCKET, token))
-        .header("content-length", total.to_string())
-        .body(reqwest::Body::wrap_stream(body));
-    let answer = tokio::spawn(async move { req.send().await.map_or(0, |r| r.status().as_u16()) });
-    Stalled { rest: tx, answer }
+    Stalled::start(
+        &p.url,
+        (BUCKET, key),
+        &signed(BUCKET, token),
+        (first, total),
+    )
 }
-
-use futures::StreamExt as _;
 
 /// The etcd harness's status reads block.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {

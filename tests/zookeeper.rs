@@ -105,9 +105,55 @@ async fn proxy_following(zk: &ZooKeeperServer, dir: &std::path::Path) -> (Backen
     (backend, proxy)
 }
 
-/// kazoo holder A pauses past its session; ZooKeeper deletes its lock
-/// znode and B, waiting in line, takes the lock. A wakes and writes with
-/// its token: refused before B has written anything, and stale after.
+/// The lock's holders as ZooKeeper has them now (its children's data).
+fn holders(zk: &ZooKeeperServer) -> Vec<String> {
+    let out = Command::new(venv_bin("python"))
+        .arg("-c")
+        .arg(format!(
+            "from kazoo.client import KazooClient\nzk=KazooClient(hosts='{}'); zk.start(timeout=10)\n\
+             print(' '.join(zk.get('{LOCK_PATH}/'+c)[0].decode() for c in sorted(zk.get_children('{LOCK_PATH}'))))",
+            zk.hosts
+        ))
+        .output()
+        .expect("kazoo runs");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits up to 20 s until ZooKeeper shows exactly `expected` in line.
+fn wait_for_holders(zk: &ZooKeeperServer, expected: &[&str]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = holders(zk);
+        if now == expected {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lock never showed {expected:?}: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits up to 10 s for the proxy's max of the bucket's lock to be `max`.
+async fn wait_for_max(proxy: &Proxy, max: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while proxy.max_token(BUCKET).await != Some(max) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fence never reached {max}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// kazoo holder A pauses past its session, and ZooKeeper deletes its lock
+/// znode: A's writes are refused when it wakes (nobody holds). B takes the
+/// lock: the proxy, watching the lock, raises the fence to B's token before
+/// B writes, and A is stale from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_session_expired_is_refused() {
     let zk = tokio::task::block_in_place(ZooKeeperServer::start);
@@ -132,36 +178,29 @@ async fn a_holder_whose_session_expired_is_refused() {
     )
     .await;
 
-    // B waits in line behind A.
-    let mut b = tokio::task::block_in_place(|| Holder::start(&zk, "node-b", &proxy));
-    assert_eq!(
-        tokio::task::block_in_place(|| b.line(Duration::from_secs(2))),
-        None,
-        "B took the lock while A held it"
-    );
     // A pauses (a GC, a VM stall) past its 1 s session: ZooKeeper expires
-    // it and deletes its znode; B holds.
+    // it and deletes its znode. A wakes and writes: refused, nobody holds.
     a.signal(nix::sys::signal::Signal::SIGSTOP);
+    tokio::task::block_in_place(|| wait_for_holders(&zk, &[]));
+    a.signal(nix::sys::signal::Signal::SIGCONT);
+    let (status, body) = tokio::task::block_in_place(|| a.put("wal/2"));
+    assert_eq!(status, 403, "{body}");
+    fencegate_testkit::assert_mentions(&body, &[LOCK_PATH, "no holder"]);
+
+    // B takes the lock: the proxy raises the fence to B's term itself,
+    // before B writes; A is stale.
+    let mut b = tokio::task::block_in_place(|| Holder::start(&zk, "node-b", &proxy));
     let token_b = tokio::task::block_in_place(|| b.token(Duration::from_secs(30)));
     assert!(
         token_b > token_a,
         "B's token {token_b} is not above A's {token_a}"
     );
-
-    // A wakes and writes with its old token: refused, though B has written
-    // nothing yet; the refusal names the lock and its holder.
-    a.signal(nix::sys::signal::Signal::SIGCONT);
+    wait_for_max(&proxy, token_b).await;
     let (status, body) = tokio::task::block_in_place(|| a.put("wal/2"));
-    assert_eq!(status, 403, "{body}");
-    fencegate_testkit::assert_mentions(&body, &[LOCK_PATH, "node-b"]);
+    assert_eq!(status, 409, "{body}");
     assert_eq!(stored(&backend, BUCKET, "wal/2").await, None);
-
-    // B writes; A is stale from then on (409, with the max).
     let (status, body) = tokio::task::block_in_place(|| b.put("wal/2"));
     assert_eq!(status, 200, "{body}");
-    let (status, body) = tokio::task::block_in_place(|| a.put("wal/3"));
-    assert_eq!(status, 409, "{body}");
-    assert_eq!(stored(&backend, BUCKET, "wal/3").await, None);
     assert_stored(
         &backend,
         BUCKET,
@@ -174,7 +213,35 @@ async fn a_holder_whose_session_expired_is_refused() {
     // A number above B's, made up: not the holder's.
     let (status, text, _) = plain_put(&proxy, "wal/4", &(token_b + 1000).to_string()).await;
     assert_eq!(status, 403, "{text}");
+    fencegate_testkit::assert_mentions(&text, &["node-b"]);
     assert_eq!(stored(&backend, BUCKET, "wal/4").await, None);
+}
+
+/// A's upload is in flight when its session expires and B takes the lock:
+/// the proxy's raise to B's term cuts it; nothing of it lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_flight_when_the_session_expires_is_cut() {
+    let zk = tokio::task::block_in_place(ZooKeeperServer::start);
+    let dir = support::tempdir();
+    let (backend, proxy) = proxy_following(&zk, dir.path()).await;
+    let a = tokio::task::block_in_place(|| Holder::start(&zk, "node-a", &proxy));
+    let token_a = tokio::task::block_in_place(|| a.token(Duration::from_secs(30)));
+    wait_for_max(&proxy, token_a).await;
+    let upload = Stalled::start(
+        &proxy.url,
+        (BUCKET, "segment"),
+        &token_a.to_string(),
+        (64 * 1024, 256 * 1024),
+    );
+    proxy.wait_for_inflight_writes(1).await;
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let b = tokio::task::block_in_place(|| Holder::start(&zk, "node-b", &proxy));
+    let token_b = tokio::task::block_in_place(|| b.token(Duration::from_secs(30)));
+    wait_for_max(&proxy, token_b).await;
+    let _ = upload.rest.send(());
+    let code = upload.answer.await.expect("joined");
+    assert!(matches!(code, 409 | 503 | 0), "A's upload got {code}");
+    assert_eq!(stored(&backend, BUCKET, "segment").await, None);
 }
 
 /// The lock's znodes deleted by hand: no holder, nothing admitted. The

@@ -90,11 +90,29 @@ impl Election {
 
     /// Who holds it now, read linearizably.
     pub async fn shows(&self) -> Result<Shows, String> {
+        self.read().await.map(|(shows, _)| shows)
+    }
+
+    /// [`Election::shows`], and where to watch from (etcd: the revision
+    /// the read saw; ZooKeeper: 0, its watches start when set).
+    pub async fn read(&self) -> Result<(Shows, i64), String> {
         match (&self.store, &self.seat) {
             (Store::Etcd(etcd), Seat::Etcd(seat)) => {
-                fencegate_etcd::election::shows(etcd, seat).await
+                fencegate_etcd::election::read(etcd, seat).await
             }
-            (Store::ZooKeeper(zk), Seat::ZooKeeper(seat)) => zk.shows(seat).await,
+            (Store::ZooKeeper(zk), Seat::ZooKeeper(seat)) => zk.shows(seat).await.map(|s| (s, 0)),
+            _ => Err(format!("{} is not in this election's store", self.seat)),
+        }
+    }
+
+    /// Waits until the election may have changed since `seen` (from
+    /// [`Election::read`]), by a watch, or until `patience` passes.
+    pub async fn changed(&self, seen: i64, patience: std::time::Duration) -> Result<(), String> {
+        match (&self.store, &self.seat) {
+            (Store::Etcd(etcd), Seat::Etcd(seat)) => {
+                fencegate_etcd::election::changed(etcd, seat, seen, patience).await
+            }
+            (Store::ZooKeeper(zk), Seat::ZooKeeper(seat)) => zk.changed(seat, patience).await,
             _ => Err(format!("{} is not in this election's store", self.seat)),
         }
     }
@@ -114,6 +132,11 @@ impl Elections {
     /// The election that issues `lock`'s tokens, if one does.
     pub fn of(&self, lock: &LockName) -> Option<&Election> {
         self.by_lock.get(lock)
+    }
+
+    /// The locks that follow an election.
+    pub fn locks(&self) -> impl Iterator<Item = &LockName> {
+        self.by_lock.keys()
     }
 
     /// Each lock's signing keys, for the credentials bound to it.

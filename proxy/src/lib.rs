@@ -20,7 +20,8 @@
 //! - [`tokens`]: the `Fencing-Token` header and its verification;
 //!   [`issuer`]: plain tokens checked with the lease service, or with the
 //!   lock's election ([`election`]: Patroni's leader key, etcd's election
-//!   and lock recipes);
+//!   and lock recipes, ZooKeeper locks); [`follow`]: the proxy's own watch
+//!   of each election, raising the fence at every new term;
 //! - [`fences`]: max_token per lock and the epoch barrier;
 //! - [`keys`]: per-key serialization and the ETag cache;
 //! - [`body`]: request bodies a newer epoch can cut; [`trailer`]:
@@ -56,6 +57,7 @@ mod election;
 mod errors;
 mod events;
 pub mod fences;
+mod follow;
 pub mod gate;
 mod header_names;
 pub mod host;
@@ -134,6 +136,7 @@ impl Proxy {
             })
             .transpose()?;
         let gate = Arc::new(gate::Gate::new(&config, db, cluster)?);
+        follow::spawn_all(&gate);
         gate.join_cluster(PROBE_PATIENCE).await?;
         let probe_bucket = config
             .probe_bucket

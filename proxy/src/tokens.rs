@@ -106,6 +106,12 @@ impl Unvouched {
         self.number
     }
 
+    /// A number nothing vouches for yet (the proxy's own reading of an
+    /// election, say): it proves nothing until [`Unvouched::issued`].
+    pub fn claimed(number: u64) -> Unvouched {
+        Unvouched { number }
+    }
+
     /// Verified by the lease service saying it issued this number.
     pub fn issued(self, proof: crate::issuer::Issued) -> Option<VerifiedToken> {
         (proof.token() == self.number).then_some(VerifiedToken {

@@ -1068,3 +1068,41 @@ pub async fn anonymous_put(
         .map(str::to_owned);
     (r.status().as_u16(), r.text().await.unwrap_or_default(), max)
 }
+
+/// An anonymous PUT of `total` bytes with `Fencing-Token: token`, of
+/// which only `first` are sent until `rest` is signalled: a writer paused
+/// in the middle of its upload. `answer` is its status (0: no answer).
+pub struct Stalled {
+    pub rest: tokio::sync::oneshot::Sender<()>,
+    pub answer: tokio::task::JoinHandle<u16>,
+}
+
+impl Stalled {
+    pub fn start(
+        url: &str,
+        (bucket, key): (&str, &str),
+        token: &str,
+        (first, total): (usize, usize),
+    ) -> Stalled {
+        use futures::StreamExt as _;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let head = vec![b's'; first];
+        let tail = vec![b't'; total - first];
+        let body = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(head))])
+            .chain(futures::stream::once(async move {
+                let _ = rx.await;
+                Ok(bytes::Bytes::from(tail))
+            }));
+        let req = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .expect("client")
+            .put(format!("{url}/{bucket}/{key}"))
+            .header("fencing-token", token)
+            .header("content-length", total.to_string())
+            .body(reqwest::Body::wrap_stream(body));
+        let answer =
+            tokio::spawn(async move { req.send().await.map_or(0, |r| r.status().as_u16()) });
+        Stalled { rest: tx, answer }
+    }
+}

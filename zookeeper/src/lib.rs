@@ -142,6 +142,37 @@ impl ZooKeeper {
     }
 }
 
+impl ZooKeeper {
+    /// Waits until `seat` changes (a one-shot watch on the lock's children
+    /// or the leader znode, set now), or `patience` passes: a change just
+    /// before the watch was set is seen by the caller's next read, at most
+    /// `patience` later.
+    pub async fn changed(&self, seat: &Seat, patience: Duration) -> Result<(), String> {
+        let wait = async {
+            let client = self.client().await?;
+            let watched = match seat {
+                Seat::Lock(dir) => match client.list_and_watch_children(dir).await {
+                    Err(zk::Error::NoNode) => {
+                        client.check_and_watch_stat(dir).await.map(|(_, w)| w)
+                    }
+                    other => other.map(|(_, w)| w),
+                },
+                Seat::Node(path) => client.check_and_watch_stat(path).await.map(|(_, w)| w),
+            };
+            let watcher = watched.map_err(|e| format!("cannot watch {seat}: {e}"))?;
+            watcher.changed().await;
+            Ok(())
+        };
+        match tokio::time::timeout(patience, wait).await {
+            Ok(Err(e)) => {
+                *self.session.lock() = None;
+                Err(e)
+            }
+            Ok(Ok(())) | Err(_) => Ok(()),
+        }
+    }
+}
+
 /// `seat` as `client` sees it after a `sync`.
 async fn read(client: &zk::Client, seat: &Seat) -> Result<Shows, String> {
     let failed = |e: zk::Error| format!("ZooKeeper refused the read of {seat}: {e}");

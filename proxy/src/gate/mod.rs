@@ -366,6 +366,36 @@ impl Gate {
     }
 }
 
+impl Gate {
+    /// Raises `lock`'s fence to `number`, the term its election shows now
+    /// (checked again here, as for a write), exactly as the new holder's
+    /// first write would: older writes in flight are cut or drained, and
+    /// lower tokens refused from then on. The proxy's own watch of the
+    /// election calls it at every change. `Ok(None)`: nothing to raise (no
+    /// scope or bucket for the lock, a number below the max, or not the
+    /// term the election shows any more); else the max now.
+    pub async fn follow_election(
+        &self,
+        lock: &fencegate_core::LockName,
+        number: u64,
+    ) -> Result<Option<u64>, String> {
+        let Some(scoped) = self.scoping.scope_of_lock(Op::Fence, lock) else {
+            return Ok(None);
+        };
+        let Some(tokened) = self.tokens.elected_now(scoped, number).await? else {
+            return Ok(None);
+        };
+        match self.admitter.admit(&tokened).await {
+            Ok(admission) => drop(admission),
+            Err(e) if e.code() == &s3s::S3ErrorCode::NoSuchBucket => return Ok(None),
+            Err(e) => return Err(e.message().unwrap_or("refused").to_owned()),
+        }
+        let scope = tokened.scope();
+        self.refuser.count(Op::Fence, scope, Outcome::Accepted);
+        Ok(Some(self.fences.max(scope.fence())))
+    }
+}
+
 /// Who checks plain tokens: the lease service (with `locksvc_url` and
 /// `accept_unsigned_tokens`) and each `[[elections]]` lock's election;
 /// `None` when neither is configured.

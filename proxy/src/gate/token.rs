@@ -11,7 +11,7 @@ use crate::issuer::{Answer, Issuer};
 use crate::op::Op;
 use crate::scope::Scope;
 use crate::tokens::upload::UploadBinding;
-use crate::tokens::{Presented, Rejection, TokenPolicy, VerifiedToken};
+use crate::tokens::{Presented, Rejection, TokenPolicy, Unvouched, VerifiedToken};
 use fencegate_core::TokenKeys;
 use http::HeaderMap;
 use s3s::S3Result;
@@ -254,6 +254,37 @@ impl TokenCheck {
                 "cannot check token {number} with {seat} ({e}); nothing is admitted until it answers; retry"
             ))),
         }
+    }
+
+    /// `number` for `scoped`'s lock, if its election shows it as the
+    /// current term's now (read then and there, as for a write) and it is
+    /// not below the max: what the proxy's own watch of the election
+    /// raises the fence with. `None`: nothing to raise.
+    pub async fn elected_now(
+        &self,
+        scoped: Scoped,
+        number: u64,
+    ) -> Result<Option<Tokened>, String> {
+        let Some(issuer) = self.issuer.as_ref() else {
+            return Ok(None);
+        };
+        let lock = scoped.scope().lock.clone();
+        if issuer.election_of(&lock).is_none()
+            || fencegate_core::fence::is_stale(self.fences.max(scoped.scope().fence()), number)
+        {
+            return Ok(None);
+        }
+        match Box::pin(issuer.check(&lock, number)).await? {
+            Answer::Issued(proof) => Ok(Unvouched::claimed(number)
+                .issued(proof)
+                .map(|token| Tokened { scoped, token })),
+            Answer::NotIssued | Answer::NotElected(_) => Ok(None),
+        }
+    }
+
+    /// The elections of the locks that follow one.
+    pub fn elections(&self) -> Option<&crate::election::Elections> {
+        self.issuer.as_ref().map(Issuer::elections)
     }
 
     /// Refuses the token if it is below its scope's max (a check before
