@@ -43,6 +43,7 @@ COPY proxy proxy
 COPY bench bench
 COPY testkit testkit
 COPY zookeeper zookeeper
+COPY elections elections
 COPY src src
 
 # The registry and target caches survive between builds (BuildKit); the

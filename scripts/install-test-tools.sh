@@ -3,7 +3,8 @@
 #   - moto_server, boto3, the aws CLI and kazoo in ./.venv (PyPI)
 #   - rclone, s3cmd, restic and curl (Debian)
 #   - etcd (Debian etcd-server 3.4): the lease service's etcd backend runs
-#     its tests on a 3-member cluster of it
+#     its tests on a 3-member cluster of it; etcdctl (Debian etcd-client)
+#     holds etcd locks in tests/elections.rs as a real election client
 #   - protoc and the protobuf include files (Debian protobuf-compiler and
 #     libprotobuf-dev): the etcd-client crate compiles etcd's protos
 #   - nginx (Debian nginx-light): the deployment test checks the load
@@ -37,6 +38,7 @@ for tool in rclone s3cmd restic curl; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
+[ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # protoc alone fails on google/protobuf/descriptor.proto.
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)

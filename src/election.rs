@@ -1,17 +1,19 @@
-//! Which etcd election a command follows, who this node is in it, and
-//! what it sends for it: shared by `election token` and `election run`.
+//! Which election a command follows (etcd or ZooKeeper), who this node is
+//! in it, and what it sends for it: shared by `election token` and
+//! `election run`.
 
 use crate::failure::Failure;
 use clap::Args;
 use fencegate_core::{LockName, TokenKeys};
-use fencegate_etcd::election::{Seat, Shows};
+use fencegate_elections::{Election, Named, Seat, Shows};
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// Which election, who this process is in it, and how to read it.
 #[derive(Debug, Args)]
 pub struct ElectionArgs {
-    /// Client URLs of the election's etcd members, comma separated.
+    /// The election's servers, comma separated: etcd client URLs, or
+    /// ZooKeeper host:port.
     #[arg(
         long,
         env = "FENCEGATE_ELECTION_ENDPOINTS",
@@ -19,20 +21,13 @@ pub struct ElectionArgs {
         required = true
     )]
     pub endpoints: Vec<String>,
-    /// The leader key: whoever it names holds (Patroni:
-    /// /service/<scope>/leader, or /<namespace>/<scope>/leader).
-    #[arg(long, conflicts_with = "prefix", required_unless_present = "prefix")]
-    pub key: Option<String>,
-    /// The election or lock prefix (etcd's recipes: `etcdctl elect NAME`
-    /// puts keys under NAME/): the key with the lowest create_revision
-    /// holds.
-    #[arg(long)]
-    pub prefix: Option<String>,
-    /// Who this process is, as the holder's key names it (Patroni: the
-    /// member's `name`).
+    #[command(flatten)]
+    pub seat: SeatArgs,
+    /// Who this process is, as the holder's key (or znode) names it
+    /// (Patroni: the member's `name`; kazoo: the lock's identifier).
     #[arg(long)]
     pub identity: String,
-    /// etcd user, if etcd auth is on.
+    /// etcd user, if etcd auth is on (not for ZooKeeper).
     #[arg(long, env = "FENCEGATE_ELECTION_USERNAME")]
     pub username: Option<String>,
     /// Its password.
@@ -53,19 +48,50 @@ pub struct ElectionArgs {
     pub signing_key_file: Option<PathBuf>,
 }
 
+/// Where the election keeps its holder: exactly one of these.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct SeatArgs {
+    /// The leader key: whoever it names holds (Patroni:
+    /// /service/<scope>/leader, or /<namespace>/<scope>/leader).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// The election or lock prefix (etcd's recipes: `etcdctl elect NAME`
+    /// puts keys under NAME/): the key with the lowest create_revision
+    /// holds.
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// A ZooKeeper lock's path (Curator's and kazoo's lock recipes): the
+    /// child with the lowest sequence number holds, its data names the
+    /// holder (kazoo's identifier).
+    #[arg(long)]
+    pub zookeeper_lock: Option<String>,
+    /// A ZooKeeper leader znode: whoever its data names holds.
+    #[arg(long)]
+    pub zookeeper_node: Option<String>,
+}
+
 impl ElectionArgs {
     /// Where the election keeps its holder.
     pub fn seat(&self) -> Result<Seat, Failure> {
-        match (&self.key, &self.prefix) {
-            (Some(k), None) => Ok(Seat::Key(k.clone())),
-            (None, Some(p)) => Ok(Seat::Prefix(p.clone())),
-            _ => Err(anyhow::anyhow!("name the election: --key or --prefix").into()),
-        }
+        Seat::one_of(Named {
+            etcd_key: self.seat.key.as_deref(),
+            etcd_prefix: self.seat.prefix.as_deref(),
+            zookeeper_lock: self.seat.zookeeper_lock.as_deref(),
+            zookeeper_node: self.seat.zookeeper_node.as_deref(),
+        })
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "name the election: --key, --prefix, --zookeeper-lock or --zookeeper-node"
+            )
+            .into()
+        })
     }
 
-    /// A client of its etcd.
-    pub fn etcd(&self) -> Result<fencegate_etcd::Etcd, Failure> {
-        let connection = fencegate_etcd::Connection {
+    /// The election, and a client of its store.
+    pub fn election(&self) -> Result<Election, Failure> {
+        let seat = self.seat()?;
+        let servers = fencegate_etcd::Connection {
             endpoints: self.endpoints.clone(),
             credentials: self.username.clone().zip(self.password.clone()),
             ca_file: self.ca_file.clone(),
@@ -74,10 +100,10 @@ impl ElectionArgs {
             request_timeout: self.timeout,
             connect_timeout: self.timeout.min(Duration::from_secs(2)),
         };
-        if let Some(p) = connection.problems("election").first() {
+        if let Some(p) = seat.problems(&servers, "election").first() {
             return Err(anyhow::anyhow!("{p}").into());
         }
-        Ok(fencegate_etcd::Etcd::new(&connection)?)
+        Ok(Election::new(seat, &servers)?)
     }
 
     /// The signing key, if one is given.

@@ -10,7 +10,6 @@
 use crate::election::{ElectionArgs, not_held, token_text};
 use crate::failure::Failure;
 use clap::{Args, Subcommand};
-use fencegate_etcd::election::Shows;
 use std::path::PathBuf;
 
 #[derive(Debug, Subcommand)]
@@ -54,7 +53,6 @@ pub async fn run(cmd: ElectionCommand) -> Result<u8, Failure> {
 }
 
 async fn token(a: TokenArgs) -> Result<(), Failure> {
-    let seat = a.election.seat()?;
     let keys = a.election.keys()?;
     if keys.is_some() && a.lock.is_none() {
         return Err(anyhow::anyhow!(
@@ -62,14 +60,14 @@ async fn token(a: TokenArgs) -> Result<(), Failure> {
         )
         .into());
     }
-    let etcd = a.election.etcd()?;
-    let shows = fencegate_etcd::election::shows(&etcd, &seat)
+    let election = a.election.election()?;
+    let seat = election.seat();
+    let shows = election
+        .shows()
         .await
         .map_err(|e| anyhow::anyhow!("cannot read {seat}: {e}"))?;
-    match shows {
-        Shows::Held {
-            holder, revision, ..
-        } if holder == a.election.identity => {
+    match shows.held_by(&a.election.identity) {
+        Some(revision) => {
             let text = token_text(keys.as_ref(), a.lock.as_deref().unwrap_or(""), revision)?;
             if let (Some(proxy), Some(lock)) = (&a.fence, &a.lock) {
                 let tls = fencegate_net::tls::ClientTls {
@@ -89,6 +87,6 @@ async fn token(a: TokenArgs) -> Result<(), Failure> {
             println!("{text}");
             Ok(())
         }
-        other => Err(not_held(&seat, &other, &a.election.identity)),
+        None => Err(not_held(seat, &shows, &a.election.identity)),
     }
 }

@@ -1,6 +1,7 @@
 //! `fencegate election run --key K --identity I --lock L -- CMD ...`: run
 //! a command for as long as this node holds an election the cluster
-//! already runs (Patroni's leader key, etcd's election and lock recipes),
+//! already runs (Patroni's leader key, etcd's election and lock recipes,
+//! ZooKeeper locks),
 //! with no second election of fencegate's own.
 //!
 //! 1. **Wait to hold.** The election is read (linearizably); until it names
@@ -39,8 +40,7 @@ use crate::role_files::RoleFiles;
 use crate::run_cmd::{exit_code, start_command, stop, stop_signal, wall_clock};
 use clap::Args;
 use fencegate_core::{LockName, TokenKeys};
-use fencegate_etcd::Etcd;
-use fencegate_etcd::election::{Seat, Shows};
+use fencegate_elections::Election;
 use nix::sys::signal::Signal;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
@@ -105,7 +105,6 @@ const RETRY: Duration = Duration::from_millis(500);
 const FENCE_PATIENCE: Duration = Duration::from_secs(120);
 
 pub async fn run(a: ElectionRunArgs) -> Result<u8, Failure> {
-    let seat = a.election.seat()?;
     let keys = a.election.keys()?;
     let lock = LockName::new(&a.lock).map_err(|e| anyhow::anyhow!("--lock {:?}: {e}", a.lock))?;
     let files = RoleFiles {
@@ -130,8 +129,7 @@ pub async fn run(a: ElectionRunArgs) -> Result<u8, Failure> {
     }
     files.check()?;
     let mut node = Node {
-        etcd: a.election.etcd()?,
-        seat,
+        election: a.election.election()?,
         lock,
         keys,
         files,
@@ -164,8 +162,7 @@ enum Ended {
 
 /// This node in the election, and what it keeps while it holds.
 struct Node {
-    etcd: Etcd,
-    seat: Seat,
+    election: Election,
     lock: LockName,
     keys: Option<TokenKeys>,
     files: RoleFiles,
@@ -180,11 +177,11 @@ impl Node {
     async fn term(&mut self, a: &ElectionRunArgs, with_command: bool) -> Result<Ended, Failure> {
         let identity = a.election.identity.as_str();
         let (revision, mut seen) = tokio::select! {
-            held = wait_to_hold(&self.etcd, &self.seat, identity) => held,
+            held = wait_to_hold(&self.election, identity) => held,
             _ = self.sigterm.recv() => return Ok(Ended::Exited(0)),
             _ = self.sigint.recv() => return Ok(Ended::Exited(0)),
         };
-        tracing::info!(seat = %self.seat, identity, token = revision, "this node holds the election");
+        tracing::info!(seat = %self.election.seat(), identity, token = revision, "this node holds the election");
         let token = token_text(self.keys.as_ref(), &a.lock, revision)?;
         let what = a.command.first().map_or("the role files", String::as_str);
         self.fence(a, &token, revision).await.map_err(|e| {
@@ -235,21 +232,21 @@ impl Node {
                         tracing::warn!(error = format!("{e:#}"), "cannot write fresh credentials; the files keep the previous ones");
                     }
                 }
-                changed = fencegate_etcd::election::changed(&self.etcd, &self.seat, seen, WATCH_PATIENCE.min(a.lost_after)) => {
+                changed = self.election.changed(seen, WATCH_PATIENCE.min(a.lost_after)) => {
                     if let Err(e) = changed {
-                        tracing::warn!(error = %e, seat = %self.seat, "the watch of the election ended; reading it again");
+                        tracing::warn!(error = %e, seat = %self.election.seat(), "the watch of the election ended; reading it again");
                         tokio::time::sleep(RETRY).await;
                     }
-                    match fencegate_etcd::election::read(&self.etcd, &self.seat).await {
-                        Ok((Shows::Held { holder, revision: r, .. }, now_seen)) if holder == identity && r == revision => {
+                    match self.election.read().await {
+                        Ok((shows, now_seen)) if shows.held_by(identity) == Some(revision) => {
                             seen = now_seen;
                             last_read = Instant::now();
                         }
-                        Ok((shows, _)) => break Some(not_held(&self.seat, &shows, identity).to_string()),
+                        Ok((shows, _)) => break Some(not_held(self.election.seat(), &shows, identity).to_string()),
                         Err(e) if last_read.elapsed() >= a.lost_after => {
-                            break Some(format!("no read of {} succeeded for {:?} (last error: {e})", self.seat, a.lost_after));
+                            break Some(format!("no read of {} succeeded for {:?} (last error: {e})", self.election.seat(), a.lost_after));
                         }
-                        Err(e) => tracing::warn!(error = %e, seat = %self.seat, "cannot read the election; still holding until --lost-after"),
+                        Err(e) => tracing::warn!(error = %e, seat = %self.election.seat(), "cannot read the election; still holding until --lost-after"),
                     }
                 }
             }
@@ -272,7 +269,7 @@ impl Node {
             None => Ended::Exited(status),
             Some(why) => Ended::Lost(format!(
                 "{} moved on from {identity:?} (token {revision}): {why}",
-                self.seat
+                self.election.seat()
             )),
         })
     }
@@ -313,27 +310,21 @@ impl Node {
 /// Reads the election until it names `identity`, waiting on a watch
 /// between reads: the revision its term began at, and the revision
 /// the read saw.
-async fn wait_to_hold(etcd: &Etcd, seat: &Seat, identity: &str) -> (u64, i64) {
+async fn wait_to_hold(election: &Election, identity: &str) -> (u64, i64) {
+    let seat = election.seat();
     let mut said = None;
     loop {
-        match fencegate_etcd::election::read(etcd, seat).await {
-            Ok((
-                Shows::Held {
-                    holder, revision, ..
-                },
-                seen,
-            )) if holder == identity => {
-                return (revision, seen);
-            }
+        match election.read().await {
             Ok((shows, seen)) => {
+                if let Some(revision) = shows.held_by(identity) {
+                    return (revision, seen);
+                }
                 let now = not_held(seat, &shows, identity).to_string();
                 if said.as_ref() != Some(&now) {
                     eprintln!("fencegate: waiting: {now}");
                     said = Some(now);
                 }
-                if let Err(e) =
-                    fencegate_etcd::election::changed(etcd, seat, seen, WATCH_PATIENCE).await
-                {
+                if let Err(e) = election.changed(seen, WATCH_PATIENCE).await {
                     tracing::warn!(error = %e, %seat, "the watch of the election ended");
                     tokio::time::sleep(RETRY).await;
                 }

@@ -7,6 +7,8 @@
 #[macro_use]
 mod support;
 
+use std::os::unix::process::CommandExt as _;
+use std::process::Command;
 use support::etcd::EtcdCluster;
 use support::harness::BUCKET;
 use support::s3::*;
@@ -537,4 +539,99 @@ async fn the_proxy_fences_each_new_term_itself_and_cuts_the_old_leaders_write() 
     assert_eq!(stored(backend, BUCKET, "base.tar").await, None);
     stale(proxy, "wal/1", a, b).await;
     admitted(proxy, "wal/1", &b.to_string()).await;
+}
+
+/// `etcdctl lock NAME -- CMD` (etcd's own lock recipe, the real client)
+/// tells CMD its key under `NAME/` as `ETCD_LOCK_KEY`; `fencegate election
+/// token --prefix NAME/ --identity "$ETCD_LOCK_KEY"` prints the term's
+/// token, the key's create_revision. (Not `ETCD_LOCK_REV`: that is the
+/// revision at which that etcdctl saw the lock acquired, which etcd does not
+/// keep, so no proxy can check it.) A holder paused past its session's TTL
+/// loses the lock to the one waiting; the proxy fences the new term itself,
+/// and the old holder's token is stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_holders_write_with_their_keys_create_revision() {
+    let setup = Setup::start("etcd_prefix = \"/locks/nightly/\"").await;
+    let (etcd, proxy) = (&setup.etcd, &setup.proxy);
+    let dir = support::tempdir();
+    let holder = |name: &str| {
+        let rev_file = dir.path().join(name);
+        let child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &etcd.endpoints(), "lock", "--ttl", "2"])
+            .args(["/locks/nightly", "--", "sh", "-c"])
+            .arg(
+                "\"$1\" election token --endpoints \"$2\" --prefix /locks/nightly/ \
+                 --identity \"$ETCD_LOCK_KEY\" > \"$0.new\" && mv \"$0.new\" \"$0\"; exec sleep 600",
+            )
+            .arg(&rev_file)
+            .arg(env!("CARGO_BIN_EXE_fencegate"))
+            .arg(etcd.endpoints())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("etcdctl runs (scripts/install-test-tools.sh installs Debian's etcd-client)");
+        (KillOnDrop(child), rev_file)
+    };
+    let revision_in = |file: &std::path::Path| -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(rev) = std::fs::read_to_string(file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                return rev;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} never held the lock",
+                file.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let (a, a_rev) = holder("a");
+    let rev_a = blocking(|| revision_in(&a_rev));
+    wait_for_max(proxy, rev_a).await;
+    admitted(proxy, "nightly/1", &rev_a.to_string()).await;
+
+    // B waits in line; A's etcdctl pauses past its TTL, its key expires,
+    // and B's command starts with its own revision.
+    let (_b, b_rev) = holder("b");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(!b_rev.exists(), "B's command started while A held the lock");
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let rev_b = blocking(|| revision_in(&b_rev));
+    assert!(
+        rev_b > rev_a,
+        "B's revision {rev_b} is not above A's {rev_a}"
+    );
+    wait_for_max(proxy, rev_b).await;
+    stale(proxy, "nightly/2", rev_a, rev_b).await;
+    admitted(proxy, "nightly/2", &rev_b.to_string()).await;
+    assert_eq!(
+        stored_token(&setup.backend, BUCKET, "nightly/2").await,
+        Some(rev_b)
+    );
+}
+
+/// A child process in a group of its own: continued, and the whole group
+/// killed, when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
+        nix::sys::signal::kill(pid, sig).expect("signal delivered");
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+        let group = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
 }

@@ -178,6 +178,30 @@ async fn a_holder_whose_session_expired_is_refused() {
     )
     .await;
 
+    // The CLI reads the same lock: the token for A's identifier, exit 3
+    // for anyone else.
+    let token = |identity: &str| {
+        support::fencegate()
+            .args(["election", "token", "--endpoints", &zk.hosts])
+            .args(["--zookeeper-lock", LOCK_PATH, "--identity", identity])
+            .output()
+            .expect("runs")
+    };
+    let held = tokio::task::block_in_place(|| token("node-a"));
+    assert!(held.status.success(), "{}", support::output_text(&held));
+    assert_eq!(
+        String::from_utf8_lossy(&held.stdout).trim(),
+        token_a.to_string()
+    );
+    let other = tokio::task::block_in_place(|| token("node-b"));
+    assert_eq!(
+        other.status.code(),
+        Some(3),
+        "{}",
+        support::output_text(&other)
+    );
+    fencegate_testkit::assert_mentions(&support::output_text(&other), &["node-a", LOCK_PATH]);
+
     // A pauses (a GC, a VM stall) past its 1 s session: ZooKeeper expires
     // it and deletes its znode. A wakes and writes: refused, nobody holds.
     a.signal(nix::sys::signal::Signal::SIGSTOP);

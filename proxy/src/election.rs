@@ -23,39 +23,13 @@
 //! deposed leader still has the key.
 
 use fencegate_core::LockName;
-pub use fencegate_core::election::Shows;
-use fencegate_etcd::Etcd;
-use fencegate_zookeeper::ZooKeeper;
+pub use fencegate_elections::{Seat, Shows};
 use std::collections::HashMap;
 
-/// Where an election keeps its holder, and in which store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Seat {
-    Etcd(fencegate_etcd::election::Seat),
-    ZooKeeper(fencegate_zookeeper::Seat),
-}
-
-impl std::fmt::Display for Seat {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Seat::Etcd(s) => s.fmt(f),
-            Seat::ZooKeeper(s) => s.fmt(f),
-        }
-    }
-}
-
-/// The store an election is read from.
-#[derive(Debug)]
-enum Store {
-    Etcd(Etcd),
-    ZooKeeper(ZooKeeper),
-}
-
-/// One lock's election.
+/// One lock's election, and the keys its tokens are signed with.
 #[derive(Debug)]
 pub struct Election {
-    seat: Seat,
-    store: Store,
+    election: fencegate_elections::Election,
     keys: Option<fencegate_core::TokenKeys>,
 }
 
@@ -66,13 +40,8 @@ impl Election {
         let seat = c
             .seat()
             .ok_or_else(|| anyhow::anyhow!("lock {} names no single election", c.lock))?;
-        let store = match &seat {
-            Seat::Etcd(_) => Store::Etcd(Etcd::new(&c.connection())?),
-            Seat::ZooKeeper(_) => Store::ZooKeeper(ZooKeeper::new(&c.endpoints, c.request_timeout)),
-        };
         Ok(Election {
-            seat,
-            store,
+            election: fencegate_elections::Election::new(seat, &c.connection())?,
             keys: c.keys(),
         })
     }
@@ -85,36 +54,23 @@ impl Election {
 
     /// Where it keeps its holder, for messages.
     pub fn seat(&self) -> &Seat {
-        &self.seat
+        self.election.seat()
     }
 
     /// Who holds it now, read linearizably.
     pub async fn shows(&self) -> Result<Shows, String> {
-        self.read().await.map(|(shows, _)| shows)
+        self.election.shows().await
     }
 
-    /// [`Election::shows`], and where to watch from (etcd: the revision
-    /// the read saw; ZooKeeper: 0, its watches start when set).
+    /// Who holds it now, and where to watch from.
     pub async fn read(&self) -> Result<(Shows, i64), String> {
-        match (&self.store, &self.seat) {
-            (Store::Etcd(etcd), Seat::Etcd(seat)) => {
-                fencegate_etcd::election::read(etcd, seat).await
-            }
-            (Store::ZooKeeper(zk), Seat::ZooKeeper(seat)) => zk.shows(seat).await.map(|s| (s, 0)),
-            _ => Err(format!("{} is not in this election's store", self.seat)),
-        }
+        self.election.read().await
     }
 
-    /// Waits until the election may have changed since `seen` (from
-    /// [`Election::read`]), by a watch, or until `patience` passes.
+    /// Waits until the election may have changed since `seen`, or until
+    /// `patience` passes.
     pub async fn changed(&self, seen: i64, patience: std::time::Duration) -> Result<(), String> {
-        match (&self.store, &self.seat) {
-            (Store::Etcd(etcd), Seat::Etcd(seat)) => {
-                fencegate_etcd::election::changed(etcd, seat, seen, patience).await
-            }
-            (Store::ZooKeeper(zk), Seat::ZooKeeper(seat)) => zk.changed(seat, patience).await,
-            _ => Err(format!("{} is not in this election's store", self.seat)),
-        }
+        self.election.changed(seen, patience).await
     }
 }
 
@@ -211,25 +167,12 @@ fn default_request_timeout() -> std::time::Duration {
 impl ElectionConfig {
     /// Where the election keeps its holder, if exactly one seat is named.
     pub fn seat(&self) -> Option<Seat> {
-        use fencegate_etcd::election::Seat as E;
-        use fencegate_zookeeper::Seat as Z;
-        let named: Vec<Seat> = [
-            self.etcd_key.clone().map(|k| Seat::Etcd(E::Key(k))),
-            self.etcd_prefix.clone().map(|p| Seat::Etcd(E::Prefix(p))),
-            self.zookeeper_lock
-                .clone()
-                .map(|p| Seat::ZooKeeper(Z::Lock(p))),
-            self.zookeeper_node
-                .clone()
-                .map(|p| Seat::ZooKeeper(Z::Node(p))),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        match named.as_slice() {
-            [one] => Some(one.clone()),
-            _ => None,
-        }
+        Seat::one_of(fencegate_elections::Named {
+            etcd_key: self.etcd_key.as_deref(),
+            etcd_prefix: self.etcd_prefix.as_deref(),
+            zookeeper_lock: self.zookeeper_lock.as_deref(),
+            zookeeper_node: self.zookeeper_node.as_deref(),
+        })
     }
 
     /// Its signing keys, if it has any (and they are valid: see
@@ -320,24 +263,8 @@ impl ElectionConfig {
         if !self.signing_keys.is_empty() && self.keys().is_none() && p.is_empty() {
             p.push(format!("{table}.signing_keys are invalid"));
         }
-        if matches!(self.seat(), Some(Seat::ZooKeeper(_))) {
-            p.extend(ZooKeeper::problems(&self.endpoints, &table));
-            let unsupported = [
-                ("username", self.username.is_some()),
-                ("password", self.password.is_some()),
-                ("ca_file", self.ca_file.is_some()),
-                ("cert_file", self.cert_file.is_some()),
-                ("key_file", self.key_file.is_some()),
-            ];
-            for (option, set) in unsupported {
-                if set {
-                    p.push(format!(
-                        "{table}.{option}: ZooKeeper elections are read without authentication or TLS (not built yet); remove it"
-                    ));
-                }
-            }
-        } else {
-            p.extend(self.connection().problems(&table));
+        if let Some(seat) = self.seat() {
+            p.extend(seat.problems(&self.connection(), &table));
         }
         p
     }
@@ -376,7 +303,8 @@ mod tests {
             "accept_unsigned_tokens = true\n\
              [[elections]]\nlock = \"pg\"\netcd_key = \"/a\"\netcd_prefix = \"/b/\"\nendpoints = []\n\
              [[elections]]\nlock = \"pg\"\nendpoints = [\"127.0.0.1:2379\"]\n\
-             [[elections]]\nlock = \"no such lock!\"\netcd_prefix = \"/c/\"\nendpoints = [\"http://e:2379\"]\nrequest_timeout = \"0s\"\n",
+             [[elections]]\nlock = \"no such lock!\"\netcd_prefix = \"/c/\"\nendpoints = [\"http://e:2379\"]\nrequest_timeout = \"0s\"\n\
+             [[elections]]\nlock = \"pg2\"\netcd_key = \"/d\"\nendpoints = [\"127.0.0.1:2379\"]\n",
         );
         fencegate_testkit::assert_mentions(
             &c.problems().join("\n"),
@@ -384,7 +312,7 @@ mod tests {
                 "elections[0]: more than one of etcd_key, etcd_prefix",
                 "elections[0].endpoints is empty",
                 "elections[1]: name the election",
-                "elections[1].endpoints: \"127.0.0.1:2379\" must start with http://",
+                "elections[3].endpoints: \"127.0.0.1:2379\" must start with http://",
                 "elections[1]: lock pg follows another election already",
                 "elections[2].lock \"no such lock!\"",
                 "elections[2].request_timeout must be above 0",
