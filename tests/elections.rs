@@ -142,7 +142,7 @@ async fn a_leader_key_issues_the_tokens_and_a_deposed_leader_is_refused() {
     // is stale from then on.
     let b = blocking(|| etcd.put(leader, "node-b"));
     assert!(b > a, "a new leader key has a higher revision");
-    wait_for_max(proxy, b).await;
+    proxy.wait_for_max(BUCKET, b).await;
     stale(proxy, "wal/2", a, b).await;
     // node-b's on_role_change raises it too (Patroni's callback, for a
     // proxy that cannot watch etcd), with the token the CLI reads for its
@@ -206,7 +206,7 @@ async fn a_leader_key_taken_over_in_place_is_a_new_term() {
     assert!(a2 > b, "the overwrite is a later revision");
     // A new term: the proxy's watch raises the fence to it, and node-b,
     // whose key it was, is stale.
-    wait_for_max(proxy, a2).await;
+    proxy.wait_for_max(BUCKET, a2).await;
     admitted(proxy, "wal/2", &a2.to_string()).await;
     for old in [a, b] {
         stale(proxy, "wal/3", old, a2).await;
@@ -301,7 +301,7 @@ async fn an_upload_of_a_deposed_leader_lands_nothing() {
     // node-b's term: the proxy raises the fence to it; node-a's Complete,
     // with its token or without, is stale.
     let b = blocking(|| etcd.put(leader, "node-b"));
-    wait_for_max(&setup.proxy, b).await;
+    setup.proxy.wait_for_max(BUCKET, b).await;
     let e_tag = first.e_tag().expect("etag");
     let done = c
         .complete_multipart_upload()
@@ -491,22 +491,6 @@ async fn election_run_holds_the_role_while_the_election_names_it() {
     assert!(!env_file.exists(), "the role files outlived the role");
 }
 
-/// Waits up to 10 s for the proxy's max of the bucket's lock to be `max`.
-async fn wait_for_max(proxy: &Proxy, max: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let now = proxy.max_token(BUCKET).await;
-        if now == Some(max) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the fence never reached {max}: it is at {now:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 /// The proxy watches the election itself: each new term raises the fence
 /// to its token at once, with no sidecar and before the holder writes, so
 /// the old leader's write in flight is cut and its later writes are stale.
@@ -516,20 +500,16 @@ async fn the_proxy_fences_each_new_term_itself_and_cuts_the_old_leaders_write() 
     let setup = Setup::start(&format!("etcd_key = \"{leader}\"")).await;
     let (etcd, backend, proxy) = (&setup.etcd, &setup.backend, &setup.proxy);
     let a = blocking(|| etcd.put(leader, "node-a"));
-    wait_for_max(proxy, a).await;
+    proxy.wait_for_max(BUCKET, a).await;
 
     // node-a's upload is under way when it loses the key.
-    let upload = Stalled::start(
-        &proxy.url,
-        (BUCKET, "base.tar"),
-        &a.to_string(),
-        (64 * 1024, 256 * 1024),
-    );
-    proxy.wait_for_inflight_writes(1).await;
+    let upload = proxy
+        .stalled_put((BUCKET, "base.tar"), &a.to_string())
+        .await;
     blocking(|| etcd.delete(leader));
     let b = blocking(|| etcd.put(leader, "node-b"));
     // node-b has written nothing; the proxy raised the fence on its own.
-    wait_for_max(proxy, b).await;
+    proxy.wait_for_max(BUCKET, b).await;
     let _ = upload.rest.send(());
     let code = upload.answer.await.expect("joined");
     assert!(
@@ -572,7 +552,7 @@ async fn etcdctl_lock_holders_write_with_their_keys_create_revision() {
             .process_group(0)
             .spawn()
             .expect("etcdctl runs (scripts/install-test-tools.sh installs Debian's etcd-client)");
-        (KillOnDrop(child), rev_file)
+        (support::KillOnDrop(child), rev_file)
     };
     let revision_in = |file: &std::path::Path| -> u64 {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -593,7 +573,7 @@ async fn etcdctl_lock_holders_write_with_their_keys_create_revision() {
     };
     let (a, a_rev) = holder("a");
     let rev_a = blocking(|| revision_in(&a_rev));
-    wait_for_max(proxy, rev_a).await;
+    proxy.wait_for_max(BUCKET, rev_a).await;
     admitted(proxy, "nightly/1", &rev_a.to_string()).await;
 
     // B waits in line; A's etcdctl pauses past its TTL, its key expires,
@@ -607,7 +587,7 @@ async fn etcdctl_lock_holders_write_with_their_keys_create_revision() {
         rev_b > rev_a,
         "B's revision {rev_b} is not above A's {rev_a}"
     );
-    wait_for_max(proxy, rev_b).await;
+    proxy.wait_for_max(BUCKET, rev_b).await;
     stale(proxy, "nightly/2", rev_a, rev_b).await;
     admitted(proxy, "nightly/2", &rev_b.to_string()).await;
     assert_eq!(
@@ -616,22 +596,27 @@ async fn etcdctl_lock_holders_write_with_their_keys_create_revision() {
     );
 }
 
-/// A child process in a group of its own: continued, and the whole group
-/// killed, when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl KillOnDrop {
-    fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
-        nix::sys::signal::kill(pid, sig).expect("signal delivered");
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        self.signal(nix::sys::signal::Signal::SIGCONT);
-        let group = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
-        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.0.wait();
-    }
+/// An operator compacts etcd past where the proxy's watch started: the
+/// watch is refused, the proxy reads the election again and watches from
+/// there, and the next term is fenced as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_follows_the_election_through_a_compaction() {
+    let leader = "/service/compacted/leader";
+    let setup = Setup::start(&format!("etcd_key = \"{leader}\"")).await;
+    let (etcd, proxy) = (&setup.etcd, &setup.proxy);
+    let a = blocking(|| etcd.put(leader, "node-a"));
+    proxy.wait_for_max(BUCKET, a).await;
+    blocking(|| {
+        for i in 0..20 {
+            etcd.put(&format!("/unrelated/{i}"), "x");
+        }
+        etcd.compact();
+    });
+    // The proxy's watch is opened again from the revision it last read,
+    // now compacted, within its 2 s patience.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    blocking(|| etcd.delete(leader));
+    let b = blocking(|| etcd.put(leader, "node-b"));
+    proxy.wait_for_max(BUCKET, b).await;
+    stale(proxy, "wal/1", a, b).await;
 }

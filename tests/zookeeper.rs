@@ -7,7 +7,8 @@
 mod support;
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::os::unix::process::CommandExt as _;
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 use support::harness::BUCKET;
@@ -19,7 +20,7 @@ const LOCK_PATH: &str = "/locks/backups";
 /// A kazoo client holding (or waiting for) the lock, run as its own
 /// process (tests/clients/kazoo_holder.py).
 struct Holder {
-    child: Child,
+    child: support::KillOnDrop,
     stdin: ChildStdin,
     lines: Receiver<String>,
 }
@@ -33,6 +34,7 @@ impl Holder {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .process_group(0)
             .spawn()
             .expect(
                 "the kazoo holder starts (scripts/install-test-tools.sh installs kazoo in .venv)",
@@ -48,7 +50,7 @@ impl Holder {
             }
         });
         Holder {
-            child,
+            child: support::KillOnDrop(child),
             stdin,
             lines,
         }
@@ -79,17 +81,14 @@ impl Holder {
     }
 
     fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
-        nix::sys::signal::kill(pid, sig).expect("signal delivered");
+        self.child.signal(sig);
     }
 }
 
-impl Drop for Holder {
-    fn drop(&mut self) {
-        self.signal(nix::sys::signal::Signal::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `key` holds what `who`'s holder wrote with `token`.
+async fn assert_written_by(backend: &Backend, key: &str, who: &str, token: u64) {
+    let body = format!("written by {who} with {token}");
+    assert_stored(backend, BUCKET, key, body.as_bytes(), token).await;
 }
 
 /// A store with the bucket, and a proxy whose bucket's lock follows the
@@ -138,18 +137,6 @@ fn wait_for_holders(zk: &ZooKeeperServer, expected: &[&str]) {
     }
 }
 
-/// Waits up to 10 s for the proxy's max of the bucket's lock to be `max`.
-async fn wait_for_max(proxy: &Proxy, max: u64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while proxy.max_token(BUCKET).await != Some(max) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the fence never reached {max}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// kazoo holder A pauses past its session, and ZooKeeper deletes its lock
 /// znode: A's writes are refused when it wakes (nobody holds). B takes the
 /// lock: the proxy, watching the lock, raises the fence to B's token before
@@ -169,14 +156,7 @@ async fn a_holder_whose_session_expired_is_refused() {
     let token_a = tokio::task::block_in_place(|| a.token(Duration::from_secs(30)));
     let (status, body) = tokio::task::block_in_place(|| a.put("wal/1"));
     assert_eq!(status, 200, "{body}");
-    assert_stored(
-        &backend,
-        BUCKET,
-        "wal/1",
-        format!("written by node-a with {token_a}").as_bytes(),
-        token_a,
-    )
-    .await;
+    assert_written_by(&backend, "wal/1", "node-a", token_a).await;
 
     // The CLI reads the same lock: the token for A's identifier, exit 3
     // for anyone else.
@@ -219,20 +199,13 @@ async fn a_holder_whose_session_expired_is_refused() {
         token_b > token_a,
         "B's token {token_b} is not above A's {token_a}"
     );
-    wait_for_max(&proxy, token_b).await;
+    proxy.wait_for_max(BUCKET, token_b).await;
     let (status, body) = tokio::task::block_in_place(|| a.put("wal/2"));
     assert_eq!(status, 409, "{body}");
     assert_eq!(stored(&backend, BUCKET, "wal/2").await, None);
     let (status, body) = tokio::task::block_in_place(|| b.put("wal/2"));
     assert_eq!(status, 200, "{body}");
-    assert_stored(
-        &backend,
-        BUCKET,
-        "wal/2",
-        format!("written by node-b with {token_b}").as_bytes(),
-        token_b,
-    )
-    .await;
+    assert_written_by(&backend, "wal/2", "node-b", token_b).await;
 
     // A number above B's, made up: not the holder's.
     let (status, text, _) = plain_put(&proxy, "wal/4", &(token_b + 1000).to_string()).await;
@@ -250,18 +223,14 @@ async fn a_write_in_flight_when_the_session_expires_is_cut() {
     let (backend, proxy) = proxy_following(&zk, dir.path()).await;
     let a = tokio::task::block_in_place(|| Holder::start(&zk, "node-a", &proxy));
     let token_a = tokio::task::block_in_place(|| a.token(Duration::from_secs(30)));
-    wait_for_max(&proxy, token_a).await;
-    let upload = Stalled::start(
-        &proxy.url,
-        (BUCKET, "segment"),
-        &token_a.to_string(),
-        (64 * 1024, 256 * 1024),
-    );
-    proxy.wait_for_inflight_writes(1).await;
+    proxy.wait_for_max(BUCKET, token_a).await;
+    let upload = proxy
+        .stalled_put((BUCKET, "segment"), &token_a.to_string())
+        .await;
     a.signal(nix::sys::signal::Signal::SIGSTOP);
     let b = tokio::task::block_in_place(|| Holder::start(&zk, "node-b", &proxy));
     let token_b = tokio::task::block_in_place(|| b.token(Duration::from_secs(30)));
-    wait_for_max(&proxy, token_b).await;
+    proxy.wait_for_max(BUCKET, token_b).await;
     let _ = upload.rest.send(());
     let code = upload.answer.await.expect("joined");
     assert!(matches!(code, 409 | 503 | 0), "A's upload got {code}");

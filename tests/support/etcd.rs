@@ -283,6 +283,22 @@ impl EtcdCluster {
             .unwrap_or_else(|e| panic!("etcd {call}: {e}"))
     }
 
+    /// Compacts the history up to the current revision (as an operator's
+    /// `etcdctl compact`): a watch from an older revision is refused.
+    pub fn compact(&self) {
+        let now = self.gateway("range", "/")["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse::<u64>().ok())
+            .expect("a revision");
+        let answer: serde_json::Value = reqwest::blocking::Client::new()
+            .post(format!("{}/v3/kv/compaction", self.members[0].client_url))
+            .json(&serde_json::json!({ "revision": now.to_string(), "physical": true }))
+            .send()
+            .and_then(|r| r.json())
+            .unwrap_or_else(|e| panic!("etcd compaction: {e}"));
+        assert!(answer["header"].is_object(), "etcd compaction: {answer}");
+    }
+
     /// The value of `key`, read through the first member's JSON gateway.
     pub fn value(&self, key: &str) -> Option<String> {
         use base64::Engine as _;

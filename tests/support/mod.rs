@@ -733,3 +733,23 @@ pub fn run_script(script: &str, args: &[String]) {
         .unwrap_or_else(|e| panic!("{script} runs: {e}"));
     assert!(out.status.success(), "{}", output_text(&out));
 }
+
+/// A child process in a group of its own: continued, and the whole group
+/// killed, when dropped.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl KillOnDrop {
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
+        nix::sys::signal::kill(pid, sig).expect("signal delivered");
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+        let group = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
+}

@@ -626,6 +626,31 @@ impl Proxy {
         }
     }
 
+    /// Waits up to 10 s for the proxy's max of `lock` to be `max`.
+    pub async fn wait_for_max(&self, lock: &str, max: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let now = self.max_token(lock).await;
+            if now == Some(max) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the fence of {lock} never reached {max}: it is at {now:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// An anonymous PUT of `bucket/key` with `token` that sends 64 KiB of
+    /// its 256 KiB and waits (see [`Stalled`]), once the proxy counts it in
+    /// flight.
+    pub async fn stalled_put(&self, (bucket, key): (&str, &str), token: &str) -> Stalled {
+        let upload = Stalled::start(&self.url, (bucket, key), token, (64 * 1024, 256 * 1024));
+        self.wait_for_inflight_writes(1).await;
+        upload
+    }
+
     /// The max token the proxy holds for `lock`: `None` when the status
     /// does not list the lock (no write in its scopes reached the fence),
     /// `Some(0)` when it is listed without an admitted token.
