@@ -127,6 +127,10 @@ async fn a_leader_key_issues_the_tokens_and_a_deposed_leader_is_refused() {
     let forged = (a + 50).to_string();
     refused(proxy, "wal/2", &forged, &[leader, "node-a"]).await;
     assert_eq!(stored(backend, BUCKET, "wal/2").await, None);
+    // The current token of another election (another cluster's leader
+    // key, in the same etcd) is not this lock's.
+    let other = blocking(|| etcd.put("/service/other/leader", "node-a"));
+    refused(proxy, "wal/2", &other.to_string(), &[leader, "node-a"]).await;
 
     // A signed token of the lease service is not this lock's.
     refused(proxy, "wal/2", &signed(BUCKET, a + 1), &[leader]).await;
@@ -400,8 +404,12 @@ async fn with_signing_keys_only_signed_tokens_of_the_holder_write() {
     assert_eq!(status, 200, "{text}");
     let body = format!("written with {}", election_signed(a));
     assert_stored(backend, BUCKET, "wal/1", body.as_bytes(), a).await;
-    // A signed number the election does not show: refused.
+    // A signed number the election does not show: refused. The holder's
+    // number signed for another lock: refused as that lock's.
     refused(proxy, "wal/2", &election_signed(a + 9), &[leader, "node-a"]).await;
+    let other = fencegate_core::LockName::new("other-cluster").expect("lock");
+    let elsewhere = election_keys().sign(&other, a).to_string();
+    refused(proxy, "wal/2", &elsewhere, &["other-cluster"]).await;
 
     // Credentials bound to the holder's token with the election's key
     // write; the same made with the lease service's key do not.
