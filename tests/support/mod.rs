@@ -51,6 +51,7 @@ pub mod harness;
     reason = "each test file uses a different part of the harness"
 )]
 pub use etcd::{LeaseBackend, lease_backend};
+pub mod netns;
 pub mod relay;
 pub mod zookeeper;
 

@@ -1,0 +1,182 @@
+//! Network namespaces joined through a bridge, so that faults go through
+//! the kernel: a partition is an nftables drop rule in a node's namespace,
+//! and a connection across it stays half-open (no FIN, no RST), as on a
+//! real network.
+//!
+//! A [`Lab`] makes one namespace per node and one for the bridge, each node
+//! joined to the bridge by a veth pair, on `10.77.0.0/24` (private to the
+//! lab's own namespaces). The test process itself is a client on the same
+//! bridge, through one more veth pair at `10.77.0.254`. Everything is
+//! removed when the lab is dropped, and by a watchdog process if the test
+//! binary exits without dropping it.
+
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The address of the test process on a lab's bridge.
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 254);
+
+/// One node of a lab: its namespace and address.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub netns: String,
+    pub ip: Ipv4Addr,
+}
+
+/// Namespaces, links and rules a test made; removed on drop.
+#[derive(Debug)]
+pub struct Lab {
+    prefix: String,
+    pub nodes: Vec<Node>,
+    watchdog: std::process::Child,
+}
+
+fn run(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Lab {
+    /// A lab of `n` nodes, `10.77.0.1` to `10.77.0.n`.
+    pub fn new(n: usize) -> Lab {
+        static LABS: AtomicU32 = AtomicU32::new(0);
+        // Interface names are at most 15 bytes: keep the prefix short.
+        let prefix = format!(
+            "fg{}x{}",
+            std::process::id() % 100_000,
+            LABS.fetch_add(1, Ordering::Relaxed)
+        );
+        let bridge = format!("{prefix}b");
+        let mut lab = Lab {
+            prefix: prefix.clone(),
+            nodes: Vec::new(),
+            watchdog: Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "while kill -0 {} 2>/dev/null; do sleep 1; done; \
+                     for ns in $(ip netns list | awk '{{print $1}}' | grep '^{prefix}'); do ip netns del $ns; done; \
+                     ip link del {prefix}c 2>/dev/null",
+                    std::process::id()
+                ))
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("watchdog"),
+        };
+        run(&["ip", "netns", "add", &bridge]);
+        run(&["ip", "-n", &bridge, "link", "add", "br0", "type", "bridge"]);
+        run(&["ip", "-n", &bridge, "link", "set", "br0", "up"]);
+        for i in 0..n {
+            let ip = Ipv4Addr::new(10, 77, 0, u8::try_from(i + 1).expect("a small lab"));
+            let netns = format!("{prefix}n{i}");
+            run(&["ip", "netns", "add", &netns]);
+            run(&["ip", "-n", &netns, "link", "set", "lo", "up"]);
+            lab.join(Some(&netns), &format!("{prefix}v{i}"), ip);
+            lab.nodes.push(Node { netns, ip });
+        }
+        // The test process, on the bridge too.
+        lab.join(None, &format!("{prefix}c"), CLIENT_IP);
+        lab
+    }
+
+    /// A veth pair from `netns` (the test's own namespace if `None`) to the
+    /// bridge, the near end at `ip`.
+    fn join(&self, netns: Option<&str>, name: &str, ip: Ipv4Addr) {
+        let bridge = format!("{}b", self.prefix);
+        let peer = format!("{name}p");
+        run(&[
+            "ip", "link", "add", name, "type", "veth", "peer", "name", &peer,
+        ]);
+        run(&["ip", "link", "set", &peer, "netns", &bridge]);
+        run(&[
+            "ip", "-n", &bridge, "link", "set", &peer, "master", "br0", "up",
+        ]);
+        let addr = format!("{ip}/24");
+        match netns {
+            Some(ns) => {
+                run(&["ip", "link", "set", name, "netns", ns]);
+                run(&["ip", "-n", ns, "addr", "add", &addr, "dev", name]);
+                run(&["ip", "-n", ns, "link", "set", name, "up"]);
+            }
+            None => {
+                run(&["ip", "addr", "add", &addr, "dev", name]);
+                run(&["ip", "link", "set", name, "up"]);
+            }
+        }
+    }
+
+    /// `program` run inside node `i`'s namespace.
+    pub fn command(&self, i: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.nodes[i].netns]).arg(program);
+        c
+    }
+
+    /// Drops every packet between nodes `a` and `b`, both ways, in both
+    /// namespaces (an nftables rule; connections stay open, silent).
+    pub fn partition(&self, a: usize, b: usize) {
+        for (me, other) in [(a, b), (b, a)] {
+            let ns = &self.nodes[me].netns;
+            let peer = self.nodes[other].ip.to_string();
+            run(&[
+                "ip", "netns", "exec", ns, "nft", "add", "table", "inet", "nemesis",
+            ]);
+            for (chain, hook, field) in [("in", "input", "saddr"), ("out", "output", "daddr")] {
+                let spec = format!("{{ type filter hook {hook} priority 0; }}");
+                run(&[
+                    "ip", "netns", "exec", ns, "nft", "add", "chain", "inet", "nemesis", chain,
+                    &spec,
+                ]);
+                run(&[
+                    "ip", "netns", "exec", ns, "nft", "add", "rule", "inet", "nemesis", chain,
+                    "ip", field, &peer, "drop",
+                ]);
+            }
+        }
+    }
+
+    /// Removes every fault: each node's nftables rules.
+    pub fn heal(&self) {
+        for node in &self.nodes {
+            let _ = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &node.netns,
+                    "nft",
+                    "delete",
+                    "table",
+                    "inet",
+                    "nemesis",
+                ])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &format!("{}c", self.prefix)])
+            .status();
+        for node in &self.nodes {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &node.netns])
+                .status();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &format!("{}b", self.prefix)])
+            .status();
+        let _ = self.watchdog.kill();
+        let _ = self.watchdog.wait();
+    }
+}
