@@ -7,6 +7,8 @@
 #     holds etcd locks in tests/elections.rs as a real election client
 #   - protoc and the protobuf include files (Debian protobuf-compiler and
 #     libprotobuf-dev): the etcd-client crate compiles etcd's protos
+#   - nftables (Debian nftables; iproute2's `ip netns`): tests/nemesis.rs
+#     partitions real sockets in network namespaces with drop rules
 #   - nginx (Debian nginx-light): the deployment test checks the load
 #     balancer config of docker-compose.ha.yml with `nginx -t`
 #   - chromium (Debian): the status pages are read and photographed in a
@@ -40,6 +42,8 @@ done
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
 [ -x /usr/bin/etcdctl ] || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 # protoc alone fails on google/protobuf/descriptor.proto.
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)

@@ -4,18 +4,17 @@
 //! real network.
 //!
 //! A [`Lab`] makes one namespace per node and one for the bridge, each node
-//! joined to the bridge by a veth pair, on `10.77.0.0/24` (private to the
-//! lab's own namespaces). The test process itself is a client on the same
-//! bridge, through one more veth pair at `10.77.0.254`. Everything is
+//! joined to the bridge by a veth pair, on a `10.77.K.0/24` of its own
+//! (private to the lab's namespaces; `K` differs between the labs of one
+//! run, so that two at once never route into each other). The test process
+//! itself is a client on the same bridge, through one more veth pair at
+//! `10.77.K.254`. Everything is
 //! removed when the lab is dropped, and by a watchdog process if the test
 //! binary exits without dropping it.
 
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-
-/// The address of the test process on a lab's bridge.
-pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 254);
 
 /// One node of a lab: its namespace and address.
 #[derive(Debug, Clone)]
@@ -46,15 +45,13 @@ fn run(args: &[&str]) {
 }
 
 impl Lab {
-    /// A lab of `n` nodes, `10.77.0.1` to `10.77.0.n`.
+    /// A lab of `n` nodes, `10.77.K.1` to `10.77.K.n`.
     pub fn new(n: usize) -> Lab {
         static LABS: AtomicU32 = AtomicU32::new(0);
+        let number = LABS.fetch_add(1, Ordering::Relaxed);
+        let subnet = u8::try_from((std::process::id() + number) % 250 + 1).expect("below 251");
         // Interface names are at most 15 bytes: keep the prefix short.
-        let prefix = format!(
-            "fg{}x{}",
-            std::process::id() % 100_000,
-            LABS.fetch_add(1, Ordering::Relaxed)
-        );
+        let prefix = format!("fg{}x{number}", std::process::id() % 100_000);
         let bridge = format!("{prefix}b");
         let mut lab = Lab {
             prefix: prefix.clone(),
@@ -75,7 +72,7 @@ impl Lab {
         run(&["ip", "-n", &bridge, "link", "add", "br0", "type", "bridge"]);
         run(&["ip", "-n", &bridge, "link", "set", "br0", "up"]);
         for i in 0..n {
-            let ip = Ipv4Addr::new(10, 77, 0, u8::try_from(i + 1).expect("a small lab"));
+            let ip = Ipv4Addr::new(10, 77, subnet, u8::try_from(i + 1).expect("a small lab"));
             let netns = format!("{prefix}n{i}");
             run(&["ip", "netns", "add", &netns]);
             run(&["ip", "-n", &netns, "link", "set", "lo", "up"]);
@@ -83,7 +80,11 @@ impl Lab {
             lab.nodes.push(Node { netns, ip });
         }
         // The test process, on the bridge too.
-        lab.join(None, &format!("{prefix}c"), CLIENT_IP);
+        lab.join(
+            None,
+            &format!("{prefix}c"),
+            Ipv4Addr::new(10, 77, subnet, 254),
+        );
         lab
     }
 
