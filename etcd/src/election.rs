@@ -46,12 +46,8 @@ impl std::fmt::Display for Seat {
 pub use fencegate_core::election::Shows;
 
 /// Who holds the election at `seat` now, read linearizably (etcd's
-/// default read, answered by the leader with a quorum).
-pub async fn shows(etcd: &Etcd, seat: &Seat) -> Result<Shows, String> {
-    read(etcd, seat).await.map(|(shows, _)| shows)
-}
-
-/// [`shows`], and the store's revision the read saw (to watch from).
+/// default read, answered by the leader with a quorum), and the store's
+/// revision the read saw (to watch from).
 pub async fn read(etcd: &Etcd, seat: &Seat) -> Result<(Shows, i64), String> {
     let (key, options) = match seat {
         Seat::Key(k) => (k.clone(), None),

@@ -32,15 +32,9 @@ pub struct Lab {
 }
 
 fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    super::succeeds(
+        Command::new(args[0]).args(&args[1..]).stdin(Stdio::null()),
+        &format!("{args:?}"),
     );
 }
 
