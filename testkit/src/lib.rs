@@ -2,9 +2,11 @@
 //! the proptest configuration (`proptest`), the S3 client every test and
 //! benchmark starts from, and the SigV4 signing setup of hand-made
 //! requests (`s3`); hand-written servers that play a peer (`tcp`); the proxy config they
-//! start from (`config`). Never a dependency of a product crate.
+//! start from (`config`); the checker over a nemesis run's whole history
+//! (`history`). Never a dependency of a product crate.
 
 pub mod config;
+pub mod history;
 #[cfg(feature = "proptest")]
 pub mod proptest;
 #[cfg(feature = "s3")]
