@@ -1,13 +1,34 @@
-//! Faults through the kernel (issue 37's first slice): etcd, a proxy and
-//! the store each in a network namespace of their own, joined by a bridge
-//! (`support::netns`), and partitions made of nftables drop rules, so a
-//! connection across one stays half-open, as on a real network.
+//! Faults through the kernel (issue 37): every process in a network
+//! namespace of its own, joined by a bridge (`support::netns`); partitions
+//! are nftables drop rules, so a connection across one stays half-open, as
+//! on a real network.
+//!
+//! - `a_seeded_nemesis_run_checks_out`: the whole system (3 etcd members,
+//!   2 lease services, 3 proxy replicas, the store) under faults drawn
+//!   from a seed, its whole history checked (`fencegate_testkit::history`)
+//!   and its availability reported. `FENCEGATE_NEMESIS_SEED`,
+//!   `FENCEGATE_NEMESIS_MINUTES` (3 here) and `FENCEGATE_NEMESIS_REPORT` (a
+//!   file for the report; the history goes next to it, `.history`);
+//!   `scripts/nemesis.sh` runs it long.
+//! - Two measured cases: a proxy cut from its election, and an etcd
+//!   follower cut from its peers.
 
 mod support;
 
-use std::net::{SocketAddr, TcpStream};
+#[path = "nemesis/clients.rs"]
+mod clients;
+#[path = "nemesis/cluster.rs"]
+mod cluster;
+#[path = "nemesis/faults.rs"]
+mod faults;
+#[path = "nemesis/figures.rs"]
+mod figures;
+
+use cluster::wait_listening;
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt as _;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::KillOnDrop;
 use support::netns::Lab;
@@ -17,15 +38,6 @@ const LEADER: &str = "/service/nemesis/leader";
 const ETCD: usize = 0;
 const PROXY: usize = 1;
 const STORE: usize = 2;
-
-/// Waits up to 30 s until something listens at `addr`.
-fn wait_listening(addr: SocketAddr, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        assert!(Instant::now() < deadline, "{what} never listened at {addr}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// A process in node `i`'s namespace, in a group of its own, its output
 /// in `log`.
@@ -329,4 +341,301 @@ fn a_minority_etcd_member_is_failed_over_and_writes_go_on() {
     }
     assert_eq!(put(&proxy, "stale", a).0, 409);
     lab.heal();
+}
+
+/// Reads every object of `bucket` straight from the store.
+async fn read_store(store: &str, bucket: &'static str) -> Vec<fencegate_testkit::history::Stored> {
+    use futures::StreamExt as _;
+    let client = support::s3::sdk_client(store, cluster::STORE_KEY);
+    let mut keys = Vec::new();
+    let mut pages = client
+        .list_objects_v2()
+        .bucket(bucket)
+        .into_paginator()
+        .send();
+    while let Some(page) = pages.next().await {
+        let page = page.expect("the store lists the bucket");
+        keys.extend(
+            page.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_owned)),
+        );
+    }
+    futures::stream::iter(keys)
+        .map(|key| {
+            let client = client.clone();
+            async move {
+                let out = client
+                    .get_object()
+                    .bucket(bucket)
+                    .key(&key)
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("GET {key} from the store: {e:?}"));
+                let body = out.body.collect().await.expect("body").into_bytes();
+                fencegate_testkit::history::Stored {
+                    key,
+                    payload: String::from_utf8_lossy(&body).into_owned(),
+                }
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The whole system under faults drawn from a seed: holders take the
+/// lease and write through any proxy while the nemesis partitions, loses
+/// packets, takes links down, stops and kills processes. The whole
+/// history checks out (the four properties of
+/// `fencegate_testkit::history`), and the run is long enough to mean
+/// something: faults were injected, writes admitted, stale ones refused.
+#[test]
+fn a_seeded_nemesis_run_checks_out() {
+    let minutes: f64 = env_or("FENCEGATE_NEMESIS_MINUTES", 3.0);
+    let seed: u64 = env_or("FENCEGATE_NEMESIS_SEED", rand::random::<u64>() % 1_000_000);
+    eprintln!(
+        "nemesis seed {seed}, {minutes} minutes (replay: scripts/nemesis.sh --seed {seed} --minutes {minutes})"
+    );
+    let mut cluster = cluster::Cluster::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(
+        support::s3::sdk_client(&cluster.store, cluster::STORE_KEY)
+            .create_bucket()
+            .bucket(cluster::PROBE_BUCKET)
+            .send(),
+    )
+    .expect("the probe's bucket");
+    let rec = Arc::new(clients::Recorder::new());
+    let until = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
+    let mut tasks: Vec<tokio::task::JoinHandle<()>> = (0..3)
+        .map(|c| {
+            let (rec, locksvc, proxies) = (
+                rec.clone(),
+                cluster.locksvc.clone(),
+                cluster.proxies.clone(),
+            );
+            rt.spawn(async move { clients::holder(c, seed, locksvc, proxies, &rec, until).await })
+        })
+        .collect();
+    let (probe_rec, etcd) = (rec.clone(), cluster.etcd.clone());
+    tasks.push(rt.spawn(async move { clients::etcd_probe(seed, etcd, &probe_rec, until).await }));
+    let (probe_rec, locksvc, proxies) = (
+        rec.clone(),
+        cluster.locksvc.clone(),
+        cluster.proxies.clone(),
+    );
+    tasks.push(rt.spawn(async move { clients::probe(locksvc, proxies, &probe_rec, until).await }));
+
+    // The faults, ending 10 s before the clients do: the history ends
+    // healed, and every fault's aftermath is in it.
+    let clock = rec.clone();
+    let injected = faults::run(
+        &mut cluster,
+        seed,
+        move || clock.now(),
+        until - Duration::from_secs(10),
+    );
+    for t in tasks {
+        rt.block_on(t).expect("a client");
+    }
+    let ran = rec.now();
+    let mut store = rt.block_on(read_store(&cluster.store, cluster::BUCKET));
+    store.extend(rt.block_on(read_store(&cluster.store, cluster::PROBE_BUCKET)));
+    let history = fencegate_testkit::history::History {
+        leases: rec.leases.lock().clone(),
+        writes: rec.writes.lock().clone(),
+        store,
+        faults: injected.iter().map(|i| i.fault.clone()).collect(),
+        drift: 0.01,
+    };
+    let violations = history.check();
+    let report = figures::report(
+        seed,
+        ran,
+        &history,
+        &rec.attempts.lock(),
+        &injected,
+        &violations,
+        &rec.refusals.lock(),
+    );
+    eprintln!("{report}");
+    if let Ok(path) = std::env::var("FENCEGATE_NEMESIS_REPORT") {
+        std::fs::write(&path, &report).expect("report written");
+        std::fs::write(format!("{path}.history"), figures::timeline(&history))
+            .expect("history written");
+    }
+    let admitted = history
+        .writes
+        .iter()
+        .filter(|w| w.status == Some(200))
+        .count();
+    let stale = history
+        .writes
+        .iter()
+        .filter(|w| w.status == Some(409))
+        .count();
+    assert!(!injected.is_empty(), "no fault was injected");
+    assert!(
+        admitted >= 50 && stale >= 1,
+        "seed {seed}: too little happened to check ({admitted} writes admitted, {stale} refused as stale)\n{}",
+        cluster.logs()
+    );
+    let broken: Vec<String> = violations
+        .iter()
+        .filter(|v| v.rests_on.is_none())
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "seed {seed}: {} violations:\n{}\n\n{report}\n{}",
+        broken.len(),
+        broken.join("\n"),
+        cluster.logs()
+    );
+}
+
+/// The lock's status from the lease service at `url`.
+fn lock_status(url: &str, lock: &str) -> serde_json::Value {
+    reqwest::blocking::Client::new()
+        .get(format!("{url}/v1/locks/{lock}"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .and_then(|r| r.json())
+        .expect("the lock's status")
+}
+
+/// A client waiting in line whose network vanishes (a partition: no FIN,
+/// no RST, the connection half-open) loses its place once TCP keepalive
+/// notices (`fencegate_net::liveness`: 5 s idle, 3 probes 2 s apart):
+/// the lock is not handed to a ghost when its holder releases it, and the
+/// next in line gets it at once, not a TTL later.
+#[test]
+fn a_waiter_cut_off_by_a_partition_gives_its_place_up() {
+    let lab = Lab::new(2);
+    let dir = support::tempdir();
+    let service_ip = lab.nodes[0].ip;
+    let url = format!("http://{service_ip}:7070");
+    let log = std::fs::File::create(dir.path().join("locksvc.log")).expect("log");
+    let _service = KillOnDrop(
+        lab.command(0, env!("CARGO_BIN_EXE_fencegate"))
+            .args(["locksvc", "--create-db", "--listen"])
+            .arg(format!("{service_ip}:7070"))
+            .arg("--db")
+            .arg(dir.path().join("locksvc.db"))
+            .env("FENCEGATE_SIGNING_KEYS", support::SIGNING_KEY)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("the lease service"),
+    );
+    wait_listening(
+        SocketAddr::new(service_ip.into(), 7070),
+        "the lease service",
+    );
+    let api = support::Api::new(&url);
+    let (status, holder) = api.acquire("nightly", "holder", 60_000);
+    assert_eq!(status, 200, "{holder}");
+
+    // The ghost: a client on node 1, waiting in line.
+    let _ghost = KillOnDrop(
+        lab.command(1, env!("CARGO_BIN_EXE_fencegate"))
+            .args([
+                "lease", "acquire", "nightly", "--owner", "ghost", "--ttl", "30s",
+            ])
+            .args(["--wait", "120s", "--locksvc", &url])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("the ghost"),
+    );
+    let wait_for_line = |n: u64, within: Duration| {
+        let deadline = Instant::now() + within;
+        loop {
+            let status = lock_status(&url, "nightly");
+            if status["waiting"] == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{n} never waiting within {within:?}: {status}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for_line(1, Duration::from_secs(30));
+    lab.partition(0, 1);
+    let cut = Instant::now();
+    // The next in line, from the test process (still connected).
+    let next = std::thread::spawn({
+        let url = url.clone();
+        move || support::Api::new(&url).acquire_wait("nightly", "next", 30_000, 120_000)
+    });
+    wait_for_line(2, Duration::from_secs(30));
+    // Keepalive gives up on the ghost's connection: about 11 s.
+    wait_for_line(1, Duration::from_secs(40));
+    eprintln!(
+        "nemesis: a waiter cut off by a partition left the line {:?} after the cut",
+        cut.elapsed()
+    );
+    let released = Instant::now();
+    let (status, _) = api.release("nightly", support::signed_of(&holder));
+    assert_eq!(status, 200);
+    let (status, lease) = next.join().expect("the next in line");
+    assert_eq!(
+        (status, lease["owner"].as_str()),
+        (200, Some("next")),
+        "{lease}"
+    );
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the next in line waited {:?} after the release",
+        released.elapsed()
+    );
+}
+
+/// The store cut off from the proxy by a partition, behind a pooled
+/// connection that stays half-open: a write sent into it is answered
+/// (503, nothing written) once the kernel's TCP user timeout drops the
+/// connection (`fencegate_net::liveness`, 15 s), well before
+/// `backend.timeout_secs` (60 s); and writes go through once it heals.
+#[test]
+fn a_write_into_a_partitioned_store_fails_at_the_user_timeout() {
+    let lab = Lab::new(3);
+    let dir = support::tempdir();
+    let (_etcd, etcd) = etcd_cluster(&lab, &[ETCD], dir.path());
+    let (_store, store) = store_on(&lab, STORE, dir.path());
+    let (_proxy, proxy) = proxy_on(&lab, PROXY, &etcd, &store, dir.path());
+    let proxy_log = || std::fs::read_to_string(dir.path().join("proxy.log")).unwrap_or_default();
+    let a = etcd_put(&etcd[0], LEADER, "node-a");
+    // The pooled connection to the store now exists.
+    assert_eq!(put(&proxy, "wal/1", a).0, 200, "{}", proxy_log());
+
+    lab.partition(PROXY, STORE);
+    let (status, took) = put(&proxy, "wal/2", a);
+    eprintln!("nemesis: a write into a partitioned store: {status} after {took:?}");
+    assert_eq!(status, 503, "{}", proxy_log());
+    assert!(
+        took < Duration::from_secs(30),
+        "the write into the partition took {took:?}: {}",
+        proxy_log()
+    );
+    lab.heal();
+    let (status, _) = put(&proxy, "wal/3", a);
+    assert_eq!(status, 200, "{}", proxy_log());
 }

@@ -159,7 +159,15 @@ fn connect_options(c: &Connection) -> anyhow::Result<ConnectOptions> {
     let mut opts = ConnectOptions::new()
         .with_timeout(c.request_timeout)
         .with_connect_timeout(c.connect_timeout)
-        .with_keep_alive(Duration::from_secs(2), c.request_timeout);
+        // HTTP/2 pings every 2 s, also on a connection without a stream
+        // (a lease service between requests): a member gone silent is
+        // noticed within 2 s + request_timeout, watches and keepalive
+        // streams included, and the next request goes to another member
+        // instead of into the dead connection. TCP keepalive under it, as
+        // for every connection of fencegate (fencegate_net::liveness).
+        .with_keep_alive(Duration::from_secs(2), c.request_timeout)
+        .with_keep_alive_while_idle(true)
+        .with_tcp_keepalive(fencegate_net::liveness::IDLE);
     if let Some((user, password)) = &c.credentials {
         opts = opts.with_user(user, password);
     }

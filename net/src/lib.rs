@@ -12,6 +12,9 @@
 //!   ([`ServerOptions::max_connections_per_address`]; IPv6 by its /64):
 //!   one address holding its whole share is refused the same way, and
 //!   cannot take the slots of the others;
+//! - noticing peers that vanished without a word ([`liveness`]: TCP
+//!   keepalive and user timeouts, for every connection fencegate accepts
+//!   or opens);
 //! - per-connection timeouts ([`conn`]): a request head must arrive within
 //!   [`ServerOptions::header_read_timeout`] of its first byte (of the
 //!   accept, for the first request), and a keep-alive connection with no
@@ -35,6 +38,7 @@
 mod answer;
 pub mod browser;
 pub mod conn;
+pub mod liveness;
 pub mod problems;
 mod refuse;
 mod slots;
@@ -213,6 +217,7 @@ where
             }
         };
         let _ = tcp.set_nodelay(true);
+        liveness::accepted(&tcp);
         let slot = slots.take(peer.ip());
         match slot {
             Some(slot) => match &options.workers {

@@ -306,7 +306,8 @@ impl ClientTls {
     /// URLs; `http://` URLs are unaffected). It follows a redirect only to
     /// `https://` when the request was to `https://` or TLS settings are
     /// given (a 307 to `http://` would resend the request, its secrets
-    /// included, in clear), and at most 5.
+    /// included, in clear), and at most 5. TCP keepalive and user timeout
+    /// as [`crate::liveness`] says.
     pub fn http_client(&self) -> Result<reqwest::ClientBuilder, TlsError> {
         let tls_set = self.is_set();
         let policy = reqwest::redirect::Policy::custom(move |attempt| {
@@ -326,7 +327,7 @@ impl ClientTls {
                 attempt.follow()
             }
         });
-        Ok(reqwest::Client::builder()
+        Ok(crate::liveness::client(reqwest::Client::builder())
             .use_preconfigured_tls(self.rustls_config()?)
             .redirect(policy))
     }

@@ -173,7 +173,8 @@ where
 }
 
 /// The store's TLS (or plain) connector, with the proxy's one policy:
-/// system roots for `https://`, nothing loaded for `http://`.
+/// system roots for `https://`, nothing loaded for `http://`; TCP
+/// keepalive and user timeout as `fencegate_net::liveness` says.
 pub fn store_connector(
     https: bool,
     connect_timeout: Duration,
@@ -195,6 +196,9 @@ pub fn store_connector(
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
+    // A store gone silent (a partition, a dead host) drops its pooled
+    // connections within seconds, not the kernel's 15 minutes.
+    fencegate_net::liveness::connector(&mut http);
     Ok(tls.https_or_http().enable_http1().wrap_connector(http))
 }
 

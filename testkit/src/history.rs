@@ -86,6 +86,18 @@ pub struct History {
     pub drift: f64,
 }
 
+/// A grant as its client believed it: held from `from` until `until`
+/// (ended by a release if `released`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding<'a> {
+    pub client: usize,
+    pub lock: &'a str,
+    pub token: u64,
+    pub from: Duration,
+    pub until: Duration,
+    pub released: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Property {
     TokensIncrease,
@@ -152,7 +164,11 @@ impl History {
 
     fn tokens_increase(&self, found: &mut Vec<Violation>) {
         let grants: Vec<(&LeaseOp, u64)> = self.grants().collect();
-        let granted = Highest::of(grants.iter().map(|&(g, t)| (g.lock.as_str(), g.answered, t, g)));
+        let granted = Highest::of(
+            grants
+                .iter()
+                .map(|&(g, t)| (g.lock.as_str(), g.answered, t, g)),
+        );
         let mut owners: HashMap<(&str, u64), &LeaseOp> = HashMap::new();
         for &(g, token) in &grants {
             if let Some(other) = owners.insert((&g.lock, token), g) {
@@ -223,20 +239,27 @@ impl History {
             .collect();
         let stored: HashMap<&str, &Stored> =
             self.store.iter().map(|s| (s.key.as_str(), s)).collect();
-        let mut keys: Vec<&str> = self.writes.iter().map(|w| w.key.as_str()).collect();
+        let mut per_key: HashMap<&str, Vec<&Write>> = HashMap::new();
+        for w in &self.writes {
+            per_key.entry(&w.key).or_default().push(w);
+        }
+        let mut keys: Vec<&str> = per_key.keys().copied().collect();
         keys.sort_unstable();
-        keys.dedup();
         for key in keys {
-            let acked = self
-                .writes
+            let acked = per_key[key]
                 .iter()
-                .filter(|w| w.key == key && w.status == Some(200))
+                .filter(|w| w.status == Some(200))
                 .max_by_key(|w| (w.token, w.answered));
             let holds = stored.get(key).map(|s| by_payload.get(s.payload.as_str()));
-            let (from, to) = acked.map_or((Duration::ZERO, Duration::MAX), |w| (w.sent, w.answered));
+            let (from, to) =
+                acked.map_or((Duration::ZERO, Duration::MAX), |w| (w.sent, w.answered));
             let detail = match (acked, holds) {
-                (Some(w), None) => Some(format!("{w:?} was answered 200, but the store has no {key}")),
-                (_, Some(None)) => Some(format!("the store holds a payload no write sent at {key}")),
+                (Some(w), None) => Some(format!(
+                    "{w:?} was answered 200, but the store has no {key}"
+                )),
+                (_, Some(None)) => {
+                    Some(format!("the store holds a payload no write sent at {key}"))
+                }
                 (_, Some(Some(s))) if refused(s.status) => {
                     Some(format!("{s:?} was refused, yet the store holds it"))
                 }
@@ -260,20 +283,36 @@ impl History {
     /// Each grant as the client believed it: from its answer until its ask
     /// plus the TTL, pushed on by each renewal answered 200 (from that
     /// renewal's ask), cut at the release's ask.
-    fn holdings(&self) -> Vec<(usize, &str, u64, Duration, Duration)> {
+    pub fn holdings(&self) -> Vec<Holding<'_>> {
         let mut held = Vec::new();
         for (g, token) in self.grants() {
-            let mut end = g.invoked + g.ttl;
+            let mut until = g.invoked + g.ttl;
+            let mut released = false;
             for o in self.leases.iter().filter(|o| {
-                o.client == g.client && o.lock == g.lock && o.token == Some(token) && o.invoked > g.invoked
+                o.client == g.client
+                    && o.lock == g.lock
+                    && o.token == Some(token)
+                    && o.invoked > g.invoked
             }) {
                 match o.call {
-                    LeaseCall::Renew if o.status == Some(200) => end = end.max(o.invoked + o.ttl),
-                    LeaseCall::Release => end = end.min(o.invoked),
+                    LeaseCall::Renew if o.status == Some(200) => {
+                        until = until.max(o.invoked + o.ttl)
+                    }
+                    LeaseCall::Release => {
+                        until = until.min(o.invoked);
+                        released = true;
+                    }
                     _ => {}
                 }
             }
-            held.push((g.client, g.lock.as_str(), token, g.answered, end));
+            held.push(Holding {
+                client: g.client,
+                lock: &g.lock,
+                token,
+                from: g.answered,
+                until,
+                released,
+            });
         }
         held
     }
@@ -282,21 +321,24 @@ impl History {
         let held = self.holdings();
         for (i, a) in held.iter().enumerate() {
             for b in &held[i + 1..] {
-                if a.0 == b.0 || a.1 != b.1 {
+                if a.client == b.client || a.lock != b.lock {
                     continue;
                 }
-                let (start, end) = (a.3.max(b.3), a.4.min(b.4));
-                let longest = (a.4 - a.3).max(b.4 - b.3);
+                let (start, end) = (a.from.max(b.from), a.until.min(b.until));
+                let longest = a
+                    .until
+                    .saturating_sub(a.from)
+                    .max(b.until.saturating_sub(b.from));
                 if end > start && end - start > longest.mul_f64(self.drift) {
                     found.push(Violation {
                         property: Property::OneHolder,
                         detail: format!(
                             "client {} (token {}) and client {} (token {}) both held {} for {:?}",
-                            a.0,
-                            a.2,
-                            b.0,
-                            b.2,
-                            a.1,
+                            a.client,
+                            a.token,
+                            b.client,
+                            b.token,
+                            a.lock,
                             end - start
                         ),
                         from: start,

@@ -115,32 +115,74 @@ impl Lab {
         c
     }
 
-    /// Drops every packet between nodes `a` and `b`, both ways, in both
-    /// namespaces (an nftables rule; connections stay open, silent).
-    pub fn partition(&self, a: usize, b: usize) {
-        for (me, other) in [(a, b), (b, a)] {
-            let ns = &self.nodes[me].netns;
-            let peer = self.nodes[other].ip.to_string();
-            run(&[
-                "ip", "netns", "exec", ns, "nft", "add", "table", "inet", "nemesis",
-            ]);
-            for (chain, hook, field) in [("in", "input", "saddr"), ("out", "output", "daddr")] {
-                let spec = format!("{{ type filter hook {hook} priority 0; }}");
-                run(&[
-                    "ip", "netns", "exec", ns, "nft", "add", "chain", "inet", "nemesis", chain,
-                    &spec,
-                ]);
-                run(&[
-                    "ip", "netns", "exec", ns, "nft", "add", "rule", "inet", "nemesis", chain,
-                    "ip", field, &peer, "drop",
-                ]);
-            }
-        }
+    /// Runs the nftables `script` in node `i`'s namespace, after making
+    /// sure its `nemesis` table and chains exist.
+    fn nft(&self, i: usize, script: &str) {
+        use std::io::Write as _;
+        let full = format!(
+            "add table inet nemesis\n\
+             add chain inet nemesis in {{ type filter hook input priority 0; }}\n\
+             add chain inet nemesis out {{ type filter hook output priority 0; }}\n\
+             {script}\n"
+        );
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", &self.nodes[i].netns, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("nft runs");
+        nft.stdin
+            .take()
+            .expect("stdin")
+            .write_all(full.as_bytes())
+            .expect("nft script written");
+        let status = nft.wait().expect("nft ends");
+        assert!(status.success(), "nft in node {i}: {full}");
     }
 
-    /// Removes every fault: each node's nftables rules.
+    /// Drops every packet node `from` sends to node `to` (one way: `to`'s
+    /// packets still reach `from`).
+    pub fn block(&self, from: usize, to: usize) {
+        self.nft(
+            from,
+            &format!(
+                "add rule inet nemesis out ip daddr {} drop",
+                self.nodes[to].ip
+            ),
+        );
+    }
+
+    /// Drops every packet between nodes `a` and `b`, both ways (an
+    /// nftables rule; connections stay open, silent).
+    pub fn partition(&self, a: usize, b: usize) {
+        self.block(a, b);
+        self.block(b, a);
+    }
+
+    /// Drops `percent` % of the packets node `i` receives, at random
+    /// (`numgen random`).
+    pub fn lose(&self, i: usize, percent: u32) {
+        self.nft(
+            i,
+            &format!("add rule inet nemesis in numgen random mod 100 < {percent} drop"),
+        );
+    }
+
+    /// Takes node `i`'s link to the bridge down (or up again).
+    pub fn set_link(&self, i: usize, up: bool) {
+        run(&[
+            "ip",
+            "-n",
+            &self.nodes[i].netns,
+            "link",
+            "set",
+            &format!("{}v{i}", self.prefix),
+            if up { "up" } else { "down" },
+        ]);
+    }
+
+    /// Removes every fault: each node's nftables rules, and every link up.
     pub fn heal(&self) {
-        for node in &self.nodes {
+        for (i, node) in self.nodes.iter().enumerate() {
             let _ = Command::new("ip")
                 .args([
                     "netns",
@@ -154,6 +196,7 @@ impl Lab {
                 ])
                 .stderr(Stdio::null())
                 .status();
+            self.set_link(i, true);
         }
     }
 }
