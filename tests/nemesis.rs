@@ -520,21 +520,43 @@ fn lock_status(url: &str, lock: &str) -> serde_json::Value {
 /// no RST, the connection half-open) loses its place once TCP keepalive
 /// notices (`fencegate_net::liveness`: 5 s idle, 3 probes 2 s apart):
 /// the lock is not handed to a ghost when its holder releases it, and the
-/// next in line gets it at once, not a TTL later.
+/// next in line gets it at once, not a TTL later. On SQLite, and on etcd
+/// (where the place is an etcd-leased key the replica keeps alive while
+/// the waiter's connection lives).
 #[test]
 fn a_waiter_cut_off_by_a_partition_gives_its_place_up() {
-    let lab = Lab::new(2);
+    waiter_cut_off(false);
+}
+
+#[test]
+fn a_waiter_cut_off_by_a_partition_gives_its_place_up_on_etcd() {
+    waiter_cut_off(true);
+}
+
+fn waiter_cut_off(on_etcd: bool) {
+    let lab = Lab::new(3);
     let dir = support::tempdir();
     let service_ip = lab.nodes[0].ip;
     let url = format!("http://{service_ip}:7070");
     let log = std::fs::File::create(dir.path().join("locksvc.log")).expect("log");
+    let _etcd = on_etcd.then(|| etcd_cluster(&lab, &[2], dir.path()));
+    let mut service = lab.command(0, env!("CARGO_BIN_EXE_fencegate"));
+    service
+        .args(["locksvc", "--listen"])
+        .arg(format!("{service_ip}:7070"))
+        .env("FENCEGATE_SIGNING_KEYS", support::SIGNING_KEY);
+    if on_etcd {
+        service.env(
+            "FENCEGATE_ETCD_ENDPOINTS",
+            format!("http://{}:2379", lab.nodes[2].ip),
+        );
+    } else {
+        service
+            .args(["--create-db", "--db"])
+            .arg(dir.path().join("locksvc.db"));
+    }
     let _service = KillOnDrop(
-        lab.command(0, env!("CARGO_BIN_EXE_fencegate"))
-            .args(["locksvc", "--create-db", "--listen"])
-            .arg(format!("{service_ip}:7070"))
-            .arg("--db")
-            .arg(dir.path().join("locksvc.db"))
-            .env("FENCEGATE_SIGNING_KEYS", support::SIGNING_KEY)
+        service
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)

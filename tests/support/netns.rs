@@ -5,8 +5,9 @@
 //!
 //! A [`Lab`] makes one namespace per node and one for the bridge, each node
 //! joined to the bridge by a veth pair, on a `10.77.K.0/24` of its own
-//! (private to the lab's namespaces; `K` differs between the labs of one
-//! run, so that two at once never route into each other). The test process
+//! (private to the lab's namespaces; `K` is one no other lab holds, of
+//! this process or another, so that two at once never route into each
+//! other). The test process
 //! itself is a client on the same bridge, through one more veth pair at
 //! `10.77.K.254`. Everything is
 //! removed when the lab is dropped, and by a watchdog process if the test
@@ -43,7 +44,6 @@ impl Lab {
     pub fn new(n: usize) -> Lab {
         static LABS: AtomicU32 = AtomicU32::new(0);
         let number = LABS.fetch_add(1, Ordering::Relaxed);
-        let subnet = u8::try_from((std::process::id() + number) % 250 + 1).expect("below 251");
         // Interface names are at most 15 bytes: keep the prefix short.
         let prefix = format!("fg{}x{number}", std::process::id() % 100_000);
         let bridge = format!("{prefix}b");
@@ -62,6 +62,29 @@ impl Lab {
                 .spawn()
                 .expect("watchdog"),
         };
+        // The subnet: the first 10.77.K.0/24 no lab of any process holds,
+        // taken (the test's own address on it) under a lock that every
+        // test process takes, so that two never pick the same one.
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(std::env::temp_dir().join("fencegate-netns.lock"))
+            .expect("the labs' lock file");
+        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .expect("the labs' lock");
+        let taken = String::from_utf8(
+            Command::new("ip")
+                .args(["-o", "-4", "addr"])
+                .output()
+                .expect("ip addr")
+                .stdout,
+        )
+        .expect("utf-8");
+        let subnet = (1..=250u8)
+            .find(|k| !taken.contains(&format!("10.77.{k}.")))
+            .expect("a free 10.77.K.0/24");
         run(&["ip", "netns", "add", &bridge]);
         run(&["ip", "-n", &bridge, "link", "add", "br0", "type", "bridge"]);
         run(&["ip", "-n", &bridge, "link", "set", "br0", "up"]);
