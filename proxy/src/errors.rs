@@ -302,18 +302,28 @@ pub fn storage(msg: impl Into<String>) -> S3Error {
     )
 }
 
+/// How [`from_backend`]'s message starts.
+const BACKEND_FAILED: &str = "the backend S3 server failed or is unreachable";
+
 /// Makes a backend error safe to return: a failure to reach the backend
 /// and the backend's own 5xx become 503 so clients retry (the SDK adapter
 /// reports transport failures as 500 InternalError); 4xx, and 501
-/// NotImplemented for an operation the backend lacks, pass through.
+/// NotImplemented for an operation the backend lacks, pass through. An
+/// error it already made passes through too: a path that maps twice does
+/// not say it twice.
 pub fn from_backend(mut e: S3Error) -> S3Error {
     match e.status_code() {
         Some(s) if !s.is_server_error() => e,
         // The backend does not have the operation: retrying will not help.
         Some(StatusCode::NOT_IMPLEMENTED) if e.code() == &S3ErrorCode::NotImplemented => e,
+        Some(StatusCode::SERVICE_UNAVAILABLE)
+            if e.message().is_some_and(|m| m.starts_with(BACKEND_FAILED)) =>
+        {
+            e
+        }
         _ => {
             let msg = format!(
-                "the backend S3 server failed or is unreachable ({}); retry",
+                "{BACKEND_FAILED} ({}); retry",
                 e.message().unwrap_or(e.code().as_str())
             );
             e.set_code(S3ErrorCode::ServiceUnavailable);
@@ -342,6 +352,25 @@ pub fn is_condition_failure(e: &S3Error) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_backend_failure_mapped_twice_says_it_once() {
+        let once = || {
+            super::from_backend(s3s::S3Error::with_message(
+                s3s::S3ErrorCode::InternalError,
+                "the backend cannot be reached: client error (Connect)",
+            ))
+        };
+        let twice = super::from_backend(once());
+        let once = once();
+        assert_eq!(twice.message(), once.message());
+        assert_eq!(
+            once.message(),
+            Some(
+                "the backend S3 server failed or is unreachable (the backend cannot be reached: client error (Connect)); retry"
+            )
+        );
+    }
+
     use super::*;
 
     /// What the comment on [`storage`] says: a retryable 503, not a 500.

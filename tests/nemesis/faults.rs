@@ -2,7 +2,7 @@
 //! seed that replays, applied alone or two at once, each for a bounded
 //! time, then healed.
 
-use crate::cluster::{Cluster, ETCD, NODES, PROXIES, STORE};
+use crate::cluster::{Cluster, ETCD, LOCKSVC, NODES, PROXIES, STORE};
 use fencegate_testkit::history::Fault;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
@@ -25,19 +25,23 @@ pub enum Kind {
     Loss,
     /// A node's link down.
     LinkDown,
+    /// A proxy or a lease service cut from the clients (both ways), the
+    /// rest of the system untouched: requests in flight stall half-open.
+    ClientsCut,
     /// SIGSTOP, then SIGCONT.
     Paused,
     /// kill -9, then started again.
     Killed,
 }
 
-pub const KINDS: [Kind; 8] = [
+pub const KINDS: [Kind; 9] = [
     Kind::Isolated,
     Kind::Minority,
     Kind::Bridge,
     Kind::Asymmetric,
     Kind::Loss,
     Kind::LinkDown,
+    Kind::ClientsCut,
     Kind::Paused,
     Kind::Killed,
 ];
@@ -194,6 +198,18 @@ impl Nemesis {
                 lab.set_link(node, false);
                 (
                     format!("{}'s link down", node_name(node)),
+                    vec![node],
+                    Vec::new(),
+                )
+            }
+            Kind::ClientsCut => {
+                let node = *[LOCKSVC.as_slice(), PROXIES.as_slice()]
+                    .concat()
+                    .choose(&mut self.rng)
+                    .expect("nodes");
+                lab.cut_client(node);
+                (
+                    format!("{} cut from the clients", node_name(node)),
                     vec![node],
                     Vec::new(),
                 )

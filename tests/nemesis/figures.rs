@@ -5,7 +5,7 @@
 //! waits.
 
 use crate::clients::{Attempt, Service};
-use crate::cluster::PROXIES;
+use crate::cluster::{PROXIES, STORE};
 use crate::faults::{Injected, KINDS, Kind};
 use fencegate_testkit::history::{History, Violation};
 use std::collections::BTreeMap;
@@ -114,8 +114,12 @@ pub fn report(
         "| fault | times | writes answered, minority side | majority side | lease calls answered, minority side | majority side | etcd writes answered, minority side | majority side | a cut-off proxy admits again after the heal (median / max) |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
-    for kind in KINDS {
-        let of_kind: Vec<&Injected> = injected.iter().filter(|i| i.kind == kind).collect();
+    // The store is one node: a fault on it is everyone's, shown apart.
+    for (kind, store) in KINDS.iter().flat_map(|&k| [(k, false), (k, true)]) {
+        let of_kind: Vec<&Injected> = injected
+            .iter()
+            .filter(|i| i.kind == kind && i.nodes.contains(&STORE) == store)
+            .collect();
         if of_kind.is_empty() {
             continue;
         }
@@ -141,7 +145,15 @@ pub fn report(
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            describe(kind),
+            format!(
+                "{}{}",
+                describe(kind),
+                if store {
+                    ", the store on the cut-off side"
+                } else {
+                    ""
+                }
+            ),
             of_kind.len(),
             shares[0][0],
             shares[0][1],
@@ -178,6 +190,7 @@ fn describe(kind: Kind) -> &'static str {
         Kind::Asymmetric => "a node's answers dropped (asymmetric)",
         Kind::Loss => "random loss of 10–50 % into a node",
         Kind::LinkDown => "a node's link down",
+        Kind::ClientsCut => "a proxy or lease service cut from the clients",
         Kind::Paused => "a process stopped (SIGSTOP)",
         Kind::Killed => "a process killed (kill -9), then restarted",
     }

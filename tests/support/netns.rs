@@ -11,7 +11,8 @@
 //! itself is a client on the same bridge, through one more veth pair at
 //! `10.77.K.254`. Everything is
 //! removed when the lab is dropped, and by a watchdog process if the test
-//! binary exits without dropping it.
+//! binary exits without dropping it (killed, say): the processes left in
+//! its namespaces are killed first, then the namespaces removed.
 
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
@@ -29,6 +30,8 @@ pub struct Node {
 pub struct Lab {
     prefix: String,
     pub nodes: Vec<Node>,
+    /// The test process's own address on the bridge.
+    pub client: Ipv4Addr,
     watchdog: std::process::Child,
 }
 
@@ -50,11 +53,13 @@ impl Lab {
         let mut lab = Lab {
             prefix: prefix.clone(),
             nodes: Vec::new(),
+            client: Ipv4Addr::UNSPECIFIED,
             watchdog: Command::new("sh")
                 .arg("-c")
                 .arg(format!(
                     "while kill -0 {} 2>/dev/null; do sleep 1; done; \
-                     for ns in $(ip netns list | awk '{{print $1}}' | grep '^{prefix}'); do ip netns del $ns; done; \
+                     for ns in $(ip netns list | awk '{{print $1}}' | grep '^{prefix}'); do \
+                       ip netns pids $ns | xargs -r kill -9; ip netns del $ns; done; \
                      ip link del {prefix}c 2>/dev/null",
                     std::process::id()
                 ))
@@ -97,11 +102,8 @@ impl Lab {
             lab.nodes.push(Node { netns, ip });
         }
         // The test process, on the bridge too.
-        lab.join(
-            None,
-            &format!("{prefix}c"),
-            Ipv4Addr::new(10, 77, subnet, 254),
-        );
+        lab.client = Ipv4Addr::new(10, 77, subnet, 254);
+        lab.join(None, &format!("{prefix}c"), lab.client);
         lab
     }
 
@@ -170,6 +172,18 @@ impl Lab {
             &format!(
                 "add rule inet nemesis out ip daddr {} drop",
                 self.nodes[to].ip
+            ),
+        );
+    }
+
+    /// Drops every packet between node `i` and the test process, both
+    /// ways (rules in the node's namespace: the test's own is left alone).
+    pub fn cut_client(&self, i: usize) {
+        self.nft(
+            i,
+            &format!(
+                "add rule inet nemesis out ip daddr {c} drop\nadd rule inet nemesis in ip saddr {c} drop",
+                c = self.client
             ),
         );
     }
