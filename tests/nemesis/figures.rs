@@ -144,16 +144,13 @@ pub fn report(
         }
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            format!(
-                "{}{}",
-                describe(kind),
-                if store {
-                    ", the store on the cut-off side"
-                } else {
-                    ""
-                }
-            ),
+            "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            describe(kind),
+            if store {
+                ", the store on the cut-off side"
+            } else {
+                ""
+            },
             of_kind.len(),
             shares[0][0],
             shares[0][1],
