@@ -22,9 +22,16 @@ done
 scripts/install-test-tools.sh
 export FENCEGATE_MOTO_SERVER="$PWD/.venv/bin/moto_server"
 mkdir -p "$(dirname "$report")"
-echo "==> nemesis: $minutes minutes, seed $seed, report $report (history: $report.history)"
+# The run's own copy of the binary: a rebuild meanwhile does not change
+# what a restarted process runs.
+cargo build --bin fencegate
+cargo test --no-run --test nemesis
+binary="$(dirname "$(realpath -m "$report")")/fencegate-$(git rev-parse --short HEAD)"
+cp target/debug/fencegate "$binary"
+echo "==> nemesis: $minutes minutes, seed $seed, commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with local changes)')"
+echo "    report $report (history: $report.history), binary $binary"
 FENCEGATE_NEMESIS_MINUTES="$minutes" FENCEGATE_NEMESIS_SEED="$seed" \
-  FENCEGATE_NEMESIS_REPORT="$(realpath -m "$report")" \
+  FENCEGATE_NEMESIS_REPORT="$(realpath -m "$report")" FENCEGATE_NEMESIS_BINARY="$binary" \
   cargo test --test nemesis a_seeded_nemesis_run_checks_out -- --nocapture
 echo "==> report: $report"
 cat "$report"

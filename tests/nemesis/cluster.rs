@@ -179,7 +179,11 @@ impl Cluster {
                 )
             })
             .collect();
-        let fencegate = env!("CARGO_BIN_EXE_fencegate");
+        // A long run may name a copy of the binary, so that a rebuild
+        // meanwhile does not change what a restarted process runs.
+        let fencegate = std::env::var("FENCEGATE_NEMESIS_BINARY")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencegate").to_owned());
+        let fencegate = fencegate.as_str();
         for &i in &LOCKSVC {
             let config = support::write_file(
                 dir.path(),
