@@ -9,7 +9,8 @@
 //! 2. [`Property::NoStaleCommit`]: no write below a token already admitted
 //!    (answered 200) when it was sent is admitted or found in the store;
 //! 3. [`Property::NoLostWrite`]: every write answered 200 is in the store
-//!    (or was overwritten by one at least as new), and nothing refused is;
+//!    (or was overwritten by one at least as new), and nothing refused, or
+//!    answered "nothing was written", is;
 //! 4. [`Property::OneHolder`]: no two clients were told they hold one lock
 //!    at overlapping times, beyond the clock-drift bound.
 //!
@@ -56,6 +57,9 @@ pub struct Write {
     pub sent: Duration,
     pub answered: Duration,
     pub status: Option<u16>,
+    /// The answer said that nothing was written (a 4xx, or a 5xx whose
+    /// message promises it): then nothing may be.
+    pub nothing_written: bool,
 }
 
 /// An object as the store holds it at the end, read directly.
@@ -260,9 +264,9 @@ impl History {
                 (_, Some(None)) => {
                     Some(format!("the store holds a payload no write sent at {key}"))
                 }
-                (_, Some(Some(s))) if refused(s.status) => {
-                    Some(format!("{s:?} was refused, yet the store holds it"))
-                }
+                (_, Some(Some(s))) if refused(s.status) || s.nothing_written => Some(format!(
+                    "{s:?} was answered that nothing was written, yet the store holds it"
+                )),
                 (Some(w), Some(Some(s))) if s.token < w.token => Some(format!(
                     "{w:?} was answered 200, but the store holds an older token's write {s:?}"
                 )),
@@ -422,6 +426,7 @@ mod tests {
             sent: ms(sent),
             answered: ms(sent + 5),
             status,
+            nothing_written: matches!(status, Some(400..=499)),
         }
     }
 
@@ -503,6 +508,22 @@ mod tests {
         let h = History {
             store: vec![stored(&refused)],
             writes: vec![refused],
+            ..History::default()
+        };
+        assert_eq!(properties(&h), vec![Property::NoLostWrite]);
+        // A 503 may have written (its outcome is unknown), unless it said
+        // it did not.
+        let mut unknown = write("u", 3, 0, Some(503));
+        let h = History {
+            store: vec![stored(&unknown)],
+            writes: vec![unknown.clone()],
+            ..History::default()
+        };
+        assert_eq!(properties(&h), vec![]);
+        unknown.nothing_written = true;
+        let h = History {
+            store: vec![stored(&unknown)],
+            writes: vec![unknown],
             ..History::default()
         };
         assert_eq!(properties(&h), vec![Property::NoLostWrite]);

@@ -107,15 +107,15 @@ async fn call(
 
 /// PUTs `payload` to `url` with `token`: the status (None: no answer
 /// within 30 s, more than a raise that waits out an unreachable replica:
-/// `ack_timeout` and `lock_delay`, 26 s). A refusal's S3 code is counted
-/// in `rec`.
+/// `ack_timeout` and `lock_delay`, 26 s), and whether the answer said
+/// nothing was written. A refusal's S3 code is counted in `rec`.
 async fn put(
     http: &reqwest::Client,
     url: String,
     token: &str,
     payload: &str,
     rec: &Recorder,
-) -> Option<u16> {
+) -> (Option<u16>, bool) {
     match http
         .put(url)
         .header("fencing-token", token)
@@ -124,20 +124,21 @@ async fn put(
         .send()
         .await
     {
-        Ok(r) if r.status().is_success() => Some(r.status().as_u16()),
+        Ok(r) if r.status().is_success() => (Some(r.status().as_u16()), false),
         Ok(r) => {
             let status = r.status().as_u16();
             let text = r.text().await.unwrap_or_default();
             let code = crate::support::xml_value(&text, "Code").unwrap_or_default();
             let message = crate::support::xml_value(&text, "Message").unwrap_or_default();
+            let nothing = status < 500 || message.contains("nothing was written");
             rec.refusals
                 .lock()
                 .entry((status, code))
                 .or_insert((0, message))
                 .0 += 1;
-            Some(status)
+            (Some(status), nothing)
         }
-        Err(_) => None,
+        Err(_) => (None, false),
     }
 }
 
@@ -206,7 +207,7 @@ pub async fn holder(
                 let payload = format!("c{c} n{n} t{}", h.token);
                 let sent = rec.now();
                 let url = format!("{}/{BUCKET}/{key}", proxies[via]);
-                let status = put(&http, url, &h.signed, &payload, rec).await;
+                let (status, nothing_written) = put(&http, url, &h.signed, &payload, rec).await;
                 rec.attempt(Service::Write, PROXIES[via], sent, status);
                 rec.writes.lock().push(Write {
                     client: c,
@@ -217,6 +218,7 @@ pub async fn holder(
                     sent,
                     answered: rec.now(),
                     status,
+                    nothing_written,
                 });
                 // A holder told it is stale stops writing and takes the
                 // lease again.
@@ -360,7 +362,7 @@ pub async fn probe(locksvc: Vec<String>, proxies: Vec<String>, rec: &Recorder, u
                     let payload = format!("probe p{p} n{n} t{token}");
                     let sent = rec.now();
                     let url = format!("{url}/{PROBE_BUCKET}/{key}");
-                    let status = put(&http, url, &signed, &payload, rec).await;
+                    let (status, nothing_written) = put(&http, url, &signed, &payload, rec).await;
                     rec.attempt(Service::Probe, PROXIES[p], sent, status);
                     rec.writes.lock().push(Write {
                         client: PROBE_CLIENT,
@@ -371,6 +373,7 @@ pub async fn probe(locksvc: Vec<String>, proxies: Vec<String>, rec: &Recorder, u
                         sent,
                         answered: rec.now(),
                         status,
+                        nothing_written,
                     });
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
