@@ -13,6 +13,9 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"
+# Includes tests/nemesis.rs: a 3-minute nemesis pass over the whole system
+# in network namespaces, a new seed each run (printed; replay it with
+# scripts/nemesis.sh --seed S --minutes 3).
 cargo test --workspace --locked
 # The lease-service tests again, every lease service on a 3-member etcd
 # cluster instead of SQLite (tests/support/etcd.rs): the same tests, not a

@@ -266,6 +266,14 @@ impl Nemesis {
         for node in self.paused.drain(..) {
             cluster.proc(node).resume();
         }
+        // What others need at their start first: etcd, then the store
+        // (a proxy probes it), then the lease services and proxies.
+        self.killed.sort_by_key(|&n| match n {
+            STORE => 3,
+            _ if ETCD.contains(&n) => 0,
+            _ => n + 10,
+        });
+        self.killed.dedup();
         for node in self.killed.drain(..) {
             cluster.proc(node).start();
         }
