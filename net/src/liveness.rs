@@ -2,23 +2,29 @@
 //! partition, a host that lost power, a stopped VM, a NAT that forgot the
 //! flow): such a connection stays "open" to the kernel for as long as
 //! nothing is sent, and a sent segment is retransmitted for about 15
-//! minutes before the kernel gives up. One policy for every connection
-//! fencegate opens or accepts:
+//! minutes before the kernel gives up. One policy for the connections
+//! fencegate accepts and those its HTTP clients open:
 //!
 //! - **TCP keepalive**: after [`IDLE`] without traffic, a probe every
 //!   [`INTERVAL`], and the connection is dropped after [`RETRIES`]
 //!   unanswered ones: an idle connection to a dead peer is gone within
 //!   `IDLE + RETRIES × INTERVAL` (11 s), so the next request opens a new
 //!   one instead of waiting on the dead one;
-//! - **TCP user timeout** on connections fencegate opens: data sent and not
-//!   acknowledged for [`USER_TIMEOUT`] drops the connection (a request
-//!   sent into a partition fails in 15 s at most, whatever the
-//!   application's own timeout).
+//! - **TCP user timeout** on the HTTP clients' connections (lease and fence
+//!   clients): data sent and not acknowledged for [`USER_TIMEOUT`] drops
+//!   the connection (a request sent into a partition fails in 15 s at
+//!   most, whatever the application's own timeout).
 //!
-//! Application timeouts still bound each request (`backend.timeout_secs`,
-//! etcd's `request_timeout`, the lease client's); these bound what no
-//! request is waiting on: idle pooled connections, watch streams, an
-//! acquire waiting in line for a client that is gone.
+//! Application timeouts still bound each request (etcd's
+//! `request_timeout`, the lease client's); these bound what no request is
+//! waiting on: idle pooled connections, watch streams, an acquire waiting
+//! in line for a client that is gone.
+//!
+//! Not the proxy's connections to the store: there a kernel abort of a
+//! write's connection would read as an answered error, while the store,
+//! cut off but alive, may still commit what it was sent. Those stay with
+//! `backend.timeout_secs` and the unanswered-write path
+//! (`proxy/src/send_check.rs`).
 
 use std::time::Duration;
 
@@ -41,15 +47,6 @@ fn keepalive() -> socket2::TcpKeepalive {
 pub fn accepted(tcp: &tokio::net::TcpStream) {
     let sock = socket2::SockRef::from(tcp);
     let _ = sock.set_tcp_keepalive(&keepalive());
-}
-
-/// The policy on a connector fencegate opens connections with (the
-/// proxy's connections to the store).
-pub fn connector(http: &mut hyper_util::client::legacy::connect::HttpConnector) {
-    http.set_keepalive(Some(IDLE));
-    http.set_keepalive_interval(Some(INTERVAL));
-    http.set_keepalive_retries(Some(RETRIES));
-    http.set_tcp_user_timeout(Some(USER_TIMEOUT));
 }
 
 /// The policy on an HTTP client (the lease client, the fence client).

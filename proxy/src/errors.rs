@@ -352,15 +352,17 @@ pub fn is_condition_failure(e: &S3Error) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_backend_failure_mapped_twice_says_it_once() {
         let once = || {
-            super::from_backend(s3s::S3Error::with_message(
-                s3s::S3ErrorCode::InternalError,
+            from_backend(S3Error::with_message(
+                S3ErrorCode::InternalError,
                 "the backend cannot be reached: client error (Connect)",
             ))
         };
-        let twice = super::from_backend(once());
+        let twice = from_backend(once());
         let once = once();
         assert_eq!(twice.message(), once.message());
         assert_eq!(
@@ -370,8 +372,6 @@ mod tests {
             )
         );
     }
-
-    use super::*;
 
     /// What the comment on [`storage`] says: a retryable 503, not a 500.
     #[test]

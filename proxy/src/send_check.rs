@@ -173,8 +173,7 @@ where
 }
 
 /// The store's TLS (or plain) connector, with the proxy's one policy:
-/// system roots for `https://`, nothing loaded for `http://`; TCP
-/// keepalive and user timeout as `fencegate_net::liveness` says.
+/// system roots for `https://`, nothing loaded for `http://`.
 pub fn store_connector(
     https: bool,
     connect_timeout: Duration,
@@ -196,9 +195,12 @@ pub fn store_connector(
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
-    // A store gone silent (a partition, a dead host) drops its pooled
-    // connections within seconds, not the kernel's 15 minutes.
-    fencegate_net::liveness::connector(&mut http);
+    // No TCP keepalive and no user timeout here, unlike fencegate's other
+    // connections (fencegate_net::liveness): a kernel abort of a write's
+    // connection would be an answered error, and let a raise through at
+    // once, while the store, cut off but alive, may still commit what it
+    // was sent. A silent store is `backend.timeout_secs`' business: an
+    // unanswered write, held until it can no longer land.
     Ok(tls.https_or_http().enable_http1().wrap_connector(http))
 }
 
