@@ -1563,3 +1563,203 @@ mod fencegate_dev_keys {
     pub const BACKEND_AK: &str = "fencegate-backend";
     pub const BACKEND_SK: &str = "fencegate-backend-secret";
 }
+
+/// The lean forwarder's own connections to the store, against a store
+/// that misbehaves at the HTTP level ([`support::relay::quirky_store`] in
+/// front of a real s3s-fs): each case is answered as the store meant, and
+/// no PUT goes to the store twice.
+mod store_connections {
+    use super::*;
+    use support::relay::{QUIRKY, Quirk, QuirkLog, quirky_store};
+
+    /// Between two writes: time for a close to arrive.
+    const PAUSE: Duration = Duration::from_millis(50);
+
+    /// A proxy in front of the store behind `quirk`, and the store.
+    async fn quirky(quirk: Quirk) -> (Backend, Proxy, Arc<QuirkLog>, tempfile::TempDir) {
+        let backend = Backend::start(BackendKind::S3Fs).await;
+        backend.create_bucket(BUCKET).await;
+        let (relay, log) = quirky_store(
+            backend.endpoint.trim_start_matches("http://").to_owned(),
+            quirk,
+        )
+        .await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, "");
+        let proxy = Proxy::start(&toml, dir.path()).await;
+        log.turn_on();
+        (backend, proxy, log, dir)
+    }
+
+    /// The status and body of a PUT through the proxy.
+    async fn put_answer(proxy: &Proxy, key: &str, body: Vec<u8>) -> (u16, String) {
+        let r = http()
+            .put(format!("{}/{BUCKET}/{key}", proxy.url))
+            .header("fencing-token", signed(BUCKET, 1))
+            .body(body)
+            .send()
+            .await
+            .expect("the proxy answers");
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    }
+
+    async fn lean_forwards(proxy: &Proxy) -> f64 {
+        proxy
+            .metric("fencegate_proxy_lean_forwards_total", &[])
+            .await
+            .unwrap_or(0.0)
+    }
+
+    /// Writes `n` keys one after the other, `pause` between them, each
+    /// answered 200 and stored once; the connection of each.
+    async fn writes_land_once(
+        quirk: Quirk,
+        n: usize,
+        pause: Duration,
+    ) -> (Arc<QuirkLog>, Vec<u64>) {
+        let (backend, proxy, log, _dir) = quirky(quirk).await;
+        let mut connections = Vec::new();
+        for i in 0..n {
+            let key = format!("{QUIRKY}k{i}");
+            let body = format!("body {i}");
+            let (status, text) = put_answer(&proxy, &key, body.clone().into_bytes()).await;
+            assert_eq!(status, 200, "{quirk:?}: write {i} answered {text}");
+            assert_stored(&backend, BUCKET, &key, body.as_bytes(), 1).await;
+            let puts = log.puts_of(&format!("/{BUCKET}/{key}"));
+            assert_eq!(puts.len(), 1, "{quirk:?}: write {i} reached the store once");
+            connections.extend(puts);
+            tokio::time::sleep(pause).await;
+        }
+        assert!(
+            lean_forwards(&proxy).await >= n as f64,
+            "{quirk:?}: the writes took the lean path"
+        );
+        (log, connections)
+    }
+
+    /// A store that closes connections while they are idle: each write goes
+    /// out on a connection that is open, once, whether the close arrived
+    /// long before the next write (50 ms) or just before it (no pause).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_closing_idle_connections_gets_each_write_once() {
+        for pause in [PAUSE, Duration::ZERO] {
+            let (_, connections) = writes_land_once(Quirk::ClosesWhenIdle, 30, pause).await;
+            let mut distinct = connections.clone();
+            distinct.dedup();
+            assert_eq!(
+                distinct.len(),
+                30,
+                "each write on a new connection: {connections:?}"
+            );
+        }
+    }
+
+    /// `Connection: close`: the connection is not used again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_saying_close_ends_its_connection() {
+        let (_, connections) = writes_land_once(Quirk::SaysClose, 6, PAUSE).await;
+        let mut distinct = connections.clone();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            6,
+            "each write on a new connection: {connections:?}"
+        );
+    }
+
+    /// A `100 Continue` before the answer is not the answer, and the
+    /// connection is kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_continue_before_the_answer_is_passed_over() {
+        let (_, connections) = writes_land_once(Quirk::Continues, 6, PAUSE).await;
+        assert!(
+            connections.windows(2).any(|w| w[0] == w[1]),
+            "a connection takes more than one write: {connections:?}"
+        );
+    }
+
+    /// An answer whose body ends early: its status was the store's word
+    /// (the write landed), and its connection is not used again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_that_ends_early_is_the_stores_word_and_ends_its_connection() {
+        let (_, connections) = writes_land_once(Quirk::EndsEarly, 4, PAUSE).await;
+        let mut distinct = connections.clone();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            4,
+            "each write on a new connection: {connections:?}"
+        );
+    }
+
+    /// A chunked error body is read whole: the store's message reaches the
+    /// client, and the connection takes the next write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_chunked_error_is_read_and_its_connection_kept() {
+        let (backend, proxy, log, _dir) = quirky(Quirk::ChunkedError).await;
+        let mut connections = Vec::new();
+        for i in 0..3 {
+            let key = format!("{QUIRKY}k{i}");
+            let (status, text) = put_answer(&proxy, &key, b"refused".to_vec()).await;
+            assert_eq!(status, 503, "{text}");
+            assert!(
+                text.contains("chunked slow down"),
+                "the store's message: {text}"
+            );
+            assert_eq!(stored(&backend, BUCKET, &key).await, None, "nothing landed");
+            connections.extend(log.puts_of(&format!("/{BUCKET}/{key}")));
+        }
+        assert_eq!(
+            connections.len(),
+            3,
+            "each write sent once: {connections:?}"
+        );
+        assert!(
+            connections.windows(2).any(|w| w[0] == w[1]),
+            "a connection takes more than one write: {connections:?}"
+        );
+    }
+
+    /// An error body too large to keep (1 MiB) is a retryable 503, and its
+    /// connection is not used again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_oversized_error_body_is_a_503_and_ends_its_connection() {
+        let (backend, proxy, log, _dir) = quirky(Quirk::HugeError).await;
+        let mut connections = Vec::new();
+        for i in 0..3 {
+            let key = format!("{QUIRKY}k{i}");
+            let (status, text) = put_answer(&proxy, &key, b"refused".to_vec()).await;
+            assert_eq!(status, 503, "{text}");
+            assert!(text.contains("500"), "the store's status is named: {text}");
+            assert_eq!(stored(&backend, BUCKET, &key).await, None, "nothing landed");
+            connections.extend(log.puts_of(&format!("/{BUCKET}/{key}")));
+        }
+        let mut distinct = connections.clone();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            3,
+            "each write on a new connection: {connections:?}"
+        );
+    }
+
+    /// A store that answers before the body ends (a 4 MiB body refused on
+    /// its head): the client gets the store's answer, not a failure of the
+    /// send, and the next write is answered the same way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_answering_before_the_body_ends_is_heard() {
+        let (backend, proxy, log, _dir) = quirky(Quirk::AnswersEarly).await;
+        for i in 0..2 {
+            let key = format!("{QUIRKY}big{i}");
+            let (status, text) = put_answer(&proxy, &key, vec![b'x'; 4 << 20]).await;
+            assert_eq!(status, 403, "{text}");
+            assert!(text.contains("AccessDenied"), "the store's code: {text}");
+            assert_eq!(stored(&backend, BUCKET, &key).await, None, "nothing landed");
+            assert_eq!(log.puts_of(&format!("/{BUCKET}/{key}")).len(), 1);
+        }
+        assert!(
+            lean_forwards(&proxy).await >= 2.0,
+            "the writes took the lean path"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! The lean forwarder: the hot object upload (PutObject) sent to the store
-//! with a pooled hyper client and signed by [`sign`], instead of
-//! through the SDK's pipeline, which is most of the proxy's CPU per small
-//! PUT (BENCHMARKS.md).
+//! on connections of its own ([`conns`]: hyper's connection-level client,
+//! kept per serving thread) and signed by [`sign`], instead of through the
+//! SDK's pipeline, which is most of the proxy's CPU per small PUT
+//! (BENCHMARKS.md).
 //!
 //! It forwards what the SDK path forwards, from the client's own headers:
 //! an allowlist of the headers that describe the object (content headers,
@@ -15,6 +16,7 @@
 //! of known length sent as is. An `aws-chunked` body (s3s decoded it, and
 //! its trailing checksum would need re-encoding) goes through the SDK.
 
+mod conns;
 mod sign;
 
 use crate::config::BackendConfig;
@@ -24,14 +26,13 @@ use crate::header_names::{X_AMZ_CONTENT_SHA256, X_AMZ_META_FENCING_TOKEN};
 use crate::send_check::{Check, CheckedConnector};
 use crate::tokens::TOKEN_METADATA_KEY;
 use bytes::Bytes;
+use conns::Conns;
 use futures::TryStreamExt;
 use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, Method, Request, StatusCode, Uri};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use s3s::dto::{ETag, ETagCondition, PutObjectOutput, StreamingBlob};
 use s3s::{S3Error, S3ErrorCode, S3Response, S3Result};
 use std::time::Duration;
@@ -45,25 +46,19 @@ pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 /// A PutObject prepared for the store, without its conditions and body.
 #[derive(Debug, Clone)]
 pub struct LeanPut {
-    uri: Uri,
+    /// Where it goes: the store's authority (a virtual-hosted bucket's own),
+    /// and the path in origin form.
+    authority: Authority,
+    path: PathAndQuery,
     headers: HeaderMap,
 }
 
-/// The store's connections, each write on them checked last
-/// (`send_check`).
-type Connector = CheckedConnector<hyper_rustls::HttpsConnector<HttpConnector>>;
-type Pool = Client<Connector, Body>;
-
-/// The pooled client and what it signs with.
+/// The store's connections and what it signs with.
 pub struct Lean {
-    /// The pool of requests made off the serving threads.
-    client: Pool,
-    /// Each serving thread gets a pool of its own (see [`Lean::pool`]),
-    /// made with this connector; `id` tells this forwarder's pools apart.
-    connector: Connector,
-    id: usize,
-    /// `scheme://authority`, and the base path (without a trailing `/`).
-    scheme: http::uri::Scheme,
+    /// Connections to the store, each write on them checked last
+    /// (`send_check`).
+    conns: Conns,
+    /// The store's authority, and the base path (without a trailing `/`).
     authority: http::uri::Authority,
     base_path: String,
     path_style: bool,
@@ -84,7 +79,7 @@ impl std::fmt::Debug for Lean {
 /// body that ended early, or is not what it was signed as (a cut or a
 /// stalled body is told apart by the gate, before this answer is used).
 fn body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut cause = e.source();
+    let mut cause = Some(e);
     while let Some(err) = cause {
         if let Some(h) = err.downcast_ref::<hyper::Error>()
             && h.is_user()
@@ -96,16 +91,6 @@ fn body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         cause = err.source();
     }
     None
-}
-
-/// A keep-alive pool of backend connections.
-fn pool(connector: Connector) -> Pool {
-    Client::builder(TokioExecutor::new())
-        // With a timer, idle connections are closed after the timeout, not
-        // only found stale when next checked out.
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
 }
 
 /// Whether a header of the client's request describes the object, and is
@@ -198,7 +183,6 @@ impl Lean {
             check,
             CONNECT_TIMEOUT,
         );
-        let client = pool(connector.clone());
         let host = HeaderValue::from_str(authority.as_str())?;
         for (what, text) in [
             ("access key", &config.access_key),
@@ -209,12 +193,8 @@ impl Lean {
                 "the backend {what} is not header text"
             );
         }
-        static IDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         Ok(Lean {
-            client,
-            connector,
-            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            scheme,
+            conns: Conns::new(connector, scheme),
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
             path_style: config.path_style,
@@ -223,29 +203,13 @@ impl Lean {
         })
     }
 
-    /// The connection pool for a request made here. On a serving thread
-    /// (`fencegate_net::workers`) it is that thread's own, so a request
-    /// and its backend connection run on one event loop; elsewhere the
-    /// shared one.
-    fn pool(&self) -> Pool {
-        thread_local! {
-            static POOLS: std::cell::RefCell<Vec<(usize, Pool)>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        if fencegate_net::workers::current().is_none() {
-            return self.client.clone();
-        }
-        POOLS.with_borrow_mut(|pools| {
-            if let Some((_, p)) = pools.iter().find(|(id, _)| *id == self.id) {
-                return p.clone();
-            }
-            let p = pool(self.connector.clone());
-            pools.push((self.id, p.clone()));
-            p
-        })
-    }
-
-    /// The URI of `bucket/key` on the store, its path written once.
-    fn object_uri(&self, bucket: &str, key: &str) -> Result<Uri, http::Error> {
+    /// Where `bucket/key` is on the store: the authority to connect to,
+    /// and the path, written once.
+    fn object_uri(
+        &self,
+        bucket: &str,
+        key: &str,
+    ) -> Result<(Authority, PathAndQuery), http::Error> {
         let mut path = String::with_capacity(self.base_path.len() + bucket.len() + key.len() + 16);
         path.push_str(&self.base_path);
         let authority = if self.path_style {
@@ -260,13 +224,8 @@ impl Lean {
         };
         path.push('/');
         crate::sigv4::uri_encode(&mut path, key);
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(authority);
-        parts.path_and_query = Some(http::uri::PathAndQuery::from_maybe_shared(
-            bytes::Bytes::from(path),
-        )?);
-        Ok(Uri::from_parts(parts)?)
+        let path = PathAndQuery::from_maybe_shared(bytes::Bytes::from(path))?;
+        Ok((authority, path))
     }
 
     /// The parts of a PutObject to `bucket/key` that do not change between
@@ -279,7 +238,7 @@ impl Lean {
         length: u64,
         token: u64,
     ) -> S3Result<LeanPut> {
-        let uri = self
+        let (authority, path) = self
             .object_uri(bucket, key)
             .map_err(|e| s3s::s3_error!(InvalidArgument, "cannot address the key: {e}"))?;
         let mut headers = HeaderMap::with_capacity(client.len() + 4);
@@ -294,7 +253,11 @@ impl Lean {
         if let Some(sha256) = client.get(X_AMZ_CONTENT_SHA256) {
             headers.insert(X_AMZ_CONTENT_SHA256, sha256.clone());
         }
-        Ok(LeanPut { uri, headers })
+        Ok(LeanPut {
+            authority,
+            path,
+            headers,
+        })
     }
 
     /// Sends `put` with the conditions the gate's `Writer` chose, written
@@ -306,7 +269,11 @@ impl Lean {
         dialect: Dialect,
         body: Body,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let LeanPut { uri, mut headers } = put;
+        let LeanPut {
+            authority,
+            path,
+            mut headers,
+        } = put;
         if let Some(v) = if_match
             .as_ref()
             .and_then(|c| dialect.if_match(crate::op::Op::PutObject, &condition(c)))
@@ -320,47 +287,47 @@ impl Lean {
             };
             headers.insert(http::header::IF_NONE_MATCH, v);
         }
-        headers.insert(http::header::HOST, self.host(&uri)?);
+        headers.insert(http::header::HOST, self.host(&authority)?);
         self.signer
-            .sign(&Method::PUT, uri.path(), &mut headers, crate::clock::now())
+            .sign(&Method::PUT, path.path(), &mut headers, crate::clock::now())
             .map_err(internal)?;
         let mut request = Request::new(body);
         *request.method_mut() = Method::PUT;
-        *request.uri_mut() = uri;
+        *request.uri_mut() = Uri::from(path);
         *request.headers_mut() = headers;
-        let response = self
-            .pool()
-            .request(request)
-            .await
-            .map_err(|e| match body_error(&e) {
-                Some(cause) => s3s::s3_error!(
-                    IncompleteBody,
-                    "the request body could not be sent whole: {cause}"
-                ),
-                None => errors::from_backend(S3Error::with_message(
-                    S3ErrorCode::InternalError,
-                    format!("the backend cannot be reached: {e}"),
-                )),
-            })?;
+        let (response, conn) =
+            self.conns
+                .send(&authority, request)
+                .await
+                .map_err(|e| match body_error(&*e) {
+                    Some(cause) => s3s::s3_error!(
+                        IncompleteBody,
+                        "the request body could not be sent whole: {cause}"
+                    ),
+                    None => errors::from_backend(S3Error::with_message(
+                        S3ErrorCode::InternalError,
+                        format!("the backend cannot be reached: {e}"),
+                    )),
+                })?;
         let (parts, body) = response.into_parts();
         if !parts.status.is_success() {
-            return Err(store_error(parts.status, body).await);
+            let (error, read_whole) = store_error(parts.status, body).await;
+            conn.put_back(read_whole, &parts.headers);
+            return Err(error);
         }
         let output = put_output(&parts.headers);
-        // Drain what is left so the connection goes back to the pool.
-        let _ = body.collect().await;
+        // Read what is left, so the connection can take the next request.
+        let read_whole = body.collect().await.is_ok();
+        conn.put_back(read_whole, &parts.headers);
         Ok(S3Response::new(output))
     }
 
-    /// The `host` header of a request to `uri`: the store's own, kept,
-    /// for a path-style store.
-    fn host(&self, uri: &Uri) -> S3Result<HeaderValue> {
+    /// The `host` header of a request to `authority`: the store's own,
+    /// kept, for a path-style store.
+    fn host(&self, authority: &Authority) -> S3Result<HeaderValue> {
         if self.path_style {
             return Ok(self.host.clone());
         }
-        let authority = uri
-            .authority()
-            .ok_or_else(|| internal("the store's URI has no host"))?;
         HeaderValue::from_str(authority.as_str()).map_err(internal)
     }
 }
@@ -437,13 +404,14 @@ pub fn full(bytes: Bytes) -> Body {
 }
 
 /// The store's error answer as an S3 error: its code and message when the
-/// body is S3's XML, else the status alone.
-async fn store_error(status: StatusCode, body: hyper::body::Incoming) -> S3Error {
+/// body is S3's XML, else the status alone; and whether the body was read
+/// whole (one over 64 KiB is not: its connection is closed).
+async fn store_error(status: StatusCode, body: hyper::body::Incoming) -> (S3Error, bool) {
     const MAX: usize = 64 * 1024;
     let limited = http_body_util::Limited::new(body, MAX);
-    let text = match limited.collect().await {
-        Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
-        Err(_) => String::new(),
+    let (text, read_whole) = match limited.collect().await {
+        Ok(b) => (String::from_utf8_lossy(&b.to_bytes()).into_owned(), true),
+        Err(_) => (String::new(), false),
     };
     let tag = |name: &str| {
         let open = format!("<{name}>");
@@ -460,7 +428,7 @@ async fn store_error(status: StatusCode, body: hyper::body::Incoming) -> S3Error
     let message = tag("Message").unwrap_or_else(|| format!("the backend answered {status}"));
     let mut e = S3Error::with_message(code, message);
     e.set_status_code(status);
-    errors::from_backend(e)
+    (errors::from_backend(e), read_whole)
 }
 
 fn internal(e: impl std::fmt::Display) -> S3Error {

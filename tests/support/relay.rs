@@ -384,3 +384,248 @@ impl Link {
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
+
+/// How a [`quirky_store`] misbehaves, at the HTTP level, in front of a real
+/// store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quirk {
+    /// Closes each connection after its first answer, as a store closes
+    /// idle connections, without saying so.
+    ClosesWhenIdle,
+    /// Says `Connection: close` in each answer, and closes after it.
+    SaysClose,
+    /// Sends `100 Continue` before each answer.
+    Continues,
+    /// Answers `200` with a longer body announced than it sends, then
+    /// closes: a response that ends early.
+    EndsEarly,
+    /// Answers each request with a `503 SlowDown` in a chunked body.
+    ChunkedError,
+    /// Answers each request with a `500` whose body is 1 MiB.
+    HugeError,
+    /// Answers `403 AccessDenied` as soon as a request's head arrives,
+    /// before its body, reads the body and closes.
+    AnswersEarly,
+}
+
+/// What a [`quirky_store`] saw: each request line, with the number of the
+/// connection it came on (from 0, in the order they were accepted).
+#[derive(Debug, Default)]
+pub struct QuirkLog {
+    /// Off, a new connection is relayed as it is (the proxy's start, and
+    /// its probe of the store, meet the store itself).
+    on: AtomicBool,
+    connections: AtomicU64,
+    pub requests: parking_lot::Mutex<Vec<(u64, String)>>,
+}
+
+impl QuirkLog {
+    /// Connections accepted from now on misbehave.
+    pub fn turn_on(&self) {
+        self.on.store(true, Ordering::Release);
+    }
+
+    /// The connections each `PUT` of `path` came on, in order.
+    pub fn puts_of(&self, path: &str) -> Vec<u64> {
+        let line = format!("PUT {path} ");
+        self.requests
+            .lock()
+            .iter()
+            .filter(|(_, l)| l.starts_with(&line))
+            .map(|(c, _)| *c)
+            .collect()
+    }
+}
+
+/// Reads one HTTP/1.1 head (up to the blank line) from `from`, with what
+/// was read past it left in `buf`. None at the end of the stream.
+async fn read_head(from: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head: Vec<u8> = buf.drain(..end + 4).collect();
+            return Some(String::from_utf8_lossy(&head).into_owned());
+        }
+        let mut chunk = [0u8; 16 * 1024];
+        match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The `n` bytes of a body from `from`, after what `buf` holds; None if
+/// `from` ended first.
+async fn take_body(from: &mut OwnedReadHalf, buf: &mut Vec<u8>, n: usize) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    while buf.len() < n {
+        let mut chunk = [0u8; 64 * 1024];
+        match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(m) => buf.extend_from_slice(&chunk[..m]),
+        }
+    }
+    Some(buf.drain(..n).collect())
+}
+
+/// An S3 error answer with `status` and `code`, its XML in a
+/// `content-length` body.
+fn error_answer(status: &str, code: &str, message: &str, close: bool) -> Vec<u8> {
+    let xml = format!(
+        "<?xml version=\"1.0\"?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    let close = if close { "connection: close\r\n" } else { "" };
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/xml\r\ncontent-length: {}\r\n{close}\r\n{xml}",
+        xml.len()
+    )
+    .into_bytes()
+}
+
+/// What a [`quirky_store`] sends back for a `PUT` the store answered
+/// `answer` (head) with `body`.
+fn quirked(quirk: Quirk, answer: &str, body: &[u8]) -> Vec<u8> {
+    match quirk {
+        Quirk::SaysClose => [
+            answer
+                .replacen("\r\n", "\r\nConnection: close\r\n", 1)
+                .as_bytes(),
+            body,
+        ]
+        .concat(),
+        Quirk::Continues => [
+            b"HTTP/1.1 100 Continue\r\n\r\n".as_slice(),
+            answer.as_bytes(),
+            body,
+        ]
+        .concat(),
+        Quirk::EndsEarly => {
+            let kept: Vec<&str> = answer
+                .trim_end()
+                .split("\r\n")
+                .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
+                .collect();
+            format!(
+                "{}\r\ncontent-length: 100\r\n\r\ncut short",
+                kept.join("\r\n")
+            )
+            .into_bytes()
+        }
+        _ => [answer.as_bytes(), body].concat(),
+    }
+}
+
+/// What the key of a `PUT` a [`quirky_store`] misbehaves on contains.
+pub const QUIRKY: &str = "quirky-";
+
+/// A store at `target` behind a relay that misbehaves as `quirk` says, on
+/// connections accepted once [`QuirkLog::turn_on`] was called, and on
+/// `PUT`s of keys with [`QUIRKY`] in them only (the proxy's other requests
+/// pass as they are). It serves
+/// one request at a time per connection, each with a `Content-Length`
+/// body (as the proxy sends them). The errors are answered by the relay:
+/// their `PUT`s never reach the store. The relay's URL, and what it saw.
+pub async fn quirky_store(target: String, quirk: Quirk) -> (String, Arc<QuirkLog>) {
+    use tokio::io::AsyncWriteExt;
+    let log = Arc::new(QuirkLog::default());
+    let seen = log.clone();
+    let url = relayed(target, move |(mut cr, mut cw, mut sr, mut sw)| {
+        let seen = seen.clone();
+        async move {
+            if !seen.on.load(Ordering::Acquire) {
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                return;
+            }
+            let connection = seen.connections.fetch_add(1, Ordering::AcqRel);
+            let (mut from_client, mut from_store) = (Vec::new(), Vec::new());
+            while let Some(head) = read_head(&mut cr, &mut from_client).await {
+                let line = head.lines().next().unwrap_or_default().to_owned();
+                let put = line.starts_with("PUT ") && line.contains(QUIRKY);
+                let head_request = line.starts_with("HEAD ");
+                seen.requests.lock().push((connection, line));
+                let length = super::content_length(&head);
+                let refusal = match quirk {
+                    Quirk::AnswersEarly => Some(error_answer(
+                        "403 Forbidden",
+                        "AccessDenied",
+                        "refused before the body",
+                        true,
+                    )),
+                    Quirk::HugeError => Some(
+                        format!(
+                            "HTTP/1.1 500 Internal Server Error\r\ncontent-length: {}\r\n\r\n{}",
+                            1 << 20,
+                            "x".repeat(1 << 20)
+                        )
+                        .into_bytes(),
+                    ),
+                    Quirk::ChunkedError => {
+                        let xml = "<?xml version=\"1.0\"?><Error><Code>SlowDown</Code>\
+                                   <Message>chunked slow down</Message></Error>";
+                        let (a, b) = xml.split_at(20);
+                        Some(
+                            format!(
+                                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/xml\r\n\
+                                 transfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+                                a.len(),
+                                b.len()
+                            )
+                            .into_bytes(),
+                        )
+                    }
+                    _ => None,
+                };
+                if let Some(refusal) = refusal.filter(|_| put) {
+                    if quirk == Quirk::AnswersEarly {
+                        // Answered before the body; the body is read, and
+                        // the connection closed.
+                        let _ = cw.write_all(&refusal).await;
+                        let _ = take_body(&mut cr, &mut from_client, length).await;
+                        return;
+                    }
+                    if take_body(&mut cr, &mut from_client, length).await.is_none()
+                        || cw.write_all(&refusal).await.is_err()
+                    {
+                        return;
+                    }
+                    continue;
+                }
+                let Some(body) = take_body(&mut cr, &mut from_client, length).await else {
+                    return;
+                };
+                if sw.write_all(head.as_bytes()).await.is_err() || sw.write_all(&body).await.is_err() {
+                    return;
+                }
+                let Some(answer) = read_head(&mut sr, &mut from_store).await else {
+                    return;
+                };
+                let bodiless =
+                    head_request || [" 204 ", " 304 "].iter().any(|s| answer.contains(s));
+                let length = if bodiless { 0 } else { super::content_length(&answer) };
+                let Some(answer_body) = take_body(&mut sr, &mut from_store, length).await else {
+                    return;
+                };
+                let out = if put {
+                    quirked(quirk, &answer, &answer_body)
+                } else {
+                    [answer.as_bytes(), &answer_body].concat()
+                };
+                if cw.write_all(&out).await.is_err() {
+                    return;
+                }
+                let closes = matches!(
+                    quirk,
+                    Quirk::ClosesWhenIdle | Quirk::SaysClose | Quirk::EndsEarly
+                );
+                if put && closes {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    (url, log)
+}
