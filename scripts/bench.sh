@@ -4,7 +4,10 @@
 #   scripts/bench.sh                 # everything, full sizes (~10 min on 2 cores)
 #   scripts/bench.sh --quick         # smoke test: small counts, no 1 GiB object
 #   scripts/bench.sh --out my.json   # any fencegate-bench option is passed on
-#   scripts/bench.sh small           # one section: small | large | roundtrips | locksvc | etcd | growth | ha | replicas | all
+#   scripts/bench.sh small           # one section: small | large | roundtrips | locksvc | etcd | growth | ha | replicas | scale | all
+#   scripts/bench.sh report A.json B.json
+#                                    # renders today's tables from results files into
+#                                    # BENCHMARKS.md, between its "today" markers; runs nothing
 #   scripts/bench.sh small --baseline-rev 4c198a5
 #                                    # before/after: the fencegate of commit 4c198a5 runs as
 #                                    # a fourth variant in the same rounds as direct, nginx
@@ -46,9 +49,31 @@ fi
 # ports; the bench starts its own, with its own configuration, on ephemeral
 # ports and does not use them.
 
+if [ "${1:-}" = report ]; then
+    shift
+    [ "$#" -gt 0 ] || { echo "bench.sh report: name the results files (JSON)" >&2; exit 2; }
+    cargo build --release -p fencegate-bench
+    tables=$(mktemp)
+    trap 'rm -f "$tables"' EXIT
+    "${CARGO_TARGET_DIR:-target}/release/fencegate-bench" report "$@" > "$tables"
+    python3 - "$tables" BENCHMARKS.md <<'PY'
+import sys
+tables, doc = open(sys.argv[1]).read(), sys.argv[2]
+text = open(doc).read()
+begin, end = "<!-- today:begin -->", "<!-- today:end -->"
+if begin not in text or end not in text:
+    sys.exit(f"{doc} has no {begin} ... {end} markers")
+head, rest = text.split(begin, 1)
+_, tail = rest.split(end, 1)
+open(doc, "w").write(head + begin + "\n" + tables + end + tail)
+PY
+    echo "bench.sh: wrote today's tables into BENCHMARKS.md from $*" >&2
+    exit 0
+fi
+
 section=all
 case "${1:-}" in
-    small | large | roundtrips | locksvc | etcd | growth | ha | replicas | all)
+    small | large | roundtrips | locksvc | etcd | growth | ha | replicas | scale | all)
         section=$1
         shift
         ;;
@@ -92,4 +117,7 @@ cargo build --release -p fencegate --bin fencegate
 cargo build --release -p fencegate-bench
 
 bin="${CARGO_TARGET_DIR:-target}/release"
+# The results name the tree they were measured at.
+FENCEGATE_BENCH_COMMIT=$(git describe --always --dirty 2>/dev/null || echo unknown)
+export FENCEGATE_BENCH_COMMIT
 exec "$bin/fencegate-bench" "$section" --fencegate "$bin/fencegate" "${args[@]}"

@@ -319,9 +319,14 @@ impl ProxyProc {
 
 /// `Fencing-Token` for lock [`BUCKET`], signed as the lease service would.
 pub fn token(n: u64) -> anyhow::Result<http::HeaderValue> {
+    signed_token(BUCKET, n)
+}
+
+/// `Fencing-Token` `n` for `lock`, signed as the lease service would.
+pub fn signed_token(lock: &str, n: u64) -> anyhow::Result<http::HeaderValue> {
     let keys = fencegate_core::TokenKeys::new(vec![crate::util::SIGNING_KEY.as_bytes().to_vec()])
         .ok_or_else(|| anyhow::anyhow!("invalid signing key"))?;
-    let lock = fencegate_core::LockName::new(BUCKET)?;
+    let lock = fencegate_core::LockName::new(lock)?;
     Ok(http::HeaderValue::from_str(
         &keys.sign(&lock, n).to_string(),
     )?)

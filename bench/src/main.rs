@@ -15,7 +15,9 @@ mod large;
 mod leases;
 mod nginx;
 mod replicas;
+mod report;
 mod roundtrips;
+mod scale;
 mod small;
 mod util;
 
@@ -118,8 +120,26 @@ enum Command {
     /// through a replica against a single proxy, and raise latency with 2
     /// and 3 replicas.
     Replicas,
+    /// One proxy as what it remembers grows, end to end: a million
+    /// distinct keys (RSS, PUTs/s), and 10,000 locks of 10 scopes each
+    /// (PUT latency, RSS, the status page).
+    Scale {
+        /// Distinct keys written (default 1,000,000; 50,000 with --quick).
+        #[arg(long)]
+        keys: Option<usize>,
+        /// Locks configured, each with 10 scopes (default 10,000; 1,000
+        /// with --quick).
+        #[arg(long)]
+        locks: Option<usize>,
+    },
     /// Everything above (the lease service with etcd side by side).
     All,
+    /// Today's tables for BENCHMARKS.md, in Markdown, from results files;
+    /// runs nothing.
+    Report {
+        /// JSON files written by runs, in the order the tables should come.
+        files: Vec<PathBuf>,
+    },
     /// Redraws the small section's chart from a results file (to --chart,
     /// default: FROM with .svg); runs nothing.
     Chart {
@@ -165,6 +185,8 @@ struct Results {
     ha: Option<ha::HaReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     replicas: Option<replicas::ReplicaReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scale: Option<scale::ScaleReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -172,6 +194,10 @@ struct Report {
     tool: &'static str,
     command: Vec<String>,
     mode: &'static str,
+    /// The commit of the tree the binaries were built from (`git describe
+    /// --always --dirty`, as `scripts/bench.sh` passes it in
+    /// `FENCEGATE_BENCH_COMMIT`), if known.
+    commit: Option<String>,
     started_unix_s: u64,
     elapsed_s: f64,
     /// /proc/loadavg at the end (compare with machine.loadavg_start).
@@ -381,6 +407,9 @@ fn targets(r: &Results) -> Vec<Target> {
             });
         }
     }
+    if let Some(s) = &r.scale {
+        scale::targets(s, &mut t);
+    }
     if let Some(r) = &r.replicas {
         for l in &r.steady {
             t.push(Target {
@@ -443,6 +472,16 @@ async fn main() -> anyhow::Result<()> {
     let g = &cli.global;
     if let Command::Chart { from } = &cli.command {
         return redraw_chart(from, g.chart.as_deref());
+    }
+    if let Command::Report { files } = &cli.command {
+        let mut runs = Vec::new();
+        for f in files {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read {}", f.display()))?;
+            runs.push((serde_json::from_str(&text)?, f.display().to_string()));
+        }
+        print!("{}", report::render(&runs));
+        return Ok(());
     }
     let quick = g.quick;
     let fencegate = g.fencegate.clone().unwrap_or_else(util::default_fencegate);
@@ -571,6 +610,7 @@ async fn main() -> anyhow::Result<()> {
         tool: "fencegate-bench",
         command: std::env::args().collect(),
         mode: if quick { "quick" } else { "full" },
+        commit: std::env::var("FENCEGATE_BENCH_COMMIT").ok(),
         started_unix_s: unix_now(),
         elapsed_s: 0.0,
         loadavg_end: String::new(),
@@ -589,11 +629,30 @@ async fn main() -> anyhow::Result<()> {
         Command::Etcd => (false, false, false, true, false, true),
         Command::Growth => (false, false, false, false, true, false),
         Command::Ha | Command::Replicas => (false, false, false, false, false, false),
+        Command::Scale { .. } => (false, false, false, false, false, false),
         Command::All => (true, true, true, true, true, true),
-        Command::Chart { .. } => unreachable!("handled above"),
+        Command::Chart { .. } | Command::Report { .. } => unreachable!("handled above"),
     };
     let do_ha = matches!(cli.command, Command::Ha | Command::All);
     let do_replicas = matches!(cli.command, Command::Replicas | Command::All);
+    let scale_opts = {
+        let (keys, locks) = match &cli.command {
+            Command::Scale { keys, locks } => (*keys, *locks),
+            _ => (None, None),
+        };
+        let keys = keys.unwrap_or(if quick { 50_000 } else { 1_000_000 });
+        scale::ScaleOpts {
+            keys,
+            key_windows: 20,
+            direct_share: 0.2,
+            concurrency: 16,
+            rewrites: 2_000.min(keys / 4),
+            locks: locks.unwrap_or(if quick { 1_000 } else { 10_000 }),
+            scopes_per_lock: 10,
+            lock_windows: 10,
+            page_loads: 5,
+        }
+    };
     let replica_opts = replicas::ReplicaOpts {
         concurrency: g.concurrency.clone(),
         rounds: g.rounds.unwrap_or(if quick { 2 } else { 6 }),
@@ -681,6 +740,12 @@ async fn main() -> anyhow::Result<()> {
             replicas::run(&ctx, &replica_opts).await,
             replicas::print,
         );
+        checkpoint(&mut report)?;
+    }
+
+    if matches!(cli.command, Command::Scale { .. } | Command::All) {
+        report.results.scale =
+            report.kept("scale", scale::run(&ctx, &scale_opts).await, scale::print);
         checkpoint(&mut report)?;
     }
 

@@ -617,7 +617,16 @@ impl ProxyConfig {
                 ));
             }
         }
+        // Where each (bucket, prefix) was first seen: one pass, for a
+        // hundred thousand scopes as for three.
+        let mut first = std::collections::HashMap::with_capacity(self.scopes.len());
         for (i, s) in self.scopes.iter().enumerate() {
+            if let Some(j) = first.insert((s.bucket.as_str(), s.prefix.as_str()), i) {
+                p.push(format!(
+                    "scopes[{j}] and scopes[{i}] both cover bucket {:?} prefix {:?}",
+                    s.bucket, s.prefix
+                ));
+            }
             if s.bucket.is_empty() || s.bucket.contains('/') {
                 p.push(format!(
                     "scopes[{i}].bucket {:?} is not a bucket name (empty, or contains '/': put key prefixes in `prefix`)",
@@ -626,14 +635,6 @@ impl ProxyConfig {
             }
             if let Err(e) = LockName::new(&s.lock) {
                 p.push(format!("scopes[{i}].lock: {e}"));
-            }
-            for (j, other) in self.scopes.iter().enumerate().skip(i + 1) {
-                if other.bucket == s.bucket && other.prefix == s.prefix {
-                    p.push(format!(
-                        "scopes[{i}] and scopes[{j}] both cover bucket {:?} prefix {:?}",
-                        s.bucket, s.prefix
-                    ));
-                }
             }
         }
         if !(1..=100_000).contains(&self.fence_events_kept) {

@@ -237,10 +237,15 @@ pub fn unknown_upload(upload_id: &str) -> S3Error {
 }
 
 /// 403: a write outside every configured scope.
-pub fn unscoped(bucket: &str, key: &str, configured: &[String]) -> S3Error {
+pub fn unscoped(bucket: &str, key: &str, configured: &[String], more: usize) -> S3Error {
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
     Code::ScopeUndefined.error(
         format!(
-            "s3://{bucket}/{key} is in no fence scope, and writes outside the scopes are denied; configured scopes: {}",
+            "s3://{bucket}/{key} is in no fence scope, and writes outside the scopes are denied; configured scopes: {}{more}",
             configured.join(", ")
         ),
     )

@@ -16,6 +16,9 @@ use serde_json::Value;
 pub const EVENTS_SHOWN: usize = 100;
 /// Locks shown on the page, by name (`/_fencegate/status` has them all).
 const LOCKS_SHOWN: usize = 500;
+/// Configured scopes named on the page, in all and per lock.
+const SCOPES_SHOWN: usize = 50;
+const SCOPES_SHOWN_PER_LOCK: usize = 10;
 
 /// Renders the page from the status JSON, the newest events and how many
 /// were recorded in all.
@@ -98,10 +101,15 @@ fn locks(status: &Value) -> Markup {
     let total = locks.len();
     locks.sort_by(|a, b| a["lock"].as_str().cmp(&b["lock"].as_str()));
     locks.truncate(LOCKS_SHOWN);
-    let scopes = status["configured_scopes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let no_scopes = Vec::new();
+    let scopes = status["configured_scopes"].as_array().unwrap_or(&no_scopes);
+    // Each lock's scopes, gathered once (a lock per row would scan them all).
+    let mut of_lock: std::collections::HashMap<&str, Vec<&str>> = std::collections::HashMap::new();
+    for s in scopes {
+        if let (Some(lock), Some(scope)) = (s["lock"].as_str(), s["scope"].as_str()) {
+            of_lock.entry(lock).or_default().push(scope);
+        }
+    }
     html! {
         section #locks {
             h2 { "Locks" }
@@ -121,9 +129,12 @@ fn locks(status: &Value) -> Markup {
                                 td data-field="max" { (l["max_token"]) }
                                 td { (l["holder"].as_str().unwrap_or("unknown")) }
                                 td.mono {
-                                    @let mine: Vec<&Value> = scopes.iter().filter(|s| s["lock"].as_str() == Some(name)).collect();
-                                    @if mine.is_empty() { "bucket " (name) } @else {
-                                        @for s in mine { (s["scope"].as_str().unwrap_or("")) " " }
+                                    @match of_lock.get(name) {
+                                        None => { "bucket " (name) }
+                                        Some(mine) => {
+                                            @for s in mine.iter().take(SCOPES_SHOWN_PER_LOCK) { (s) " " }
+                                            @if mine.len() > SCOPES_SHOWN_PER_LOCK { "and " (mine.len() - SCOPES_SHOWN_PER_LOCK) " more" }
+                                        }
                                     }
                                 }
                             }
@@ -133,8 +144,11 @@ fn locks(status: &Value) -> Markup {
             }
             @if !scopes.is_empty() {
                 p.meta { "Configured scopes: "
-                    @for s in &scopes {
+                    @for s in scopes.iter().take(SCOPES_SHOWN) {
                         code { (s["scope"].as_str().unwrap_or("")) } " → " (s["lock"].as_str().unwrap_or("")) "; "
+                    }
+                    @if scopes.len() > SCOPES_SHOWN {
+                        "and " (scopes.len() - SCOPES_SHOWN) " more (all: " code { "/_fencegate/status" } ")"
                     }
                 }
             }

@@ -114,7 +114,7 @@ impl Refusal<'_> {
                 upload_id,
                 by_token,
             } => errors::upload_not_yours(upload_id, *by_token),
-            Refusal::Unscoped(u) => errors::unscoped(&u.bucket, &u.key, &u.configured),
+            Refusal::Unscoped(u) => errors::unscoped(&u.bucket, &u.key, &u.configured, u.more),
         }
     }
 }
@@ -352,6 +352,7 @@ mod tests {
             bucket: "other".into(),
             key: "k".into(),
             configured: vec!["b".into()],
+            more: 0,
         };
         let cases = [
             (

@@ -73,7 +73,7 @@ pub async fn may_delete_batch(gate: &Gate, bucket: &str, token: RequestToken<'_>
             Err(_) => {}
         }
     }
-    Err(refusal.unwrap_or_else(|| errors::unscoped(bucket, "", &[])))
+    Err(refusal.unwrap_or_else(|| errors::unscoped(bucket, "", &[], 0)))
 }
 
 pub async fn delete_objects(
