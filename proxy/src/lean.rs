@@ -32,7 +32,6 @@ use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, Method, Request, StatusCode, Uri};
 use http_body_util::BodyExt;
-use http_body_util::combinators::BoxBody;
 use s3s::dto::{ETag, ETagCondition, PutObjectOutput, StreamingBlob};
 use s3s::{S3Error, S3ErrorCode, S3Response, S3Result};
 use std::time::Duration;
@@ -40,8 +39,7 @@ use std::time::Duration;
 /// Longest a connection to the store may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A request body the lean client sends.
-pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+pub use conns::Body;
 
 /// A PutObject prepared for the store, without its conditions and body.
 #[derive(Debug, Clone)]

@@ -17,7 +17,6 @@
 //!   check on each write of bytes, the connect bound. Nothing else is set
 //!   on the socket (no keepalive: see `send_check::store_connector`).
 
-use super::Body;
 use crate::send_check::CheckedConnector;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri};
@@ -35,6 +34,10 @@ pub const IDLE_FOR: Duration = Duration::from_secs(30);
 /// Most idle connections a thread keeps; a return past it closes the
 /// connection (the list is scanned at checkout).
 const MOST_IDLE: usize = 256;
+
+/// A request body the lean client sends.
+pub type Body =
+    http_body_util::combinators::BoxBody<bytes::Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The store's connector.
 pub type Connector = CheckedConnector<hyper_rustls::HttpsConnector<HttpConnector>>;
