@@ -87,14 +87,25 @@ pub async fn shutdown_signal() {
 }
 
 /// Reads and parses a service's TOML config (empty when no file is given).
-pub fn load_config<T>(
+///
+/// The text is parsed on a thread of its own, and what it yields is copied
+/// here. The parser builds a document several times the text's size (about
+/// 200 MiB for 100,000 `[[scopes]]`), and the parsed config's own strings
+/// lie among it, one or two on every page: the allocator can give back
+/// only whole pages, so without the copy the proxy kept nearly all of it
+/// for good (BENCHMARKS.md, "Do many locks and scopes stay flat?").
+pub fn load_config<T: Clone + Send>(
     path: &Option<PathBuf>,
-    parse: impl FnOnce(&str) -> anyhow::Result<T>,
+    parse: impl FnOnce(&str) -> anyhow::Result<T> + Send,
 ) -> anyhow::Result<T> {
     let name = path
         .as_ref()
         .map_or_else(|| "(defaults)".to_owned(), |p| p.display().to_string());
-    parse(&read_config_text(path)?).with_context(|| format!("invalid config {name}"))
+    let text = read_config_text(path)?;
+    let parsed = std::thread::scope(|s| s.spawn(|| parse(&text)).join())
+        .map_err(|_| anyhow::anyhow!("the config parser failed unexpectedly"))?
+        .with_context(|| format!("invalid config {name}"))?;
+    Ok(parsed.clone())
 }
 
 pub fn read_config_text(path: &Option<PathBuf>) -> anyhow::Result<String> {

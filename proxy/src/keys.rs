@@ -16,8 +16,10 @@
 //! cached, where an LRU would find none.
 
 mod cache;
+mod kept;
 
 use cache::ScanResistantCache;
+use kept::Kept;
 use parking_lot::Mutex;
 use std::borrow::Borrow;
 use std::cell::RefCell;
@@ -64,7 +66,7 @@ impl KeyId {
 #[derive(Debug, Clone)]
 pub struct Keys {
     locks: Arc<Mutex<HashMap<KeyId, Arc<AsyncMutex<()>>>>>,
-    cache: Arc<Mutex<ScanResistantCache<KeyId, Known>>>,
+    cache: Arc<Mutex<ScanResistantCache<KeyId, Kept>>>,
 }
 
 /// Exclusive hold on one key; released (and its lock entry dropped if no
@@ -160,13 +162,14 @@ impl KeyGuard {
     /// What the proxy last knew of this key, if it remembers.
     pub fn known(&self) -> Option<Known> {
         let mut cache = self.keys.cache.lock();
-        cache.get(&self.id).cloned()
+        cache.get(&self.id).map(Known::from)
     }
 
     /// Records what the store now holds.
     pub fn remember(&self, known: Known) {
+        let kept = Kept::from(known);
         let mut cache = self.keys.cache.lock();
-        cache.insert(self.id.clone(), known);
+        cache.insert(self.id.clone(), kept);
     }
 
     /// Forgets the key (after an unexpected answer from the store).

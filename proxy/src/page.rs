@@ -15,10 +15,11 @@ use serde_json::Value;
 /// Events shown on the page (the JSON has every kept one).
 pub const EVENTS_SHOWN: usize = 100;
 /// Locks shown on the page, by name (`/_fencegate/status` has them all).
-const LOCKS_SHOWN: usize = 500;
-/// Configured scopes named on the page, in all and per lock.
-const SCOPES_SHOWN: usize = 50;
-const SCOPES_SHOWN_PER_LOCK: usize = 10;
+pub const LOCKS_SHOWN: usize = 500;
+/// Configured scopes named on the page, in all and per lock (the viewers'
+/// status the page is rendered from carries no more).
+pub const SCOPES_SHOWN: usize = 50;
+pub const SCOPES_SHOWN_PER_LOCK: usize = 10;
 
 /// Renders the page from the status JSON, the newest events and how many
 /// were recorded in all.
@@ -103,13 +104,9 @@ fn locks(status: &Value) -> Markup {
     locks.truncate(LOCKS_SHOWN);
     let no_scopes = Vec::new();
     let scopes = status["configured_scopes"].as_array().unwrap_or(&no_scopes);
-    // Each lock's scopes, gathered once (a lock per row would scan them all).
-    let mut of_lock: std::collections::HashMap<&str, Vec<&str>> = std::collections::HashMap::new();
-    for s in scopes {
-        if let (Some(lock), Some(scope)) = (s["lock"].as_str(), s["scope"].as_str()) {
-            of_lock.entry(lock).or_default().push(scope);
-        }
-    }
+    let scopes_total = status["configured_scopes_total"]
+        .as_u64()
+        .map_or(scopes.len(), |n| usize::try_from(n).unwrap_or(usize::MAX));
     html! {
         section #locks {
             h2 { "Locks" }
@@ -129,12 +126,11 @@ fn locks(status: &Value) -> Markup {
                                 td data-field="max" { (l["max_token"]) }
                                 td { (l["holder"].as_str().unwrap_or("unknown")) }
                                 td.mono {
-                                    @match of_lock.get(name) {
-                                        None => { "bucket " (name) }
-                                        Some(mine) => {
-                                            @for s in mine.iter().take(SCOPES_SHOWN_PER_LOCK) { (s) " " }
-                                            @if mine.len() > SCOPES_SHOWN_PER_LOCK { "and " (mine.len() - SCOPES_SHOWN_PER_LOCK) " more" }
-                                        }
+                                    @let mine = l["scopes"].as_array().map(Vec::as_slice).unwrap_or_default();
+                                    @let total = l["scopes_total"].as_u64().unwrap_or(0);
+                                    @if mine.is_empty() { "bucket " (name) } @else {
+                                        @for s in mine { (s.as_str().unwrap_or("")) " " }
+                                        @if total > mine.len() as u64 { "and " (total - mine.len() as u64) " more" }
                                     }
                                 }
                             }
@@ -147,8 +143,8 @@ fn locks(status: &Value) -> Markup {
                     @for s in scopes.iter().take(SCOPES_SHOWN) {
                         code { (s["scope"].as_str().unwrap_or("")) } " → " (s["lock"].as_str().unwrap_or("")) "; "
                     }
-                    @if scopes.len() > SCOPES_SHOWN {
-                        "and " (scopes.len() - SCOPES_SHOWN) " more (all: " code { "/_fencegate/status" } ")"
+                    @if scopes_total > scopes.len().min(SCOPES_SHOWN) {
+                        "and " (scopes_total - scopes.len().min(SCOPES_SHOWN)) " more (all: " code { "/_fencegate/status" } ")"
                     }
                 }
             }

@@ -72,8 +72,8 @@ pub struct ScopeMap {
     scopes: Vec<Scope>,
     /// The same, by bucket.
     buckets: HashMap<String, BucketScopes>,
-    /// The first configured scope of each lock.
-    by_lock: HashMap<LockName, Scope>,
+    /// Each lock's configured scopes, in order.
+    by_lock: HashMap<LockName, Vec<Scope>>,
     unscoped: UnscopedPolicy,
 }
 
@@ -128,9 +128,9 @@ impl ScopeMap {
             .collect::<anyhow::Result<Vec<_>>>()?;
         scopes.sort_by_key(|s| std::cmp::Reverse(s.prefix.len()));
         let mut buckets: HashMap<String, BucketScopes> = HashMap::new();
-        let mut by_lock = HashMap::new();
+        let mut by_lock: HashMap<LockName, Vec<Scope>> = HashMap::new();
         for s in &scopes {
-            by_lock.entry(s.lock.clone()).or_insert_with(|| s.clone());
+            by_lock.entry(s.lock.clone()).or_default().push(s.clone());
             let b = buckets.entry(s.bucket.clone()).or_default();
             if b.lengths.last() != Some(&s.prefix.len()) {
                 b.lengths.push(s.prefix.len());
@@ -186,7 +186,7 @@ impl ScopeMap {
     /// A scope fenced by `lock`: the first configured one, else, where
     /// each bucket is fenced by the lock of its name, the bucket `lock`.
     pub fn for_lock(&self, lock: &LockName) -> Option<Scope> {
-        if let Some(s) = self.by_lock.get(lock) {
+        if let Some(s) = self.by_lock.get(lock).and_then(|s| s.first()) {
             return Some(s.clone());
         }
         self.resolve(lock.as_str(), "")
@@ -205,6 +205,11 @@ impl ScopeMap {
     /// The configured scopes (empty in bucket-per-scope mode).
     pub fn configured(&self) -> &[Scope] {
         &self.scopes
+    }
+
+    /// The configured scopes `lock` fences (none in bucket-per-scope mode).
+    pub fn of_lock(&self, lock: &LockName) -> &[Scope] {
+        self.by_lock.get(lock).map_or(&[], Vec::as_slice)
     }
 }
 

@@ -69,6 +69,11 @@ impl Scoping {
         self.scopes.configured()
     }
 
+    /// The configured scopes `lock` fences.
+    pub fn of_lock(&self, lock: &fencegate_core::LockName) -> &[Scope] {
+        self.scopes.of_lock(lock)
+    }
+
     /// The configured scopes in `bucket`, for `op` on the bucket (none in
     /// bucket-per-scope mode).
     pub fn scopes_in_bucket(&self, op: Op, bucket: &str) -> Vec<Scoped> {

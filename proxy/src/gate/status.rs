@@ -107,18 +107,41 @@ impl Gate {
             Some(c) => c.status().await,
             None => serde_json::Value::Null,
         };
+        let scope_json =
+            |s: &crate::scope::Scope| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()});
+        let configured = self.scoping.configured();
+        let mut locks: Vec<(String, u64)> = self
+            .fences
+            .snapshot()
+            .into_iter()
+            .filter(|(id, _)| !id.contains('/'))
+            .collect();
+        // The page shows the first locks by name, each with its scopes, and
+        // names the first few configured scopes: a hundred thousand of
+        // them would cost it more than the rest of the page.
+        if viewer {
+            locks.sort_unstable();
+        }
         let mut status = serde_json::json!({
             "cluster": cluster,
-            "locks": self.fences.snapshot().into_iter().filter(|(id, _)| !id.contains('/')).map(|(lock, max)| {
+            "locks": locks.into_iter().enumerate().map(|(i, (lock, max))| {
                 let mut l = serde_json::json!({"lock": lock, "max_token": max});
                 if viewer {
                     l["holder"] = self.refuser.events().owner_of(&lock, max).into();
+                    if i < crate::page::LOCKS_SHOWN
+                        && let Ok(name) = fencegate_core::LockName::new(&lock)
+                    {
+                        let mine = self.scoping.of_lock(&name);
+                        l["scopes"] = mine.iter().take(crate::page::SCOPES_SHOWN_PER_LOCK).map(|s| s.id.as_str()).collect::<Vec<_>>().into();
+                        l["scopes_total"] = mine.len().into();
+                    }
                 }
                 l
             }).collect::<Vec<_>>(),
             "inflight_writes": self.metrics.inflight_writes.get(),
             "lingering_writes": self.metrics.lingering_writes.get(),
-            "configured_scopes": self.scoping.configured().iter().map(|s| serde_json::json!({"scope": s.id, "lock": s.lock.as_str()})).collect::<Vec<_>>(),
+            "configured_scopes": configured.iter().take(if viewer { crate::page::SCOPES_SHOWN } else { usize::MAX }).map(scope_json).collect::<Vec<_>>(),
+            "configured_scopes_total": configured.len(),
             "probe": self.store.probe_reports().into_iter().map(|r| serde_json::json!({
                 "report": r,
                 "safe": r.safe(),
