@@ -561,7 +561,7 @@ pub(crate) fn targets(r: &ScaleReport, t: &mut Vec<crate::Target>) {
         });
         t.push(crate::Target {
             target: format!(
-                "scale: admission stays flat from {} to {} locks (proxy CPU per PUT)",
+                "scale: admission stays flat from {} to {} locks (proxy CPU per PUT, within 10 %)",
                 first.locks, last.locks
             ),
             measured: format!(
@@ -574,6 +574,18 @@ pub(crate) fn targets(r: &ScaleReport, t: &mut Vec<crate::Target>) {
                 last.proxy_rss_kib as f64 / 1024.0
             ),
             met: Some(last.proxy_cpu_us_per_rewrite <= 1.1 * first.proxy_cpu_us_per_rewrite),
+        });
+        t.push(crate::Target {
+            target: format!(
+                "scale: RSS stays flat from {} to {} locks (within 10 %)",
+                first.locks, last.locks
+            ),
+            measured: format!(
+                "{:.1} -> {:.1} MiB",
+                first.proxy_rss_kib as f64 / 1024.0,
+                last.proxy_rss_kib as f64 / 1024.0
+            ),
+            met: Some(last.proxy_rss_kib as f64 <= 1.1 * first.proxy_rss_kib as f64),
         });
     }
 }

@@ -16,33 +16,17 @@
 //! cached, where an LRU would find none.
 
 mod cache;
-mod kept;
+mod known;
 
 use cache::ScanResistantCache;
-use kept::Kept;
+use known::Kept;
+pub use known::Known;
 use parking_lot::Mutex;
 use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
-
-/// What the proxy knows of a stored object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Known {
-    Absent,
-    Present { etag: String, token: u64 },
-}
-
-impl Known {
-    /// The token of the stored object (0 when absent or untagged).
-    pub fn token(&self) -> u64 {
-        match self {
-            Known::Absent => 0,
-            Known::Present { token, .. } => *token,
-        }
-    }
-}
 
 /// A key's identity, `bucket/key` in one shared string (a bucket's name
 /// has no `/`): the lock map and the cache share one copy, and a write to

@@ -1,10 +1,26 @@
-//! What the ETag cache keeps of a key's [`Known`] state, compactly: the
-//! cache holds up to `etag_cache_entries` of them (100,000 by default), and
-//! most stores give a single-part object an MD5 ETag, 32 hex digits, which
-//! fit in 16 bytes where a `String` costs an allocation of its own
-//! (BENCHMARKS.md, "Does one proxy stay flat over a million keys?").
+//! What the proxy knows of a stored object ([`Known`]), and how the ETag
+//! cache keeps it ([`Kept`]), compactly: the cache holds up to
+//! `etag_cache_entries` of them (100,000 by default), and most stores give
+//! a single-part object an MD5 ETag, 32 hex digits, which fit in 16 bytes
+//! where a `String` costs an allocation of its own (BENCHMARKS.md, "Does
+//! one proxy stay flat over a million keys?").
 
-use super::Known;
+/// What the proxy knows of a stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Known {
+    Absent,
+    Present { etag: String, token: u64 },
+}
+
+impl Known {
+    /// The token of the stored object (0 when absent or untagged).
+    pub fn token(&self) -> u64 {
+        match self {
+            Known::Absent => 0,
+            Known::Present { token, .. } => *token,
+        }
+    }
+}
 
 /// A [`Known`] as the cache keeps it; turned back into the same `Known`.
 #[derive(Debug, Clone, PartialEq, Eq)]
