@@ -1637,6 +1637,47 @@ mod store_connections {
         (log, connections)
     }
 
+    /// Writes 3 keys the store refuses, each answered `status` with a body
+    /// saying `says`, nothing landing, each reaching the store once; the
+    /// connection of each.
+    async fn writes_refused_once(quirk: Quirk, status: u16, says: &str) -> Vec<u64> {
+        let (backend, proxy, log, _dir) = quirky(quirk).await;
+        let mut connections = Vec::new();
+        for i in 0..3 {
+            let key = format!("{QUIRKY}k{i}");
+            let (got, text) = put_answer(&proxy, &key, b"refused".to_vec()).await;
+            assert_eq!(got, status, "{quirk:?}: {text}");
+            assert!(text.contains(says), "{quirk:?}: the store's word: {text}");
+            assert_eq!(stored(&backend, BUCKET, &key).await, None, "nothing landed");
+            let puts = log.puts_of(&format!("/{BUCKET}/{key}"));
+            assert_eq!(puts.len(), 1, "{quirk:?}: write {i} reached the store once");
+            connections.extend(puts);
+        }
+        assert!(
+            lean_forwards(&proxy).await >= 3.0,
+            "{quirk:?}: the writes took the lean path"
+        );
+        connections
+    }
+
+    /// Every write came on a connection of its own.
+    fn each_on_its_own_connection(connections: &[u64]) {
+        let distinct: std::collections::HashSet<_> = connections.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            connections.len(),
+            "each write on a new connection: {connections:?}"
+        );
+    }
+
+    /// A connection took the next write after one.
+    fn a_connection_reused(connections: &[u64]) {
+        assert!(
+            connections.windows(2).any(|w| w[0] == w[1]),
+            "a connection takes more than one write: {connections:?}"
+        );
+    }
+
     /// A store that closes connections while they are idle: each write goes
     /// out on a connection that is open, once, whether the close arrived
     /// long before the next write (50 ms) or just before it (no pause).
@@ -1644,13 +1685,7 @@ mod store_connections {
     async fn a_store_closing_idle_connections_gets_each_write_once() {
         for pause in [PAUSE, Duration::ZERO] {
             let (_, connections) = writes_land_once(Quirk::ClosesWhenIdle, 30, pause).await;
-            let mut distinct = connections.clone();
-            distinct.dedup();
-            assert_eq!(
-                distinct.len(),
-                30,
-                "each write on a new connection: {connections:?}"
-            );
+            each_on_its_own_connection(&connections);
         }
     }
 
@@ -1658,13 +1693,7 @@ mod store_connections {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_answer_saying_close_ends_its_connection() {
         let (_, connections) = writes_land_once(Quirk::SaysClose, 6, PAUSE).await;
-        let mut distinct = connections.clone();
-        distinct.dedup();
-        assert_eq!(
-            distinct.len(),
-            6,
-            "each write on a new connection: {connections:?}"
-        );
+        each_on_its_own_connection(&connections);
     }
 
     /// A `100 Continue` before the answer is not the answer, and the
@@ -1672,10 +1701,7 @@ mod store_connections {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_continue_before_the_answer_is_passed_over() {
         let (_, connections) = writes_land_once(Quirk::Continues, 6, PAUSE).await;
-        assert!(
-            connections.windows(2).any(|w| w[0] == w[1]),
-            "a connection takes more than one write: {connections:?}"
-        );
+        a_connection_reused(&connections);
     }
 
     /// An answer whose body ends early: its status was the store's word
@@ -1683,64 +1709,23 @@ mod store_connections {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_answer_that_ends_early_is_the_stores_word_and_ends_its_connection() {
         let (_, connections) = writes_land_once(Quirk::EndsEarly, 4, PAUSE).await;
-        let mut distinct = connections.clone();
-        distinct.dedup();
-        assert_eq!(
-            distinct.len(),
-            4,
-            "each write on a new connection: {connections:?}"
-        );
+        each_on_its_own_connection(&connections);
     }
 
     /// A chunked error body is read whole: the store's message reaches the
     /// client, and the connection takes the next write.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_chunked_error_is_read_and_its_connection_kept() {
-        let (backend, proxy, log, _dir) = quirky(Quirk::ChunkedError).await;
-        let mut connections = Vec::new();
-        for i in 0..3 {
-            let key = format!("{QUIRKY}k{i}");
-            let (status, text) = put_answer(&proxy, &key, b"refused".to_vec()).await;
-            assert_eq!(status, 503, "{text}");
-            assert!(
-                text.contains("chunked slow down"),
-                "the store's message: {text}"
-            );
-            assert_eq!(stored(&backend, BUCKET, &key).await, None, "nothing landed");
-            connections.extend(log.puts_of(&format!("/{BUCKET}/{key}")));
-        }
-        assert_eq!(
-            connections.len(),
-            3,
-            "each write sent once: {connections:?}"
-        );
-        assert!(
-            connections.windows(2).any(|w| w[0] == w[1]),
-            "a connection takes more than one write: {connections:?}"
-        );
+        let connections = writes_refused_once(Quirk::ChunkedError, 503, "chunked slow down").await;
+        a_connection_reused(&connections);
     }
 
-    /// An error body too large to keep (1 MiB) is a retryable 503, and its
-    /// connection is not used again.
+    /// An error body too large to keep (1 MiB) is a retryable 503 naming
+    /// the store's status, and its connection is not used again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_oversized_error_body_is_a_503_and_ends_its_connection() {
-        let (backend, proxy, log, _dir) = quirky(Quirk::HugeError).await;
-        let mut connections = Vec::new();
-        for i in 0..3 {
-            let key = format!("{QUIRKY}k{i}");
-            let (status, text) = put_answer(&proxy, &key, b"refused".to_vec()).await;
-            assert_eq!(status, 503, "{text}");
-            assert!(text.contains("500"), "the store's status is named: {text}");
-            assert_eq!(stored(&backend, BUCKET, &key).await, None, "nothing landed");
-            connections.extend(log.puts_of(&format!("/{BUCKET}/{key}")));
-        }
-        let mut distinct = connections.clone();
-        distinct.dedup();
-        assert_eq!(
-            distinct.len(),
-            3,
-            "each write on a new connection: {connections:?}"
-        );
+        let connections = writes_refused_once(Quirk::HugeError, 503, "500").await;
+        each_on_its_own_connection(&connections);
     }
 
     /// A store that answers before the body ends (a 4 MiB body refused on

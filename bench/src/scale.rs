@@ -385,25 +385,20 @@ async fn scopes(ctx: &crate::Ctx, opts: &ScaleOpts) -> anyhow::Result<ScopesRepo
     for w in 0..opts.lock_windows {
         let locks = w * locks_per_window..((w + 1) * locks_per_window).min(opts.locks);
         let writes = locks.start * per..locks.end * per;
-        let (first, e1, f1, _) = write_all(
-            &client,
-            writes.clone(),
-            opts.concurrency,
-            &body,
-            key,
-            token.clone(),
-        )
-        .await;
+        // Each scope of the window's locks written once, then again.
+        let pass = || {
+            write_all(
+                &client,
+                writes.clone(),
+                opts.concurrency,
+                &body,
+                key,
+                token.clone(),
+            )
+        };
+        let (first, e1, f1, _) = pass().await;
         let cpu = cpu_ns(pid);
-        let (again, e2, f2, took) = write_all(
-            &client,
-            writes.clone(),
-            opts.concurrency,
-            &body,
-            key,
-            token.clone(),
-        )
-        .await;
+        let (again, e2, f2, took) = pass().await;
         let cpu = cpu_ns(pid).saturating_sub(cpu);
         let mut page_ns = Vec::new();
         let mut page_bytes = 0;
