@@ -1577,6 +1577,14 @@ mod store_connections {
 
     /// A proxy in front of the store behind `quirk`, and the store.
     async fn quirky(quirk: Quirk) -> (Backend, Proxy, Arc<QuirkLog>, tempfile::TempDir) {
+        quirky_with(quirk, "").await
+    }
+
+    /// [`quirky`], the proxy's `[backend]` given `backend_options`.
+    async fn quirky_with(
+        quirk: Quirk,
+        backend_options: &str,
+    ) -> (Backend, Proxy, Arc<QuirkLog>, tempfile::TempDir) {
         let backend = Backend::start(BackendKind::S3Fs).await;
         backend.create_bucket(BUCKET).await;
         let (relay, log) = quirky_store(
@@ -1585,9 +1593,11 @@ mod store_connections {
         )
         .await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, "");
+        let toml = proxy_toml_to(&backend, dir.path(), BUCKET, &relay, backend_options);
         let proxy = Proxy::start(&toml, dir.path()).await;
         log.turn_on();
+        // Time for the proxy to see its earlier connections close.
+        tokio::time::sleep(PAUSE).await;
         (backend, proxy, log, dir)
     }
 
@@ -1746,5 +1756,114 @@ mod store_connections {
             lean_forwards(&proxy).await >= 2.0,
             "the writes took the lean path"
         );
+    }
+
+    /// How long the proxy gives a store to commit a request it may hold
+    /// (`store_decision_secs`) in the tests of lost answers.
+    const DECISION: Duration = Duration::from_secs(4);
+
+    /// Guarantee 3 when the store's connection ends after the whole
+    /// request left and before its answer: `send` (a write of `key` with
+    /// token 1) is answered a retryable 503 saying the write may still
+    /// land, and the raise that comes next (token 2) waits until it can no
+    /// longer land; the store, which commits the request [`LATE`] after
+    /// closing, never changes after the raise was answered.
+    async fn a_lost_answer_holds_back_a_raise<F, Fut>(key: &str, send: F)
+    where
+        F: FnOnce(Proxy) -> Fut,
+        Fut: std::future::Future<Output = (Proxy, u16, String)>,
+    {
+        use support::relay::LATE;
+        let (backend, proxy, log, _dir) = quirky_with(
+            Quirk::CommitsUnanswered,
+            &format!("store_decision_secs = {}", DECISION.as_secs()),
+        )
+        .await;
+        assert_eq!(
+            put(&http(), &proxy.url, "warm", &signed(BUCKET, 1), "w").await,
+            Some(200)
+        );
+        let started = Instant::now();
+        let (proxy, status, text) = send(proxy).await;
+        assert_eq!(status, 503, "a retryable answer: {text}");
+        assert!(
+            text.contains("<Code>ServiceUnavailable</Code>") && text.contains("may still land"),
+            "{text}"
+        );
+        assert!(
+            started.elapsed() < LATE,
+            "answered when the connection ended"
+        );
+        assert_eq!(
+            log.puts_of(&format!("/{BUCKET}/{key}")).len(),
+            1,
+            "sent once"
+        );
+        assert_eq!(
+            proxy.metric("fencegate_proxy_lingering_writes", &[]).await,
+            Some(1.0),
+            "the write whose answer was lost is held"
+        );
+
+        let raise_sent = Instant::now();
+        let raise = put(&http(), &proxy.url, "other", &signed(BUCKET, 2), "new").await;
+        let raise_waited = raise_sent.elapsed();
+        let at_answer = stored(&backend, BUCKET, key).await;
+        assert_eq!(raise, Some(200), "the raise is admitted in the end");
+        tokio::time::sleep_until((started + LATE + Duration::from_secs(2)).into()).await;
+        assert_eq!(
+            stored(&backend, BUCKET, key).await,
+            at_answer,
+            "the store changed after the raise was answered"
+        );
+        assert_eq!(
+            at_answer.map(|(_, token)| token),
+            Some(Some(1)),
+            "the write landed late, before the raise was answered"
+        );
+        assert!(
+            raise_waited >= DECISION - Duration::from_secs(1),
+            "the raise waited out the store's decision time: {raise_waited:?}"
+        );
+        assert_eq!(
+            proxy.metric("fencegate_proxy_lingering_writes", &[]).await,
+            Some(0.0)
+        );
+    }
+
+    /// A PutObject on the lean path whose answer is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_put_whose_answer_is_lost_holds_back_a_raise() {
+        let key = format!("{QUIRKY}late");
+        let path = key.clone();
+        a_lost_answer_holds_back_a_raise(&key, |proxy| async move {
+            let before = lean_forwards(&proxy).await;
+            let (status, text) = put_answer(&proxy, &path, b"stale".to_vec()).await;
+            assert_eq!(lean_forwards(&proxy).await, before + 1.0, "the lean path");
+            (proxy, status, text)
+        })
+        .await;
+    }
+
+    /// A CopyObject, which the SDK's client sends, whose answer is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_whose_answer_is_lost_holds_back_a_raise() {
+        let key = format!("{QUIRKY}copy");
+        let path = key.clone();
+        a_lost_answer_holds_back_a_raise(&key, |proxy| async move {
+            let before = lean_forwards(&proxy).await;
+            let r = http()
+                .put(format!("{}/{BUCKET}/{path}", proxy.url))
+                .header("fencing-token", signed(BUCKET, 1))
+                .header("x-amz-copy-source", format!("/{BUCKET}/warm"))
+                .send()
+                .await
+                .expect("the proxy answers");
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap_or_default();
+            assert_eq!(lean_forwards(&proxy).await, before, "not the lean path");
+            (proxy, status, text)
+        })
+        .await;
     }
 }

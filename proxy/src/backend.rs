@@ -382,6 +382,8 @@ pub fn sdk_error<
     if let Some(s) = status {
         err.set_status_code(s);
     }
+    // Kept: it says whether a failed write may still land (`no_answer`).
+    err.set_source(Box::new(e));
     crate::errors::from_backend(err)
 }
 

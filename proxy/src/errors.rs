@@ -272,6 +272,23 @@ pub fn backend_timeout(timeout: std::time::Duration, write: bool) -> S3Error {
     )
 }
 
+/// 503 for a write whose connection to the store ended (`e`) before the
+/// store answered, after the request may have left whole: it may still
+/// land, like a write not answered in time.
+pub fn backend_lost(e: &S3Error) -> S3Error {
+    let cause = crate::no_answer::may_have_landed(e).map_or_else(
+        || e.message().unwrap_or(e.code().as_str()).to_owned(),
+        |lost| lost.cause().to_string(),
+    );
+    standard(
+        S3ErrorCode::ServiceUnavailable,
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the connection to the backend ended before it answered ({cause}); the write may still land, and no newer token is admitted until it no longer can; retry"
+        ),
+    )
+}
+
 /// 503 SlowDown: nothing was done; the client should retry.
 pub fn retry(msg: impl Into<String>) -> S3Error {
     standard(

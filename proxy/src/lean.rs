@@ -302,10 +302,15 @@ impl Lean {
                         IncompleteBody,
                         "the request body could not be sent whole: {cause}"
                     ),
-                    None => errors::from_backend(S3Error::with_message(
-                        S3ErrorCode::InternalError,
-                        format!("the backend cannot be reached: {e}"),
-                    )),
+                    None => {
+                        let mut failed = S3Error::with_message(
+                            S3ErrorCode::InternalError,
+                            format!("the backend cannot be reached: {e}"),
+                        );
+                        // Marked `no_answer::NoAnswer` if it may still land.
+                        failed.set_source(e);
+                        errors::from_backend(failed)
+                    }
                 })?;
         let (parts, body) = response.into_parts();
         if !parts.status.is_success() {

@@ -65,6 +65,7 @@ mod issuer;
 pub mod keys;
 mod lean;
 mod metrics;
+mod no_answer;
 pub mod object_key;
 mod op;
 mod ops;

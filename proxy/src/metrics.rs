@@ -26,7 +26,8 @@ pub enum Outcome {
     Unscoped,
     /// The store refused its condition (another writer won the race).
     Conflict,
-    /// The store did not answer in time.
+    /// The store did not answer: in time, or at all (its connection
+    /// ended after the request may have left whole).
     Timeout,
     /// The store answered with an error.
     BackendError,
@@ -87,7 +88,7 @@ pub struct Metrics {
     pub backend_seconds: Family<OpLabels, Histogram>,
     pub probe_enforced: Family<ProbeLabels, Gauge>,
     pub inflight_writes: Gauge,
-    /// Writes the store did not answer in time that may still commit (see
+    /// Writes the store did not answer (in time, or at all) that may still commit (see
     /// `gate::linger`): each holds back a raise of its lock.
     pub lingering_writes: Gauge,
     /// PutObjects sent by the lean forwarder rather than the SDK.
@@ -151,7 +152,7 @@ impl Default for Metrics {
         );
         registry.register(
             "lingering_writes",
-            "Writes the backend did not answer in time that may still commit; each holds back raises of its lock",
+            "Writes the backend did not answer (in time, or before their connection ended) that may still commit; each holds back raises of its lock",
             lingering_writes.clone(),
         );
         registry.register(

@@ -33,9 +33,6 @@ use std::time::Duration;
 /// Whether bytes of a write may go out now.
 pub type Check = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// What a write refused at the last moment fails with.
-const REFUSED: &str = "this replica's cluster standing ended: the request was not sent";
-
 pin_project_lite::pin_project! {
     /// A connection whose every write asks the check first.
     pub struct CheckedIo<T> {
@@ -49,10 +46,6 @@ impl<T> CheckedIo<T> {
     fn refused(&self) -> bool {
         self.check.as_ref().is_some_and(|c| !c())
     }
-}
-
-fn refusal() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::PermissionDenied, REFUSED)
 }
 
 impl<T: hyper::rt::Read> hyper::rt::Read for CheckedIo<T> {
@@ -72,7 +65,7 @@ impl<T: hyper::rt::Write> hyper::rt::Write for CheckedIo<T> {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         if self.refused() {
-            return Poll::Ready(Err(refusal()));
+            return Poll::Ready(Err(crate::no_answer::refusal()));
         }
         self.project().inner.poll_write(cx, buf)
     }
@@ -83,7 +76,7 @@ impl<T: hyper::rt::Write> hyper::rt::Write for CheckedIo<T> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         if self.refused() {
-            return Poll::Ready(Err(refusal()));
+            return Poll::Ready(Err(crate::no_answer::refusal()));
         }
         self.project().inner.poll_write_vectored(cx, bufs)
     }
@@ -244,7 +237,7 @@ impl SmithyConnector for SdkClient {
                 if e.is_connect() {
                     ConnectorError::io(e.into())
                 } else {
-                    ConnectorError::other(e.into(), None)
+                    ConnectorError::other(crate::no_answer::NoAnswer::mark(e.into()), None)
                 }
             })?;
             let (parts, body) = response.into_parts();
@@ -324,7 +317,19 @@ mod tests {
         open.store(false, Ordering::Release);
         let refused = client.request(req()).await;
         let e = refused.expect_err("refused at the last moment");
-        assert!(format!("{e:?}").contains("standing ended"), "{e:?}");
+        let refused_by_check =
+            std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |c| {
+                c.source()
+            })
+            .any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(crate::no_answer::refused_here)
+            });
+        assert!(refused_by_check, "{e:?}");
+        assert!(
+            !crate::no_answer::NoAnswer::mark(e.into()).is::<crate::no_answer::NoAnswer>(),
+            "a refused write is not one the store may commit"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
             received.load(Ordering::Acquire),

@@ -406,15 +406,25 @@ pub enum Quirk {
     /// Answers `403 AccessDenied` as soon as a request's head arrives,
     /// before its body, reads the body and closes.
     AnswersEarly,
+    /// Reads a request whole and closes its connection without an answer,
+    /// then passes the request on to the store [`LATE`] later: a store
+    /// that commits a request whose connection was reset (by a middlebox,
+    /// or by the store itself) before it answered.
+    CommitsUnanswered,
 }
+
+/// How long after closing the connection a [`Quirk::CommitsUnanswered`]
+/// store commits the request.
+pub const LATE: Duration = Duration::from_secs(2);
 
 /// What a [`quirky_store`] saw: each request line, with the number of the
 /// connection it came on (from 0, in the order they were accepted).
 #[derive(Debug, Default)]
 pub struct QuirkLog {
     /// Off, a new connection is relayed as it is (the proxy's start, and
-    /// its probe of the store, meet the store itself).
-    on: AtomicBool,
+    /// its probe of the store, meet the store itself); turned on, those
+    /// connections close, so the proxy's next writes come on new ones.
+    on: tokio::sync::watch::Sender<bool>,
     connections: AtomicU64,
     pub requests: parking_lot::Mutex<Vec<(u64, String)>>,
 }
@@ -422,16 +432,20 @@ pub struct QuirkLog {
 impl QuirkLog {
     /// Connections accepted from now on misbehave.
     pub fn turn_on(&self) {
-        self.on.store(true, Ordering::Release);
+        self.on.send_replace(true);
     }
 
-    /// The connections each `PUT` of `path` came on, in order.
+    /// The connections each `PUT` of `path` (with any query) came on, in
+    /// order.
     pub fn puts_of(&self, path: &str) -> Vec<u64> {
-        let line = format!("PUT {path} ");
+        let line = format!("PUT {path}");
         self.requests
             .lock()
             .iter()
-            .filter(|(_, l)| l.starts_with(&line))
+            .filter(|(_, l)| {
+                l.strip_prefix(&line)
+                    .is_some_and(|rest| rest.starts_with([' ', '?']))
+            })
             .map(|(c, _)| *c)
             .collect()
     }
@@ -532,11 +546,13 @@ pub async fn quirky_store(target: String, quirk: Quirk) -> (String, Arc<QuirkLog
     let url = relayed(target, move |(mut cr, mut cw, mut sr, mut sw)| {
         let seen = seen.clone();
         async move {
-            if !seen.on.load(Ordering::Acquire) {
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
-                });
-                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            if !*seen.on.borrow() {
+                let mut turned_on = seen.on.subscribe();
+                tokio::select! {
+                    _ = tokio::io::copy(&mut sr, &mut cw) => {}
+                    _ = tokio::io::copy(&mut cr, &mut sw) => {}
+                    _ = turned_on.wait_for(|on| *on) => {}
+                }
                 return;
             }
             let connection = seen.connections.fetch_add(1, Ordering::AcqRel);
@@ -596,6 +612,19 @@ pub async fn quirky_store(target: String, quirk: Quirk) -> (String, Arc<QuirkLog
                 let Some(body) = take_body(&mut cr, &mut from_client, length).await else {
                     return;
                 };
+                if put && quirk == Quirk::CommitsUnanswered {
+                    // The client's connection closes now (returning drops
+                    // it); the store gets the request later, on its own.
+                    tokio::spawn(async move {
+                        tokio::time::sleep(LATE).await;
+                        if sw.write_all(head.as_bytes()).await.is_ok()
+                            && sw.write_all(&body).await.is_ok()
+                        {
+                            let _ = read_head(&mut sr, &mut from_store).await;
+                        }
+                    });
+                    return;
+                }
                 if sw.write_all(head.as_bytes()).await.is_err() || sw.write_all(&body).await.is_err() {
                     return;
                 }

@@ -612,21 +612,25 @@ enum Sent<T> {
     /// No answer in time: the request is still out, and the store may
     /// still commit it.
     Unanswered(Pending<T>),
+    /// No answer at all: the connection ended after the request may have
+    /// left whole (`no_answer`), and the store may still commit it.
+    Lost(S3Error),
 }
 
-/// Keeps a write that timed out from letting go of its admission and key
-/// while the store may still commit it; runs on its own task, after the
-/// client got its 503.
+/// Keeps a write the store did not answer from letting go of its
+/// admission and key while the store may still commit it; runs on its own
+/// task, after the client got its 503.
 ///
-/// It lets go when the store answers, or else once the request's backend
-/// connection is closed (dropping the call closes it) and `decision` has
-/// passed: a store that has not committed a request by then, with its
-/// client gone, is assumed never to. The connection is closed as soon as a
-/// raise wants in (the epoch is cut), or after waiting `decision` for an
-/// answer, so a raise waits at most about `decision` for a write that
-/// timed out, and about twice that in all.
+/// It lets go when the store answers (a `pending` call), or else once the
+/// request's backend connection is closed (dropping the call closes it; a
+/// lost call's is closed already) and `decision` has passed: a store that
+/// has not committed a request by then, with its client gone, is assumed
+/// never to. A pending call's connection is closed as soon as a raise
+/// wants in (the epoch is cut), or after waiting `decision` for an answer,
+/// so a raise waits at most about `decision` for a write that timed out,
+/// and about twice that in all.
 async fn linger<T>(
-    mut pending: Pending<T>,
+    pending: Option<Pending<T>>,
     hold: (Admission, KeyGuard, Inflight),
     decision: Duration,
     metrics: Arc<Metrics>,
@@ -634,14 +638,18 @@ async fn linger<T>(
     // Counted by the caller before this task was spawned, and not on
     // drop: a linger cut short (the runtime stopping) leaves the count up,
     // and the stop unclean.
-    let cut = hold.0.cancel().clone();
-    let answered = tokio::select! {
-        _ = &mut pending => true,
-        () = cut.cancelled() => false,
-        () = tokio::time::sleep(decision) => false,
+    let answered = match pending {
+        Some(mut pending) => {
+            let cut = hold.0.cancel().clone();
+            tokio::select! {
+                _ = &mut pending => true,
+                () = cut.cancelled() => false,
+                () = tokio::time::sleep(decision) => false,
+            }
+        }
+        None => false,
     };
     if !answered {
-        drop(pending);
         tokio::time::sleep(decision).await;
     }
     drop(hold);
@@ -675,9 +683,12 @@ impl Writer {
             tokio::time::sleep(timeout).await;
         };
         tokio::select! {
-            r = &mut fut => Sent::Answered(
-                r.map_err(|e| crate::body::unless_stalled(watch.as_ref(), e)),
-            ),
+            r = &mut fut => match r {
+                Err(e) if crate::no_answer::may_have_landed(&e).is_some() => Sent::Lost(e),
+                r => Sent::Answered(
+                    r.map_err(|e| crate::body::unless_stalled(watch.as_ref(), e)),
+                ),
+            },
             () = deadline => Sent::Unanswered(fut),
         }
     }
@@ -712,10 +723,11 @@ impl Writer {
 
     /// Ends a write: records the outcome and what the store now holds.
     ///
-    /// A write the store did not answer in time is not over: it may still
-    /// commit. It keeps its admission (so no raise is admitted over it) and
-    /// its key (so no write of this proxy decides on a state it may still
-    /// change) in [`linger`], and the client gets a retryable 503.
+    /// A write the store did not answer, in time or at all, is not over: it
+    /// may still commit. It keeps its admission (so no raise is admitted
+    /// over it) and its key (so no write of this proxy decides on a state
+    /// it may still change) in [`linger`], and the client gets a retryable
+    /// 503.
     async fn finish<T: 'static>(
         &self,
         w: Write,
@@ -729,26 +741,12 @@ impl Writer {
         let result = match sent {
             Sent::Answered(r) => r,
             Sent::Unanswered(pending) => {
-                w.a.key.forget();
-                self.refuser
-                    .count(w.a.op.op(), &w.a.scope, Outcome::Timeout);
-                tracing::warn!(
-                    op = w.a.op.name(),
-                    bucket = w.a.key.bucket(),
-                    key = w.a.key.key(),
-                    token = w.a.token,
-                    "the backend did not answer a write in time; holding its key and epoch until it can no longer commit"
-                );
-                let hold = (w.a.admission, w.a.key, w.a.inflight);
-                // Before the 503 goes out: a stop must see it (`end_run`).
-                self.metrics.lingering_writes.inc();
-                tokio::spawn(linger(
-                    pending,
-                    hold,
-                    self.store_decision,
-                    self.metrics.clone(),
-                ));
-                return Err(errors::backend_timeout(self.store.timeout(), true));
+                let answer = errors::backend_timeout(self.store.timeout(), true);
+                return Err(self.hold_unanswered(w, Some(pending), answer));
+            }
+            Sent::Lost(e) => {
+                let answer = errors::backend_lost(&e);
+                return Err(self.hold_unanswered::<T>(w, None, answer));
             }
         };
         match result {
@@ -791,6 +789,38 @@ impl Writer {
                 Err(errors::from_backend(e))
             }
         }
+    }
+
+    /// Holds a write the store did not answer (its call still `pending`,
+    /// or lost with its connection) in [`linger`], and gives back `answer`
+    /// for its client.
+    fn hold_unanswered<T: 'static>(
+        &self,
+        w: Write,
+        pending: Option<Pending<T>>,
+        answer: S3Error,
+    ) -> S3Error {
+        w.a.key.forget();
+        self.refuser
+            .count(w.a.op.op(), &w.a.scope, Outcome::Timeout);
+        tracing::warn!(
+            op = w.a.op.name(),
+            bucket = w.a.key.bucket(),
+            key = w.a.key.key(),
+            token = w.a.token,
+            answer = answer.message().unwrap_or_default(),
+            "the backend did not answer a write; holding its key and epoch until it can no longer commit"
+        );
+        let hold = (w.a.admission, w.a.key, w.a.inflight);
+        // Before the 503 goes out: a stop must see it (`end_run`).
+        self.metrics.lingering_writes.inc();
+        tokio::spawn(linger(
+            pending,
+            hold,
+            self.store_decision,
+            self.metrics.clone(),
+        ));
+        answer
     }
 
     /// Re-reads a key after the store refused a condition and decides

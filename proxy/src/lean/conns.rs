@@ -17,6 +17,7 @@
 //!   check on each write of bytes, the connect bound. Nothing else is set
 //!   on the socket (no keepalive: see `send_check::store_connector`).
 
+use crate::no_answer::NoAnswer;
 use crate::send_check::CheckedConnector;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri};
@@ -118,7 +119,8 @@ impl Conns {
     /// `authority`, on an idle connection if this thread has one. A request
     /// hyper hands back unsent (the connection closed while idle) goes on
     /// the next one, or a new one; a request that failed on a new
-    /// connection is not sent again.
+    /// connection is not sent again. A failure after the request may have
+    /// left whole is marked [`NoAnswer`].
     pub async fn send(
         &self,
         authority: &Authority,
@@ -143,7 +145,9 @@ impl Conns {
                 }
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if reused => request = unsent,
-                    _ => return Err(e.into_error().into()),
+                    // Handed back: no byte of it left.
+                    Some(_) => return Err(e.into_error().into()),
+                    None => return Err(NoAnswer::mark(e.into_error().into())),
                 },
             }
         }
