@@ -255,8 +255,9 @@ pub fn sdk_client(endpoint: &str, key: (&str, &str)) -> aws_sdk_s3::Client {
 }
 
 /// The proxy configuration: no `[[scopes]]` (bucket `bench` is fenced by
-/// lock `bench`), signed tokens, the probe on [`BUCKET`].
-pub fn proxy_toml(backend_endpoint: &str, db: &std::path::Path) -> String {
+/// lock `bench`), signed tokens, the probe on [`BUCKET`]; `top` among
+/// its top-level settings.
+fn proxy_toml_with(backend_endpoint: &str, db: &std::path::Path, top: &str) -> String {
     fencegate_testkit::config::ProxyToml {
         db,
         signing_key: crate::util::SIGNING_KEY,
@@ -264,7 +265,7 @@ pub fn proxy_toml(backend_endpoint: &str, db: &std::path::Path) -> String {
         endpoint: backend_endpoint,
         backend_key: BACKEND_KEY,
         client_key: CLIENT_KEY,
-        extra: "",
+        extra: top,
     }
     .text()
 }
@@ -295,11 +296,23 @@ impl ProxyProc {
         tmp: &std::path::Path,
         extra: String,
     ) -> anyhow::Result<ProxyProc> {
+        ProxyProc::start_configured(fencegate, backend, tmp, "", extra).await
+    }
+
+    /// [`ProxyProc::start_with`], with `top` among the config's top-level
+    /// settings.
+    pub async fn start_configured(
+        fencegate: &std::path::Path,
+        backend: &Backend,
+        tmp: &std::path::Path,
+        top: &str,
+        extra: String,
+    ) -> anyhow::Result<ProxyProc> {
         let dir = tempfile::Builder::new().prefix("proxy-").tempdir_in(tmp)?;
         let config = dir.path().join("proxy.toml");
         std::fs::write(
             &config,
-            proxy_toml(&backend.endpoint, &dir.path().join("proxy.db")) + &extra,
+            proxy_toml_with(&backend.endpoint, &dir.path().join("proxy.db"), top) + &extra,
         )?;
         let cmd = fencegate_testkit::config::proxy_command(
             std::process::Command::new(fencegate),

@@ -184,12 +184,21 @@ fn scale(out: &mut String, run: &Value, file: &str) -> Option<()> {
         "### Do many locks and scopes stay flat?\n\n\
          {} locks of {} scopes each in one proxy's config ({} KiB; the proxy started in {:.0} ms). \
          Each window writes once to every scope of its locks (a raise for each lock's first), \
-         then again (admitted against the kept max).\n\n\
+         then again (admitted against the kept max). {}\n\n\
          | locks written | rewrite p50 ms | rewrites/s | proxy CPU µs/PUT | proxy RSS MiB | status page p50 ms |\n|---:|---:|---:|---:|---:|---:|",
         s["locks"],
         s["scopes_per_lock"],
         s["config_bytes"].as_u64()? / 1024,
-        s["start_ms"].as_f64()?
+        s["start_ms"].as_f64()?,
+        match s["etag_cache_entries"].as_u64() {
+            Some(n) => format!(
+                "The proxy's ETag cache holds {n} keys, so that the keys written (one per scope) \
+                 do not grow it: that is the question of the keys above."
+            ),
+            None => "The proxy's ETag cache was the default (100,000 keys): \
+                     its RSS includes the keys written, one per scope."
+                .to_owned(),
+        }
     );
     for w in windows {
         let _ = writeln!(
