@@ -109,8 +109,10 @@ pub struct ProxyConfig {
     /// `x-amz-acl: public-read` on a PutObject is refused as PutObjectAcl
     /// is. Customer-key encryption (SSE-C) is refused whatever is allowed.
     pub allow_write_headers: Vec<crate::write_headers::Family>,
-    /// Most keys whose ETag and token the proxy remembers (a bounded cache;
-    /// a miss costs one HEAD).
+    /// Most keys whose ETag and token the proxy remembers (a bounded cache,
+    /// about 380 bytes a key; a miss costs one HEAD, or, for a small
+    /// PutObject of a key that exists, a refused PUT, the HEAD and the PUT
+    /// again).
     pub etag_cache_entries: usize,
     /// Fence events (refused writes) kept in memory for
     /// `/_fencegate/events` and the status page: the newest this many of

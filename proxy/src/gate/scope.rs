@@ -75,14 +75,17 @@ impl Scoping {
     }
 
     /// The configured scopes in `bucket`, for `op` on the bucket (none in
-    /// bucket-per-scope mode).
-    pub fn scopes_in_bucket(&self, op: Op, bucket: &str) -> Vec<Scoped> {
+    /// bucket-per-scope mode), each made when it is reached.
+    pub fn scopes_in_bucket<'a>(
+        &'a self,
+        op: Op,
+        bucket: &'a str,
+    ) -> impl Iterator<Item = Scoped> + 'a {
         self.scopes
             .configured()
             .iter()
-            .filter(|s| s.bucket == bucket)
-            .map(|s| Scoped::bucket_of(op, s.clone()))
-            .collect()
+            .filter(move |s| s.bucket == bucket)
+            .map(move |s| Scoped::bucket_of(op, s.clone()))
     }
 
     /// The scope in `bucket` fenced by `lock`, if there is one.

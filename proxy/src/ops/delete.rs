@@ -54,15 +54,15 @@ pub async fn may_delete_batch(gate: &Gate, bucket: &str, token: RequestToken<'_>
     // A plain number names no lock: it proves its right if it passes the
     // fence of one of the bucket's scopes (the handler then decides each
     // key), and is refused as the first of them would refuse it.
-    let candidates = gate.scoping.scopes_in_bucket(op, bucket);
-    if candidates.is_empty() {
+    let mut candidates = gate.scoping.scopes_in_bucket(op, bucket).peekable();
+    if candidates.peek().is_none() {
         let scoped = gate.scoping.scope(op, bucket, "")?;
         return gate
             .tokens
             .refuse_if_stale(&gate.tokens.required(scoped, token).await?);
     }
     let mut refusal = None;
-    for (i, scoped) in candidates.into_iter().enumerate() {
+    for (i, scoped) in candidates.enumerate() {
         let checked = match gate.tokens.required(scoped, token).await {
             Ok(t) => gate.tokens.refuse_if_stale(&t),
             Err(e) => Err(e),
