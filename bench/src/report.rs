@@ -124,6 +124,12 @@ fn large(out: &mut String, run: &Value, file: &str) -> Option<()> {
 }
 
 fn scale(out: &mut String, run: &Value, file: &str) -> Option<()> {
+    scale_keys(out, run, file);
+    scale_scopes(out, run, file)
+}
+
+/// The keys part of a scale run, if it ran (`--keys 0` leaves it out).
+fn scale_keys(out: &mut String, run: &Value, file: &str) -> Option<()> {
     let k = &run["results"]["scale"]["keys"];
     let windows = k["windows"].as_array()?;
     let _ = writeln!(
@@ -177,6 +183,12 @@ fn scale(out: &mut String, run: &Value, file: &str) -> Option<()> {
         }
     }
     out.push('\n');
+    out.push_str(&provenance(run, file));
+    out.push('\n');
+    Some(())
+}
+
+fn scale_scopes(out: &mut String, run: &Value, file: &str) -> Option<()> {
     let s = &run["results"]["scale"]["scopes"];
     let windows = s["windows"].as_array()?;
     let _ = writeln!(
