@@ -1768,14 +1768,14 @@ mod store_connections {
     /// land, and the raise that comes next (token 2) waits until it can no
     /// longer land; the store, which commits the request [`LATE`] after
     /// closing, never changes after the raise was answered.
-    async fn a_lost_answer_holds_back_a_raise<F, Fut>(key: &str, send: F)
+    async fn a_lost_answer_holds_back_a_raise<F, Fut>(quirk: Quirk, key: &str, send: F)
     where
         F: FnOnce(Proxy) -> Fut,
         Fut: std::future::Future<Output = (Proxy, u16, String)>,
     {
         use support::relay::LATE;
         let (backend, proxy, log, _dir) = quirky_with(
-            Quirk::CommitsUnanswered,
+            quirk,
             &format!("store_decision_secs = {}", DECISION.as_secs()),
         )
         .await;
@@ -1834,9 +1834,20 @@ mod store_connections {
     /// A PutObject on the lean path whose answer is lost.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_put_whose_answer_is_lost_holds_back_a_raise() {
+        a_lean_put_holds_back_a_raise(Quirk::CommitsUnanswered).await;
+    }
+
+    /// A PutObject on the lean path answered with what no client can read:
+    /// the store may have committed it as well.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_put_answered_unreadably_holds_back_a_raise() {
+        a_lean_put_holds_back_a_raise(Quirk::CommitsGarbled).await;
+    }
+
+    async fn a_lean_put_holds_back_a_raise(quirk: Quirk) {
         let key = format!("{QUIRKY}late");
         let path = key.clone();
-        a_lost_answer_holds_back_a_raise(&key, |proxy| async move {
+        a_lost_answer_holds_back_a_raise(quirk, &key, |proxy| async move {
             let before = lean_forwards(&proxy).await;
             let (status, text) = put_answer(&proxy, &path, b"stale".to_vec()).await;
             assert_eq!(lean_forwards(&proxy).await, before + 1.0, "the lean path");
@@ -1850,7 +1861,7 @@ mod store_connections {
     async fn a_copy_whose_answer_is_lost_holds_back_a_raise() {
         let key = format!("{QUIRKY}copy");
         let path = key.clone();
-        a_lost_answer_holds_back_a_raise(&key, |proxy| async move {
+        a_lost_answer_holds_back_a_raise(Quirk::CommitsUnanswered, &key, |proxy| async move {
             let before = lean_forwards(&proxy).await;
             let r = http()
                 .put(format!("{}/{BUCKET}/{path}", proxy.url))

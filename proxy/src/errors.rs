@@ -278,7 +278,7 @@ pub fn backend_timeout(timeout: std::time::Duration, write: bool) -> S3Error {
 pub fn backend_lost(e: &S3Error) -> S3Error {
     let cause = crate::no_answer::may_have_landed(e).map_or_else(
         || e.message().unwrap_or(e.code().as_str()).to_owned(),
-        |lost| lost.cause().to_string(),
+        crate::no_answer::NoAnswer::cause,
     );
     standard(
         S3ErrorCode::ServiceUnavailable,

@@ -109,9 +109,17 @@ fn causes<'a>(e: &'a (dyn Error + 'static)) -> impl Iterator<Item = &'a (dyn Err
 }
 
 impl NoAnswer {
-    /// What ended the connection.
-    pub fn cause(&self) -> &(dyn Error + Send + Sync) {
-        &*self.0
+    /// What ended the connection, with the causes under it (a client's
+    /// error often names only its kind).
+    pub fn cause(&self) -> String {
+        let mut said: Vec<String> = Vec::new();
+        for c in causes(&*self.0) {
+            let text = c.to_string();
+            if !said.iter().any(|s| s.contains(&text)) {
+                said.push(text);
+            }
+        }
+        said.join(": ")
     }
 }
 
@@ -144,7 +152,7 @@ mod tests {
             aws_smithy_runtime_api::client::result::ConnectorError::other(marked, None),
         ));
         assert_eq!(
-            may_have_landed(&e).map(|m| m.cause().to_string()),
+            may_have_landed(&e).map(NoAnswer::cause),
             Some(std::io::Error::from(std::io::ErrorKind::ConnectionReset).to_string()),
             "the mark is found among the sources, with its cause"
         );

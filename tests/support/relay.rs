@@ -411,6 +411,9 @@ pub enum Quirk {
     /// that commits a request whose connection was reset (by a middlebox,
     /// or by the store itself) before it answered.
     CommitsUnanswered,
+    /// As [`Quirk::CommitsUnanswered`], with an answer no HTTP client can
+    /// read sent before the close.
+    CommitsGarbled,
 }
 
 /// How long after closing the connection a [`Quirk::CommitsUnanswered`]
@@ -612,7 +615,10 @@ pub async fn quirky_store(target: String, quirk: Quirk) -> (String, Arc<QuirkLog
                 let Some(body) = take_body(&mut cr, &mut from_client, length).await else {
                     return;
                 };
-                if put && quirk == Quirk::CommitsUnanswered {
+                if put && matches!(quirk, Quirk::CommitsUnanswered | Quirk::CommitsGarbled) {
+                    if quirk == Quirk::CommitsGarbled {
+                        let _ = cw.write_all(b"HTTP/1.1 2x0 Garbled\r\n\r\n").await;
+                    }
                     // The client's connection closes now (returning drops
                     // it); the store gets the request later, on its own.
                     tokio::spawn(async move {
