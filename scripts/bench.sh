@@ -9,9 +9,9 @@
 #                                    # renders today's tables from results files into
 #                                    # BENCHMARKS.md, between its "today" markers; runs nothing
 #   scripts/bench.sh small --baseline-rev 4c198a5
-#                                    # before/after: the fencegate of commit 4c198a5 runs as
-#                                    # a fourth variant in the same rounds as direct, nginx
-#                                    # and the working tree's fencegate
+#                                    # before/after (small and large): the fencegate of commit
+#                                    # 4c198a5 runs as one more variant in the same rounds as
+#                                    # direct, nginx and the working tree's fencegate
 #
 # Installs etcd-server and nginx-light (Debian) if they are missing, builds
 # the release `fencegate` binary under test and the release bench, then

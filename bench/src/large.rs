@@ -2,7 +2,9 @@
 //! sent (a 1 MiB pattern repeated; never the whole object in memory),
 //! direct vs through a fresh proxy process whose RSS is read from /proc,
 //! and through nginx (the same plain reverse proxy as in `small`): what
-//! any proxy in the path costs on this machine.
+//! any proxy in the path costs on this machine. With `--baseline`, a
+//! second fencegate binary (an older commit's) takes its turn in the same
+//! rotation, so before and after share the disk's minutes.
 
 use crate::backend::{BACKEND_KEY, BUCKET, Backend, ProxyProc, sdk_client, token};
 use crate::fenced;
@@ -59,6 +61,8 @@ pub struct LargeOpts {
     pub sizes: Vec<(u64, usize)>,
     /// The nginx binary; None: no nginx variant.
     pub nginx: Option<std::path::PathBuf>,
+    /// A second fencegate binary and its label (`--baseline`).
+    pub baseline: Option<(std::path::PathBuf, String)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -84,6 +88,11 @@ pub struct LargeSize {
     pub nginx_mb_per_sec: Vec<f64>,
     pub nginx_ratio: Option<f64>,
     pub cpu_s_per_gb_nginx: Option<CpuPerOp>,
+    /// Through the `--baseline` proxy (empty when it did not run), and its
+    /// median over direct's.
+    pub baseline_mb_per_sec: Vec<f64>,
+    pub baseline_ratio: Option<f64>,
+    pub cpu_s_per_gb_baseline: Option<CpuPerOp>,
 }
 
 #[derive(Debug, Serialize)]
@@ -95,6 +104,8 @@ pub struct LargeReport {
     pub sizes: Vec<LargeSize>,
     /// Why nginx is not among the variants, if it is not.
     pub nginx_unavailable: Option<String>,
+    /// The `--baseline` proxy's label, if it ran.
+    pub baseline: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +113,7 @@ enum Variant {
     Direct,
     Proxy,
     Nginx,
+    Baseline,
 }
 
 async fn upload(
@@ -168,13 +180,26 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
     if nginx.is_some() {
         variants.push(Variant::Nginx);
     }
+    let baseline = match &opts.baseline {
+        Some((bin, _)) => Some(ProxyProc::start(bin, &backend, &ctx.tmp).await?),
+        None => None,
+    };
+    let via_baseline = baseline.as_ref().map(ProxyProc::client);
+    if baseline.is_some() {
+        variants.push(Variant::Baseline);
+    }
 
     let mut sizes = Vec::new();
     for &(bytes, reps) in &opts.sizes {
         eprintln!("large: {} MiB x {reps} per variant", bytes / MIB);
-        let (mut d, mut p, mut ng) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut d, mut p, mut ng, mut b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let peak = Arc::new(AtomicU64::new(0));
-        let (mut cpu_d, mut cpu_p, mut cpu_n) = (Cpu::default(), Cpu::default(), Cpu::default());
+        let (mut cpu_d, mut cpu_p, mut cpu_n, mut cpu_b) = (
+            Cpu::default(),
+            Cpu::default(),
+            Cpu::default(),
+            Cpu::default(),
+        );
         for r in 0..reps {
             // Each repetition starts with the next variant.
             let mut order = variants.clone();
@@ -184,6 +209,10 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
                 let (client, out, pids) = match (v, &via_nginx, &nginx) {
                     (Variant::Nginx, Some(c), Some(proc)) => (c, &mut ng, proc.pids()),
                     (Variant::Proxy, ..) => (&through, &mut p, vec![pid]),
+                    (Variant::Baseline, ..) => match (&via_baseline, &baseline) {
+                        (Some(c), Some(proc)) => (c, &mut b, vec![proc.proc.pid()]),
+                        _ => anyhow::bail!("the baseline variant without its proxy"),
+                    },
                     _ => (&direct, &mut d, vec![pid]),
                 };
                 let stop = Arc::new(AtomicBool::new(false));
@@ -196,6 +225,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
                     Variant::Direct => cpu_d.add_delta(before, after),
                     Variant::Proxy => cpu_p.add_delta(before, after),
                     Variant::Nginx => cpu_n.add_delta(before, after),
+                    Variant::Baseline => cpu_b.add_delta(before, after),
                 }
                 stop.store(true, Ordering::Relaxed);
                 if let Some(s) = sampling {
@@ -241,6 +271,8 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
         let (dm, pm) = (median(&d), median(&p));
         let nginx_ratio = (!ng.is_empty()).then(|| ratio(median(&ng), dm));
         let cpu_s_per_gb_nginx = (!ng.is_empty()).then(|| per_gb(cpu_n));
+        let baseline_ratio = (!b.is_empty()).then(|| ratio(median(&b), dm));
+        let cpu_s_per_gb_baseline = (!b.is_empty()).then(|| per_gb(cpu_b));
         sizes.push(LargeSize {
             bytes,
             direct_mb_per_sec: d,
@@ -256,6 +288,9 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
             nginx_mb_per_sec: ng,
             nginx_ratio,
             cpu_s_per_gb_nginx,
+            baseline_mb_per_sec: b,
+            baseline_ratio,
+            cpu_s_per_gb_baseline,
         });
     }
     Ok(LargeReport {
@@ -264,6 +299,7 @@ pub async fn run(ctx: &crate::Ctx, opts: &LargeOpts) -> anyhow::Result<LargeRepo
         proxy_memory_at_end: proxy.proc.memory()?,
         sizes,
         nginx_unavailable,
+        baseline: opts.baseline.as_ref().map(|(_, label)| label.clone()),
     })
 }
 
@@ -329,6 +365,20 @@ pub fn print(r: &LargeReport) {
                     s.ratio,
                     c.proxy,
                     c.backend
+                );
+            }
+        }
+    }
+    if let Some(label) = &r.baseline {
+        println!("the baseline: the same PUTs through fencegate {label}, in the same rotation");
+        for s in &r.sizes {
+            if let (Some(br), Some(c)) = (s.baseline_ratio, &s.cpu_s_per_gb_baseline) {
+                println!(
+                    "{:>5} MiB | {label} ratio {br:.3} (CPU {:.3} s/GB) | proxy ratio {:.3} (CPU {:.3} s/GB)",
+                    s.bytes / MIB,
+                    c.proxy,
+                    s.ratio,
+                    s.cpu_s_per_gb_proxy.proxy
                 );
             }
         }

@@ -82,11 +82,12 @@ struct Global {
     /// small and large: leave nginx out.
     #[arg(long, global = true)]
     no_nginx: bool,
-    /// small: a second fencegate binary (e.g. an older commit's) run as a
-    /// fourth variant in the same rotated rounds, for before/after.
+    /// small and large: a second fencegate binary (e.g. an older commit's)
+    /// run as one more variant in the same rotated rounds, for
+    /// before/after.
     #[arg(long, global = true)]
     baseline: Option<PathBuf>,
-    /// small: the baseline's name in tables and the chart.
+    /// small and large: the baseline's name in tables (and the chart).
     #[arg(long, global = true, default_value = "baseline")]
     baseline_label: String,
     /// small: where to draw the SVG chart (default: --out with .svg).
@@ -547,6 +548,7 @@ async fn main() -> anyhow::Result<()> {
             vec![(256 * large::MIB, 5), (1024 * large::MIB, 3)]
         },
         nginx: (!g.no_nginx).then(|| g.nginx.clone()),
+        baseline: small_opts.baseline.clone(),
     };
     let lease_opts = |with_etcd: bool| leases::LeaseOpts {
         concurrency: g.concurrency.clone(),

@@ -97,10 +97,13 @@ fn small(out: &mut String, run: &Value, file: &str) -> Option<()> {
 
 fn large(out: &mut String, run: &Value, file: &str) -> Option<()> {
     let sizes = run["results"]["large"]["sizes"].as_array()?;
+    let baseline = run["results"]["large"]["baseline"].as_str();
     let _ = writeln!(
         out,
         "### Does a large PUT stream at the store's speed?\n\n\
-         | object | direct MB/s | proxy MB/s | proxy ÷ direct | nginx ÷ direct | proxy peak RSS MiB |\n|---|---:|---:|---:|---:|---:|"
+         | object | direct MB/s | proxy MB/s | proxy ÷ direct | nginx ÷ direct |{} proxy peak RSS MiB |\n|---|---:|---:|---:|---:|{}---:|",
+        baseline.map_or(String::new(), |b| format!(" {b} ÷ direct |")),
+        if baseline.is_some() { "---:|" } else { "" }
     );
     for s in sizes {
         let peak = s["proxy_hwm_after_kib"]
@@ -108,12 +111,17 @@ fn large(out: &mut String, run: &Value, file: &str) -> Option<()> {
             .max(s["proxy_rss_sampled_peak_kib"].as_u64()?);
         let _ = writeln!(
             out,
-            "| {} MiB | {} | {} | {} | {} | {:.1} |",
+            "| {} MiB | {} | {} | {} | {} |{} {:.1} |",
             s["bytes"].as_u64()? >> 20,
             f(&s["direct_median_mb_per_sec"], 1),
             f(&s["proxy_median_mb_per_sec"], 1),
             f(&s["ratio"], 3),
             f(&s["nginx_ratio"], 3),
+            if baseline.is_some() {
+                format!(" {} |", f(&s["baseline_ratio"], 3))
+            } else {
+                String::new()
+            },
             peak as f64 / 1024.0
         );
     }
