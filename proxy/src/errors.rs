@@ -272,9 +272,10 @@ pub fn backend_timeout(timeout: std::time::Duration, write: bool) -> S3Error {
     )
 }
 
-/// 503 for a write whose connection to the store ended (`e`) before the
-/// store answered, after the request may have left whole: it may still
-/// land, like a write not answered in time.
+/// 503 for a write (failed with `e`) whose request may have left whole
+/// and whose answer could not be read: its connection ended first, or the
+/// answer was not HTTP. It may still land, like a write not answered in
+/// time.
 pub fn backend_lost(e: &S3Error) -> S3Error {
     let cause = crate::no_answer::may_have_landed(e).map_or_else(
         || e.message().unwrap_or(e.code().as_str()).to_owned(),
@@ -284,7 +285,7 @@ pub fn backend_lost(e: &S3Error) -> S3Error {
         S3ErrorCode::ServiceUnavailable,
         StatusCode::SERVICE_UNAVAILABLE,
         format!(
-            "the connection to the backend ended before it answered ({cause}); the write may still land, and no newer token is admitted until it no longer can; retry"
+            "no answer could be read from the backend ({cause}): the write was sent and may still land, and no newer token is admitted until it no longer can; retry"
         ),
     )
 }

@@ -35,11 +35,7 @@ pub struct NoAnswer(BoxError);
 
 impl std::fmt::Display for NoAnswer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the connection to the store ended before it answered: {}",
-            self.0
-        )
+        write!(f, "no answer could be read from the store: {}", self.0)
     }
 }
 
