@@ -272,15 +272,10 @@ pub fn backend_timeout(timeout: std::time::Duration, write: bool) -> S3Error {
     )
 }
 
-/// 503 for a write (failed with `e`) whose request may have left whole
-/// and whose answer could not be read: its connection ended first, or the
-/// answer was not HTTP. It may still land, like a write not answered in
-/// time.
-pub fn backend_lost(e: &S3Error) -> S3Error {
-    let cause = crate::no_answer::may_have_landed(e).map_or_else(
-        || e.message().unwrap_or(e.code().as_str()).to_owned(),
-        crate::no_answer::NoAnswer::cause,
-    );
+/// 503 for a write whose request may have left whole and whose answer
+/// could not be read (`cause`: its connection ended first, or the answer
+/// was not HTTP). It may still land, like a write not answered in time.
+pub fn backend_lost(cause: &str) -> S3Error {
     standard(
         S3ErrorCode::ServiceUnavailable,
         StatusCode::SERVICE_UNAVAILABLE,

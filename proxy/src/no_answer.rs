@@ -22,12 +22,14 @@
 //! than its `Content-Length`). Anything else after hyper took the request
 //! is marked, a store's unreadable answer included: a wrongly marked write
 //! costs a raise `store_decision_secs`, a wrongly unmarked one may land
-//! after a newer token was admitted.
+//! after a newer token was admitted. (hyper also counts as the caller's a
+//! connection task dropped with a request in it, by a panic or the
+//! runtime's end; that is the process failing, which the unclean-run
+//! record covers: `Fences::load` waits out `store_decision_secs` after a
+//! run that did not drain.)
 
+use s3s::StdError as BoxError;
 use std::error::Error;
-
-/// An error of a send.
-pub type BoxError = Box<dyn Error + Send + Sync>;
 
 /// The mark of a send that failed after its request may have left whole.
 #[derive(Debug)]
@@ -54,6 +56,19 @@ impl NoAnswer {
         } else {
             Box::new(NoAnswer(e))
         }
+    }
+
+    /// What ended the connection, with the causes under it (a client's
+    /// error often names only its kind).
+    pub fn cause(&self) -> String {
+        let mut said: Vec<String> = Vec::new();
+        for c in causes(&*self.0) {
+            let text = c.to_string();
+            if !said.iter().any(|s| s.contains(&text)) {
+                said.push(text);
+            }
+        }
+        said.join(": ")
     }
 }
 
@@ -102,21 +117,6 @@ fn left_in_part_at_most(e: &(dyn Error + 'static)) -> bool {
 /// `e` and its sources, in order.
 fn causes<'a>(e: &'a (dyn Error + 'static)) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
     std::iter::successors(Some(e), |&e: &&'a (dyn Error + 'static)| e.source())
-}
-
-impl NoAnswer {
-    /// What ended the connection, with the causes under it (a client's
-    /// error often names only its kind).
-    pub fn cause(&self) -> String {
-        let mut said: Vec<String> = Vec::new();
-        for c in causes(&*self.0) {
-            let text = c.to_string();
-            if !said.iter().any(|s| s.contains(&text)) {
-                said.push(text);
-            }
-        }
-        said.join(": ")
-    }
 }
 
 /// The mark of the send that failed with `e`, if the write may still land.

@@ -613,8 +613,9 @@ enum Sent<T> {
     /// still commit it.
     Unanswered(Pending<T>),
     /// No answer at all: the connection ended after the request may have
-    /// left whole (`no_answer`), and the store may still commit it.
-    Lost(S3Error),
+    /// left whole (`no_answer`), and the store may still commit it; what
+    /// ended it.
+    Lost(String),
 }
 
 /// Keeps a write the store did not answer from letting go of its
@@ -684,10 +685,11 @@ impl Writer {
         };
         tokio::select! {
             r = &mut fut => match r {
-                Err(e) if crate::no_answer::may_have_landed(&e).is_some() => Sent::Lost(e),
-                r => Sent::Answered(
-                    r.map_err(|e| crate::body::unless_stalled(watch.as_ref(), e)),
-                ),
+                Err(e) => match crate::no_answer::may_have_landed(&e) {
+                    Some(lost) => Sent::Lost(lost.cause()),
+                    None => Sent::Answered(Err(crate::body::unless_stalled(watch.as_ref(), e))),
+                },
+                Ok(out) => Sent::Answered(Ok(out)),
             },
             () = deadline => Sent::Unanswered(fut),
         }
@@ -744,8 +746,8 @@ impl Writer {
                 let answer = errors::backend_timeout(self.store.timeout(), true);
                 return Err(self.hold_unanswered(w, Some(pending), answer));
             }
-            Sent::Lost(e) => {
-                let answer = errors::backend_lost(&e);
+            Sent::Lost(cause) => {
+                let answer = errors::backend_lost(&cause);
                 return Err(self.hold_unanswered::<T>(w, None, answer));
             }
         };
