@@ -1381,15 +1381,25 @@ async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
         at_raise < total,
         "the store had the whole stale body before the raise ({at_raise} bytes)"
     );
-    let mut text = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(20), answer.read(&mut text))
-        .await
-        .expect("the stale upload gets an answer, not a hang")
-        .expect("readable");
-    let text = String::from_utf8_lossy(&text[..n]).to_string();
+    // The answer may come in more than one segment: read to its end.
+    let mut text = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        while !String::from_utf8_lossy(&text).contains("</Error>") {
+            match answer.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => text.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .expect("the stale upload gets an answer, not a hang");
+    let text = String::from_utf8_lossy(&text).to_string();
     assert!(
         text.starts_with("HTTP/1.1 409") && text.contains("<Code>FencingTokenStale</Code>"),
-        "the stale upload was not answered stale: {text}"
+        "the stale upload was not answered stale ({read:?}): {text}"
     );
     sending.abort();
     // What the relay still held reaches the store, then the end of a body
@@ -1405,6 +1415,52 @@ async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
         "the stale object never appears"
     );
     assert_stored(&backend, BUCKET, "other", b"new holder", 2).await;
+}
+
+/// A client that ends its sending side once its request is out (a
+/// half-close, as `nc -N` does and as a client dropping its write half
+/// does) gets its answer even when the store takes a while: the proxy does
+/// not take the end of the client's sending for the client leaving. Before,
+/// the connection closed unanswered whenever that end came before the
+/// answer, and a writer could not tell a write that landed (or a stale
+/// refusal) from a network fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_its_request_gets_its_answer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const HOLD: Duration = Duration::from_secs(1);
+    let (backend, dir, toml) =
+        held_store("half-close-me", HOLD, Arc::default(), "timeout_secs = 10").await;
+    let proxy = Proxy::start(&toml, dir.path()).await;
+    let addr = proxy.url.trim_start_matches("http://").to_owned();
+    let body = "sent, then half-closed";
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let request = format!(
+        "PUT /{BUCKET}/half HTTP/1.1\r\nHost: {addr}\r\nFencing-Token: {}\r\nx-amz-meta-note: half-close-me\r\nContent-Length: {}\r\n\r\n{body}",
+        signed(BUCKET, 1),
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.expect("request");
+    conn.shutdown().await.expect("half-close");
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut answer))
+        .await
+        .expect("answered or closed, no hang")
+        .expect("readable");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "the half-closed client was not answered 200 after {:?}: {answer:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() >= HOLD - Duration::from_millis(100),
+        "the store held the write, so the answer came after its hold: {:?}",
+        started.elapsed()
+    );
+    assert_stored(&backend, BUCKET, "half", body.as_bytes(), 1).await;
 }
 
 /// A DELETE the store holds past the timeout keeps its key until the store

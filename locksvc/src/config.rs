@@ -411,6 +411,9 @@ impl LocksvcConfig {
             drain_timeout: Duration::from_secs(30),
             // Its work is one engine thread; the runtime only carries it.
             workers: None,
+            // A client that ends its sending side has left: its acquire
+            // waiting in line is dropped and stops waiting.
+            half_close: false,
         })
     }
 

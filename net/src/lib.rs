@@ -95,6 +95,15 @@ pub struct ServerOptions {
     /// work those connections started is done ([`Workers`] stop when
     /// dropped).
     pub workers: Option<Arc<Workers>>,
+    /// A client may end its sending side once its request is out (a
+    /// half-close: `shutdown(SHUT_WR)`, `nc -N`) and still read the answer.
+    /// `false` takes that end, before the answer, for the client leaving:
+    /// the connection closes unanswered and its handler is dropped, so a
+    /// handler that waits for long (a lease acquire in line) stops when its
+    /// client goes. A service whose handlers run to their end anyway should
+    /// set it: its answer is then not lost to the race between the client's
+    /// end and the handler's.
+    pub half_close: bool,
 }
 
 impl Default for ServerOptions {
@@ -108,6 +117,7 @@ impl Default for ServerOptions {
             refusal: Refusal::text("too many connections; retry later\n"),
             drain_timeout: Duration::from_secs(30),
             workers: None,
+            half_close: false,
         }
     }
 }
@@ -173,7 +183,9 @@ where
     // (short) header timeout; `conn` times heads from their first byte
     // instead (as Go's ReadHeaderTimeout/IdleTimeout and nginx's
     // client_header_timeout/keepalive_timeout do).
-    http.header_read_timeout(None).keep_alive(true);
+    http.header_read_timeout(None)
+        .keep_alive(true)
+        .half_close(options.half_close);
     let shared = Arc::new(conn::Shared {
         http,
         tls: options.tls.clone().map(tokio_rustls::TlsAcceptor::from),

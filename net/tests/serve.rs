@@ -227,6 +227,41 @@ async fn a_slow_answer_is_not_cut_by_either_timeout() {
     assert_eq!((status, body.as_str()), (200, "slow hello"));
 }
 
+/// A client that ends its sending side once its request is out
+/// (`shutdown(SHUT_WR)`) reads the answer of a slow handler when the
+/// server allows a half-close; without it, the connection closes
+/// unanswered and the handler is dropped (what the lease service wants
+/// for an acquire whose client left).
+#[tokio::test]
+async fn a_half_closed_client_gets_its_answer_only_where_half_close_is_allowed() {
+    for half_close in [true, false] {
+        let server = Server::start(ServerOptions {
+            half_close,
+            ..options(2000, 2000)
+        })
+        .await;
+        let mut c = server.connect().await;
+        c.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        c.shutdown().await.expect("half-close");
+        let answer = tokio::time::timeout(Duration::from_secs(10), read_response(&mut c))
+            .await
+            .expect("the server answers or closes, no hang");
+        match half_close {
+            true => {
+                let (status, _, body) = answer.expect("answered after the half-close");
+                assert_eq!((status, body.as_str()), (200, "slow hello"));
+            }
+            false => assert!(
+                answer.is_none(),
+                "without half-close the end of the client's sending closes the connection: {answer:?}"
+            ),
+        }
+        server.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn a_request_body_still_arriving_after_its_answer_is_not_timed_as_a_head() {
     let server = Server::start(options(300, 5000)).await;

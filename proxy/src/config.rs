@@ -451,6 +451,9 @@ impl ProxyConfig {
                 0 => fencegate_net::Workers::per_core("proxy-serve")?,
                 n => fencegate_net::Workers::start(n, "proxy-serve")?,
             }),
+            // Set where the handlers are made to run to their end
+            // (`server::serve_detached`).
+            ..fencegate_net::ServerOptions::default()
         })
     }
 

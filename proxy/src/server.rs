@@ -683,6 +683,14 @@ where
             let _ = requested.set(tokio::time::Instant::now());
         }
     };
+    // Every handler runs to its end, so a client that half-closes after its
+    // request gets the answer; hyper's default would close its connection
+    // unanswered whenever the end of its sending came first (a stale writer
+    // then cannot tell a refusal from a network fault).
+    let options = fencegate_net::ServerOptions {
+        half_close: true,
+        ..options
+    };
     // Connections first (net's serve returns once they are closed), then
     // handlers whose client hung up.
     fencegate_net::serve(listener, handlers, options, shutdown).await?;
