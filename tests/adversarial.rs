@@ -1464,12 +1464,9 @@ async fn a_body_sent_after_a_final_answer_is_never_read_as_a_request() {
         smuggled.len()
     );
     conn.write_all(head.as_bytes()).await.expect("head");
-    let mut first = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut first))
+    let first = support::read_answer(&mut conn, Duration::from_secs(10))
         .await
-        .expect("an answer")
-        .expect("read");
-    let first = String::from_utf8_lossy(&first[..n]).to_string();
+        .unwrap_or_else(|e| panic!("an answer: {e}"));
     assert!(first.starts_with("HTTP/1.1 409"), "{first}");
     assert!(
         first.to_ascii_lowercase().contains("connection: close"),

@@ -750,7 +750,7 @@ async fn a_write_whose_client_hangs_up_after_the_body_lands_whole() {
 /// the holder's retry goes through at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_silent_mid_body_times_out_and_frees_its_key() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -769,12 +769,9 @@ async fn a_client_silent_mid_body_times_out_and_frees_its_key() {
     );
     conn.write_all(head.as_bytes()).await.expect("send");
     let started = Instant::now();
-    let mut answer = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(15), conn.read(&mut answer))
+    let answer = support::read_answer(&mut conn, Duration::from_secs(15))
         .await
-        .expect("the proxy answers a silent client")
-        .expect("read");
-    let answer = String::from_utf8_lossy(&answer[..n]).to_string();
+        .unwrap_or_else(|e| panic!("the proxy answers a silent client: {e}"));
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     fencegate_testkit::assert_mentions(&answer, &["RequestTimeout"]);
     assert!(
@@ -1313,7 +1310,7 @@ async fn a_slow_backend_gets_retryable_errors_and_the_proxy_recovers() {
 /// object never appears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let backend = Backend::start(BackendKind::S3Fs).await;
     backend.create_bucket(BUCKET).await;
     let (relay, passed) = support::relay::throttled_relay(
@@ -1381,25 +1378,12 @@ async fn a_raise_cuts_an_upload_read_ahead_of_a_slow_store_before_its_end() {
         at_raise < total,
         "the store had the whole stale body before the raise ({at_raise} bytes)"
     );
-    // The answer may come in more than one segment: read to its end.
-    let mut text = Vec::new();
-    let mut buf = vec![0u8; 4096];
-    let read = tokio::time::timeout(Duration::from_secs(20), async {
-        while !String::from_utf8_lossy(&text).contains("</Error>") {
-            match answer.read(&mut buf).await {
-                Ok(0) => return Ok(()),
-                Ok(n) => text.extend_from_slice(&buf[..n]),
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    })
-    .await
-    .expect("the stale upload gets an answer, not a hang");
-    let text = String::from_utf8_lossy(&text).to_string();
+    let text = support::read_answer(&mut answer, Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("the stale upload gets a whole answer: {e}"));
     assert!(
         text.starts_with("HTTP/1.1 409") && text.contains("<Code>FencingTokenStale</Code>"),
-        "the stale upload was not answered stale ({read:?}): {text}"
+        "the stale upload was not answered stale: {text}"
     );
     sending.abort();
     // What the relay still held reaches the store, then the end of a body

@@ -754,3 +754,41 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// One HTTP/1.1 answer read from a raw connection: its head and its
+/// `Content-Length` body, however many reads TCP splits them into. `Err`
+/// says why it is not whole (the connection ended or failed first, or
+/// `within` passed) and what was read.
+pub async fn read_answer<R: tokio::io::AsyncRead + Unpin>(
+    conn: &mut R,
+    within: std::time::Duration,
+) -> Result<String, String> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let read = tokio::time::timeout(within, async {
+        loop {
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if got.len() >= end + 4 + len {
+                    return Ok(());
+                }
+            }
+            match conn.read(&mut buf).await {
+                Ok(0) => return Err("the connection closed".to_owned()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(format!("the read failed: {e}")),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| Err(format!("no whole answer within {within:?}")));
+    let text = String::from_utf8_lossy(&got).into_owned();
+    read.map(|()| text.clone())
+        .map_err(|why| format!("{why}, after: {text:?}"))
+}
