@@ -1425,9 +1425,9 @@ async fn a_client_that_half_closes_after_its_request_gets_its_answer() {
         signed(BUCKET, 1),
         body.len()
     );
+    let started = Instant::now();
     conn.write_all(request.as_bytes()).await.expect("request");
     conn.shutdown().await.expect("half-close");
-    let started = Instant::now();
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut answer))
         .await
@@ -1440,8 +1440,8 @@ async fn a_client_that_half_closes_after_its_request_gets_its_answer() {
         started.elapsed()
     );
     assert!(
-        started.elapsed() >= HOLD - Duration::from_millis(100),
-        "the store held the write, so the answer came after its hold: {:?}",
+        started.elapsed() >= HOLD,
+        "the store held the write, so the answer came after its hold (the client's end came first): {:?}",
         started.elapsed()
     );
     assert_stored(&backend, BUCKET, "half", body.as_bytes(), 1).await;

@@ -280,7 +280,7 @@ pub fn backend_lost(cause: &str) -> S3Error {
         S3ErrorCode::ServiceUnavailable,
         StatusCode::SERVICE_UNAVAILABLE,
         format!(
-            "no answer could be read from the backend ({cause}): the write was sent and may still land, and no newer token is admitted until it no longer can; retry"
+            "no answer could be read from the backend ({cause}): the write may have reached it whole and may still land, and no newer token is admitted until it no longer can; retry"
         ),
     )
 }

@@ -756,9 +756,10 @@ impl Drop for KillOnDrop {
 }
 
 /// One HTTP/1.1 answer read from a raw connection: its head and its
-/// `Content-Length` body, however many reads TCP splits them into. `Err`
-/// says why it is not whole (the connection ended or failed first, or
-/// `within` passed) and what was read.
+/// `Content-Length` body (none without one: a chunked body is not read),
+/// however many reads TCP splits them into. `Err` says why it is not whole
+/// (the connection ended or failed first, or `within` passed) and what was
+/// read.
 pub async fn read_answer<R: tokio::io::AsyncRead + Unpin>(
     conn: &mut R,
     within: std::time::Duration,
@@ -789,6 +790,8 @@ pub async fn read_answer<R: tokio::io::AsyncRead + Unpin>(
     .await
     .unwrap_or_else(|_| Err(format!("no whole answer within {within:?}")));
     let text = String::from_utf8_lossy(&got).into_owned();
-    read.map(|()| text.clone())
-        .map_err(|why| format!("{why}, after: {text:?}"))
+    match read {
+        Ok(()) => Ok(text),
+        Err(why) => Err(format!("{why}, after: {text:?}")),
+    }
 }
