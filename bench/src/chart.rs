@@ -18,6 +18,7 @@ fn color(kind: Kind) -> RGBColor {
         Kind::Nginx => RGBColor(0, 140, 60),
         Kind::Fencegate => RGBColor(210, 40, 40),
         Kind::Baseline => RGBColor(150, 150, 210),
+        Kind::Floor => RGBColor(230, 160, 30),
     }
 }
 

@@ -9,6 +9,7 @@
 
 mod backend;
 mod chart;
+mod floor;
 mod growth;
 mod ha;
 mod large;
@@ -90,6 +91,11 @@ struct Global {
     /// small and large: the baseline's name in tables (and the chart).
     #[arg(long, global = true, default_value = "baseline")]
     baseline_label: String,
+    /// small: also run the bare hyper forwarder (hyper's server and client
+    /// on the proxy's thread-per-core layout, nothing between), the least
+    /// any forwarder on hyper costs.
+    #[arg(long, global = true)]
+    floor: bool,
     /// small: where to draw the SVG chart (default: --out with .svg).
     #[arg(long, global = true)]
     chart: Option<PathBuf>,
@@ -140,6 +146,14 @@ enum Command {
     Report {
         /// JSON files written by runs, in the order the tables should come.
         files: Vec<PathBuf>,
+    },
+    /// The bare hyper forwarder `small --floor` measures against (run by
+    /// the bench itself); serves until killed.
+    #[command(hide = true)]
+    Floor {
+        /// The store, as `host:port`.
+        #[arg(long)]
+        upstream: std::net::SocketAddr,
     },
     /// Redraws the small section's chart from a results file (to --chart,
     /// default: FROM with .svg); runs nothing.
@@ -474,6 +488,11 @@ async fn main() -> anyhow::Result<()> {
     if let Command::Chart { from } = &cli.command {
         return redraw_chart(from, g.chart.as_deref());
     }
+    if let Command::Floor { upstream } = &cli.command {
+        // Its own threads and runtimes, as the proxy's; this one only waits.
+        let upstream = *upstream;
+        return tokio::task::spawn_blocking(move || floor::serve(upstream)).await?;
+    }
     if let Command::Report { files } = &cli.command {
         let mut runs = Vec::new();
         for f in files {
@@ -536,6 +555,7 @@ async fn main() -> anyhow::Result<()> {
         keys_per_worker: 8,
         nginx: (!g.no_nginx).then(|| g.nginx.clone()),
         baseline,
+        floor: g.floor,
     };
     let chart_path = g
         .chart
@@ -633,7 +653,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Ha | Command::Replicas => (false, false, false, false, false, false),
         Command::Scale { .. } => (false, false, false, false, false, false),
         Command::All => (true, true, true, true, true, true),
-        Command::Chart { .. } | Command::Report { .. } => unreachable!("handled above"),
+        Command::Chart { .. } | Command::Report { .. } | Command::Floor { .. } => {
+            unreachable!("handled above")
+        }
     };
     let do_ha = matches!(cli.command, Command::Ha | Command::All);
     let do_replicas = matches!(cli.command, Command::Replicas | Command::All);

@@ -40,6 +40,8 @@ pub struct SmallOpts {
     pub nginx: Option<PathBuf>,
     /// A second fencegate binary and its label (e.g. the commit).
     pub baseline: Option<(PathBuf, String)>,
+    /// Also run the bare hyper forwarder ([`crate::floor`]).
+    pub floor: bool,
 }
 
 /// The token number every variant's PUTs carry (and `DirectFenced` tags
@@ -63,6 +65,8 @@ pub enum Kind {
     Fencegate,
     /// Through the second fencegate binary (`--baseline`).
     Baseline,
+    /// Through the bare hyper forwarder (`--floor`, [`crate::floor`]).
+    Floor,
 }
 
 impl Kind {
@@ -73,6 +77,7 @@ impl Kind {
             Kind::Nginx => "small-nginx",
             Kind::Fencegate => "small-proxy",
             Kind::Baseline => "small-baseline",
+            Kind::Floor => "small-floor",
         }
     }
 }
@@ -159,6 +164,7 @@ enum Server {
     Store,
     Nginx(NginxProc),
     Proxy(ProxyProc),
+    Floor(crate::util::Proc),
 }
 
 impl Running {
@@ -169,6 +175,7 @@ impl Running {
             Server::Store => Vec::new(),
             Server::Nginx(n) => n.pids(),
             Server::Proxy(p) => vec![p.proc.pid()],
+            Server::Floor(p) => vec![p.pid()],
         }
     }
 }
@@ -305,6 +312,22 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
             etags: None,
         });
     }
+    if opts.floor {
+        let floor = floor_proc(&backend.endpoint, &ctx.tmp)?;
+        variants.push(Running {
+            info: VariantInfo {
+                kind: Kind::Floor,
+                label: "hyper-floor".into(),
+                binary: Some(
+                    "fencegate-bench floor (hyper server and client, nothing between)".into(),
+                ),
+                server_cpu_of: "the floor forwarder process (the store not included)".into(),
+            },
+            client: sdk_client(&floor.url, BACKEND_KEY),
+            server: Server::Floor(floor),
+            etags: None,
+        });
+    }
 
     let k = variants.len();
     let rounds = opts.rounds.unwrap_or(if opts.quick {
@@ -393,6 +416,30 @@ pub async fn run(ctx: &crate::Ctx, opts: &SmallOpts) -> anyhow::Result<SmallRepo
         nginx_unavailable,
         levels,
     })
+}
+
+/// Starts this binary's bare hyper forwarder ([`crate::floor`]) in front of
+/// `backend_endpoint` (`http://host:port`).
+fn floor_proc(backend_endpoint: &str, tmp: &std::path::Path) -> anyhow::Result<crate::util::Proc> {
+    let upstream = backend_endpoint
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow::anyhow!("backend endpoint {backend_endpoint} is not http://"))?
+        .trim_end_matches('/');
+    let exe = std::env::current_exe()?;
+    // `FENCEGATE_BENCH_FLOOR_UNDER="valgrind --tool=callgrind ..."` runs it
+    // under a tool (scripts/bench-instructions.sh --floor).
+    let under = std::env::var("FENCEGATE_BENCH_FLOOR_UNDER").unwrap_or_default();
+    let mut words = under.split_whitespace();
+    let mut cmd = match words.next() {
+        Some(tool) => {
+            let mut c = std::process::Command::new(tool);
+            c.args(words).arg(&exe);
+            c
+        }
+        None => std::process::Command::new(&exe),
+    };
+    cmd.args(["floor", "--upstream", upstream]);
+    crate::util::Proc::start_fencegate(cmd, tmp.join("floor.log"))
 }
 
 pub fn print(r: &SmallReport) {
