@@ -46,6 +46,7 @@ use s3s::host::S3Host;
 use s3s::path::S3Path;
 use s3s::{Body, S3Error};
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -215,11 +216,22 @@ impl Edge {
         canonical.put("\n");
         canonical.put(query);
         canonical.put("\n");
+        // The signed names are sorted and unique (`Authorization::parse`):
+        // walked beside the headers sorted by name, with no lookup by name
+        // (each would parse and hash it). Each must be present once.
+        let mut entries: SmallVec<[(&str, &HeaderValue); 24]> =
+            h.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        let mut rest = entries.as_slice();
         for name in auth.signed_headers.split(';') {
-            let mut values = h.get_all(name).iter();
-            let (Some(value), None) = (values.next(), values.next()) else {
+            let at = rest.partition_point(|(n, _)| *n < name);
+            let (Some((found, value)), next) = (rest.get(at), rest.get(at + 1)) else {
                 return None;
             };
+            if *found != name || next.is_some_and(|(n, _)| *n == name) {
+                return None;
+            }
+            rest = &rest[at + 1..];
             canonical.put(name);
             canonical.put(":");
             put_normalized(&mut canonical, value.to_str().ok()?);
@@ -348,11 +360,13 @@ struct Authorization<'a> {
 
 impl<'a> Authorization<'a> {
     fn parse(text: &'a str) -> Option<Authorization<'a>> {
+        // (Patterns are chars: a `&str` pattern builds a substring
+        // searcher per call.)
         let rest = text.strip_prefix("AWS4-HMAC-SHA256 Credential=")?;
-        let (credential, rest) = rest.split_once(",")?;
+        let (credential, rest) = rest.split_once(',')?;
         let rest = rest.strip_prefix(' ').unwrap_or(rest);
         let rest = rest.strip_prefix("SignedHeaders=")?;
-        let (signed_headers, rest) = rest.split_once(",")?;
+        let (signed_headers, rest) = rest.split_once(',')?;
         let rest = rest.strip_prefix(' ').unwrap_or(rest);
         let signature = rest.strip_prefix("Signature=")?;
         let Some([access_key, date, region, "s3", "aws4_request"]) =
@@ -365,18 +379,22 @@ impl<'a> Authorization<'a> {
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         };
-        let names: Vec<&str> = signed_headers.split(';').collect();
-        let header_names_ok = names.iter().all(|n| {
-            !n.is_empty()
-                && *n != "authorization"
+        // Each name well formed, and each after the one before it.
+        let mut before: Option<&str> = None;
+        let header_names_ok = signed_headers.split(';').all(|n| {
+            let ok = !n.is_empty()
+                && n != "authorization"
                 && n.bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        }) && names.windows(2).all(|w| w[0] < w[1]);
+                && before.is_none_or(|b| b < n);
+            before = Some(n);
+            ok
+        });
         (plain(access_key)
             && date.len() == 8
             && date.bytes().all(|b| b.is_ascii_digit())
             && plain(region)
-            && s3s::region::Region::new(region.into()).is_ok()
+            && is_region(region)
             && header_names_ok
             && crate::sigv4::is_sha256_hex(signature.as_bytes()))
         .then_some(Authorization {
@@ -389,13 +407,27 @@ impl<'a> Authorization<'a> {
     }
 }
 
+/// Whether s3s takes `text` as a region (`s3s::region::Region::new`, which
+/// copies it first): `[a-z0-9-]+`.
+fn is_region(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 /// Whether the headers s3s's PutObject parser reads are all read as text
 /// and present at most once: s3s refuses a repeated one, and a malformed
 /// date, flag or number, with 400 (and `x-amz-write-offset-bytes` is an
 /// append the lean path does not send); metadata with an RFC 2047 encoded
 /// word is decoded by s3s. Any of these goes to s3s.
+///
+/// One pass over the headers, without a lookup by name (each would hash
+/// it): a name's values come one after the other.
 fn plain_object_headers(h: &HeaderMap) -> bool {
-    h.keys().all(|name| {
+    let mut last: Option<&http::HeaderName> = None;
+    h.iter().all(|(name, value)| {
+        let repeated = last.replace(name) == Some(name);
         let n = name.as_str();
         let typed = matches!(
             n,
@@ -408,11 +440,9 @@ fn plain_object_headers(h: &HeaderMap) -> bool {
         let read_once = meta
             || crate::lean::forwarded(name)
             || matches!(n, "if-match" | "if-none-match" | "x-amz-checksum-algorithm");
-        let mut values = h.get_all(name).iter();
-        let first = values.next();
-        let repeated = values.next().is_some();
-        let encoded_word =
-            meta && first.is_some_and(|v| v.as_bytes().windows(2).any(|w| w == b"=?"));
+        // s3s decodes the first value of a metadata header (a repeated
+        // one is refused above).
+        let encoded_word = meta && !repeated && value.as_bytes().windows(2).any(|w| w == b"=?");
         !(typed || (read_once && repeated) || encoded_word)
     })
 }
@@ -647,6 +677,32 @@ fn error_response(e: S3Error) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_region_is_what_s3s_takes_as_one() {
+        let mut texts: Vec<String> = (0u8..=127).map(|b| char::from(b).to_string()).collect();
+        texts.extend(
+            [
+                "",
+                "us-east-1",
+                "eu-west-3",
+                "US-EAST-1",
+                "us_east_1",
+                "us east",
+                "é",
+                "-",
+                "a-",
+            ]
+            .map(str::to_owned),
+        );
+        for t in texts {
+            assert_eq!(
+                is_region(&t),
+                s3s::region::Region::new(t.clone().into()).is_ok(),
+                "{t:?}"
+            );
+        }
+    }
 
     #[test]
     fn values_are_normalized_as_s3s_normalizes_them() {

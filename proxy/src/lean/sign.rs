@@ -93,26 +93,36 @@ impl Signer {
 
         // Canonical headers: lower-case names (HeaderMap's already are),
         // sorted, values trimmed with inner runs of spaces collapsed, the
-        // values of a repeated header joined by commas.
-        let mut names: SmallVec<[&str; 24]> =
-            headers.keys().map(http::HeaderName::as_str).collect();
-        names.sort_unstable();
+        // values of a repeated header joined by commas in their order.
+        // Read in one pass over the entries, sorted stably by name: no
+        // lookup by name (each would parse and hash it).
+        let mut entries: SmallVec<[(&str, &HeaderValue); 24]> = headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value))
+            .collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        let mut names: SmallVec<[&str; 24]> = SmallVec::new();
         let mut canonical = Sha256::new();
         for piece in [method.as_str(), "\n", path, "\n\n"] {
             canonical.put(piece);
         }
-        for name in &names {
-            canonical.put(name);
-            canonical.put(":");
-            for (i, value) in headers.get_all(*name).iter().enumerate() {
-                let text = value
-                    .to_str()
-                    .map_err(|_| SignError::NotText((*name).to_owned()))?;
-                if i > 0 {
-                    canonical.put(",");
+        for (name, value) in &entries {
+            let text = value
+                .to_str()
+                .map_err(|_| SignError::NotText((*name).to_owned()))?;
+            if names.last() == Some(name) {
+                canonical.put(",");
+            } else {
+                if !names.is_empty() {
+                    canonical.put("\n");
                 }
-                put_trimmed(&mut canonical, text);
+                names.push(name);
+                canonical.put(name);
+                canonical.put(":");
             }
+            put_trimmed(&mut canonical, text);
+        }
+        if !names.is_empty() {
             canonical.put("\n");
         }
         canonical.put("\n");
@@ -152,7 +162,7 @@ impl Signer {
         put_signed_headers(&mut authorization, &names);
         authorization.put(", Signature=");
         authorization.put(signature.as_str());
-        drop(names);
+        drop((names, entries));
         debug_assert_eq!(authorization.len(), authorization.capacity());
         headers.insert(
             http::header::AUTHORIZATION,
