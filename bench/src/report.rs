@@ -41,24 +41,30 @@ fn small(out: &mut String, run: &Value, file: &str) -> Option<()> {
          server process (the store not included); ratio is ops/s over direct's in the same rounds.\n",
         s["object_bytes"], s["rounds"], s["round_secs"]
     );
-    let baseline = s["variants"]
+    // Variants beyond direct, nginx and fencegate, each with a ratio and a
+    // CPU column: a second binary (`--baseline`), the hyper floor.
+    let extras: Vec<(&str, &str)> = s["variants"]
         .as_array()?
         .iter()
-        .find(|v| v["kind"] == "baseline")
-        .and_then(|v| v["label"].as_str());
+        .filter(|v| v["kind"] == "baseline" || v["kind"] == "floor")
+        .filter_map(|v| Some((v["kind"].as_str()?, v["label"].as_str()?)))
+        .collect();
+    let heads: String = extras.iter().map(|(_, l)| format!(" {l} |")).collect();
+    let rules = "---:|".repeat(extras.len());
     let _ = write!(
         out,
-        "| c | direct ops/s | ratio: nginx | fencegate |{} p50 ms over direct: nginx | fencegate | CPU µs/PUT: nginx | fencegate |{} fencegate ÷ nginx CPU |\n|---:|---:|---:|---:|{}---:|---:|---:|---:|{}---:|\n",
-        baseline.map_or(String::new(), |b| format!(" {b} |")),
-        baseline.map_or(String::new(), |b| format!(" {b} |")),
-        if baseline.is_some() { "---:|" } else { "" },
-        if baseline.is_some() { "---:|" } else { "" },
+        "| c | direct ops/s | ratio: nginx | fencegate |{heads} p50 ms over direct: nginx | fencegate | CPU µs/PUT: nginx | fencegate |{heads} fencegate ÷ nginx CPU |\n|---:|---:|---:|---:|{rules}---:|---:|---:|---:|{rules}---:|\n",
     );
     for l in levels {
         let (d, n, p) = (kind(l, "direct")?, kind(l, "nginx"), kind(l, "fencegate")?);
-        let b = kind(l, "baseline");
         let cell = |v: Option<&Value>, field: &str, digits| {
             v.map_or("–".to_owned(), |v| f(&v[field], digits))
+        };
+        let extra = |field: &str, digits| -> String {
+            extras
+                .iter()
+                .map(|(k, _)| format!(" {} |", cell(kind(l, k), field, digits)))
+                .collect()
         };
         let cpu_ratio = n
             .and_then(|n| {
@@ -72,20 +78,12 @@ fn small(out: &mut String, run: &Value, file: &str) -> Option<()> {
             f(&d["series"]["median_ops_per_sec"], 0),
             cell(n, "ratio_ops", 3),
             f(&p["ratio_ops"], 3),
-            if baseline.is_some() {
-                format!(" {} |", cell(b, "ratio_ops", 3))
-            } else {
-                String::new()
-            },
+            extra("ratio_ops", 3),
             cell(n, "p50_overhead_ms", 3),
             f(&p["p50_overhead_ms"], 3),
             cell(n, "server_cpu_us_per_put", 0),
             f(&p["server_cpu_us_per_put"], 0),
-            if baseline.is_some() {
-                format!(" {} |", cell(b, "server_cpu_us_per_put", 0))
-            } else {
-                String::new()
-            },
+            extra("server_cpu_us_per_put", 0),
             cpu_ratio
         );
     }
