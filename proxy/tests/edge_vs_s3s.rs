@@ -552,6 +552,45 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
     }
 }
 
+/// A header signed with one value, then sent with a second: s3s signs the
+/// values joined, so the signature no longer holds, and the edge, which
+/// walks the signed names beside the sorted headers, must see the second
+/// value too and leave the request to s3s.
+#[tokio::test]
+async fn a_signed_header_given_a_second_value_is_never_taken_by_the_edge() {
+    let j = judges();
+    let once = signed(
+        "127.0.0.1:9000",
+        "/bkt/dir/k",
+        &[("x-custom", "a")],
+        b"x",
+        Payload::Unsigned,
+        &By::now(),
+    );
+    assert!(
+        authorization(&once).contains("x-custom"),
+        "the header is signed: {}",
+        authorization(&once)
+    );
+    assert_eq!(
+        j.verdicts(&once).await,
+        (true, true),
+        "signed once, both take it"
+    );
+    for (first, second) in [("a", "b"), ("b", "a")] {
+        let mut twice = once.clone();
+        twice
+            .headers_mut()
+            .insert("x-custom", HeaderValue::from_static(first));
+        twice
+            .headers_mut()
+            .append("x-custom", HeaderValue::from_static(second));
+        let (edge, s3s) = j.verdicts(&twice).await;
+        assert!(!edge, "the edge took x-custom: {first}, {second}");
+        assert!(!s3s, "s3s took x-custom: {first}, {second}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
 
