@@ -427,7 +427,8 @@ fn floor_proc(backend_endpoint: &str, tmp: &std::path::Path) -> anyhow::Result<c
         .trim_end_matches('/');
     let exe = std::env::current_exe()?;
     // `FENCEGATE_BENCH_FLOOR_UNDER="valgrind --tool=callgrind ..."` runs it
-    // under a tool (scripts/bench-instructions.sh --floor).
+    // under a tool (how bench/results/HISTORY.md counted its instructions
+    // per PUT, issue 38's fourth stop).
     let under = std::env::var("FENCEGATE_BENCH_FLOOR_UNDER").unwrap_or_default();
     let mut words = under.split_whitespace();
     let mut cmd = match words.next() {
