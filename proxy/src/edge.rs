@@ -32,7 +32,6 @@
 
 use crate::access::ClientAuth;
 use crate::gate::Gate;
-use crate::header_names as names;
 use crate::host::VirtualHosts;
 use crate::recent::Recent;
 use crate::request::{AsIs, PutRequest, Route};
@@ -142,35 +141,16 @@ impl Edge {
             Some(_) => return None,
         };
         let h = req.headers();
-        for refused in [
-            names::X_AMZ_COPY_SOURCE,
-            names::X_AMZ_TRAILER,
-            names::X_AMZ_DECODED_CONTENT_LENGTH,
-            http::header::TRANSFER_ENCODING,
-        ] {
-            if h.contains_key(refused) {
-                return None;
-            }
-        }
-        if h.get_all(http::header::CONTENT_ENCODING).iter().any(|v| {
-            String::from_utf8_lossy(v.as_bytes())
-                .to_ascii_lowercase()
-                .contains("aws-chunked")
-        }) {
-            return None;
-        }
-        let content_length: u64 = unique(h, http::header::CONTENT_LENGTH)?.parse().ok()?;
+        let read = Read::of(h)?;
+        let content_length: u64 = read.content_length?.parse().ok()?;
         // s3s reads it as an i64.
         i64::try_from(content_length).ok()?;
-        if !plain_object_headers(h) {
-            return None;
-        }
-        let payload = match unique(h, names::X_AMZ_CONTENT_SHA256)? {
+        let payload = match read.content_sha256? {
             "UNSIGNED-PAYLOAD" => Payload::Unsigned,
             hash => Payload::Sha256(Hex64::parse(hash.as_bytes())?),
         };
-        let auth = Authorization::parse(unique(h, http::header::AUTHORIZATION)?)?;
-        let stamp = unique(h, names::X_AMZ_DATE)?;
+        let auth = Authorization::parse(read.authorization?)?;
+        let stamp = read.amz_date?;
         let at = parse_amz_date(stamp)?;
         if &stamp[..8] != auth.date {
             return None;
@@ -183,7 +163,7 @@ impl Edge {
         // The path, parsed as s3s parses it.
         let raw_path = req.uri().path();
         let decoded = urlencoding::decode(raw_path).ok()?;
-        let host = unique(h, http::header::HOST)?;
+        let host = read.host?;
         let validation = const { s3s::validation::AwsNameValidation::new() };
         let path = if host.parse::<std::net::SocketAddr>().is_ok()
             || host.parse::<std::net::IpAddr>().is_ok()
@@ -219,8 +199,7 @@ impl Edge {
         // The signed names are sorted and unique (`Authorization::parse`):
         // walked beside the headers sorted by name, with no lookup by name
         // (each would parse and hash it). Each must be present once.
-        let mut entries: SmallVec<[(&str, &HeaderValue); 24]> =
-            h.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        let mut entries = read.entries;
         entries.sort_by(|a, b| a.0.cmp(b.0));
         let mut rest = entries.as_slice();
         for name in auth.signed_headers.split(';') {
@@ -265,10 +244,10 @@ impl Edge {
         crate::query::require_known(crate::op::Op::PutObject, req.uri()).ok()?;
         crate::object_key::require(&key).ok()?;
 
-        let condition = |name| -> Option<Option<ETagCondition>> {
-            match h.get(name) {
+        let condition = |value: Option<&HeaderValue>| -> Option<Option<ETagCondition>> {
+            match value {
                 None => Some(None),
-                // A repeated one went to s3s (`plain_object_headers`).
+                // A repeated one went to s3s (`Read::of`).
                 Some(v) => ETagCondition::parse_http_header(v.as_bytes())
                     .ok()
                     .map(Some),
@@ -279,8 +258,8 @@ impl Edge {
             key: key.into(),
             content_length,
             payload,
-            if_match: condition(http::header::IF_MATCH)?,
-            if_none_match: condition(http::header::IF_NONE_MATCH)?,
+            if_match: condition(read.if_match)?,
+            if_none_match: condition(read.if_none_match)?,
             credentials: Credentials {
                 access_key: auth.access_key.to_owned(),
                 secret_key: secret,
@@ -416,45 +395,108 @@ fn is_region(text: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// Whether the headers s3s's PutObject parser reads are all read as text
-/// and present at most once: s3s refuses a repeated one, and a malformed
-/// date, flag or number, with 400 (and `x-amz-write-offset-bytes` is an
-/// append the lean path does not send); metadata with an RFC 2047 encoded
-/// word is decoded by s3s. Any of these goes to s3s.
-///
-/// One pass over the headers, without a lookup by name (each would hash
-/// it): a name's values come one after the other.
-fn plain_object_headers(h: &HeaderMap) -> bool {
-    let mut last: Option<&http::HeaderName> = None;
-    h.iter().all(|(name, value)| {
-        let repeated = last.replace(name) == Some(name);
-        let n = name.as_str();
-        let typed = matches!(
-            n,
-            "expires"
-                | "x-amz-object-lock-retain-until-date"
-                | "x-amz-server-side-encryption-bucket-key-enabled"
-                | "x-amz-write-offset-bytes"
-        );
-        let meta = n.starts_with("x-amz-meta-");
-        let read_once = meta
-            || crate::lean::forwarded(name)
-            || matches!(n, "if-match" | "if-none-match" | "x-amz-checksum-algorithm");
-        // s3s decodes the first value of a metadata header (a repeated
-        // one is refused above).
-        let encoded_word = meta && !repeated && value.as_bytes().windows(2).any(|w| w == b"=?");
-        !(typed || (read_once && repeated) || encoded_word)
-    })
+/// The headers the edge reads, from one pass over the request's: no
+/// lookup by name (each would parse and hash it).
+struct Read<'a> {
+    /// Each: its one value as text; `None` if it is missing, repeated or
+    /// not text.
+    content_length: Option<&'a str>,
+    content_sha256: Option<&'a str>,
+    authorization: Option<&'a str>,
+    amz_date: Option<&'a str>,
+    host: Option<&'a str>,
+    /// Present at most once (a repeated one refuses the request).
+    if_match: Option<&'a HeaderValue>,
+    if_none_match: Option<&'a HeaderValue>,
+    /// Every header, in the request's order, for the canonical request.
+    entries: SmallVec<[(&'a str, &'a HeaderValue); 24]>,
 }
 
-/// The one value of header `name`, as text; `None` if it is missing,
-/// repeated or not text.
-fn unique(h: &HeaderMap, name: http::HeaderName) -> Option<&str> {
-    let mut values = h.get_all(name).iter();
-    match (values.next(), values.next()) {
-        (Some(v), None) => v.to_str().ok(),
-        _ => None,
+impl<'a> Read<'a> {
+    /// `h` read, or `None` (to s3s) if it has a header the edge does not
+    /// take: a copy source, a trailer, a decoded length, a
+    /// `Transfer-Encoding`, an `aws-chunked` content encoding, or one
+    /// [`plain_object_header`] refuses.
+    fn of(h: &'a HeaderMap) -> Option<Read<'a>> {
+        let mut read = Read {
+            content_length: None,
+            content_sha256: None,
+            authorization: None,
+            amz_date: None,
+            host: None,
+            if_match: None,
+            if_none_match: None,
+            entries: SmallVec::new(),
+        };
+        // A name's values come one after the other.
+        let mut last: Option<&http::HeaderName> = None;
+        for (name, value) in h {
+            let repeated = last.replace(name) == Some(name);
+            if !plain_object_header(name, value, repeated) {
+                return None;
+            }
+            let n = name.as_str();
+            read.entries.push((n, value));
+            let once = match n {
+                "content-length" => &mut read.content_length,
+                "x-amz-content-sha256" => &mut read.content_sha256,
+                "authorization" => &mut read.authorization,
+                "x-amz-date" => &mut read.amz_date,
+                "host" => &mut read.host,
+                // Read once (`plain_object_header`).
+                "if-match" => {
+                    read.if_match = Some(value);
+                    continue;
+                }
+                "if-none-match" => {
+                    read.if_none_match = Some(value);
+                    continue;
+                }
+                "x-amz-copy-source"
+                | "x-amz-trailer"
+                | "x-amz-decoded-content-length"
+                | "transfer-encoding" => return None,
+                "content-encoding" => {
+                    if String::from_utf8_lossy(value.as_bytes())
+                        .to_ascii_lowercase()
+                        .contains("aws-chunked")
+                    {
+                        return None;
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            // A second value (they come together) undoes the first.
+            *once = if repeated { None } else { value.to_str().ok() };
+        }
+        Some(read)
     }
+}
+
+/// Whether one header s3s's PutObject parser reads is read as text and
+/// present at most once (`repeated`: the value before it had its name): s3s
+/// refuses a repeated one, and a malformed date, flag or number, with 400
+/// (and `x-amz-write-offset-bytes` is an append the lean path does not
+/// send); metadata with an RFC 2047 encoded word is decoded by s3s. Any of
+/// these goes to s3s.
+fn plain_object_header(name: &http::HeaderName, value: &HeaderValue, repeated: bool) -> bool {
+    let n = name.as_str();
+    let typed = matches!(
+        n,
+        "expires"
+            | "x-amz-object-lock-retain-until-date"
+            | "x-amz-server-side-encryption-bucket-key-enabled"
+            | "x-amz-write-offset-bytes"
+    );
+    let meta = n.starts_with("x-amz-meta-");
+    let read_once = meta
+        || crate::lean::forwarded(name)
+        || matches!(n, "if-match" | "if-none-match" | "x-amz-checksum-algorithm");
+    // s3s decodes the first value of a metadata header (a repeated one is
+    // refused above).
+    let encoded_word = meta && !repeated && value.as_bytes().windows(2).any(|w| w == b"=?");
+    !(typed || (read_once && repeated) || encoded_word)
 }
 
 /// `YYYYMMDDTHHMMSSZ` as a time.

@@ -9,9 +9,6 @@ use http::HeaderName;
 pub const X_AMZ_DATE: HeaderName = HeaderName::from_static("x-amz-date");
 pub const X_AMZ_CONTENT_SHA256: HeaderName = HeaderName::from_static("x-amz-content-sha256");
 pub const X_AMZ_TRAILER: HeaderName = HeaderName::from_static("x-amz-trailer");
-pub const X_AMZ_DECODED_CONTENT_LENGTH: HeaderName =
-    HeaderName::from_static("x-amz-decoded-content-length");
-pub const X_AMZ_COPY_SOURCE: HeaderName = HeaderName::from_static("x-amz-copy-source");
 pub const CONTENT_MD5: HeaderName = HeaderName::from_static("content-md5");
 /// The request header carrying the token (`tokens::FENCING_TOKEN_HEADER`).
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");

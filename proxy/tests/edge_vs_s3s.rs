@@ -509,6 +509,28 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
             .append(name, HeaderValue::from_str(second).expect("value"));
         cases.push(("a header s3s reads once, twice", twice));
     }
+    // The headers the edge reads a value of, sent twice with the same
+    // value: the edge takes only one of each.
+    for name in [
+        "content-length",
+        "x-amz-content-sha256",
+        "authorization",
+        "x-amz-date",
+        "host",
+    ] {
+        let mut twice = base.clone();
+        let value = twice.headers()[name].clone();
+        twice.headers_mut().append(name, value);
+        cases.push(("a header the edge reads, twice", twice));
+    }
+    // Bodies the edge does not forward as they came.
+    for (name, value) in [
+        ("content-encoding", "gzip, AWS-Chunked"),
+        ("x-amz-trailer", "x-amz-checksum-crc32"),
+        ("x-amz-decoded-content-length", "5"),
+    ] {
+        cases.push(("a body sent in pieces", set(&base, name, value)));
+    }
     for (name, value) in [
         ("expires", "nope"),
         ("x-amz-object-lock-retain-until-date", "x"),
