@@ -121,7 +121,12 @@ impl Backend {
 
     /// The backend of `config`; with replicas, `check` is the replica's
     /// standing, asked before every write's bytes leave (`send_check`).
-    pub fn new(config: &BackendConfig, check: Option<Check>) -> Backend {
+    /// `resends` counts the lean forwarder's writes sent again.
+    pub fn new(
+        config: &BackendConfig,
+        check: Option<Check>,
+        resends: prometheus_client::metrics::counter::Counter,
+    ) -> Backend {
         let creds = Credentials::new(
             config.access_key.clone(),
             config.secret_key.clone(),
@@ -163,7 +168,7 @@ impl Backend {
             }
         };
         let client = aws_sdk_s3::Client::from_conf(write_config.clone());
-        let lean = match crate::lean::Lean::new(config, check) {
+        let lean = match crate::lean::Lean::new(config, check, resends) {
             Ok(l) => Some(std::sync::Arc::new(l)),
             Err(e) => {
                 tracing::warn!(error = %e, "no lean forwarder for this backend; every write goes through the SDK");

@@ -160,10 +160,14 @@ pub fn forwarded(name: &HeaderName) -> bool {
 }
 
 impl Lean {
-    /// A client for the backend of `config`, or an error if its endpoint is
-    /// not an `http(s)://host[:port][/path]` URL.
-    /// A forwarder to `config`'s store whose every write asks `check` last.
-    pub fn new(config: &BackendConfig, check: Option<Check>) -> anyhow::Result<Lean> {
+    /// A forwarder to `config`'s store whose every write asks `check` last,
+    /// counting in `resends` the writes it sends again (`conns`); an error
+    /// if the endpoint is not an `http(s)://host[:port][/path]` URL.
+    pub fn new(
+        config: &BackendConfig,
+        check: Option<Check>,
+        resends: prometheus_client::metrics::counter::Counter,
+    ) -> anyhow::Result<Lean> {
         let uri: Uri = config.endpoint.parse()?;
         let scheme = uri
             .scheme()
@@ -192,7 +196,7 @@ impl Lean {
             );
         }
         Ok(Lean {
-            conns: Conns::new(connector, scheme),
+            conns: Conns::new(connector, scheme, resends),
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
             path_style: config.path_style,
@@ -514,5 +518,180 @@ mod tests {
         assert!(!forwarded(&HeaderName::from_static("if-match")));
         assert!(!forwarded(&HeaderName::from_static("fencing-token")));
         assert!(forwarded(&HeaderName::from_static("content-type")));
+    }
+
+    /// A store (s3s-fs) behind a relay whose first connection closes on
+    /// `close` (with a reset if so started); `closed` hears when it did.
+    /// Served on a runtime of its own, off the caller's thread.
+    struct ClosingStore {
+        url: String,
+        dir: tempfile::TempDir,
+        close: tokio::sync::watch::Sender<bool>,
+        closed: std::sync::mpsc::Receiver<()>,
+        accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        _runtime: tokio::runtime::Runtime,
+    }
+
+    const KEY: (&str, &str) = ("AKIDCONNS", "conns-secret");
+
+    impl ClosingStore {
+        fn start(reset: bool) -> ClosingStore {
+            use std::sync::atomic::Ordering;
+            use tokio::net::{TcpListener, TcpStream};
+            let runtime = tokio::runtime::Runtime::new().expect("runtime");
+            let dir = tempfile::tempdir().expect("dir");
+            std::fs::create_dir(dir.path().join("bkt")).expect("bucket");
+            let (close, to_close) = tokio::sync::watch::channel(false);
+            let (closed_tx, closed) = std::sync::mpsc::channel();
+            let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = accepted.clone();
+            let root = dir.path().to_owned();
+            let url = runtime.block_on(async move {
+                let mut builder = s3s::service::S3ServiceBuilder::new(
+                    crate::devstore::DevStore::new(&root).expect("s3s-fs"),
+                );
+                builder.set_auth(s3s::auth::SimpleAuth::from_single(KEY.0, KEY.1));
+                let store = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let store_addr = store.local_addr().expect("addr");
+                tokio::spawn(crate::server::serve_service(
+                    store,
+                    builder.build(),
+                    std::future::pending(),
+                ));
+                let relay = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let url = format!("http://{}", relay.local_addr().expect("addr"));
+                tokio::spawn(async move {
+                    while let Ok((mut client, _)) = relay.accept().await {
+                        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+                        let Ok(mut store) = TcpStream::connect(store_addr).await else {
+                            return;
+                        };
+                        if !first {
+                            tokio::spawn(async move {
+                                let _ =
+                                    tokio::io::copy_bidirectional(&mut client, &mut store).await;
+                            });
+                            continue;
+                        }
+                        let closed_tx = closed_tx.clone();
+                        let mut to_close = to_close.clone();
+                        tokio::spawn(async move {
+                            tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut client, &mut store) => {}
+                                _ = to_close.wait_for(|c| *c) => {}
+                            }
+                            if reset {
+                                let _ = client.set_zero_linger();
+                            }
+                            drop(client);
+                            let _ = closed_tx.send(());
+                        });
+                    }
+                });
+                url
+            });
+            ClosingStore {
+                url,
+                dir,
+                close,
+                closed,
+                accepted,
+                _runtime: runtime,
+            }
+        }
+    }
+
+    async fn put(lean: &Lean, key: &str, body: &'static [u8]) -> S3Result<()> {
+        let prepared = lean.prepare(("bkt", key), &HeaderMap::new(), body.len() as u64, 7)?;
+        lean.send(
+            prepared,
+            (None, None),
+            Dialect::AWS,
+            full(Bytes::from_static(body)),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// What the second of two writes met: the store closed the idle
+    /// connection of the first (with a reset if `reset`) while the
+    /// proxy's thread was busy, so the close had arrived but was not yet
+    /// read when the second write took that connection. `turn`: the
+    /// checkout's turn of the event loop is on. Returns the second
+    /// write's outcome, the writes sent again, the connections the store
+    /// accepted, and the second object if it landed.
+    fn second_write_after_a_close(
+        reset: bool,
+        turn: bool,
+    ) -> (S3Result<()>, u64, usize, Option<Vec<u8>>) {
+        let store = ClosingStore::start(reset);
+        let config = BackendConfig {
+            endpoint: store.url.clone(),
+            access_key: KEY.0.into(),
+            secret_key: KEY.1.into(),
+            ..BackendConfig::default()
+        };
+        let resends = prometheus_client::metrics::counter::Counter::default();
+        // One thread, as the proxy's serving threads run.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let second = runtime.block_on(async {
+            let mut lean = Lean::new(&config, None, resends.clone()).expect("lean");
+            if !turn {
+                lean.conns.never_turn();
+            }
+            put(&lean, "first", b"one").await.expect("first write");
+            store.close.send_replace(true);
+            store
+                .closed
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the store closed the connection");
+            // The close reaches this side's socket while this thread (and
+            // so the connection's task) does not run.
+            std::thread::sleep(conns::TURN_AFTER * 2);
+            put(&lean, "second", b"two").await
+        });
+        let accepted = store.accepted.load(std::sync::atomic::Ordering::SeqCst);
+        let landed = std::fs::read(store.dir.path().join("bkt/second")).ok();
+        (second, resends.get(), accepted, landed)
+    }
+
+    /// A close (or a reset) that arrived while the thread was busy is read
+    /// in the checkout's turn, before the request is written: hyper hands
+    /// the request back with no byte of it sent, and it goes out once, on
+    /// a new connection, counted, and lands.
+    #[test]
+    fn a_write_meeting_a_close_that_arrived_meanwhile_goes_once_on_a_new_connection() {
+        for reset in [false, true] {
+            let (second, resends, accepted, landed) = second_write_after_a_close(reset, true);
+            assert!(second.is_ok(), "reset {reset}: {second:?}");
+            assert_eq!(resends, 1, "reset {reset}: handed back and sent again");
+            assert_eq!(accepted, 2, "reset {reset}: on a new connection");
+            assert_eq!(landed.as_deref(), Some(&b"two"[..]), "reset {reset}");
+        }
+    }
+
+    /// Without the turn, hyper writes the request on the closed connection:
+    /// nothing lands, and the client is told the write may still land (a
+    /// retryable 503; raises of its lock wait). What the turn prevents.
+    #[test]
+    fn without_the_turn_a_close_that_arrived_meanwhile_makes_an_unknown_outcome() {
+        for reset in [false, true] {
+            let (second, resends, accepted, landed) = second_write_after_a_close(reset, false);
+            let e = second.expect_err("written on a closed connection");
+            assert_eq!(
+                e.status_code(),
+                Some(StatusCode::SERVICE_UNAVAILABLE),
+                "reset {reset}: {e:?}"
+            );
+            assert!(
+                crate::no_answer::may_have_landed(&e).is_some(),
+                "reset {reset}: an unknown outcome: {e:?}"
+            );
+            assert_eq!((resends, accepted), (0, 1), "reset {reset}: not sent again");
+            assert_eq!(landed, None, "reset {reset}");
+        }
     }
 }

@@ -95,6 +95,10 @@ pub struct Metrics {
     pub lean_forwards: Counter,
     /// PutObjects served before s3s (`edge`).
     pub edge_puts: Counter,
+    /// PutObjects the lean forwarder sent again on another connection: the
+    /// idle one it took had been closed by the store, and hyper handed the
+    /// request back with no byte of it sent.
+    pub lean_resends: Counter,
     /// How long a raise waited for the older epoch to let go.
     pub raise_wait_seconds: Family<LockLabels, Histogram>,
     /// With replicas: 1 while this replica admits writes (its registration
@@ -122,6 +126,7 @@ impl Default for Metrics {
         let lingering_writes = Gauge::default();
         let lean_forwards = Counter::default();
         let edge_puts = Counter::default();
+        let lean_resends = Counter::default();
         let raise_wait_seconds = Family::<LockLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 18))
         });
@@ -188,6 +193,11 @@ impl Default for Metrics {
             "PutObjects recognised and verified before s3s (the others were parsed by s3s)",
             edge_puts.clone(),
         );
+        registry.register(
+            "lean_resends",
+            "PutObjects the lean forwarder sent again on a new connection, because the idle one it took had been closed by the store before any byte of the request left",
+            lean_resends.clone(),
+        );
         Metrics {
             registry,
             writes,
@@ -198,6 +208,7 @@ impl Default for Metrics {
             lingering_writes,
             lean_forwards,
             edge_puts,
+            lean_resends,
             raise_wait_seconds,
             cluster_admitting,
             cluster_raise_seconds,

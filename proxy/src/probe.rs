@@ -336,7 +336,7 @@ pub async fn probe_store(
     config: &crate::config::BackendConfig,
     bucket: &str,
 ) -> Result<ProbeReport, ProbeError> {
-    let backend = crate::backend::Backend::new(config, None);
+    let backend = crate::backend::Backend::new(config, None, Default::default());
     probe(
         backend.unfenced(),
         bucket,

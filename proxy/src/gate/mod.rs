@@ -185,7 +185,7 @@ impl Gate {
             lease_service.clone(),
         );
         let store = Arc::new(Store::new(
-            Backend::new(&config.backend, last_check),
+            Backend::new(&config.backend, last_check, metrics.lean_resends.clone()),
             config.accept_weak_backend,
             Duration::from_secs(config.backend.timeout_secs),
             metrics.clone(),

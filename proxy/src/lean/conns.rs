@@ -5,6 +5,11 @@
 //! a scan of a short list: no hashing, no lock, no boxed future.
 //!
 //! What hyper-util's pool did, and this keeps:
+//! - a connection idle for [`TURN_AFTER`] or more is given one turn of the
+//!   event loop before it is used, so a close the store sent while this
+//!   thread was busy is read before the request is written (else hyper
+//!   writes it on the closed connection, and its loss is an unknown
+//!   outcome);
 //! - a request meant for an idle connection the store has closed meanwhile
 //!   is sent on another only when hyper hands it back unsent: no byte of it
 //!   left ([`Conns::send`]);
@@ -24,6 +29,7 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
+use prometheus_client::metrics::counter::Counter;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
@@ -31,6 +37,18 @@ use std::time::{Duration, Instant};
 /// connections themselves (after 5 s to minutes), and one closed while idle
 /// costs a resend at checkout.
 pub const IDLE_FOR: Duration = Duration::from_secs(30);
+
+/// How long a connection may have been idle before it is given a turn of
+/// the event loop at checkout. A close (or a reset) the store sent while
+/// this thread was busy is not known to the connection's task until the
+/// event loop polls for it; without that poll, hyper writes the request on
+/// the closed connection, and its loss is an unknown outcome (a 503 that
+/// holds back raises). With it, the close is read before the request is
+/// written, and hyper hands the request back unsent. A connection in steady
+/// use (idle less than this) is taken at once, at no cost: stores close
+/// connections for idleness after seconds, and otherwise say
+/// `Connection: close`, which is honoured.
+pub const TURN_AFTER: Duration = Duration::from_millis(100);
 
 /// Most idle connections a thread keeps; a return past it closes the
 /// connection (the list is scanned at checkout).
@@ -64,6 +82,10 @@ pub struct Conns {
     connector: Connector,
     scheme: Scheme,
     id: usize,
+    /// Requests handed back unsent and sent on another connection.
+    resends: Counter,
+    /// [`TURN_AFTER`], but for a test of what it prevents.
+    turn_after: Duration,
 }
 
 /// A connection in use, whose answer is being read; dropped, it closes.
@@ -105,13 +127,16 @@ fn closes(headers: &http::HeaderMap) -> bool {
 }
 
 impl Conns {
-    /// Connections to the store reached at `scheme`, opened by `connector`.
-    pub fn new(connector: Connector, scheme: Scheme) -> Conns {
+    /// Connections to the store reached at `scheme`, opened by `connector`;
+    /// each request sent again is counted in `resends`.
+    pub fn new(connector: Connector, scheme: Scheme, resends: Counter) -> Conns {
         static IDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         Conns {
             connector,
             scheme,
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            resends,
+            turn_after: TURN_AFTER,
         }
     }
 
@@ -128,10 +153,18 @@ impl Conns {
     ) -> Result<(Response<Incoming>, Conn), SendError> {
         loop {
             let (mut sender, reused) = match self.checkout(authority) {
-                Some(sender) => (sender, true),
+                Some((sender, idle)) => {
+                    if idle >= self.turn_after {
+                        // The event loop polls for what arrived while this
+                        // thread was busy, so a close is read before the
+                        // request is written.
+                        tokio::task::yield_now().await;
+                    }
+                    (sender, true)
+                }
                 None => (self.connect(authority).await?, false),
             };
-            if reused && sender.ready().await.is_err() {
+            if reused && (sender.is_closed() || sender.ready().await.is_err()) {
                 continue;
             }
             match sender.try_send_request(request).await {
@@ -144,7 +177,10 @@ impl Conns {
                     return Ok((response, conn));
                 }
                 Err(mut e) => match e.take_message() {
-                    Some(unsent) if reused => request = unsent,
+                    Some(unsent) if reused => {
+                        self.resends.inc();
+                        request = unsent;
+                    }
                     // Handed back: no byte of it left.
                     Some(_) => return Err(e.into_error().into()),
                     None => return Err(NoAnswer::mark(e.into_error().into())),
@@ -153,9 +189,10 @@ impl Conns {
         }
     }
 
-    /// This thread's most recently used idle connection to `authority`,
-    /// dropping those idle too long or closed on the way.
-    fn checkout(&self, authority: &Authority) -> Option<SendRequest<Body>> {
+    /// This thread's most recently used idle connection to `authority`, and
+    /// how long it was idle, dropping those idle too long or closed on the
+    /// way.
+    fn checkout(&self, authority: &Authority) -> Option<(SendRequest<Body>, Duration)> {
         IDLE.with_borrow_mut(|idle| {
             let now = Instant::now();
             while let Some(i) = idle
@@ -163,12 +200,20 @@ impl Conns {
                 .rposition(|c| c.lean == self.id && c.authority == *authority)
             {
                 let c = idle.swap_remove(i);
-                if now.duration_since(c.since) < IDLE_FOR && !c.sender.is_closed() {
-                    return Some(c.sender);
+                let idle_for = now.duration_since(c.since);
+                if idle_for < IDLE_FOR && !c.sender.is_closed() {
+                    return Some((c.sender, idle_for));
                 }
             }
             None
         })
+    }
+
+    /// Every idle connection taken at once, without a turn of the event
+    /// loop: for the test of what the turn prevents.
+    #[cfg(test)]
+    pub fn never_turn(&mut self) {
+        self.turn_after = Duration::MAX;
     }
 
     /// A new connection to `authority`, its task on this thread's runtime.
