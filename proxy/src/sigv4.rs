@@ -86,7 +86,25 @@ pub fn hmac_of(key: &[u8]) -> HmacSha256 {
 
 /// Whether `v` is `len` lower-case hex digits.
 pub fn is_lower_hex(v: &[u8], len: usize) -> bool {
-    v.len() == len && v.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    // Every byte looked at, without an early exit: the compiler checks
+    // them many at a time.
+    v.len() == len
+        && v.iter().fold(true, |ok, b| {
+            ok & (b.is_ascii_digit() | (b'a'..=b'f').contains(b))
+        })
+}
+
+/// The 32 bytes that `hex` (64 lower-case hex digits) writes, if it is so.
+pub fn sha256_of_hex(hex: &str) -> Option<[u8; 32]> {
+    if !is_sha256_hex(hex.as_bytes()) {
+        return None;
+    }
+    let nibble = |c: u8| if c <= b'9' { c - b'0' } else { c - b'a' + 10 };
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+        *o = nibble(pair[0]) << 4 | nibble(pair[1]);
+    }
+    Some(out)
 }
 
 /// Whether `v` is a SHA-256 as SigV4 writes it: 64 lower-case hex digits.
@@ -176,6 +194,10 @@ mod tests {
         assert_eq!(Hex64::parse(text.as_bytes()), Some(Hex64::of(&digest)));
         assert_eq!(Hex64::parse(text.to_uppercase().as_bytes()), None);
         assert_eq!(Hex64::parse(&text.as_bytes()[1..]), None);
+        assert_eq!(sha256_of_hex(&text), Some(digest));
+        assert_eq!(sha256_of_hex(&text.to_uppercase()), None);
+        assert_eq!(sha256_of_hex(&text[1..]), None);
+        assert_eq!(sha256_of_hex(&format!("{}g", &text[1..])), None);
         assert!(is_sha256_hex(&[b'a'; 64]));
         assert!(!is_sha256_hex(&[b'A'; 64]));
         assert!(!is_sha256_hex(&[b'z'; 64]));
