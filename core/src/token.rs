@@ -76,7 +76,7 @@ pub struct SignedToken {
 
 impl SignedToken {
     fn parse(value: &str) -> Result<SignedToken, TokenError> {
-        let Some([prefix, lock, token, mac]) = crate::fields::exact(value, ':') else {
+        let Some([prefix, lock, token, mac]) = crate::fields::exact(value, b':') else {
             return Err(TokenError::Shape);
         };
         if prefix != SIGNED_PREFIX {
