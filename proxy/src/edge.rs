@@ -548,17 +548,15 @@ fn put_normalized(out: &mut impl Sink, value: &str) {
         return;
     }
     // Many others are already so too (ASCII, single spaces inside, no
-    // other whitespace): copied whole.
-    let space = |c: u8| matches!(c, b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r');
-    let mut after_space = true;
-    let plain = value.is_ascii()
-        && value.bytes().all(|c| {
-            let ok = !space(c) || (c == b' ' && !after_space);
-            after_space = space(c);
-            ok
-        })
-        && !after_space | value.is_empty();
-    if plain {
+    // other whitespace): copied whole. (Checked without an early exit.)
+    let b = value.as_bytes();
+    let odd = b.iter().fold(false, |odd, &c| {
+        odd | (c >= 0x80) | matches!(c, b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r')
+    });
+    let double = b
+        .windows(2)
+        .fold(false, |d, w| d | ((w[0] == b' ') & (w[1] == b' ')));
+    if !odd && !double && b.first() != Some(&b' ') && b.last() != Some(&b' ') {
         out.put(value);
         return;
     }
@@ -788,6 +786,21 @@ mod tests {
             put_normalized(&mut got, v);
             let want = v.split_whitespace().collect::<Vec<_>>().join(" ");
             assert_eq!(got, want, "{v:?}");
+        }
+        // And every text of up to four characters from these.
+        let alphabet = ['a', ' ', '\t', '\u{a0}', '\x1f', '\r'];
+        let mut texts = vec![String::new()];
+        for _ in 0..4 {
+            texts = texts
+                .iter()
+                .flat_map(|t| alphabet.iter().map(move |c| format!("{t}{c}")))
+                .collect();
+            for v in &texts {
+                let mut got = String::new();
+                put_normalized(&mut got, v);
+                let want = v.split_whitespace().collect::<Vec<_>>().join(" ");
+                assert_eq!(got, want, "{v:?}");
+            }
         }
     }
     use http_body_util::BodyExt as _;

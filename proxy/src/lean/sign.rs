@@ -212,7 +212,10 @@ fn put_trimmed(out: &mut impl Sink, text: &str) {
         out.put(text);
         return;
     }
-    if b.first() != Some(&b' ') && b.last() != Some(&b' ') && !b.windows(2).any(|w| w == b"  ") {
+    let double = b
+        .windows(2)
+        .fold(false, |d, w| d | ((w[0] == b' ') & (w[1] == b' ')));
+    if b.first() != Some(&b' ') && b.last() != Some(&b' ') && !double {
         out.put(text);
         return;
     }
