@@ -1,5 +1,6 @@
-//! Cutting a wire format's text into its fields: a signed token's four, a
-//! SigV4 credential scope's five.
+//! Cutting a wire format's text into its fields at an ASCII byte: exactly a
+//! signed token's four, a SigV4 credential scope's five; or all of them,
+//! the signed header names, a key's segments.
 
 /// `text` cut at every `sep` (ASCII) into its fields, in order: as
 /// `str::split` cuts it, by a plain scan of the bytes (a `char` searcher
