@@ -94,8 +94,9 @@ pub fn is_lower_hex(v: &[u8], len: usize) -> bool {
         })
 }
 
-/// The 32 bytes that `hex` (64 lower-case hex digits) writes, if it is so.
-pub fn sha256_of_hex(hex: &str) -> Option<[u8; 32]> {
+/// The 32-byte digest (a SHA-256, or an HMAC's: a signature) that `hex`,
+/// 64 lower-case hex digits, writes; `None` if it is not so written.
+pub fn digest_of_hex(hex: &str) -> Option<[u8; 32]> {
     if !is_sha256_hex(hex.as_bytes()) {
         return None;
     }
@@ -194,10 +195,10 @@ mod tests {
         assert_eq!(Hex64::parse(text.as_bytes()), Some(Hex64::of(&digest)));
         assert_eq!(Hex64::parse(text.to_uppercase().as_bytes()), None);
         assert_eq!(Hex64::parse(&text.as_bytes()[1..]), None);
-        assert_eq!(sha256_of_hex(&text), Some(digest));
-        assert_eq!(sha256_of_hex(&text.to_uppercase()), None);
-        assert_eq!(sha256_of_hex(&text[1..]), None);
-        assert_eq!(sha256_of_hex(&format!("{}g", &text[1..])), None);
+        assert_eq!(digest_of_hex(&text), Some(digest));
+        assert_eq!(digest_of_hex(&text.to_uppercase()), None);
+        assert_eq!(digest_of_hex(&text[1..]), None);
+        assert_eq!(digest_of_hex(&format!("{}g", &text[1..])), None);
         assert!(is_sha256_hex(&[b'a'; 64]));
         assert!(!is_sha256_hex(&[b'A'; 64]));
         assert!(!is_sha256_hex(&[b'z'; 64]));

@@ -576,8 +576,8 @@ async fn every_tampering_is_refused_by_the_edge_and_judged_by_s3s() {
 
 /// A header signed with one value, then sent with a second: s3s signs the
 /// values joined, so the signature no longer holds, and the edge, which
-/// walks the signed names beside the sorted headers, must see the second
-/// value too and leave the request to s3s.
+/// finds each signed name among the headers, must see the second value
+/// too and leave the request to s3s.
 #[tokio::test]
 async fn a_signed_header_given_a_second_value_is_never_taken_by_the_edge() {
     let j = judges();
